@@ -1,0 +1,60 @@
+"""Shared helpers for the ground-truth harness (version pin, config loading, JSON output)."""
+import json
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS_DIR = os.path.join(REPO, "models")
+FIXTURES = os.path.join(REPO, "tests", "fixtures")
+
+TORCH_PIN = "2.11.0"
+TRANSFORMERS_PIN = "5.17.0"
+
+
+def check_versions():
+    """Exit 2 unless torch == 2.11.0(+local) and transformers == 5.17.0."""
+    import torch
+    import transformers
+
+    tv = torch.__version__.split("+")[0]
+    if tv != TORCH_PIN or transformers.__version__ != TRANSFORMERS_PIN:
+        sys.stderr.write(
+            f"error: fixtures must be generated with torch=={TORCH_PIN} and "
+            f"transformers=={TRANSFORMERS_PIN}; found torch {torch.__version__}, "
+            f"transformers {transformers.__version__}\n"
+        )
+        sys.exit(2)
+
+
+def config_relpath(name):
+    return f"models/{name}.config.json"
+
+
+def model_names():
+    return sorted(f[: -len(".config.json")] for f in os.listdir(MODELS_DIR) if f.endswith(".config.json"))
+
+
+def load_config(name):
+    from transformers import AutoConfig
+
+    with open(os.path.join(MODELS_DIR, f"{name}.config.json")) as f:
+        d = json.load(f)
+    return AutoConfig.for_model(**d)
+
+
+def dtype_name(dt):
+    return str(dt).replace("torch.", "")
+
+
+def write_json(path, obj):
+    """Write JSON atomically (temp file in the same directory + rename)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)

@@ -1,0 +1,476 @@
+"""Ground truth from real PyTorch FSDP2 (fully_shard) on CPU/gloo with HF models.
+
+Usage: .venv/bin/python harness/fsdp2_oracle.py [CASE ...]      (default: every case in cases.py)
+       .venv/bin/python harness/fsdp2_oracle.py --list
+Writes tests/fixtures/fsdp2/<case>.json.
+
+Per case: world_size processes (torch.multiprocessing spawn, gloo, 127.0.0.1, a free port).
+Each rank builds the HF model (torch.manual_seed(0), fp32), calls fully_shard on every
+instance of model._no_split_modules, then on the root, runs 2 training steps (Adam lr 1e-3,
+loss = model(input_ids, labels=input_ids).loss) inside FSDPMemTracker and records step 2:
+  - the collectives FSDP issues (Python-level patch of torch.distributed.* , cross-checked
+    against the c10d ops seen at dispatch level), attributed to the FSDP group being
+    unsharded / post-backward'ed;
+  - the FSDPMemTracker peak snapshot of step 2 (peak reset after step 1) and where it happened;
+  - the FSDP groups (param order, sharded / padded sizes).
+"""
+import collections
+import copy
+import inspect
+import os
+import socket
+import sys
+import tempfile
+import time
+import json
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+common.check_versions()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+import transformers  # noqa: E402
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
+from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup  # noqa: E402
+from torch.distributed.tensor import DTensor  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+import cases as cases_mod  # noqa: E402
+
+CATEGORY_KEYS = {
+    "Sharded Param": "sharded_param",
+    "Unsharded Param": "unsharded_param",
+    "Sharded Grad": "sharded_grad",
+    "Unsharded Grad": "unsharded_grad",
+    "Activation": "activation",
+    "Temp": "temp",
+    "All Gather": "all_gather",
+    "Reduce Scatter": "reduce_scatter",
+    "OptState": "optstate",
+    "Inputs": "inputs",
+    "Buffer": "buffer",
+    "Total": "total",
+}
+
+# ----------------------------------------------------------------------------------------
+# Collective logging
+
+
+class _Log:
+    recording = False
+    events = []          # collectives of the recorded step, in issue order
+    group_stack = []     # (FSDPParamGroup, hook name) currently running
+
+
+def _current_unit():
+    if not _Log.group_stack:
+        return None, None, None
+    group, hook = _Log.group_stack[-1]
+    return group._module_fqn, hook, group._training_state.name
+
+
+def _storages(args, kwargs):
+    seen, out = set(), []
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            st = a.untyped_storage()
+            if st.data_ptr() not in seen:
+                seen.add(st.data_ptr())
+                out.append(st)
+    return out
+
+
+def _wait_for_release(sts, counts, name, timeout=30.0):
+    """ProcessGroupGloo's worker thread keeps its own references to the collective's tensors
+    for a moment after work.wait() returns, and drops them whenever it next gets the GIL.
+    If FSDP has already dropped its references, the storage is then freed at a random point
+    of the main thread's op stream, which made FSDPMemTracker peaks flip between runs
+    (seen: an AG buffer counted twice at the next prefetch). Wait here until the storages'
+    use counts are back to what they were before the call, so frees happen where FSDP
+    drops its references, as with NCCL/CUDA stream-ordered frees."""
+    deadline = time.monotonic() + timeout
+    while any(torch._C._storage_Use_Count(st._cdata) > c for st, c in zip(sts, counts)):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name}: gloo did not release its tensor references")
+        time.sleep(2e-5)
+
+
+def _patch_collectives():
+    """Wrap the torch.distributed functions FSDP2 calls. In torch 2.11,
+    _fsdp_collectives.py does `import torch.distributed as dist` and calls
+    `dist.all_gather_into_tensor` / `dist.reduce_scatter_tensor` / `dist.all_reduce` through
+    the module attribute at call time, so patching the attributes of torch.distributed is
+    what FSDP sees. (torch >= 2.13 calls all_gather_single / reduce_scatter_single instead;
+    those are wrapped too when present.)"""
+    specs = [
+        ("all_gather_into_tensor", "all_gather", "output_tensor"),
+        ("all_gather_single", "all_gather", "output"),
+        ("reduce_scatter_tensor", "reduce_scatter", "input"),
+        ("reduce_scatter_single", "reduce_scatter", "input"),
+        ("all_reduce", "all_reduce", "tensor"),
+    ]
+    for fname, kind, argname in specs:
+        fn = getattr(dist, fname, None)
+        if fn is None or getattr(fn, "_oracle_wrapped", False):
+            continue
+        sig = inspect.signature(fn)
+
+        def wrapper(*args, __fn=fn, __sig=sig, __kind=kind, __arg=argname, __name=fname, **kwargs):
+            if _Log.recording:
+                ba = __sig.bind(*args, **kwargs)
+                ba.apply_defaults()
+                t = ba.arguments[__arg]
+                group = ba.arguments.get("group")
+                unit, hook, state = _current_unit()
+                ev = {
+                    "kind": __kind,
+                    "unit": unit,
+                    "numel": t.numel(),
+                    "dtype": common.dtype_name(t.dtype),
+                    "group_size": dist.get_world_size(group),
+                    "hook": hook,
+                    "training_state": state,
+                    "fn": __name,
+                }
+                if "op" in ba.arguments:
+                    ev["op"] = str(ba.arguments["op"])
+                _Log.events.append(ev)
+            sts = _storages(args, kwargs)
+            counts = [torch._C._storage_Use_Count(st._cdata) for st in sts]
+            out = __fn(*args, **kwargs)
+            if out is None:  # synchronous: make gloo's tensor release deterministic
+                _wait_for_release(sts, counts, __name)
+            return out
+
+        wrapper._oracle_wrapped = True
+        setattr(dist, fname, wrapper)
+
+
+def _patch_group_context():
+    """Attribute collectives to FSDP groups: every AG is issued inside FSDPParamGroup.unshard
+    (own unshard or a prefetch of the target group), every RS / HSDP AR inside
+    FSDPParamGroup.post_backward. Patched on the class before FSDPMemTracker instruments the
+    instances, so the tracker's wrappers call through these."""
+    for meth in ("unshard", "post_backward"):
+        orig = getattr(FSDPParamGroup, meth)
+        if getattr(orig, "_oracle_wrapped", False):
+            continue
+
+        def wrapped(self, *args, __orig=orig, __meth=meth, **kwargs):
+            _Log.group_stack.append((self, __meth))
+            try:
+                return __orig(self, *args, **kwargs)
+            finally:
+                _Log.group_stack.pop()
+
+        wrapped._oracle_wrapped = True
+        setattr(FSDPParamGroup, meth, wrapped)
+
+
+# ----------------------------------------------------------------------------------------
+# Memory tracker that also records where the peak happened
+
+_C10D = torch.ops.c10d
+_COMM_OPS = {
+    _C10D._allgather_base_.default: "all_gather",
+    _C10D._reduce_scatter_base_.default: "reduce_scatter",
+    _C10D.allreduce_.default: "all_reduce",
+}
+
+
+class WhereTracker(FSDPMemTracker):
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self._cur_func = None
+        self.peak_where = None
+        self.count_comms = False
+        self.dispatch_comm_counts = collections.Counter()
+        self.trace = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not any(t == DTensor for t in types):
+            self._cur_func = func
+            if self.count_comms and func in _COMM_OPS:
+                self.dispatch_comm_counts[_COMM_OPS[func]] += 1
+        res = super().__torch_dispatch__(func, types, args, kwargs)
+        if self.count_comms and os.environ.get("ORACLE_TRACE") and not any(t == DTensor for t in types):
+            snap = next(iter(self._curr_mem_snap.values()))
+            self.trace.append((str(func), self._fsdp_state.name, {getattr(k, "value", k): v for k, v in snap.items()}))
+        return res
+
+    def _update_peak_stats(self, peak_state):
+        before = dict(self._peak_mem)
+        super()._update_peak_stats(peak_state)
+        if self._peak_mem != before:
+            parents = sorted(self._mod_tracker.parents)
+            root_name = type(self._root_mod).__name__
+            named = [p for p in parents if p == root_name or p.startswith(root_name + ".")]
+            deepest = max(named, key=lambda p: p.count("."), default=None)
+            if deepest is not None:
+                deepest = deepest[len(root_name) + 1:] if deepest != root_name else ""
+            self.peak_where = {
+                "op": str(self._cur_func),
+                "module": deepest,
+                "modules": parents,
+                "pass": "bw" if self._mod_tracker.is_bw else "fw",
+                "fsdp_state": self._fsdp_state.name,
+                "in_optimizer_step": bool(self._in_opt),
+            }
+
+    def reset_peak(self):
+        cur = self.get_tracker_snapshot("current")
+        self._peak_mem_snap = cur
+        self._peak_mem = {dev: snap[FSDP_TOTAL] for dev, snap in cur.items()}
+        self.peak_where = None
+
+
+FSDP_TOTAL = "Total"
+
+
+def _breakdown(snap_by_dev):
+    assert len(snap_by_dev) == 1, snap_by_dev.keys()
+    (snap,) = snap_by_dev.values()
+    out = {k: 0 for k in CATEGORY_KEYS.values()}
+    for k, v in snap.items():
+        key = getattr(k, "value", k)
+        out[CATEGORY_KEYS[key]] = int(v)
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# One rank
+
+
+def _dtype(name):
+    return None if name is None else getattr(torch, name)
+
+
+def _units(model, ws):
+    units = []
+    for fqn, mod in model.named_modules():
+        get_state = getattr(mod, "_get_fsdp_state", None)
+        if get_state is None:
+            continue
+        group = get_state()._fsdp_param_group
+        if group is None:
+            units.append({"name": fqn, "params": [], "param_info": [], "numel": 0, "padded_numel": 0})
+            continue
+        info = []
+        for fp in group.fsdp_params:
+            numel = fp._orig_size.numel()
+            padded_shard = fp.padded_sharded_param_size.numel()
+            info.append({
+                "name": fp._param_fqn,
+                "shape": list(fp._orig_size),
+                "numel": numel,
+                "sharded_numel": fp.sharded_size.numel(),
+                "padded_sharded_numel": padded_shard,
+                "padded_numel": padded_shard * ws,
+                "dtype": common.dtype_name(fp.orig_dtype),
+            })
+        units.append({
+            "name": fqn,
+            "params": [p["name"] for p in info],
+            "numel": sum(p["numel"] for p in info),
+            "padded_numel": sum(p["padded_numel"] for p in info),
+            "reshard_after_forward": group.post_forward_mesh_info is not None,
+            "param_info": info,
+        })
+    return units
+
+
+def _worker(rank, case_name, case, port, outdir):
+    ws = case["world_size"]
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    transformers.logging.set_verbosity_error()
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    try:
+        _patch_collectives()
+        _patch_group_context()
+
+        cfg = common.load_config(case["model"])
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(
+            cfg, attn_implementation=case["attn_implementation"], dtype=torch.float32)
+        model.train()
+        assert all(p.dtype == torch.float32 for p in model.parameters())
+        hf_param_numel = sum(p.numel() for p in model.parameters())
+
+        mesh = init_device_mesh("cpu", (ws,))
+        kw = {"mesh": mesh}
+        if case["param_dtype"] or case["reduce_dtype"]:
+            kw["mp_policy"] = MixedPrecisionPolicy(
+                param_dtype=_dtype(case["param_dtype"]), reduce_dtype=_dtype(case["reduce_dtype"]))
+        wrap_classes = list(model._no_split_modules)
+        n_wrapped = 0
+        for mod in model.modules():
+            if type(mod).__name__ in wrap_classes:
+                fully_shard(mod, reshard_after_forward=case["reshard_after_forward"], **kw)
+                n_wrapped += 1
+        assert n_wrapped == cfg.num_hidden_layers, (n_wrapped, wrap_classes)
+        root_kw = dict(kw)
+        if case["root_reshard_after_forward"] is not None:
+            root_kw["reshard_after_forward"] = case["root_reshard_after_forward"]
+        fully_shard(model, **root_kw)
+
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        gen = torch.Generator().manual_seed(1234)
+        input_ids = torch.randint(0, cfg.vocab_size, (case["batch"], case["seq"]), generator=gen)
+        labels = input_ids
+
+        tracker = WhereTracker(model, opt)
+        tracker.track_inputs((input_ids, labels))
+        losses = []
+        with tracker:
+            for step in (1, 2):
+                if step == 2:
+                    _Log.recording = True
+                    tracker.count_comms = True
+                loss = model(input_ids=input_ids, labels=labels).loss
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                losses.append(loss.item())
+                if step == 1:
+                    tracker.reset_mod_stats()
+                    step1_peak = _breakdown(tracker.get_tracker_snapshot("peak"))
+                    tracker.reset_peak()
+            _Log.recording = False
+            tracker.count_comms = False
+        peak = _breakdown(tracker.get_tracker_snapshot("peak"))
+
+        py_counts = collections.Counter(e["kind"] for e in _Log.events)
+        disp_counts = dict(tracker.dispatch_comm_counts)
+        assert dict(py_counts) == disp_counts, (
+            f"python-level collective log {dict(py_counts)} != c10d ops seen at dispatch {disp_counts}")
+        res = {
+            "rank": rank,
+            "hf_param_numel": hf_param_numel,
+            "wrap": wrap_classes,
+            "attn_impl_effective": model.config._attn_implementation,
+            "experts_impl_effective": getattr(model.config, "_experts_implementation", None),
+            "units": _units(model, ws),
+            "collectives": _Log.events,
+            "dispatch_comm_counts": disp_counts,
+            "peak": peak,
+            "peak_at": tracker.peak_where,
+            "step1_peak_total": step1_peak["total"],
+            "losses": losses,
+        }
+        common.write_json(os.path.join(outdir, f"rank{rank}.json"), res)
+        if os.environ.get("ORACLE_TRACE") and rank == 0:
+            common.write_json(os.environ["ORACLE_TRACE"], tracker.trace)
+    finally:
+        dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------------------
+# Driver
+
+
+def _free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _strip(ev):
+    return {k: ev[k] for k in ("kind", "unit", "numel", "dtype")}
+
+
+def run_case(name, case):
+    ws = case["world_size"]
+    with tempfile.TemporaryDirectory(prefix=f"fsdp2_{name}_") as tmp:
+        mp.spawn(_worker, args=(name, case, _free_port(), tmp), nprocs=ws, join=True)
+        ranks = []
+        for r in range(ws):
+            with open(os.path.join(tmp, f"rank{r}.json")) as f:
+                ranks.append(json.load(f))
+    r0 = ranks[0]
+    for r in ranks[1:]:
+        assert [_strip(e) for e in r["collectives"]] == [_strip(e) for e in r0["collectives"]], \
+            f"{name}: rank {r['rank']} issued different collectives than rank 0"
+    units = copy.deepcopy(r0["units"])
+    for ui, u in enumerate(units):
+        for pi, p in enumerate(u["param_info"]):
+            p["sharded_numel_per_rank"] = [r["units"][ui]["param_info"][pi]["sharded_numel"] for r in ranks]
+            del p["sharded_numel"]
+    collectives = []
+    for e in r0["collectives"]:
+        c = _strip(e)
+        c.update({k: e[k] for k in ("group_size", "hook", "training_state", "op") if k in e})
+        collectives.append(c)
+    return {
+        "case": name,
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "config": common.config_relpath(case["model"]),
+        "options": {
+            "world_size": ws,
+            "batch": case["batch"],
+            "seq": case["seq"],
+            "attn_implementation": case["attn_implementation"],
+            "param_dtype": case["param_dtype"],
+            "reduce_dtype": case["reduce_dtype"],
+            "reshard_after_forward": case["reshard_after_forward"],
+            "root_reshard_after_forward": case["root_reshard_after_forward"],
+            "optimizer": "adam",
+            "lr": 1e-3,
+            "steps": 2,
+            "measured_step": 2,
+            "wrap": ",".join(f"transformer:{c}" for c in r0["wrap"]),
+            "device": "cpu",
+            "backend": "gloo",
+        },
+        "attn_implementation_effective": r0["attn_impl_effective"],
+        "experts_implementation_effective": r0["experts_impl_effective"],
+        "hf_param_numel": r0["hf_param_numel"],
+        "losses_rank0": r0["losses"],
+        "units": units,
+        "collective_counts": r0["dispatch_comm_counts"],
+        "collectives": collectives,
+        "memory": {
+            "rank": 0,
+            "scope": "step 2 (tracker peak reset after step 1)",
+            "peak_bytes": r0["peak"]["total"],
+            "breakdown": r0["peak"],
+            "peak_at": r0["peak_at"],
+            "step1_peak_bytes": r0["step1_peak_total"],
+            "per_rank": [
+                {"rank": r["rank"], "peak_bytes": r["peak"]["total"], "breakdown": r["peak"],
+                 "peak_at": r["peak_at"]}
+                for r in ranks
+            ],
+        },
+    }
+
+
+def main(argv):
+    all_cases = cases_mod.all_cases()
+    if "--list" in argv:
+        print("\n".join(all_cases))
+        return
+    names = argv or list(all_cases)
+    unknown = [n for n in names if n not in all_cases]
+    if unknown:
+        sys.stderr.write(f"unknown case(s): {unknown}; see --list\n")
+        sys.exit(2)
+    for name in names:
+        t0 = time.time()
+        res = run_case(name, all_cases[name])
+        out = os.path.join(common.FIXTURES, "fsdp2", f"{name}.json")
+        common.write_json(out, res)
+        n = collections.Counter(c["kind"] for c in res["collectives"])
+        print(f"fsdp2 {name}: {dict(n)} peak={res['memory']['peak_bytes']} B "
+              f"({time.time() - t0:.1f}s) -> {os.path.relpath(out, common.REPO)}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

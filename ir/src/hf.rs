@@ -1,0 +1,540 @@
+//! `import hf`: builds a model IR from a Hugging Face `config.json`.
+//!
+//! Parameter names, shapes, module paths and class names follow transformers 5.17.0;
+//! keys missing from the config take that version's config-class defaults, so a partial
+//! config imports to the parameters HF builds from it. Supported: GPT2LMHeadModel,
+//! LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM.
+
+use crate::error::IrError;
+use crate::model::*;
+use serde_json::Value;
+
+/// The HF families this importer knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    Gpt2,
+    Llama,
+    Mistral,
+    Qwen2,
+    Mixtral,
+}
+
+impl Family {
+    fn from_model_type(t: &str) -> Option<Family> {
+        Some(match t {
+            "gpt2" => Family::Gpt2,
+            "llama" => Family::Llama,
+            "mistral" => Family::Mistral,
+            "qwen2" => Family::Qwen2,
+            "mixtral" => Family::Mixtral,
+            _ => return None,
+        })
+    }
+    fn from_architecture(a: &str) -> Option<Family> {
+        Some(match a {
+            "GPT2LMHeadModel" => Family::Gpt2,
+            "LlamaForCausalLM" => Family::Llama,
+            "MistralForCausalLM" => Family::Mistral,
+            "Qwen2ForCausalLM" => Family::Qwen2,
+            "MixtralForCausalLM" => Family::Mixtral,
+            _ => return None,
+        })
+    }
+    /// HF class-name prefix (`Llama`, `Mistral`, …).
+    fn prefix(self) -> &'static str {
+        match self {
+            Family::Gpt2 => "GPT2",
+            Family::Llama => "Llama",
+            Family::Mistral => "Mistral",
+            Family::Qwen2 => "Qwen2",
+            Family::Mixtral => "Mixtral",
+        }
+    }
+    pub fn architecture(self) -> String {
+        match self {
+            Family::Gpt2 => "GPT2LMHeadModel".into(),
+            f => format!("{}ForCausalLM", f.prefix()),
+        }
+    }
+    /// The decoder-layer class (what `_no_split_modules` names).
+    pub fn layer_class(self) -> String {
+        match self {
+            Family::Gpt2 => "GPT2Block".into(),
+            f => format!("{}DecoderLayer", f.prefix()),
+        }
+    }
+}
+
+struct Cfg<'a> {
+    v: &'a Value,
+    file: &'a str,
+}
+
+impl Cfg<'_> {
+    fn err(&self, msg: impl Into<String>) -> IrError {
+        IrError::Import {
+            file: self.file.to_string(),
+            message: msg.into(),
+        }
+    }
+    fn get(&self, k: &str) -> Option<&Value> {
+        self.v.get(k).filter(|x| !x.is_null())
+    }
+    fn u(&self, k: &str, default: u64) -> Result<u64, IrError> {
+        match self.get(k) {
+            None => Ok(default),
+            Some(x) => x
+                .as_u64()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| self.err(format!("`{k}` must be a positive integer, got {x}"))),
+        }
+    }
+    fn opt_u(&self, k: &str) -> Result<Option<u64>, IrError> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(_) => self.u(k, 0).map(Some),
+        }
+    }
+    fn f(&self, k: &str, default: f64) -> Result<f64, IrError> {
+        match self.get(k) {
+            None => Ok(default),
+            Some(x) => x
+                .as_f64()
+                .ok_or_else(|| self.err(format!("`{k}` must be a number, got {x}"))),
+        }
+    }
+    fn b(&self, k: &str, default: bool) -> Result<bool, IrError> {
+        match self.get(k) {
+            None => Ok(default),
+            Some(x) => x
+                .as_bool()
+                .ok_or_else(|| self.err(format!("`{k}` must be true or false, got {x}"))),
+        }
+    }
+    fn s<'b>(&'b self, k: &str, default: &'b str) -> Result<&'b str, IrError> {
+        match self.get(k) {
+            None => Ok(default),
+            Some(x) => x
+                .as_str()
+                .ok_or_else(|| self.err(format!("`{k}` must be a string, got {x}"))),
+        }
+    }
+    fn rope_theta(&self, default: f64) -> Result<f64, IrError> {
+        if let Some(t) = self.get("rope_parameters").and_then(|r| r.get("rope_theta")) {
+            return t.as_f64().ok_or_else(|| self.err("`rope_parameters.rope_theta` must be a number"));
+        }
+        self.f("rope_theta", default)
+    }
+}
+
+fn act_of(name: &str) -> Option<(Act, &'static str)> {
+    Some(match name {
+        "silu" | "swish" => (Act::Silu, "SiLUActivation"),
+        "gelu_new" => (Act::GeluTanh, "NewGELUActivation"),
+        "gelu_pytorch_tanh" => (Act::GeluTanh, "PytorchGELUTanh"),
+        "gelu" => (Act::Gelu, "GELUActivation"),
+        "relu" => (Act::Relu, "ReLU"),
+        _ => return None,
+    })
+}
+
+/// Accumulates modules, params and ops in HF order.
+struct Builder {
+    m: Model,
+    dtype: DType,
+}
+
+fn sym(s: &str) -> Dim {
+    Dim::Sym(s.into())
+}
+fn bsd(d: u64) -> Shape {
+    vec![sym("batch"), sym("seq"), Dim::N(d)]
+}
+
+impl Builder {
+    fn module(&mut self, path: &str, class: &str) {
+        self.m.modules.push(Module {
+            path: path.into(),
+            class: class.into(),
+        });
+    }
+    fn param(&mut self, name: String, shape: Vec<u64>) -> String {
+        self.m.params.push(Param {
+            name: name.clone(),
+            shape,
+            dtype: self.dtype,
+            requires_grad: true,
+            tied_to: None,
+        });
+        name
+    }
+    fn op(&mut self, name: &str, kind: OpKind, module: &str, inputs: &[&str], params: Vec<String>, shape: Shape) -> String {
+        self.m.ops.push(Op {
+            name: name.into(),
+            kind,
+            module: module.into(),
+            inputs: inputs.iter().map(|s| s.to_string()).collect(),
+            params,
+            shape,
+        });
+        name.into()
+    }
+    /// A `Linear` module with its params (HF registers weight then bias).
+    fn linear_module(&mut self, path: &str, class: &str, fan_in: u64, fan_out: u64, bias: bool, transposed: bool) -> Vec<String> {
+        self.module(path, class);
+        let w = if transposed { vec![fan_in, fan_out] } else { vec![fan_out, fan_in] };
+        let mut ps = vec![self.param(format!("{path}.weight"), w)];
+        if bias {
+            ps.push(self.param(format!("{path}.bias"), vec![fan_out]));
+        }
+        ps
+    }
+    fn linear_op(&mut self, path: &str, x: &str, ps: Vec<String>, fan_out: u64, transposed: bool) -> String {
+        let bias = ps.len() == 2;
+        self.op(path, OpKind::Linear { bias, transposed }, path, &[x], ps, bsd(fan_out))
+    }
+}
+
+/// Imports an HF config.json text. `file` names the source in errors; `name` is the
+/// model's name in the IR.
+pub fn import_hf(text: &str, file: &str, name: &str) -> Result<Model, IrError> {
+    let v: Value = serde_json::from_str(text).map_err(|e| IrError::Syntax {
+        file: file.into(),
+        line: e.line(),
+        col: e.column(),
+        message: e.to_string(),
+    })?;
+    let c = Cfg { v: &v, file };
+    if !v.is_object() {
+        return Err(c.err("config.json must be a JSON object"));
+    }
+    let arch = v
+        .get("architectures")
+        .and_then(|a| a.as_array())
+        .and_then(|a| a.first())
+        .and_then(|a| a.as_str());
+    let model_type = v.get("model_type").and_then(|t| t.as_str());
+    let family = match (arch.and_then(Family::from_architecture), model_type) {
+        (Some(f), _) => f,
+        (None, Some(t)) => Family::from_model_type(t).ok_or_else(|| {
+            c.err(format!(
+                "unsupported model_type `{t}` (supported: gpt2, llama, mistral, qwen2, mixtral)"
+            ))
+        })?,
+        (None, None) => match arch {
+            Some(a) => return Err(c.err(format!("unsupported architecture `{a}` and no model_type"))),
+            None => return Err(c.err("config has neither `architectures` nor `model_type`")),
+        },
+    };
+    // `from_config` builds float32 parameters whatever `torch_dtype` says.
+    let dtype = DType::Float32;
+    let mut b = Builder {
+        m: Model {
+            name: name.into(),
+            architecture: family.architecture(),
+            attn_implementation: None,
+            modules: vec![],
+            params: vec![],
+            buffers: vec![],
+            inputs: vec![
+                Input {
+                    name: "input_ids".into(),
+                    shape: vec![sym("batch"), sym("seq")],
+                    dtype: DType::Int64,
+                },
+                Input {
+                    name: "labels".into(),
+                    shape: vec![sym("batch"), sym("seq")],
+                    dtype: DType::Int64,
+                },
+            ],
+            ops: vec![],
+        },
+        dtype,
+    };
+    match family {
+        Family::Gpt2 => gpt2(&c, &mut b)?,
+        f => llama_like(&c, f, &mut b)?,
+    }
+    let problems = crate::validate::validate(&b.m);
+    if !problems.is_empty() {
+        return Err(IrError::Invalid {
+            file: file.into(),
+            problems,
+        });
+    }
+    Ok(b.m)
+}
+
+fn gpt2(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
+    let vocab = c.u("vocab_size", 50257)?;
+    let npos = c.u("n_positions", 1024)?;
+    let d = c.u("n_embd", 768)?;
+    let layers = c.u("n_layer", 12)?;
+    let heads = c.u("n_head", 12)?;
+    let inner = c.opt_u("n_inner")?.unwrap_or(4 * d);
+    let eps = c.f("layer_norm_epsilon", 1e-5)?;
+    let (act, act_class) = {
+        let a = c.s("activation_function", "gelu_new")?;
+        act_of(a).ok_or_else(|| c.err(format!("unsupported activation_function `{a}`")))?
+    };
+    let (resid_p, embd_p, attn_p) = (c.f("resid_pdrop", 0.1)?, c.f("embd_pdrop", 0.1)?, c.f("attn_pdrop", 0.1)?);
+    let tie = c.b("tie_word_embeddings", true)?;
+    if d % heads != 0 {
+        return Err(c.err(format!("n_embd {d} is not a multiple of n_head {heads}")));
+    }
+    let hd = d / heads;
+    b.module("", "GPT2LMHeadModel");
+    b.module("transformer", "GPT2Model");
+    b.module("transformer.wte", "Embedding");
+    let wte = b.param("transformer.wte.weight".into(), vec![vocab, d]);
+    b.module("transformer.wpe", "Embedding");
+    let wpe = b.param("transformer.wpe.weight".into(), vec![npos, d]);
+    b.module("transformer.drop", "Dropout");
+    b.module("transformer.h", "ModuleList");
+    let tok = b.op("transformer.wte", OpKind::Embedding, "transformer.wte", &["input_ids"], vec![wte.clone()], bsd(d));
+    let pos = b.op(
+        "transformer.wpe",
+        OpKind::PositionEmbedding,
+        "transformer.wpe",
+        &["input_ids"],
+        vec![wpe],
+        vec![Dim::N(1), sym("seq"), Dim::N(d)],
+    );
+    let emb = b.op("transformer.embed_add", OpKind::Add, "transformer", &[&tok, &pos], vec![], bsd(d));
+    let mut x = b.op("transformer.drop", OpKind::Dropout { p: embd_p }, "transformer.drop", &[&emb], vec![], bsd(d));
+    for i in 0..layers {
+        let p = format!("transformer.h.{i}");
+        b.module(&p, "GPT2Block");
+        b.module(&format!("{p}.ln_1"), "LayerNorm");
+        let ln1 = vec![b.param(format!("{p}.ln_1.weight"), vec![d]), b.param(format!("{p}.ln_1.bias"), vec![d])];
+        b.module(&format!("{p}.attn"), "GPT2Attention");
+        let c_attn = b.linear_module(&format!("{p}.attn.c_attn"), "Conv1D", d, 3 * d, true, true);
+        let c_proj = b.linear_module(&format!("{p}.attn.c_proj"), "Conv1D", d, d, true, true);
+        b.module(&format!("{p}.attn.attn_dropout"), "Dropout");
+        b.module(&format!("{p}.attn.resid_dropout"), "Dropout");
+        b.module(&format!("{p}.ln_2"), "LayerNorm");
+        let ln2 = vec![b.param(format!("{p}.ln_2.weight"), vec![d]), b.param(format!("{p}.ln_2.bias"), vec![d])];
+        b.module(&format!("{p}.mlp"), "GPT2MLP");
+        let c_fc = b.linear_module(&format!("{p}.mlp.c_fc"), "Conv1D", d, inner, true, true);
+        let m_proj = b.linear_module(&format!("{p}.mlp.c_proj"), "Conv1D", inner, d, true, true);
+        b.module(&format!("{p}.mlp.act"), act_class);
+        b.module(&format!("{p}.mlp.dropout"), "Dropout");
+
+        let h = b.op(&format!("{p}.ln_1"), OpKind::LayerNorm { eps }, &format!("{p}.ln_1"), &[&x], ln1, bsd(d));
+        let qkv = b.linear_op(&format!("{p}.attn.c_attn"), &h, c_attn, 3 * d, true);
+        let a = b.op(
+            &format!("{p}.attn.sdpa"),
+            OpKind::Attention {
+                heads,
+                kv_heads: heads,
+                head_dim: hd,
+                causal: true,
+                dropout: attn_p,
+            },
+            &format!("{p}.attn"),
+            &[&qkv],
+            vec![],
+            bsd(d),
+        );
+        let o = b.linear_op(&format!("{p}.attn.c_proj"), &a, c_proj, d, true);
+        let o = b.op(&format!("{p}.attn.resid_dropout"), OpKind::Dropout { p: resid_p }, &format!("{p}.attn.resid_dropout"), &[&o], vec![], bsd(d));
+        x = b.op(&format!("{p}.residual_attn"), OpKind::Add, &p, &[&o, &x], vec![], bsd(d));
+        let h = b.op(&format!("{p}.ln_2"), OpKind::LayerNorm { eps }, &format!("{p}.ln_2"), &[&x], ln2, bsd(d));
+        let f = b.linear_op(&format!("{p}.mlp.c_fc"), &h, c_fc, inner, true);
+        let f = b.op(&format!("{p}.mlp.act"), OpKind::Activation { act }, &format!("{p}.mlp.act"), &[&f], vec![], bsd(inner));
+        let f = b.linear_op(&format!("{p}.mlp.c_proj"), &f, m_proj, d, true);
+        let f = b.op(&format!("{p}.mlp.dropout"), OpKind::Dropout { p: resid_p }, &format!("{p}.mlp.dropout"), &[&f], vec![], bsd(d));
+        x = b.op(&format!("{p}.residual_mlp"), OpKind::Add, &p, &[&x, &f], vec![], bsd(d));
+    }
+    b.module("transformer.ln_f", "LayerNorm");
+    let lnf = vec![b.param("transformer.ln_f.weight".into(), vec![d]), b.param("transformer.ln_f.bias".into(), vec![d])];
+    let h = b.op("transformer.ln_f", OpKind::LayerNorm { eps }, "transformer.ln_f", &[&x], lnf, bsd(d));
+    lm_head(b, &h, d, vocab, tie, &wte);
+    Ok(())
+}
+
+fn lm_head(b: &mut Builder, h: &str, d: u64, vocab: u64, tie: bool, embed: &str) {
+    b.module("lm_head", "Linear");
+    b.m.params.push(Param {
+        name: "lm_head.weight".into(),
+        shape: vec![vocab, d],
+        dtype: b.dtype,
+        requires_grad: true,
+        tied_to: tie.then(|| embed.to_string()),
+    });
+    let logits = b.linear_op("lm_head", h, vec!["lm_head.weight".into()], vocab, false);
+    b.op("loss", OpKind::CrossEntropy { vocab }, "", &[&logits, "labels"], vec![], vec![]);
+}
+
+fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
+    use Family::*;
+    let (vocab_d, inter_d, kv_d, eps_d, theta_d) = match f {
+        Llama => (32000, 11008, None, 1e-6, 10000.0),
+        Mistral => (32000, 14336, Some(8), 1e-6, 10000.0),
+        Qwen2 => (151936, 22016, None, 1e-6, 10000.0),
+        Mixtral => (32000, 14336, Some(8), 1e-5, 1e6),
+        Gpt2 => unreachable!("gpt2 has its own builder"),
+    };
+    let vocab = c.u("vocab_size", vocab_d)?;
+    let d = c.u("hidden_size", 4096)?;
+    let inter = c.u("intermediate_size", inter_d)?;
+    let layers = c.u("num_hidden_layers", 32)?;
+    let heads = c.u("num_attention_heads", 32)?;
+    let kv = c.opt_u("num_key_value_heads")?.or(kv_d).unwrap_or(heads);
+    let hd = match c.opt_u("head_dim")? {
+        Some(h) => h,
+        None => {
+            if d % heads != 0 {
+                return Err(c.err(format!("hidden_size {d} is not a multiple of num_attention_heads {heads}")));
+            }
+            d / heads
+        }
+    };
+    if kv == 0 || heads % kv != 0 {
+        return Err(c.err(format!("num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")));
+    }
+    let eps = c.f("rms_norm_eps", eps_d)?;
+    let theta = c.rope_theta(theta_d)?;
+    let tie = c.b("tie_word_embeddings", false)?;
+    let (attn_bias, o_bias) = match f {
+        Qwen2 => (true, false),
+        Llama => {
+            let ab = c.b("attention_bias", false)?;
+            (ab, ab)
+        }
+        _ => (false, false),
+    };
+    let mlp_bias = if f == Llama { c.b("mlp_bias", false)? } else { false };
+    let attn_p = c.f("attention_dropout", 0.0)?;
+    let (act, act_class) = {
+        let a = c.s("hidden_act", "silu")?;
+        act_of(a).ok_or_else(|| c.err(format!("unsupported hidden_act `{a}`")))?
+    };
+    let (experts, top_k) = if f == Mixtral {
+        (c.u("num_local_experts", 8)?, c.u("num_experts_per_tok", 2)?)
+    } else {
+        (0, 0)
+    };
+    let pre = f.prefix();
+    b.module("", &f.architecture());
+    b.module("model", &format!("{pre}Model"));
+    b.module("model.embed_tokens", "Embedding");
+    let embed = b.param("model.embed_tokens.weight".into(), vec![vocab, d]);
+    b.module("model.layers", "ModuleList");
+    let mut x = b.op("model.embed_tokens", OpKind::Embedding, "model.embed_tokens", &["input_ids"], vec![embed.clone()], bsd(d));
+    let rot = b.op(
+        "model.rotary_emb",
+        OpKind::RotaryEmbedding { theta, head_dim: hd },
+        "model.rotary_emb",
+        &["input_ids"],
+        vec![],
+        vec![Dim::N(1), sym("seq"), Dim::N(hd)],
+    );
+    let norm_class = format!("{pre}RMSNorm");
+    for i in 0..layers {
+        let p = format!("model.layers.{i}");
+        let sa = format!("{p}.self_attn");
+        b.module(&p, &f.layer_class());
+        b.module(&sa, &format!("{pre}Attention"));
+        let q = b.linear_module(&format!("{sa}.q_proj"), "Linear", d, heads * hd, attn_bias, false);
+        let k = b.linear_module(&format!("{sa}.k_proj"), "Linear", d, kv * hd, attn_bias, false);
+        let v = b.linear_module(&format!("{sa}.v_proj"), "Linear", d, kv * hd, attn_bias, false);
+        let o = b.linear_module(&format!("{sa}.o_proj"), "Linear", heads * hd, d, o_bias, false);
+        let mlp = format!("{p}.mlp");
+        let mlp_params = if f == Mixtral {
+            b.module(&mlp, "MixtralSparseMoeBlock");
+            b.module(&format!("{mlp}.gate"), "MixtralTopKRouter");
+            let g = b.param(format!("{mlp}.gate.weight"), vec![experts, d]);
+            b.module(&format!("{mlp}.experts"), "MixtralExperts");
+            let gu = b.param(format!("{mlp}.experts.gate_up_proj"), vec![experts, 2 * inter, d]);
+            let dn = b.param(format!("{mlp}.experts.down_proj"), vec![experts, d, inter]);
+            b.module(&format!("{mlp}.experts.act_fn"), act_class);
+            vec![vec![g], vec![gu, dn]]
+        } else {
+            b.module(&mlp, &format!("{pre}MLP"));
+            let g = b.linear_module(&format!("{mlp}.gate_proj"), "Linear", d, inter, mlp_bias, false);
+            let u = b.linear_module(&format!("{mlp}.up_proj"), "Linear", d, inter, mlp_bias, false);
+            let dn = b.linear_module(&format!("{mlp}.down_proj"), "Linear", inter, d, mlp_bias, false);
+            b.module(&format!("{mlp}.act_fn"), act_class);
+            vec![g, u, dn]
+        };
+        b.module(&format!("{p}.input_layernorm"), &norm_class);
+        let ln1 = b.param(format!("{p}.input_layernorm.weight"), vec![d]);
+        b.module(&format!("{p}.post_attention_layernorm"), &norm_class);
+        let ln2 = b.param(format!("{p}.post_attention_layernorm.weight"), vec![d]);
+
+        let h = b.op(&format!("{p}.input_layernorm"), OpKind::RmsNorm { eps }, &format!("{p}.input_layernorm"), &[&x], vec![ln1], bsd(d));
+        let qo = b.linear_op(&format!("{sa}.q_proj"), &h, q, heads * hd, false);
+        let ko = b.linear_op(&format!("{sa}.k_proj"), &h, k, kv * hd, false);
+        let vo = b.linear_op(&format!("{sa}.v_proj"), &h, v, kv * hd, false);
+        let qr = b.op(&format!("{sa}.rope_q"), OpKind::Rope { head_dim: hd }, &sa, &[&qo, &rot], vec![], bsd(heads * hd));
+        let kr = b.op(&format!("{sa}.rope_k"), OpKind::Rope { head_dim: hd }, &sa, &[&ko, &rot], vec![], bsd(kv * hd));
+        let a = b.op(
+            &format!("{sa}.sdpa"),
+            OpKind::Attention {
+                heads,
+                kv_heads: kv,
+                head_dim: hd,
+                causal: true,
+                dropout: attn_p,
+            },
+            &sa,
+            &[&qr, &kr, &vo],
+            vec![],
+            bsd(heads * hd),
+        );
+        let ao = b.linear_op(&format!("{sa}.o_proj"), &a, o, d, false);
+        x = b.op(&format!("{p}.residual_attn"), OpKind::Add, &p, &[&x, &ao], vec![], bsd(d));
+        let h = b.op(
+            &format!("{p}.post_attention_layernorm"),
+            OpKind::RmsNorm { eps },
+            &format!("{p}.post_attention_layernorm"),
+            &[&x],
+            vec![ln2],
+            bsd(d),
+        );
+        let m = if f == Mixtral {
+            let mut mp = mlp_params.into_iter();
+            let gate = mp.next().unwrap_or_default();
+            let ex = mp.next().unwrap_or_default();
+            let r = b.op(&format!("{mlp}.gate"), OpKind::Router { experts, top_k }, &format!("{mlp}.gate"), &[&h], gate, bsd(top_k));
+            b.op(
+                &format!("{mlp}.experts"),
+                OpKind::Experts {
+                    experts,
+                    top_k,
+                    intermediate: inter,
+                    act,
+                },
+                &format!("{mlp}.experts"),
+                &[&h, &r],
+                ex,
+                bsd(d),
+            )
+        } else {
+            let mut mp = mlp_params.into_iter();
+            let (g, u, dn) = (mp.next().unwrap_or_default(), mp.next().unwrap_or_default(), mp.next().unwrap_or_default());
+            let go = b.linear_op(&format!("{mlp}.gate_proj"), &h, g, inter, false);
+            let ga = b.op(&format!("{mlp}.act_fn"), OpKind::Activation { act }, &format!("{mlp}.act_fn"), &[&go], vec![], bsd(inter));
+            let uo = b.linear_op(&format!("{mlp}.up_proj"), &h, u, inter, false);
+            let gu = b.op(&format!("{mlp}.mul"), OpKind::Mul, &mlp, &[&ga, &uo], vec![], bsd(inter));
+            b.linear_op(&format!("{mlp}.down_proj"), &gu, dn, d, false)
+        };
+        x = b.op(&format!("{p}.residual_mlp"), OpKind::Add, &p, &[&x, &m], vec![], bsd(d));
+    }
+    b.module("model.norm", &norm_class);
+    let nw = b.param("model.norm.weight".into(), vec![d]);
+    let h = b.op("model.norm", OpKind::RmsNorm { eps }, "model.norm", &[&x], vec![nw], bsd(d));
+    b.module("model.rotary_emb", &format!("{pre}RotaryEmbedding"));
+    for n in ["inv_freq", "original_inv_freq"] {
+        b.m.buffers.push(Buffer {
+            name: format!("model.rotary_emb.{n}"),
+            shape: vec![hd / 2],
+            dtype: DType::Float32,
+            persistent: false,
+        });
+    }
+    lm_head(b, &h, d, vocab, tie, &embed);
+    Ok(())
+}

@@ -1,0 +1,331 @@
+//! The model IR data types: what a `*.ron` model file holds.
+//!
+//! A model is plain data: the module tree (paths and class names, in `named_modules()`
+//! pre-order), the parameters (shapes, dtypes, tied aliases), the buffers, and the forward
+//! op graph with symbolic `batch`/`seq` shapes. Validation lives in [`crate::validate`];
+//! the petgraph view of the ops in [`crate::graph`].
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Element types, with torch's names (`float32`, `bfloat16`, …).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    Float32,
+    Bfloat16,
+    Float16,
+    Int64,
+    Int32,
+    Uint8,
+    Bool,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> u64 {
+        match self {
+            DType::Float32 | DType::Int32 => 4,
+            DType::Bfloat16 | DType::Float16 => 2,
+            DType::Int64 => 8,
+            DType::Uint8 | DType::Bool => 1,
+        }
+    }
+
+    /// torch's name, as FSDP2 logs and fixtures record it.
+    pub fn torch_name(self) -> &'static str {
+        match self {
+            DType::Float32 => "float32",
+            DType::Bfloat16 => "bfloat16",
+            DType::Float16 => "float16",
+            DType::Int64 => "int64",
+            DType::Int32 => "int32",
+            DType::Uint8 => "uint8",
+            DType::Bool => "bool",
+        }
+    }
+
+    /// Parses torch's names and the usual short ones (`bf16`, `fp32`, `torch.float16`, …).
+    pub fn parse(s: &str) -> Option<DType> {
+        let s = s.trim().to_ascii_lowercase();
+        let s = s.strip_prefix("torch.").unwrap_or(&s);
+        Some(match s {
+            "float32" | "f32" | "fp32" | "float" => DType::Float32,
+            "bfloat16" | "bf16" => DType::Bfloat16,
+            "float16" | "f16" | "fp16" | "half" => DType::Float16,
+            "int64" | "long" | "i64" => DType::Int64,
+            "int32" | "int" | "i32" => DType::Int32,
+            "uint8" | "u8" => DType::Uint8,
+            "bool" => DType::Bool,
+            _ => return None,
+        })
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::Float32 | DType::Bfloat16 | DType::Float16)
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.torch_name())
+    }
+}
+
+/// One dimension of a shape: a constant or one of the symbols `batch` and `seq`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Dim {
+    N(u64),
+    Sym(String),
+}
+
+/// Values for the symbolic dimensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dims {
+    pub batch: u64,
+    pub seq: u64,
+}
+
+impl Dim {
+    pub fn eval(&self, d: Dims) -> Option<u64> {
+        match self {
+            Dim::N(n) => Some(*n),
+            Dim::Sym(s) if s == "batch" => Some(d.batch),
+            Dim::Sym(s) if s == "seq" => Some(d.seq),
+            Dim::Sym(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for Dim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Dim::N(n) => write!(f, "{n}"),
+            Dim::Sym(s) => f.write_str(s),
+        }
+    }
+}
+
+/// A shape with symbolic dims.
+pub type Shape = Vec<Dim>;
+
+/// Number of elements of a shape for given symbol values (None on overflow or unknown symbol).
+pub fn numel(shape: &[Dim], d: Dims) -> Option<u64> {
+    shape
+        .iter()
+        .try_fold(1u64, |acc, x| acc.checked_mul(x.eval(d)?))
+}
+
+/// A node of the module tree.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Module {
+    /// Fully qualified path; `""` is the root.
+    pub path: String,
+    /// Class name (HF's for imported models, e.g. `LlamaDecoderLayer`).
+    pub class: String,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A parameter. An alias of a tied weight has `tied_to` set to the primary's name.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Param {
+    pub name: String,
+    pub shape: Vec<u64>,
+    pub dtype: DType,
+    #[serde(default = "yes")]
+    pub requires_grad: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tied_to: Option<String>,
+}
+
+impl Param {
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().product()
+    }
+    /// The module that registers this parameter (its name minus the last component).
+    pub fn module(&self) -> &str {
+        self.name.rsplit_once('.').map(|(m, _)| m).unwrap_or("")
+    }
+}
+
+/// A module buffer (e.g. rotary `inv_freq`), replicated on every rank.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Buffer {
+    pub name: String,
+    pub shape: Vec<u64>,
+    pub dtype: DType,
+    #[serde(default = "yes")]
+    pub persistent: bool,
+}
+
+/// A forward input of the model (token ids, labels).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Input {
+    pub name: String,
+    pub shape: Shape,
+    pub dtype: DType,
+}
+
+/// Activation functions used by the op kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Act {
+    Silu,
+    GeluTanh,
+    Gelu,
+    Relu,
+}
+
+/// What an op computes. Attributes are what FLOPs, saved bytes and execution need.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum OpKind {
+    /// Row gather from `params[0]` by integer ids (`inputs[0]`).
+    Embedding,
+    /// GPT-2's learned positions: gather rows `0..seq` of `params[0]`.
+    PositionEmbedding,
+    /// `x @ W^T (+ b)`; `transposed` is GPT-2's Conv1D (`W` stored `[in, out]`).
+    Linear { bias: bool, transposed: bool },
+    LayerNorm { eps: f64 },
+    RmsNorm { eps: f64 },
+    /// Element-wise sum of two inputs.
+    Add,
+    /// Element-wise product of two inputs.
+    Mul,
+    Activation { act: Act },
+    /// Dropout with probability `p` (saves a mask when `p > 0`).
+    Dropout { p: f64 },
+    /// The rotary tables `cos` and `sin`, `[1, seq, head_dim]` each, from the `inv_freq`
+    /// buffer (input: token ids, for `seq`). Computed once and shared by all layers.
+    RotaryEmbedding { theta: f64, head_dim: u64 },
+    /// Applies RoPE to q or k (inputs: the projection, the `RotaryEmbedding` output).
+    Rope { head_dim: u64 },
+    /// Scaled dot-product attention. Inputs: q, k, v (after RoPE, q and k packed in one
+    /// input when it comes from `Rope`), or one fused `qkv` input (GPT-2).
+    Attention {
+        heads: u64,
+        kv_heads: u64,
+        head_dim: u64,
+        causal: bool,
+        dropout: f64,
+    },
+    /// MoE router: softmax over `experts` logits (input), top-k selection and renormalize.
+    Router { experts: u64, top_k: u64 },
+    /// MoE experts: SwiGLU per expert over routed tokens. Inputs: hidden, router output.
+    /// Params: `gate_up_proj [E, 2I, H]`, `down_proj [E, H, I]`.
+    Experts {
+        experts: u64,
+        top_k: u64,
+        intermediate: u64,
+        act: Act,
+    },
+    /// Causal-LM loss: shift, upcast logits to float32, cross-entropy (mean).
+    CrossEntropy { vocab: u64 },
+}
+
+impl OpKind {
+    pub fn name(&self) -> &'static str {
+        match self {
+            OpKind::Embedding => "embedding",
+            OpKind::PositionEmbedding => "position_embedding",
+            OpKind::Linear { .. } => "linear",
+            OpKind::LayerNorm { .. } => "layer_norm",
+            OpKind::RmsNorm { .. } => "rms_norm",
+            OpKind::Add => "add",
+            OpKind::Mul => "mul",
+            OpKind::Activation { .. } => "activation",
+            OpKind::Dropout { .. } => "dropout",
+            OpKind::RotaryEmbedding { .. } => "rotary_embedding",
+            OpKind::Rope { .. } => "rope",
+            OpKind::Attention { .. } => "attention",
+            OpKind::Router { .. } => "router",
+            OpKind::Experts { .. } => "experts",
+            OpKind::CrossEntropy { .. } => "cross_entropy",
+        }
+    }
+}
+
+/// One op of the forward graph.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Op {
+    /// Unique name; other ops refer to this op's output by it.
+    pub name: String,
+    pub kind: OpKind,
+    /// Path of the module whose forward runs this op.
+    pub module: String,
+    /// Op names or model input names.
+    pub inputs: Vec<String>,
+    /// Parameter names (aliases allowed) this op reads.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub params: Vec<String>,
+    /// Output shape.
+    pub shape: Shape,
+}
+
+/// A whole model file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Model {
+    pub name: String,
+    /// HF architecture (e.g. `LlamaForCausalLM`), or a free name for hand-written models.
+    pub architecture: String,
+    /// HF `attn_implementation` default for this model (`sdpa`, `eager`, `flash_attention_2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attn_implementation: Option<String>,
+    /// Modules in `named_modules()` pre-order; the first is the root `""`.
+    pub modules: Vec<Module>,
+    pub params: Vec<Param>,
+    #[serde(default)]
+    pub buffers: Vec<Buffer>,
+    pub inputs: Vec<Input>,
+    /// Forward ops in execution order.
+    pub ops: Vec<Op>,
+}
+
+impl Model {
+    /// Distinct parameter storages (aliases excluded).
+    pub fn primary_params(&self) -> impl Iterator<Item = &Param> {
+        self.params.iter().filter(|p| p.tied_to.is_none())
+    }
+
+    /// `sum(p.numel() for p in model.parameters())`: aliases counted once.
+    pub fn total_numel(&self) -> u64 {
+        self.primary_params().map(Param::numel).sum()
+    }
+
+    /// The primary name of a parameter name (itself unless it is a tied alias).
+    pub fn primary_of<'a>(&'a self, name: &'a str) -> &'a str {
+        self.params
+            .iter()
+            .find(|p| p.name == name)
+            .and_then(|p| p.tied_to.as_deref())
+            .unwrap_or(name)
+    }
+
+    pub fn module_class(&self, path: &str) -> Option<&str> {
+        self.modules
+            .iter()
+            .find(|m| m.path == path)
+            .map(|m| m.class.as_str())
+    }
+}
+
+/// Is `path` equal to `ancestor` or inside it?
+pub fn is_within(path: &str, ancestor: &str) -> bool {
+    ancestor.is_empty()
+        || path == ancestor
+        || (path.len() > ancestor.len()
+            && path.starts_with(ancestor)
+            && path.as_bytes()[ancestor.len()] == b'.')
+}
+
+/// Parent path of a module path (`None` for the root).
+pub fn parent_path(path: &str) -> Option<&str> {
+    if path.is_empty() {
+        None
+    } else {
+        Some(path.rsplit_once('.').map(|(p, _)| p).unwrap_or(""))
+    }
+}

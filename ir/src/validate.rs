@@ -1,0 +1,417 @@
+//! Validation of a parsed model: every problem is collected and returned at once.
+//!
+//! Checks: duplicate names, the module tree, parameter and buffer owners, tied aliases
+//! (known primary, same shape and dtype), op references (unknown inputs/params/modules,
+//! use before definition, cycles), symbolic dims, size overflow, and shape agreement
+//! between connected ops for every op kind.
+
+use crate::error::Problem;
+use crate::graph::op_graph;
+use crate::model::*;
+use std::collections::{HashMap, HashSet};
+
+/// Large symbol values used to detect sizes that overflow u64.
+const PROBE: Dims = Dims {
+    batch: 1 << 16,
+    seq: 1 << 20,
+};
+
+struct Ctx<'a> {
+    problems: Vec<Problem>,
+    model: &'a Model,
+}
+
+impl Ctx<'_> {
+    fn err(&mut self, item: impl Into<String>, message: impl Into<String>) {
+        self.problems.push(Problem {
+            item: item.into(),
+            message: message.into(),
+        });
+    }
+}
+
+fn shape_str(s: &[Dim]) -> String {
+    let parts: Vec<String> = s.iter().map(|d| d.to_string()).collect();
+    format!("[{}]", parts.join(", "))
+}
+
+/// Returns every problem of the model (empty when it is valid).
+pub fn validate(model: &Model) -> Vec<Problem> {
+    let mut cx = Ctx {
+        problems: Vec::new(),
+        model,
+    };
+    check_modules(&mut cx);
+    let params = check_params(&mut cx);
+    check_buffers(&mut cx);
+    check_ops(&mut cx, &params);
+    cx.problems
+}
+
+fn dup_check<'a>(cx: &mut Ctx, what: &str, names: impl Iterator<Item = &'a str>) -> HashSet<&'a str> {
+    let mut seen = HashSet::new();
+    for n in names {
+        if !seen.insert(n) {
+            cx.err(format!("{what} {n}"), "duplicate name");
+        }
+    }
+    seen
+}
+
+fn check_modules(cx: &mut Ctx) {
+    let m = cx.model;
+    match m.modules.first() {
+        Some(r) if r.path.is_empty() => {}
+        _ => cx.err("modules", "the first module must be the root, with path \"\""),
+    }
+    let paths = dup_check(cx, "module", m.modules.iter().map(|x| x.path.as_str()));
+    for md in &m.modules {
+        if let Some(p) = parent_path(&md.path) {
+            if !paths.contains(p) {
+                cx.err(format!("module {}", md.path), format!("parent module `{p}` is not declared"));
+            }
+        }
+        if md.class.is_empty() {
+            cx.err(format!("module {}", md.path), "empty class name");
+        }
+    }
+}
+
+fn check_params<'a>(cx: &mut Ctx<'a>) -> HashMap<&'a str, &'a Param> {
+    let m = cx.model;
+    dup_check(cx, "param", m.params.iter().map(|p| p.name.as_str()));
+    let modules: HashSet<&str> = m.modules.iter().map(|x| x.path.as_str()).collect();
+    let by_name: HashMap<&str, &Param> = m.params.iter().map(|p| (p.name.as_str(), p)).collect();
+    for p in &m.params {
+        let item = format!("param {}", p.name);
+        if !modules.contains(p.module()) {
+            cx.err(&item, format!("module `{}` is not declared", p.module()));
+        }
+        if p.shape.is_empty() {
+            cx.err(&item, "0-dim parameters are not supported (FSDP2 rejects scalar parameters)");
+        }
+        if p.shape.iter().any(|&d| d == 0) {
+            cx.err(&item, format!("zero-sized dimension in shape {:?}", p.shape));
+        }
+        if p.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).is_none() {
+            cx.err(&item, format!("numel of shape {:?} overflows u64", p.shape));
+        }
+        if let Some(t) = &p.tied_to {
+            match by_name.get(t.as_str()) {
+                None => cx.err(&item, format!("tied to unknown parameter `{t}`")),
+                Some(q) if q.tied_to.is_some() => {
+                    cx.err(&item, format!("tied to `{t}`, which is itself an alias; tie to its primary"))
+                }
+                Some(q) if q.shape != p.shape => cx.err(
+                    &item,
+                    format!("tied to `{t}` but shapes differ: {:?} vs {:?}", p.shape, q.shape),
+                ),
+                Some(q) if q.dtype != p.dtype => cx.err(
+                    &item,
+                    format!("tied to `{t}` but dtypes differ: {} vs {}", p.dtype, q.dtype),
+                ),
+                _ => {}
+            }
+        }
+    }
+    let total = m
+        .primary_params()
+        .try_fold(0u64, |a, p| p.shape.iter().try_fold(1u64, |x, &d| x.checked_mul(d)).and_then(|n| a.checked_add(n)));
+    if total.is_none() {
+        cx.err("params", "total parameter count overflows u64");
+    }
+    by_name
+}
+
+fn check_buffers(cx: &mut Ctx) {
+    let m = cx.model;
+    dup_check(cx, "buffer", m.buffers.iter().map(|b| b.name.as_str()));
+    let modules: HashSet<&str> = m.modules.iter().map(|x| x.path.as_str()).collect();
+    for b in &m.buffers {
+        let owner = b.name.rsplit_once('.').map(|(a, _)| a).unwrap_or("");
+        if !modules.contains(owner) {
+            cx.err(format!("buffer {}", b.name), format!("module `{owner}` is not declared"));
+        }
+        if b.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).is_none() {
+            cx.err(format!("buffer {}", b.name), "numel overflows u64");
+        }
+    }
+}
+
+fn check_ops(cx: &mut Ctx, params: &HashMap<&str, &Param>) {
+    let m = cx.model;
+    dup_check(
+        cx,
+        "op/input",
+        m.ops.iter().map(|o| o.name.as_str()).chain(m.inputs.iter().map(|i| i.name.as_str())),
+    );
+    let modules: HashSet<&str> = m.modules.iter().map(|x| x.path.as_str()).collect();
+    let mut shapes: HashMap<&str, &Shape> = m.inputs.iter().map(|i| (i.name.as_str(), &i.shape)).collect();
+    let op_index: HashMap<&str, usize> = m.ops.iter().enumerate().map(|(i, o)| (o.name.as_str(), i)).collect();
+    for inp in &m.inputs {
+        check_dims(cx, &format!("input {}", inp.name), &inp.shape);
+    }
+    let g = op_graph(m);
+    if let Some(i) = g.find_cycle() {
+        cx.err(format!("op {}", m.ops[i].name), "is part of a cycle in the op graph");
+    }
+    for (i, op) in m.ops.iter().enumerate() {
+        let item = format!("op {}", op.name);
+        if !modules.contains(op.module.as_str()) {
+            cx.err(&item, format!("module `{}` is not declared", op.module));
+        }
+        check_dims(cx, &item, &op.shape);
+        let mut in_shapes: Vec<Option<&Shape>> = Vec::new();
+        for inp in &op.inputs {
+            match (op_index.get(inp.as_str()), shapes.get(inp.as_str())) {
+                (Some(&j), _) if j >= i => {
+                    cx.err(&item, format!("input `{inp}` is produced later (ops must be in execution order)"));
+                    in_shapes.push(None);
+                }
+                (_, Some(s)) => in_shapes.push(Some(*s)),
+                (None, None) => {
+                    cx.err(&item, format!("unknown input `{inp}`"));
+                    in_shapes.push(None);
+                }
+                (Some(_), None) => in_shapes.push(None),
+            }
+        }
+        let mut ps: Vec<Option<&Param>> = Vec::new();
+        for p in &op.params {
+            match params.get(p.as_str()) {
+                Some(q) => ps.push(Some(q)),
+                None => {
+                    cx.err(&item, format!("unknown parameter `{p}`"));
+                    ps.push(None)
+                }
+            }
+        }
+        if in_shapes.iter().all(Option::is_some) && ps.iter().all(Option::is_some) {
+            let ins: Vec<&Shape> = in_shapes.into_iter().flatten().collect();
+            let ps: Vec<&Param> = ps.into_iter().flatten().collect();
+            if let Err(msg) = check_kind(op, &ins, &ps) {
+                cx.err(&item, msg);
+            }
+        }
+        shapes.insert(op.name.as_str(), &op.shape);
+    }
+}
+
+fn check_dims(cx: &mut Ctx, item: &str, s: &Shape) {
+    for d in s {
+        if let Dim::Sym(x) = d {
+            if x != "batch" && x != "seq" {
+                cx.err(item, format!("unknown symbolic dimension `{x}` (only `batch` and `seq`)"));
+                return;
+            }
+        }
+    }
+    if numel(s, PROBE).is_none() {
+        cx.err(item, format!("size of shape {} overflows u64 at batch=2^16, seq=2^20", shape_str(s)));
+    }
+}
+
+fn n(x: u64) -> Dim {
+    Dim::N(x)
+}
+
+fn expect_eq(what: &str, got: &[Dim], want: &[Dim]) -> Result<(), String> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(format!("{what}: shape {} but expected {}", shape_str(got), shape_str(want)))
+    }
+}
+
+fn with_last(s: &[Dim], last: u64) -> Shape {
+    let mut v = s.to_vec();
+    if let Some(x) = v.last_mut() {
+        *x = n(last);
+    }
+    v
+}
+
+fn last(s: &[Dim]) -> Option<&Dim> {
+    s.last()
+}
+
+fn arity(op: &Op, ins: usize, params: std::ops::RangeInclusive<usize>, i: &[&Shape], p: &[&Param]) -> Result<(), String> {
+    if i.len() != ins {
+        return Err(format!("{} takes {ins} input(s), got {}", op.kind.name(), i.len()));
+    }
+    if !params.contains(&p.len()) {
+        return Err(format!("{} takes {:?} parameter(s), got {}", op.kind.name(), params, p.len()));
+    }
+    Ok(())
+}
+
+fn broadcast(a: &[Dim], b: &[Dim]) -> Option<Shape> {
+    let r = a.len().max(b.len());
+    let mut out = Vec::with_capacity(r);
+    for k in 0..r {
+        let x = if k + a.len() >= r { &a[k + a.len() - r] } else { &Dim::N(1) };
+        let y = if k + b.len() >= r { &b[k + b.len() - r] } else { &Dim::N(1) };
+        out.push(if x == y || *y == Dim::N(1) {
+            x.clone()
+        } else if *x == Dim::N(1) {
+            y.clone()
+        } else {
+            return None;
+        });
+    }
+    Some(out)
+}
+
+/// Shape rules per op kind: inputs and params against the declared output.
+fn check_kind(op: &Op, i: &[&Shape], p: &[&Param]) -> Result<(), String> {
+    let out = &op.shape;
+    match &op.kind {
+        OpKind::Embedding | OpKind::PositionEmbedding => {
+            arity(op, 1, 1..=1, i, p)?;
+            let w = &p[0].shape;
+            if w.len() != 2 {
+                return Err(format!("embedding weight `{}` must be 2-D", p[0].name));
+            }
+            let mut want: Shape = if matches!(op.kind, OpKind::PositionEmbedding) {
+                vec![n(1), i[0].last().cloned().unwrap_or(n(1))]
+            } else {
+                i[0].clone()
+            };
+            want.push(n(w[1]));
+            expect_eq("output", out, &want)
+        }
+        OpKind::Linear { bias, transposed } => {
+            arity(op, 1, if *bias { 2..=2 } else { 1..=1 }, i, p)?;
+            let w = &p[0].shape;
+            if w.len() != 2 {
+                return Err(format!("linear weight `{}` must be 2-D", p[0].name));
+            }
+            let (fan_in, fan_out) = if *transposed { (w[0], w[1]) } else { (w[1], w[0]) };
+            if last(i[0]) != Some(&n(fan_in)) {
+                return Err(format!(
+                    "input `{}` has shape {} but weight `{}` {:?} takes {fan_in} features",
+                    op.inputs[0],
+                    shape_str(i[0]),
+                    p[0].name,
+                    w
+                ));
+            }
+            if *bias && p[1].shape != [fan_out] {
+                return Err(format!("bias `{}` has shape {:?}, expected [{fan_out}]", p[1].name, p[1].shape));
+            }
+            expect_eq("output", out, &with_last(i[0], fan_out))
+        }
+        OpKind::LayerNorm { .. } | OpKind::RmsNorm { .. } => {
+            let np = if matches!(op.kind, OpKind::LayerNorm { .. }) { 2 } else { 1 };
+            arity(op, 1, np..=np, i, p)?;
+            for q in p {
+                if last(i[0]) != Some(&n(q.numel())) {
+                    return Err(format!("norm weight `{}` {:?} does not match input {}", q.name, q.shape, shape_str(i[0])));
+                }
+            }
+            expect_eq("output", out, i[0])
+        }
+        OpKind::Activation { .. } | OpKind::Dropout { .. } => {
+            arity(op, 1, 0..=0, i, p)?;
+            expect_eq("output", out, i[0])
+        }
+        OpKind::Add | OpKind::Mul => {
+            arity(op, 2, 0..=0, i, p)?;
+            match broadcast(i[0], i[1]) {
+                Some(b) => expect_eq("output", out, &b),
+                None => Err(format!(
+                    "inputs {} and {} do not broadcast",
+                    shape_str(i[0]),
+                    shape_str(i[1])
+                )),
+            }
+        }
+        OpKind::RotaryEmbedding { head_dim, .. } => {
+            arity(op, 1, 0..=0, i, p)?;
+            expect_eq("output", out, &[n(1), i[0].last().cloned().unwrap_or(n(1)), n(*head_dim)])
+        }
+        OpKind::Rope { head_dim } => {
+            arity(op, 2, 0..=0, i, p)?;
+            if i[1].last() != Some(&n(*head_dim)) {
+                return Err(format!("rotary input has shape {}, expected last dim {head_dim}", shape_str(i[1])));
+            }
+            match i[0].last() {
+                Some(Dim::N(x)) if x % head_dim == 0 => expect_eq("output", out, i[0]),
+                _ => Err(format!("input {} is not a multiple of head_dim {head_dim}", shape_str(i[0]))),
+            }
+        }
+        OpKind::Attention {
+            heads,
+            kv_heads,
+            head_dim,
+            ..
+        } => {
+            if !p.is_empty() {
+                return Err("attention takes no parameters".into());
+            }
+            if *kv_heads == 0 || heads % kv_heads != 0 {
+                return Err(format!("heads {heads} is not a multiple of kv_heads {kv_heads}"));
+            }
+            let (q, kv) = (heads * head_dim, kv_heads * head_dim);
+            match i.len() {
+                1 => {
+                    if last(i[0]) != Some(&n(q + 2 * kv)) {
+                        return Err(format!("fused qkv input {} should end in {}", shape_str(i[0]), q + 2 * kv));
+                    }
+                }
+                3 => {
+                    for (k, want) in [(0, q), (1, kv), (2, kv)] {
+                        if last(i[k]) != Some(&n(want)) {
+                            return Err(format!(
+                                "input `{}` has shape {}, expected last dim {want}",
+                                op.inputs[k],
+                                shape_str(i[k])
+                            ));
+                        }
+                    }
+                }
+                k => return Err(format!("attention takes 1 (fused qkv) or 3 inputs, got {k}")),
+            }
+            expect_eq("output", out, &with_last(i[0], q))
+        }
+        OpKind::Router { experts, top_k } => {
+            arity(op, 1, 1..=1, i, p)?;
+            let w = &p[0].shape;
+            if w.len() != 2 || w[0] != *experts || Some(&n(w[1])) != last(i[0]) {
+                return Err(format!("router weight `{}` {:?} should be [{experts}, hidden]", p[0].name, w));
+            }
+            if top_k > experts {
+                return Err(format!("top_k {top_k} > experts {experts}"));
+            }
+            expect_eq("output", out, &with_last(i[0], *top_k))
+        }
+        OpKind::Experts {
+            experts,
+            intermediate,
+            ..
+        } => {
+            arity(op, 2, 2..=2, i, p)?;
+            let h = match last(i[0]) {
+                Some(Dim::N(h)) => *h,
+                _ => return Err("hidden input must end in a constant dim".into()),
+            };
+            if p[0].shape != [*experts, 2 * intermediate, h] {
+                return Err(format!("`{}` {:?} should be [{experts}, {}, {h}]", p[0].name, p[0].shape, 2 * intermediate));
+            }
+            if p[1].shape != [*experts, h, *intermediate] {
+                return Err(format!("`{}` {:?} should be [{experts}, {h}, {intermediate}]", p[1].name, p[1].shape));
+            }
+            expect_eq("output", out, i[0])
+        }
+        OpKind::CrossEntropy { vocab } => {
+            arity(op, 2, 0..=0, i, p)?;
+            if last(i[0]) != Some(&n(*vocab)) {
+                return Err(format!("logits {} should end in vocab {vocab}", shape_str(i[0])));
+            }
+            if i[0][..i[0].len() - 1] != i[1][..] {
+                return Err(format!("labels {} do not match logits {}", shape_str(i[1]), shape_str(i[0])));
+            }
+            expect_eq("output", out, &[])
+        }
+    }
+}

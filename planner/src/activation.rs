@@ -1,0 +1,294 @@
+//! What each forward op allocates, what autograd saves for its backward, and what its
+//! backward allocates, for HF transformers 5.17.0 on torch 2.11.0.
+//!
+//! Sizes come from the op's shapes, the compute dtype and the attention implementation.
+//! Each rule names the HF/ATen code path it models. The schedule pass turns these specs
+//! into buffer lifetimes; FSDPMemTracker's "Activation" and "Temp" are what they sum to.
+
+use crate::options::{AttnImpl, Device};
+use fsdp_ir::{numel, Act, DType, Dims, Model, Op, OpKind};
+
+/// One tensor: element count and dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct T {
+    pub numel: u64,
+    pub dtype: DType,
+    /// Why it exists (printed in schedules and buffer tables).
+    pub what: &'static str,
+}
+
+impl T {
+    pub fn bytes(&self) -> u64 {
+        self.numel * self.dtype.size()
+    }
+}
+
+/// The memory behaviour of one op.
+#[derive(Debug, Clone, Default)]
+pub struct OpMem {
+    /// The output; `None` when the output is the input itself (dropout with p = 0).
+    pub out: Option<T>,
+    /// Which inputs autograd saves for backward (keeps them alive until this op's backward).
+    pub saves_inputs: Vec<bool>,
+    /// The output is saved for backward.
+    pub saves_output: bool,
+    /// Tensors made inside the op and saved for backward (mean/rstd, masks, probs…).
+    pub saved: Vec<T>,
+    /// Tensors made and dropped inside the forward (live only during this op).
+    pub fwd_scratch: Vec<T>,
+    /// Tensors made and dropped inside the backward (live only during its backward).
+    pub bwd_scratch: Vec<T>,
+    /// Does the output require grad (depends on params / inputs)?
+    pub differentiable: bool,
+    /// `bwd_scratch` is alive together and freed before the input grads are allocated
+    /// (e.g. the loss under mixed precision: two f32 grads, then the low-precision cast).
+    pub bwd_scratch_first: bool,
+}
+
+/// Context shared by all ops of a step.
+pub struct Ctx<'a> {
+    pub model: &'a Model,
+    pub dims: Dims,
+    /// Compute dtype of activations (param_dtype under mixed precision).
+    pub cd: DType,
+    pub attn: AttnImpl,
+    pub device: Device,
+}
+
+fn t(numel: u64, dtype: DType, what: &'static str) -> T {
+    T { numel, dtype, what }
+}
+
+impl Ctx<'_> {
+    fn n(&self, op: &Op) -> u64 {
+        numel(&op.shape, self.dims).unwrap_or(0)
+    }
+    fn input_numel(&self, op: &Op, i: usize) -> u64 {
+        let name = &op.inputs[i];
+        if let Some(inp) = self.model.inputs.iter().find(|x| &x.name == name) {
+            return numel(&inp.shape, self.dims).unwrap_or(0);
+        }
+        self.model
+            .ops
+            .iter()
+            .find(|o| &o.name == name)
+            .and_then(|o| numel(&o.shape, self.dims))
+            .unwrap_or(0)
+    }
+    fn tokens(&self) -> u64 {
+        self.dims.batch * self.dims.seq
+    }
+    /// A dropout on `numel` elements: on CPU ATen's `_dropout` saves a noise tensor in the
+    /// input dtype; CUDA's fused `native_dropout` saves a bool mask.
+    fn dropout_mask(&self, numel: u64) -> T {
+        match self.device {
+            Device::Cpu => t(numel, self.cd, "dropout noise"),
+            Device::Cuda => t(numel, DType::Bool, "dropout mask"),
+        }
+    }
+}
+
+/// The memory spec of `op` (its index in the model's op list is not needed).
+pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
+    let cd = cx.cd;
+    let n = cx.n(op);
+    let ins = op.inputs.len();
+    let out = Some(t(n, cd, "output"));
+    let mut m = OpMem {
+        out,
+        saves_inputs: vec![false; ins],
+        differentiable: true,
+        ..OpMem::default()
+    };
+    match &op.kind {
+        OpKind::Embedding | OpKind::PositionEmbedding => {
+            // embedding(weight, ids) saves the ids; GPT-2 builds position ids (int64).
+            m.saves_inputs = vec![true];
+            if matches!(op.kind, OpKind::PositionEmbedding) {
+                m.saved.push(t(cx.dims.seq, DType::Int64, "position ids"));
+            }
+        }
+        OpKind::Linear { .. } => {
+            // F.linear / addmm saves its input (and the weight, an unsharded param).
+            m.saves_inputs = vec![true];
+        }
+        OpKind::LayerNorm { .. } => {
+            // native_layer_norm saves input, mean and rstd ([tokens, 1]; input dtype on CPU, f32 on CUDA).
+            m.saves_inputs = vec![true];
+            let stat = if cx.device == Device::Cpu { cd } else { DType::Float32 };
+            let rows = n / op.shape.last().and_then(|d| d.eval(cx.dims)).unwrap_or(1).max(1);
+            m.saved.push(t(rows, stat, "layer_norm mean"));
+            m.saved.push(t(rows, stat, "layer_norm rstd"));
+            m.bwd_scratch.push(t(n, cd, "layer_norm grad scratch"));
+        }
+        OpKind::RmsNorm { .. } => {
+            // HF RMSNorm: x32 = x.to(f32); var = x32.pow(2).mean(-1); r = rsqrt(var + eps);
+            // xn = x32 * r; out = weight * xn.to(dtype). Saved: x32 (x itself in f32), r, xn.
+            let rows = n / op.shape.last().and_then(|d| d.eval(cx.dims)).unwrap_or(1).max(1);
+            m.saves_inputs = vec![true];
+            if cd != DType::Float32 {
+                m.saved.push(t(n, DType::Float32, "rms_norm input upcast"));
+            }
+            m.saved.push(t(rows, DType::Float32, "rms_norm rsqrt"));
+            m.saved.push(t(n, cd, "rms_norm normalized"));
+            m.fwd_scratch.push(t(n, DType::Float32, "rms_norm x^2"));
+            m.bwd_scratch.push(t(n, DType::Float32, "rms_norm grad scratch"));
+            m.bwd_scratch.push(t(n, DType::Float32, "rms_norm grad scratch"));
+        }
+        OpKind::Add => {}
+        OpKind::Mul => {
+            m.saves_inputs = vec![true, true];
+        }
+        OpKind::Activation { act } => match act {
+            Act::Silu | Act::Gelu | Act::Relu => {
+                m.saves_inputs = vec![true];
+            }
+            Act::GeluTanh => {
+                // NewGELUActivation is Python: 0.5*x*(1+tanh(c*(x+0.044715*x^3))).
+                // Saved: x (pow), tanh's result, (1+tanh), 0.5*x.
+                m.saves_inputs = vec![true];
+                m.saved.push(t(n, cd, "gelu tanh"));
+                m.saved.push(t(n, cd, "gelu 1+tanh"));
+                m.saved.push(t(n, cd, "gelu 0.5x"));
+                m.fwd_scratch.push(t(n, cd, "gelu x^3"));
+                m.fwd_scratch.push(t(n, cd, "gelu inner"));
+                m.bwd_scratch.push(t(n, cd, "gelu grad scratch"));
+                m.bwd_scratch.push(t(n, cd, "gelu grad scratch"));
+            }
+        },
+        OpKind::Dropout { p } => {
+            if *p > 0.0 {
+                m.saved.push(cx.dropout_mask(n));
+            } else {
+                m.out = None;
+            }
+        }
+        OpKind::RotaryEmbedding { head_dim, .. } => {
+            // cos and sin, [1, seq, head_dim] each, in the activation dtype; no grad.
+            m.out = Some(t(2 * cx.dims.seq * head_dim, cd, "rotary cos+sin"));
+            m.differentiable = false;
+            m.fwd_scratch.push(t(cx.dims.seq * head_dim, DType::Float32, "rotary freqs"));
+        }
+        OpKind::Rope { .. } => {
+            // (x*cos) + (rotate_half(x)*sin): saves cos/sin only (held by the rotary op).
+            m.saves_inputs = vec![false, true];
+            m.fwd_scratch.push(t(n, cd, "rope x*cos"));
+            m.fwd_scratch.push(t(n, cd, "rope rotate_half"));
+            m.fwd_scratch.push(t(n, cd, "rope rot*sin"));
+            m.bwd_scratch.push(t(n, cd, "rope grad scratch"));
+            m.bwd_scratch.push(t(n, cd, "rope grad scratch"));
+        }
+        OpKind::Attention {
+            heads,
+            kv_heads,
+            head_dim,
+            dropout,
+            ..
+        } => attention(cx, op, &mut m, *heads, *kv_heads, *head_dim, *dropout),
+        OpKind::Router { experts, top_k } => {
+            // F.linear(h, w) -> logits; softmax(logits.float()) saved; topk values/indices;
+            // renormalized in place.
+            let tok = cx.tokens();
+            m.saves_inputs = vec![true];
+            m.out = Some(t(tok * top_k, DType::Float32, "router top-k weights"));
+            m.saved.push(t(tok * experts, DType::Float32, "router probs"));
+            m.saved.push(t(tok * top_k, DType::Int64, "router top-k indices"));
+            m.saved.push(t(tok, DType::Float32, "router top-k sum"));
+            m.fwd_scratch.push(t(tok * experts, cd, "router logits"));
+        }
+        OpKind::Experts {
+            experts,
+            top_k,
+            intermediate,
+            ..
+        } => {
+            // Eager loop over hit experts: gather tokens, linear gate_up, silu*up, linear down,
+            // scale by the routing weight, index_add_ into zeros_like(h).
+            let routed = cx.tokens() * top_k;
+            let h = n / cx.tokens().max(1);
+            m.saves_inputs = vec![false, true];
+            m.saved.push(t(routed * h, cd, "expert inputs"));
+            m.saved.push(t(routed * 2 * intermediate, cd, "expert gate_up"));
+            m.saved.push(t(routed * intermediate, cd, "expert act"));
+            m.saved.push(t(routed * intermediate, cd, "expert act*up"));
+            m.saved.push(t(routed * h, cd, "expert down"));
+            m.saved.push(t(2 * routed, DType::Int64, "expert token indices"));
+            // index backward of gate_up_proj[e] / down_proj[e] materializes a full-size grad.
+            let full = experts * h * intermediate;
+            m.bwd_scratch.push(t(2 * full, cd, "expert gate_up select grad"));
+        }
+        OpKind::CrossEntropy { vocab } => {
+            // HF ForCausalLMLoss: logits.float(); labels padded and shifted (contiguous int64);
+            // cross_entropy = log_softmax (saved, f32) + nll_loss (saves target, total_weight).
+            let tok = cx.tokens();
+            let logits = tok * vocab;
+            m.out = Some(t(1, DType::Float32, "loss"));
+            m.saves_inputs = vec![false, false];
+            m.saved.push(t(logits, DType::Float32, "log_softmax"));
+            m.saved.push(t(tok, DType::Int64, "shifted labels"));
+            m.saved.push(t(1, DType::Float32, "nll total_weight"));
+            if cd != DType::Float32 {
+                m.fwd_scratch.push(t(logits, DType::Float32, "logits upcast"));
+            }
+            m.fwd_scratch.push(t(cx.dims.batch * (cx.dims.seq + 1), DType::Int64, "padded labels"));
+            // nll_loss backward makes a zero-filled f32 [tokens, vocab] grad; log_softmax
+            // backward makes another, which is the logits' grad in f32 and is cast under MP.
+            m.bwd_scratch.push(t(logits, DType::Float32, "nll_loss grad"));
+            if cd != DType::Float32 {
+                m.bwd_scratch.push(t(logits, DType::Float32, "log_softmax grad"));
+                m.bwd_scratch_first = true;
+            }
+        }
+    }
+    let _ = cx.input_numel(op, 0);
+    m
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention(cx: &Ctx, op: &Op, m: &mut OpMem, heads: u64, kv: u64, hd: u64, dropout: f64) {
+    let cd = cx.cd;
+    let (b, s) = (cx.dims.batch, cx.dims.seq);
+    let q = b * s * heads * hd;
+    let scores = b * heads * s * s;
+    let fused = op.inputs.len() == 1;
+    let gqa = kv != heads;
+    m.saves_inputs = vec![true; op.inputs.len()];
+    // Fused qkv (GPT-2): q/k/v are split views of the c_attn output, saved through it.
+    // The CPU flash kernel takes no dropout: SDPA falls back to the math path, which
+    // (measured, GPT-2) saves what eager saves.
+    let use_math = match cx.attn {
+        AttnImpl::Eager => true,
+        AttnImpl::Sdpa => dropout > 0.0 && cx.device == Device::Cpu,
+        AttnImpl::FlashAttention2 => false,
+    };
+    if cx.attn == AttnImpl::Eager || use_math {
+        // matmul(q, k^T) * scaling (+ mask) -> softmax (f32 in Llama-family, saved)
+        // -> .to(dtype) -> dropout -> matmul(probs, v) -> transpose().contiguous().
+        if gqa {
+            m.saved.push(t(b * s * heads * hd, cd, "repeat_kv keys"));
+            m.saved.push(t(b * s * heads * hd, cd, "repeat_kv values"));
+        }
+        let probs_dtype = if fused { cd } else { DType::Float32 };
+        m.saved.push(t(scores, probs_dtype, "attention probs"));
+        if probs_dtype != cd {
+            m.saved.push(t(scores, cd, "attention probs cast"));
+        }
+        if dropout > 0.0 {
+            m.saved.push(cx.dropout_mask(scores));
+            m.saved.push(t(scores, cd, "attention probs dropped"));
+        }
+        m.fwd_scratch.push(t(scores, cd, "attention scores"));
+        m.fwd_scratch.push(t(scores, cd, "attention scaled scores"));
+        m.fwd_scratch.push(t(q, cd, "attention output (bhsd)"));
+        m.bwd_scratch.push(t(scores, cd, "attention probs grad"));
+        m.bwd_scratch.push(t(scores, DType::Float32, "softmax grad"));
+        m.bwd_scratch.push(t(scores, cd, "scores grad"));
+    } else {
+        // Flash-style kernels keep the output and a float32 log-sum-exp [b, h, s].
+        m.saves_output = true;
+        m.saved.push(t(b * heads * s, DType::Float32, "attention logsumexp"));
+        // HF 5.17 passes enable_gqa to SDPA when there is no mask (causal, no padding):
+        // no repeat_kv copies.
+        m.bwd_scratch.push(t(q, cd, "attention grad scratch"));
+    }
+}

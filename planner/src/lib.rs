@@ -1,0 +1,106 @@
+//! fsdp-planner: lowers a model + options into a plan.
+//!
+//! Passes, one per file, each a plain function: [`wrap`] (policy → wrapped modules),
+//! [`units`] (ownership and shard layout), [`schedule`] (the step's ops and buffers),
+//! [`buffers`] (arena offsets), [`memory`] (peak and breakdown). [`verify`] runs between
+//! passes; [`checker`] simulates the finished schedule. No IO: callers pass models in and
+//! print plans out.
+
+pub mod activation;
+pub mod buffers;
+pub mod checker;
+pub mod diff;
+pub mod error;
+pub mod ids;
+pub mod memory;
+pub mod options;
+pub mod plan;
+pub mod print;
+pub mod schedule;
+pub mod units;
+pub mod verify;
+pub mod wrap;
+
+pub use error::PlanError;
+pub use options::*;
+pub use plan::*;
+
+use fsdp_ir::Model;
+use sha2::{Digest, Sha256};
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// SHA-256 of the model's canonical RON.
+pub fn model_hash(model: &Model) -> String {
+    hex(&Sha256::digest(fsdp_ir::to_ron(model).as_bytes()))
+}
+
+/// Runs every pass and the checker.
+pub fn plan(model: &Model, opts: &Options) -> Result<Plan, PlanError> {
+    opts.check()?;
+    let attn = match opts.attn_implementation {
+        Some(a) => a,
+        None => match model.attn_implementation.as_deref() {
+            None => AttnImpl::Sdpa,
+            Some(s) => AttnImpl::parse(s).ok_or_else(|| {
+                error::opt_err("attn_implementation", format!("model file names unknown `{s}` (sdpa, eager, flash_attention_2)"))
+            })?,
+        },
+    };
+    let policy = wrap::resolve(model, &opts.policy);
+    let wrapped = wrap::wrap(model, &policy)?;
+    let mut units = units::build_units(model, &wrapped, opts)?;
+    let raf = opts.reshard_after_forward.unwrap_or(!matches!(
+        opts.strategy,
+        Strategy::ShardGradOp | Strategy::NoShard
+    ));
+    for u in units.iter_mut() {
+        u.reshard_after_forward = if u.is_root() {
+            opts.root_reshard_after_forward.unwrap_or(false)
+        } else {
+            raf
+        };
+    }
+    verify::verify_units(model, &units)?;
+    let unit_of_op = verify::unit_of_ops(model, &units);
+    let mut sched = schedule::build(model, opts, &units, &unit_of_op, attn);
+    buffers::assign_offsets(&sched.ops, &mut sched.buffers);
+    let memory = memory::simulate(&sched.ops, &sched.buffers, &units)?;
+    let collectives = memory::collectives(&sched.ops, &units);
+    let shared = units
+        .iter()
+        .flat_map(|u| {
+            u.params.iter().filter(|p| !p.aliases.is_empty()).map(move |p| SharedParam {
+                param: p.name.clone(),
+                aliases: p.aliases.clone(),
+                unit: u.label().to_string(),
+                modules: std::iter::once(&p.name)
+                    .chain(&p.aliases)
+                    .map(|n| n.rsplit_once('.').map(|x| x.0).unwrap_or("").to_string())
+                    .collect(),
+            })
+        })
+        .collect();
+    let mh = model_hash(model);
+    let opt_text = serde_json::to_string(opts).unwrap_or_default();
+    let plan_hash = hex(&Sha256::digest(format!("{FORMAT_VERSION}\n{mh}\n{opt_text}\n{}", attn.name()).as_bytes()));
+    let plan = Plan {
+        format_version: FORMAT_VERSION,
+        model_name: model.name.clone(),
+        model_hash: mh,
+        plan_hash,
+        options: opts.clone(),
+        attn_implementation: attn.name().to_string(),
+        policy: policy.to_string(),
+        units,
+        schedule: sched.ops,
+        buffers: sched.buffers,
+        collectives,
+        memory,
+        shared,
+    };
+    checker::check(model, &plan)?;
+    Ok(plan)
+}

@@ -1,0 +1,90 @@
+//! Pass 5, memory: replays the schedule's events to find the per-rank peak, where it is
+//! reached and FSDPMemTracker's breakdown at that moment; lists the collectives.
+
+use crate::error::PlanError;
+use crate::plan::*;
+use crate::units::Unit;
+use std::collections::BTreeMap;
+
+pub fn describe(op: &ScheduleOp, units: Option<&[Unit]>) -> String {
+    let label = |u: crate::ids::UnitId| -> String {
+        units.map(|us| us[u.index()].label().to_string()).unwrap_or_else(|| u.to_string())
+    };
+    let s = match &op.kind {
+        OpKind::Setup => "setup".to_string(),
+        OpKind::AllGather { unit, prefetch, .. } => format!("all-gather {}{}", label(*unit), if *prefetch { " (prefetch)" } else { "" }),
+        OpKind::CopyOut { unit } => format!("copy-out {}", label(*unit)),
+        OpKind::Forward { op, .. } => format!("forward {op}"),
+        OpKind::Recompute { op, .. } => format!("recompute {op}"),
+        OpKind::Backward { op, .. } => format!("backward {op}"),
+        OpKind::Reshard { unit } => format!("reshard {}", label(*unit)),
+        OpKind::ReduceScatter { unit, .. } => format!("reduce-scatter {}", label(*unit)),
+        OpKind::AllReduce { unit, .. } => format!("all-reduce {}", label(*unit)),
+        OpKind::KeepGrads { unit } => format!("keep grads {}", label(*unit)),
+        OpKind::OptimizerStep { unit } => format!("optimizer step {}", label(*unit)),
+        OpKind::ZeroGrad => "zero_grad".to_string(),
+        OpKind::PhaseEnd => "end of backward".to_string(),
+    };
+    format!("{} {s}", op.id)
+}
+
+/// Replays the events; the peak is checked after every allocation.
+pub fn simulate(ops: &[ScheduleOp], buffers: &[BufferInfo], units: &[Unit]) -> Result<Memory, PlanError> {
+    let mut live = 0u64;
+    let mut by_cat: BTreeMap<Category, u64> = Category::ALL.iter().map(|&c| (c, 0)).collect();
+    let mut peak = 0u64;
+    let mut peak_op = crate::ids::OpId(0);
+    let mut breakdown = by_cat.clone();
+    for op in ops {
+        for ev in &op.events {
+            match *ev {
+                Event::Alloc(b) => {
+                    let buf = &buffers[b.index()];
+                    live += buf.bytes;
+                    *by_cat.entry(buf.category).or_insert(0) += buf.bytes;
+                    if live > peak {
+                        peak = live;
+                        peak_op = op.id;
+                        breakdown.clone_from(&by_cat);
+                    }
+                }
+                Event::Free(b) => {
+                    let buf = &buffers[b.index()];
+                    live = live.checked_sub(buf.bytes).ok_or_else(|| PlanError::Verify(format!("{} freed more than allocated", buf.id)))?;
+                    let c = by_cat.entry(buf.category).or_insert(0);
+                    *c = c.saturating_sub(buf.bytes);
+                }
+            }
+        }
+    }
+    let arena = buffers.iter().map(|b| b.offset + b.bytes).max().unwrap_or(0);
+    Ok(Memory {
+        peak_bytes: peak,
+        peak_at: ops.get(peak_op.index()).map(|o| describe(o, Some(units))).unwrap_or_default(),
+        peak_op,
+        breakdown,
+        arena_bytes: arena,
+        rank: 0,
+    })
+}
+
+/// The collectives of the step, in issue order.
+pub fn collectives(ops: &[ScheduleOp], units: &[Unit]) -> Vec<Collective> {
+    ops.iter()
+        .filter_map(|op| {
+            let (kind, unit, numel, dtype) = match &op.kind {
+                OpKind::AllGather { unit, numel, dtype, .. } => ("all_gather", unit, numel, dtype),
+                OpKind::ReduceScatter { unit, numel, dtype, .. } => ("reduce_scatter", unit, numel, dtype),
+                OpKind::AllReduce { unit, numel, dtype, .. } => ("all_reduce", unit, numel, dtype),
+                _ => return None,
+            };
+            Some(Collective {
+                kind: kind.to_string(),
+                unit: units[unit.index()].module.clone(),
+                numel: *numel,
+                dtype: dtype.torch_name().to_string(),
+                op: op.id,
+            })
+        })
+        .collect()
+}

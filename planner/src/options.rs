@@ -1,0 +1,252 @@
+//! Planning options, named after PyTorch FSDP's knobs, with FSDP2's defaults.
+
+use crate::error::{opt_err, PlanError};
+use fsdp_ir::DType;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Which modules become FSDP units (the root always is one).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Policy {
+    /// `transformer:` every instance of these classes (FSDP's transformer_auto_wrap_policy).
+    Transformer(Vec<String>),
+    /// `size:` FSDP1's size_based_auto_wrap_policy with this min_num_params.
+    Size(u64),
+    /// `modules:` these module paths (manual `fully_shard` calls).
+    Modules(Vec<String>),
+    /// `none`: the root only.
+    None,
+    /// `auto`: `transformer:` with the model's decoder-layer class (HF models), else `none`.
+    Auto,
+}
+
+impl Policy {
+    pub fn parse(s: &str) -> Result<Policy, PlanError> {
+        let bad = |m: &str| PlanError::Policy {
+            policy: s.to_string(),
+            message: m.to_string(),
+        };
+        let list = |r: &str| -> Vec<String> {
+            r.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect()
+        };
+        match s.split_once(':') {
+            Some(("transformer", r)) if !list(r).is_empty() => Ok(Policy::Transformer(list(r))),
+            Some(("modules", r)) if !list(r).is_empty() => Ok(Policy::Modules(list(r))),
+            Some(("size", r)) => {
+                let v: f64 = r
+                    .trim()
+                    .parse()
+                    .map_err(|_| bad("min_num_params must be a number, e.g. size:1e8"))?;
+                if !(v.is_finite() && v >= 1.0) {
+                    return Err(bad("min_num_params must be >= 1"));
+                }
+                Ok(Policy::Size(v as u64))
+            }
+            Some(_) => Err(bad("expected transformer:<Class>[,…], size:<min_num_params>, modules:<path>[,…], none or auto")),
+            None if s == "none" => Ok(Policy::None),
+            None if s == "auto" => Ok(Policy::Auto),
+            None => Err(bad("expected transformer:<Class>[,…], size:<min_num_params>, modules:<path>[,…], none or auto")),
+        }
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Policy::Transformer(c) => write!(f, "transformer:{}", c.join(",")),
+            Policy::Size(n) => write!(f, "size:{n}"),
+            Policy::Modules(m) => write!(f, "modules:{}", m.join(",")),
+            Policy::None => f.write_str("none"),
+            Policy::Auto => f.write_str("auto"),
+        }
+    }
+}
+
+/// Shard layout: FSDP2 per-parameter dim-0 shards, or FSDP1's padded FlatParameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Layout {
+    Fsdp2,
+    Flat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Strategy {
+    FullShard,
+    ShardGradOp,
+    NoShard,
+    /// Shard within groups of `shard_size` ranks, replicate across groups.
+    HybridShard { shard_size: u64 },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BackwardPrefetch {
+    /// FSDP2's default: each unit's pre-backward prefetches the unit before it (1 deep).
+    Implicit,
+    /// FSDP2 `set_modules_to_backward_prefetch` with this many units ahead.
+    Depth(u32),
+    /// FSDP1 BACKWARD_PRE.
+    Pre,
+    /// FSDP1 BACKWARD_POST.
+    Post,
+    /// No backward prefetch.
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Optimizer {
+    Adam,
+    AdamW,
+    Sgd,
+    None,
+}
+
+/// HF `attn_implementation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AttnImpl {
+    Sdpa,
+    Eager,
+    FlashAttention2,
+}
+
+impl AttnImpl {
+    pub fn parse(s: &str) -> Option<AttnImpl> {
+        Some(match s {
+            "sdpa" => AttnImpl::Sdpa,
+            "eager" => AttnImpl::Eager,
+            "flash_attention_2" | "flash" => AttnImpl::FlashAttention2,
+            _ => return None,
+        })
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            AttnImpl::Sdpa => "sdpa",
+            AttnImpl::Eager => "eager",
+            AttnImpl::FlashAttention2 => "flash_attention_2",
+        }
+    }
+}
+
+/// Where the step runs: it decides kernel choices (dropout masks, SDPA backends) and the
+/// allocator's rounding (512 B blocks on CUDA, exact on CPU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Device {
+    Cuda,
+    Cpu,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Options {
+    pub world_size: u64,
+    pub policy: Policy,
+    pub layout: Layout,
+    pub strategy: Strategy,
+    /// Non-root units; `None` = the strategy's default (true for full-shard).
+    pub reshard_after_forward: Option<bool>,
+    /// The root unit; `None` = FSDP2's default (false: the root keeps its params).
+    pub root_reshard_after_forward: Option<bool>,
+    pub param_dtype: Option<DType>,
+    pub reduce_dtype: Option<DType>,
+    /// Explicit forward prefetch depth (0 = FSDP2's implicit behaviour / FSDP1 off).
+    pub forward_prefetch: u32,
+    pub backward_prefetch: BackwardPrefetch,
+    pub grad_accum: u32,
+    /// Module classes run under activation checkpointing.
+    pub checkpoint: Vec<String>,
+    pub optimizer: Optimizer,
+    pub batch: u64,
+    pub seq: u64,
+    /// `None` = the model file's default, else `sdpa`.
+    pub attn_implementation: Option<AttnImpl>,
+    pub device: Device,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            world_size: 8,
+            policy: Policy::Auto,
+            layout: Layout::Fsdp2,
+            strategy: Strategy::FullShard,
+            reshard_after_forward: None,
+            root_reshard_after_forward: None,
+            param_dtype: None,
+            reduce_dtype: None,
+            forward_prefetch: 0,
+            backward_prefetch: BackwardPrefetch::Implicit,
+            grad_accum: 1,
+            checkpoint: vec![],
+            optimizer: Optimizer::Adam,
+            batch: 1,
+            seq: 2048,
+            attn_implementation: None,
+            device: Device::Cuda,
+        }
+    }
+}
+
+impl Options {
+    /// Checks option values that do not depend on the model.
+    pub fn check(&self) -> Result<(), PlanError> {
+        if self.world_size == 0 {
+            return Err(opt_err("--world-size", "must be at least 1"));
+        }
+        if self.batch == 0 {
+            return Err(opt_err("--batch", "must be at least 1"));
+        }
+        if self.seq == 0 {
+            return Err(opt_err("--seq", "must be at least 1"));
+        }
+        if self.grad_accum == 0 {
+            return Err(opt_err("--grad-accum", "must be at least 1"));
+        }
+        if let Strategy::HybridShard { shard_size } = self.strategy {
+            if shard_size == 0 || self.world_size % shard_size != 0 {
+                return Err(opt_err(
+                    "--shard-group-size",
+                    format!("{shard_size} must divide the world size {}", self.world_size),
+                ));
+            }
+        }
+        for (flag, d) in [("--param-dtype", self.param_dtype), ("--reduce-dtype", self.reduce_dtype)] {
+            if let Some(d) = d {
+                if !d.is_float() {
+                    return Err(opt_err(flag, format!("{d} is not a floating-point dtype")));
+                }
+            }
+        }
+        match (self.layout, self.backward_prefetch) {
+            (Layout::Fsdp2, BackwardPrefetch::Pre | BackwardPrefetch::Post) => Err(opt_err(
+                "--backward-prefetch",
+                "pre/post are FSDP1 (--layout flat) settings; FSDP2 takes implicit, none or a depth",
+            )),
+            (Layout::Flat, BackwardPrefetch::Depth(_)) => Err(opt_err(
+                "--backward-prefetch",
+                "an explicit depth is an FSDP2 setting; FSDP1 (--layout flat) takes pre, post or none",
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Size of the group a parameter is sharded over.
+    pub fn shard_size(&self) -> u64 {
+        match self.strategy {
+            Strategy::HybridShard { shard_size } => shard_size,
+            Strategy::NoShard => 1,
+            _ => self.world_size,
+        }
+    }
+
+    /// Size of the replicate group (gradients all-reduced across it).
+    pub fn replicate_size(&self) -> u64 {
+        self.world_size / self.shard_size().max(1)
+    }
+}
+
+pub fn parse_dtype(flag: &str, s: &str) -> Result<DType, PlanError> {
+    DType::parse(s).filter(|d| d.is_float()).ok_or_else(|| {
+        opt_err(
+            flag,
+            format!("unknown dtype `{s}` (use bfloat16/bf16, float32/f32/fp32, float16/f16/fp16)"),
+        )
+    })
+}

@@ -1,0 +1,203 @@
+//! The plan: plain serializable data, everything a runtime or a printer needs.
+
+use crate::ids::{BufferId, OpId, UnitId};
+use crate::options::Options;
+use crate::units::Unit;
+use fsdp_ir::DType;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+pub const FORMAT_VERSION: u32 = 1;
+
+/// FSDPMemTracker's categories.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Category {
+    ShardedParam,
+    UnshardedParam,
+    ShardedGrad,
+    UnshardedGrad,
+    Optstate,
+    AllGather,
+    ReduceScatter,
+    Activation,
+    Temp,
+    Inputs,
+    Buffer,
+}
+
+impl Category {
+    pub const ALL: [Category; 11] = [
+        Category::ShardedParam,
+        Category::UnshardedParam,
+        Category::ShardedGrad,
+        Category::UnshardedGrad,
+        Category::Optstate,
+        Category::AllGather,
+        Category::ReduceScatter,
+        Category::Activation,
+        Category::Temp,
+        Category::Inputs,
+        Category::Buffer,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            Category::ShardedParam => "sharded_param",
+            Category::UnshardedParam => "unsharded_param",
+            Category::ShardedGrad => "sharded_grad",
+            Category::UnshardedGrad => "unsharded_grad",
+            Category::Optstate => "optstate",
+            Category::AllGather => "all_gather",
+            Category::ReduceScatter => "reduce_scatter",
+            Category::Activation => "activation",
+            Category::Temp => "temp",
+            Category::Inputs => "inputs",
+            Category::Buffer => "buffer",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    Compute,
+    AllGather,
+    ReduceScatter,
+    AllReduce,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Setup,
+    Forward,
+    Backward,
+    Optimizer,
+}
+
+/// Process group a collective runs over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Group {
+    Shard,
+    Replicate,
+    World,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum OpKind {
+    /// Persistent state of the step: sharded params, optimizer state, buffers, inputs.
+    Setup,
+    /// All-gather a unit's shards into the buffer `out`.
+    AllGather { unit: UnitId, numel: u64, dtype: DType, group: Group, prefetch: bool },
+    /// Wait for the all-gather and copy out into the unsharded params.
+    CopyOut { unit: UnitId },
+    Forward { op: String, unit: UnitId },
+    Recompute { op: String, unit: UnitId },
+    Backward { op: String, unit: UnitId },
+    /// Free the unsharded params (reshard).
+    Reshard { unit: UnitId },
+    /// Reduce-scatter the unit's gradients (`numel` = the unsharded, padded input).
+    ReduceScatter { unit: UnitId, numel: u64, dtype: DType, group: Group },
+    AllReduce { unit: UnitId, numel: u64, dtype: DType, group: Group },
+    /// Relabel/keep the unit's unsharded grads (no gradient sync on this micro-batch).
+    KeepGrads { unit: UnitId },
+    OptimizerStep { unit: UnitId },
+    ZeroGrad,
+    /// End of a phase: frees what the phase leaves behind (e.g. the last RS input).
+    PhaseEnd,
+}
+
+/// One event of an op, in order; the peak is checked after every allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Event {
+    Alloc(BufferId),
+    Free(BufferId),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScheduleOp {
+    pub id: OpId,
+    pub kind: OpKind,
+    pub stream: Stream,
+    pub phase: Phase,
+    pub micro_batch: u32,
+    /// Ops that must complete before this one starts (cross-stream dependencies).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deps: Vec<OpId>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<Event>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BufferInfo {
+    pub id: BufferId,
+    pub name: String,
+    pub category: Category,
+    pub bytes: u64,
+    /// Offset in the per-rank arena.
+    pub offset: u64,
+    pub alloc: OpId,
+    /// `None`: alive past the end of the step (persistent state).
+    pub free: Option<OpId>,
+    /// The unit whose params this buffer holds or serves, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<UnitId>,
+}
+
+/// One collective of the steady-state step, as the fixtures record them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Collective {
+    pub kind: String,
+    pub unit: String,
+    pub numel: u64,
+    pub dtype: String,
+    pub op: OpId,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Memory {
+    pub peak_bytes: u64,
+    /// The op after whose allocation the peak is reached, printed.
+    pub peak_at: String,
+    pub peak_op: OpId,
+    pub breakdown: BTreeMap<Category, u64>,
+    /// Size of the per-rank arena (max offset + size over all buffers).
+    pub arena_bytes: u64,
+    /// The rank the figures are for (rank 0 holds the largest shards).
+    pub rank: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub format_version: u32,
+    pub model_name: String,
+    /// SHA-256 of the model's canonical RON.
+    pub model_hash: String,
+    /// SHA-256 of the model hash and the options.
+    pub plan_hash: String,
+    pub options: Options,
+    pub attn_implementation: String,
+    pub policy: String,
+    pub units: Vec<Unit>,
+    pub schedule: Vec<ScheduleOp>,
+    pub buffers: Vec<BufferInfo>,
+    pub collectives: Vec<Collective>,
+    pub memory: Memory,
+    /// Tied parameters and the modules that share them.
+    pub shared: Vec<SharedParam>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SharedParam {
+    pub param: String,
+    pub aliases: Vec<String>,
+    pub unit: String,
+    pub modules: Vec<String>,
+}
+
+impl Plan {
+    pub fn unit(&self, id: UnitId) -> &Unit {
+        &self.units[id.index()]
+    }
+}

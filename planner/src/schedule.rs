@@ -1,0 +1,935 @@
+//! Pass 3, schedule: one steady-state training step as a fixed list of ops with the
+//! buffers each allocates and frees, following FSDP2's (or FSDP1's) hook order.
+//!
+//! Forward: pre-forward of a unit = unshard (all-gather) + wait (copy-out); post-forward =
+//! reshard. Backward: pre-backward = unshard + implicit/explicit prefetch of the unit that
+//! ran before it; post-backward = reshard + reduce-scatter (+ all-reduce for HSDP).
+//! Activations are tracked per tensor with [`crate::activation`]'s specs.
+
+use crate::activation::{op_mem, Ctx, OpMem};
+use crate::ids::{BufferId, OpId, UnitId};
+use crate::options::{AttnImpl, BackwardPrefetch, Device, Layout, Optimizer, Options, Strategy};
+use crate::plan::*;
+use crate::units::Unit;
+use fsdp_ir::{is_within, DType, Dims, Model};
+use std::collections::{HashMap, HashSet};
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum PState {
+    Sharded,
+    Pending(BufferId, OpId),
+    Unsharded,
+}
+
+pub struct Schedule {
+    pub ops: Vec<ScheduleOp>,
+    pub buffers: Vec<BufferInfo>,
+}
+
+struct B<'a> {
+    model: &'a Model,
+    opts: &'a Options,
+    units: &'a [Unit],
+    ops: Vec<ScheduleOp>,
+    buffers: Vec<BufferInfo>,
+    phase: Phase,
+    mb: u32,
+    state: Vec<PState>,
+    unsharded: Vec<Option<BufferId>>,
+    last_fwd_ag: Option<BufferId>,
+    pending_rs: Option<BufferId>,
+    post_forward_order: Vec<UnitId>,
+    /// Param grad buffers per unit (kept across micro-batches without sync).
+    grads: Vec<Vec<BufferId>>,
+    grad_of_param: HashMap<String, BufferId>,
+    sharded_grads: Vec<BufferId>,
+    last_ag_op: Vec<Option<OpId>>,
+    device: Device,
+}
+
+fn round(dev: Device, bytes: u64) -> u64 {
+    match dev {
+        Device::Cuda if bytes > 0 => bytes.div_ceil(512) * 512,
+        _ => bytes,
+    }
+}
+
+impl B<'_> {
+    fn op(&mut self, kind: OpKind, stream: Stream, deps: Vec<OpId>) -> OpId {
+        let id = OpId::new(self.ops.len());
+        self.ops.push(ScheduleOp {
+            id,
+            kind,
+            stream,
+            phase: self.phase,
+            micro_batch: self.mb,
+            deps,
+            events: vec![],
+        });
+        id
+    }
+    fn cur(&self) -> OpId {
+        OpId::new(self.ops.len().saturating_sub(1))
+    }
+    fn alloc(&mut self, name: String, category: Category, bytes: u64, unit: Option<UnitId>) -> BufferId {
+        let id = BufferId::new(self.buffers.len());
+        let at = self.cur();
+        self.buffers.push(BufferInfo {
+            id,
+            name,
+            category,
+            bytes: round(self.device, bytes),
+            offset: 0,
+            alloc: at,
+            free: None,
+            unit,
+        });
+        if let Some(o) = self.ops.last_mut() {
+            o.events.push(Event::Alloc(id));
+        }
+        id
+    }
+    fn free(&mut self, b: BufferId) {
+        let at = self.cur();
+        self.buffers[b.index()].free = Some(at);
+        if let Some(o) = self.ops.last_mut() {
+            o.events.push(Event::Free(b));
+        }
+    }
+    fn transient(&mut self, name: String, category: Category, bytes: u64) {
+        let b = self.alloc(name, category, bytes, None);
+        self.free(b);
+    }
+
+    fn param_dtype(&self, u: &Unit) -> DType {
+        match self.opts.param_dtype {
+            Some(d) if u.dtype.is_float() => d,
+            _ => u.dtype,
+        }
+    }
+    fn reduce_dtype(&self, u: &Unit) -> DType {
+        self.opts.reduce_dtype.unwrap_or_else(|| self.param_dtype(u))
+    }
+    fn unsharded_bytes(&self, u: &Unit) -> u64 {
+        let pd = self.opts.param_dtype;
+        u.params
+            .iter()
+            .map(|p| {
+                let d = match pd {
+                    Some(d) if p.dtype.is_float() => d,
+                    _ => p.dtype,
+                };
+                p.padded_numel * d.size()
+            })
+            .sum()
+    }
+    fn ag_numel_dtype(&self, u: &Unit) -> (u64, DType) {
+        let d = self.param_dtype(u);
+        if d == DType::Uint8 {
+            (self.unsharded_bytes(u), DType::Uint8)
+        } else {
+            (u.padded_numel, d)
+        }
+    }
+    fn no_shard(&self) -> bool {
+        matches!(self.opts.strategy, Strategy::NoShard)
+    }
+
+    /// Issue the all-gather of `u` (if not already unsharded or pending).
+    fn unshard(&mut self, u: UnitId, prefetch: bool) {
+        let unit = &self.units[u.index()];
+        if self.state[u.index()] != PState::Sharded || unit.params.is_empty() {
+            return;
+        }
+        let (numel, dtype) = self.ag_numel_dtype(unit);
+        let group = match self.opts.strategy {
+            Strategy::HybridShard { .. } => Group::Shard,
+            _ => Group::World,
+        };
+        let cast = self.opts.param_dtype.filter(|&d| d != unit.dtype && unit.dtype.is_float());
+        let flat = self.opts.layout == Layout::Flat;
+        let label = unit.label().to_string();
+        let shard_numel = unit.shard_numel;
+        let bytes = self.unsharded_bytes(unit);
+        let deps = self.last_ag_op[u.index()].into_iter().collect();
+        let op = self.op(
+            OpKind::AllGather {
+                unit: u,
+                numel,
+                dtype,
+                group,
+                prefetch,
+            },
+            Stream::AllGather,
+            deps,
+        );
+        if let Some(d) = cast {
+            self.transient(format!("{label} mp shard"), Category::AllGather, shard_numel * d.size());
+        }
+        let buf = if flat {
+            // FSDP1 gathers straight into the persistent padded flat param.
+            self.alloc(format!("{label} unsharded flat param"), Category::UnshardedParam, bytes, Some(u))
+        } else {
+            self.alloc(format!("{label} all-gather output"), Category::AllGather, bytes, Some(u))
+        };
+        self.last_ag_op[u.index()] = Some(op);
+        self.state[u.index()] = PState::Pending(buf, op);
+    }
+
+    /// Wait for `u`'s all-gather and copy out.
+    fn wait(&mut self, u: UnitId) {
+        let PState::Pending(buf, ag) = self.state[u.index()] else {
+            return;
+        };
+        let unit = &self.units[u.index()];
+        let label = unit.label().to_string();
+        let bytes = self.unsharded_bytes(unit);
+        self.op(OpKind::CopyOut { unit: u }, Stream::Compute, vec![ag]);
+        if self.opts.layout == Layout::Flat {
+            self.unsharded[u.index()] = Some(buf);
+        } else {
+            let p = self.alloc(format!("{label} unsharded params"), Category::UnshardedParam, bytes, Some(u));
+            self.unsharded[u.index()] = Some(p);
+            if self.phase == Phase::Forward {
+                // Sync forward all-gathers keep the previous flat buffer until this wait.
+                if let Some(prev) = self.last_fwd_ag.replace(buf) {
+                    self.free(prev);
+                }
+            } else {
+                self.free(buf);
+            }
+        }
+        self.state[u.index()] = PState::Unsharded;
+    }
+
+    fn reshard(&mut self, u: UnitId) {
+        if self.state[u.index()] != PState::Unsharded || self.no_shard() {
+            return;
+        }
+        self.op(OpKind::Reshard { unit: u }, Stream::Compute, vec![]);
+        if let Some(b) = self.unsharded[u.index()].take() {
+            self.free(b);
+        }
+        self.state[u.index()] = PState::Sharded;
+    }
+
+    fn post_backward(&mut self, u: UnitId, sync: bool) {
+        let unit = &self.units[u.index()];
+        if unit.params.is_empty() {
+            return;
+        }
+        let label = unit.label().to_string();
+        let grads = std::mem::take(&mut self.grads[u.index()]);
+        self.reshard(u);
+        if !sync {
+            self.op(OpKind::KeepGrads { unit: u }, Stream::Compute, vec![]);
+            for g in grads {
+                let bytes = self.buffers[g.index()].bytes;
+                let name = self.buffers[g.index()].name.clone();
+                self.free(g);
+                let k = self.alloc(name, Category::UnshardedGrad, bytes, Some(u));
+                self.grads[u.index()].push(k);
+            }
+            self.rekey_grads(u);
+            return;
+        }
+        let rd = self.reduce_dtype(unit);
+        let ws = self.opts.shard_size();
+        let flat = self.opts.layout == Layout::Flat;
+        let numel = unit.grad_padded_numel;
+        let orig = unit.dtype;
+        let real_numel = unit.numel;
+        let local: u64 = unit.params.iter().filter(|p| p.requires_grad).map(|p| p.local_numel(ws, 0)).sum();
+        let (kind, numel_c, group) = if self.no_shard() {
+            ("all_reduce", real_numel, Group::World)
+        } else {
+            ("reduce_scatter", numel, if matches!(self.opts.strategy, Strategy::HybridShard { .. }) { Group::Shard } else { Group::World })
+        };
+        let prev_rs = self.pending_rs.take();
+        let op_kind = if kind == "all_reduce" {
+            OpKind::AllReduce { unit: u, numel: numel_c, dtype: rd, group }
+        } else {
+            OpKind::ReduceScatter { unit: u, numel: numel_c, dtype: rd, group }
+        };
+        let stream = if kind == "all_reduce" { Stream::AllReduce } else { Stream::ReduceScatter };
+        let bwd_dep = self.cur();
+        self.op(op_kind, stream, vec![bwd_dep]);
+        // FSDPMemTracker relabels param grads as "Unsharded Grad" at post-backward entry.
+        let mut relabeled = Vec::new();
+        for g in grads {
+            let b = self.buffers[g.index()].clone();
+            self.free(g);
+            if b.category == Category::UnshardedGrad {
+                relabeled.push(self.alloc(b.name, Category::UnshardedGrad, b.bytes, Some(u)));
+            } else {
+                relabeled.push(self.alloc(b.name, Category::UnshardedGrad, b.bytes, Some(u)));
+            }
+        }
+        self.rekey_grads(u);
+        if let Some(p) = prev_rs {
+            self.free(p);
+        }
+        if self.no_shard() {
+            // All-reduce in place on the gradients; they become the (replicated) grads.
+            for g in relabeled {
+                let b = self.buffers[g.index()].clone();
+                self.free(g);
+                let s = self.alloc(b.name, Category::ShardedGrad, b.bytes, Some(u));
+                self.sharded_grads.push(s);
+            }
+            return;
+        }
+        let rs_bytes = if flat {
+            if real_numel % ws != 0 || rd != orig {
+                numel * rd.size()
+            } else {
+                0
+            }
+        } else {
+            numel * rd.size()
+        };
+        let rs_in = if rs_bytes > 0 {
+            Some(self.alloc(format!("{label} reduce-scatter input"), Category::ReduceScatter, rs_bytes, Some(u)))
+        } else {
+            None
+        };
+        for g in relabeled {
+            self.free(g);
+        }
+        let out = self.alloc(format!("{label} sharded grads"), Category::ShardedGrad, numel / ws * rd.size(), Some(u));
+        if let Strategy::HybridShard { .. } = self.opts.strategy {
+            if self.opts.replicate_size() > 1 {
+                let bwd_dep = self.cur();
+                self.op(
+                    OpKind::AllReduce {
+                        unit: u,
+                        numel: numel / ws,
+                        dtype: rd,
+                        group: Group::Replicate,
+                    },
+                    Stream::AllReduce,
+                    vec![bwd_dep],
+                );
+            }
+        }
+        if rd != orig && !flat {
+            let g = self.alloc(format!("{label} sharded grads ({orig})"), Category::ShardedGrad, local * orig.size(), Some(u));
+            self.free(out);
+            self.sharded_grads.push(g);
+        } else {
+            self.sharded_grads.push(out);
+        }
+        if flat {
+            if let Some(r) = rs_in {
+                self.free(r);
+            }
+        } else {
+            self.pending_rs = rs_in;
+        }
+    }
+
+    fn rekey_grads(&mut self, u: UnitId) {
+        let unit = &self.units[u.index()];
+        let names: Vec<String> = unit.params.iter().map(|p| p.name.clone()).collect();
+        let bufs = self.grads[u.index()].clone();
+        if self.opts.layout == Layout::Flat {
+            for n in &names {
+                if let Some(b) = bufs.first() {
+                    self.grad_of_param.insert(n.clone(), *b);
+                }
+            }
+        } else {
+            for (n, b) in names.iter().zip(bufs) {
+                self.grad_of_param.insert(n.clone(), b);
+            }
+        }
+        if bufs_empty(&self.grads[u.index()]) {
+            for n in names {
+                self.grad_of_param.remove(&n);
+            }
+        }
+    }
+}
+
+fn bufs_empty(v: &[BufferId]) -> bool {
+    v.is_empty()
+}
+
+/// Per-tensor bookkeeping of the forward graph.
+struct Tensors {
+    /// Resolved tensor index (op index) of each op's output (identity ops alias).
+    alias: Vec<usize>,
+    /// Forward consumers of each tensor.
+    consumers: Vec<Vec<usize>>,
+    /// Ops that save each tensor for backward.
+    saved_by: Vec<Vec<usize>>,
+    differentiable: Vec<bool>,
+}
+
+pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId], attn: AttnImpl) -> Schedule {
+    let cd = opts.param_dtype.unwrap_or(DType::Float32);
+    let dims = Dims {
+        batch: opts.batch,
+        seq: opts.seq,
+    };
+    let cx = Ctx {
+        model,
+        dims,
+        cd,
+        attn,
+        device: opts.device,
+    };
+    let mems: Vec<OpMem> = model.ops.iter().map(|o| op_mem(&cx, o)).collect();
+    let op_index: HashMap<&str, usize> = model.ops.iter().enumerate().map(|(i, o)| (o.name.as_str(), i)).collect();
+    let nops = model.ops.len();
+    // Checkpointed ops: inside a module of a checkpointed class.
+    let ckpt_roots: Vec<&str> = model
+        .modules
+        .iter()
+        .filter(|m| opts.checkpoint.iter().any(|c| c == &m.class))
+        .map(|m| m.path.as_str())
+        .collect();
+    let region: Vec<Option<usize>> = model
+        .ops
+        .iter()
+        .map(|o| ckpt_roots.iter().position(|r| !r.is_empty() && is_within(&o.module, r)))
+        .collect();
+    let mut tz = Tensors {
+        alias: (0..nops).collect(),
+        consumers: vec![vec![]; nops],
+        saved_by: vec![vec![]; nops],
+        differentiable: vec![false; nops],
+    };
+    for (i, op) in model.ops.iter().enumerate() {
+        if mems[i].out.is_none() {
+            if let Some(&j) = op.inputs.first().and_then(|n| op_index.get(n.as_str())) {
+                tz.alias[i] = tz.alias[j];
+            }
+        }
+        let mut diff = !op.params.is_empty() && mems[i].differentiable;
+        for (k, inp) in op.inputs.iter().enumerate() {
+            if let Some(&j) = op_index.get(inp.as_str()) {
+                let j = tz.alias[j];
+                tz.consumers[j].push(i);
+                diff |= tz.differentiable[j] && mems[i].differentiable;
+                let saved = mems[i].saves_inputs.get(k).copied().unwrap_or(false);
+                // Inside a checkpointed region only the region's inputs are saved.
+                let in_region = region[i].is_some() && region[j] == region[i];
+                if saved && !(region[i].is_some() && in_region) {
+                    tz.saved_by[j].push(i);
+                } else if region[i].is_some() && !in_region {
+                    tz.saved_by[j].push(i);
+                }
+            }
+        }
+        tz.differentiable[i] = diff;
+        if mems[i].saves_output && region[i].is_none() {
+            tz.saved_by[tz.alias[i]].push(i);
+        }
+    }
+    let mut b = B {
+        model,
+        opts,
+        units,
+        ops: vec![],
+        buffers: vec![],
+        phase: Phase::Setup,
+        mb: 0,
+        state: vec![PState::Sharded; units.len()],
+        unsharded: vec![None; units.len()],
+        last_fwd_ag: None,
+        pending_rs: None,
+        post_forward_order: vec![],
+        grads: vec![vec![]; units.len()],
+        grad_of_param: HashMap::new(),
+        sharded_grads: vec![],
+        last_ag_op: vec![None; units.len()],
+        device: opts.device,
+    };
+    setup(&mut b, &cx);
+    let k = opts.grad_accum;
+    for mb in 0..k {
+        b.mb = mb;
+        let fs = forward(&mut b, &cx, &mems, &tz, unit_of_op, &region);
+        backward(&mut b, &cx, &mems, &tz, unit_of_op, &region, fs, mb + 1 == k);
+    }
+    b.phase = Phase::Optimizer;
+    for u in units {
+        if u.params.is_empty() || opts.optimizer == Optimizer::None {
+            continue;
+        }
+        b.op(OpKind::OptimizerStep { unit: u.id }, Stream::Compute, vec![]);
+        if matches!(opts.optimizer, Optimizer::Adam | Optimizer::AdamW) {
+            // Single-tensor Adam: denom = exp_avg_sq.sqrt() / bc2 makes two shard-sized temps.
+            let ws = opts.shard_size();
+            let big = u.params.iter().map(|p| p.local_numel(ws, 0) * p.dtype.size()).max().unwrap_or(0);
+            let big = if opts.layout == Layout::Flat { u.shard_numel * u.dtype.size() } else { big };
+            let t1 = b.alloc(format!("{} adam sqrt", u.label()), Category::Optstate, big, None);
+            b.transient(format!("{} adam denom", u.label()), Category::Optstate, big);
+            b.free(t1);
+        }
+    }
+    b.op(OpKind::ZeroGrad, Stream::Compute, vec![]);
+    for g in std::mem::take(&mut b.sharded_grads) {
+        b.free(g);
+    }
+    Schedule {
+        ops: b.ops,
+        buffers: b.buffers,
+    }
+}
+
+fn setup(b: &mut B, cx: &Ctx) {
+    let opts = b.opts;
+    b.op(OpKind::Setup, Stream::Compute, vec![]);
+    let ws = opts.shard_size();
+    for u in b.units {
+        if u.params.is_empty() {
+            continue;
+        }
+        let label = u.label().to_string();
+        let sharded: u64 = match opts.layout {
+            Layout::Fsdp2 => u.params.iter().map(|p| p.shard_numel * p.dtype.size()).sum(),
+            Layout::Flat => u.shard_numel * u.dtype.size(),
+        };
+        b.alloc(format!("{label} sharded params"), Category::ShardedParam, sharded, Some(u.id));
+        if b.no_shard() {
+            // Never sharded: the full params stay resident.
+            let bytes = b.unsharded_bytes(u);
+            if opts.param_dtype.is_some_and(|d| d != u.dtype) {
+                b.alloc(format!("{label} unsharded params"), Category::UnshardedParam, bytes, Some(u.id));
+            }
+            b.state[u.id.index()] = PState::Unsharded;
+        }
+        if matches!(opts.optimizer, Optimizer::Adam | Optimizer::AdamW) {
+            // exp_avg + exp_avg_sq: zeros_like(unpadded local shard); plus a float32 `step` per param.
+            let local: u64 = match opts.layout {
+                Layout::Fsdp2 => u.params.iter().filter(|p| p.requires_grad).map(|p| p.local_numel(ws, 0) * p.dtype.size()).sum(),
+                Layout::Flat => u.shard_numel * u.dtype.size(),
+            };
+            let nparams = match opts.layout {
+                Layout::Fsdp2 => u.params.iter().filter(|p| p.requires_grad).count() as u64,
+                Layout::Flat => 1,
+            };
+            b.alloc(format!("{label} adam state"), Category::Optstate, 2 * local + 4 * nparams, Some(u.id));
+        }
+    }
+    for buf in &b.model.buffers {
+        b.alloc(buf.name.clone(), Category::Buffer, buf.shape.iter().product::<u64>() * buf.dtype.size(), None);
+    }
+    for inp in &b.model.inputs {
+        let n = fsdp_ir::numel(&inp.shape, cx.dims).unwrap_or(0);
+        b.alloc(inp.name.clone(), Category::Inputs, n * inp.dtype.size(), None);
+    }
+}
+
+/// Chain of units covering op `i`, outermost first.
+fn chain(units: &[Unit], u: UnitId) -> Vec<UnitId> {
+    let m = &units[u.index()].module;
+    let mut v: Vec<UnitId> = units.iter().filter(|x| is_within(m, &x.module)).map(|x| x.id).collect();
+    v.sort_by_key(|x| units[x.index()].module.len());
+    v
+}
+
+/// What the forward leaves for the backward: saved tensors per op, and live outputs.
+struct FwdState {
+    saved: HashMap<usize, Vec<BufferId>>,
+    out_buf: Vec<Option<BufferId>>,
+}
+
+fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[UnitId], region: &[Option<usize>]) -> FwdState {
+    let mut saved_map: HashMap<usize, Vec<BufferId>> = HashMap::new();
+    b.phase = Phase::Forward;
+    b.post_forward_order.clear();
+    let units = b.units;
+    let model = b.model;
+    let mut active: Vec<UnitId> = vec![];
+    let mut out_buf: Vec<Option<BufferId>> = vec![None; mems.len()];
+    let mut remaining: Vec<usize> = tz.consumers.iter().map(|c| c.len()).collect();
+    let mut mask: Option<BufferId> = None;
+    let fwd_prefetch = b.opts.forward_prefetch as usize;
+    // Forward order of non-root units (first op of each).
+    let mut order: Vec<UnitId> = vec![];
+    for &u in unit_of_op {
+        for c in chain(units, u) {
+            if !order.contains(&c) {
+                order.push(c);
+            }
+        }
+    }
+    let flat = b.opts.layout == Layout::Flat;
+    for (i, op) in model.ops.iter().enumerate() {
+        let want = chain(units, unit_of_op[i]);
+        // post-forward of units we leave (innermost first)
+        while let Some(&top) = active.last() {
+            if want.contains(&top) {
+                break;
+            }
+            active.pop();
+            post_forward(b, top);
+        }
+        for &u in &want {
+            if !active.contains(&u) {
+                active.push(u);
+                b.unshard(u, false);
+                b.wait(u);
+                if fwd_prefetch > 0 || (flat && b.opts.forward_prefetch > 0) {
+                    if let Some(pos) = order.iter().position(|&x| x == u) {
+                        for &nx in order.iter().skip(pos + 1).take(fwd_prefetch.max(1)) {
+                            if !units[nx.index()].is_root() {
+                                b.unshard(nx, true);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let dep = b.last_ag_op[unit_of_op[i].index()].into_iter().collect();
+        b.op(
+            OpKind::Forward {
+                op: op.name.clone(),
+                unit: unit_of_op[i],
+            },
+            Stream::Compute,
+            dep,
+        );
+        if cx.attn == AttnImpl::Eager && mask.is_none() && matches!(op.kind, fsdp_ir::OpKind::Attention { .. }) {
+            // create_causal_mask: a [batch, 1, seq, seq] additive float mask for eager.
+            let n = cx.dims.batch * cx.dims.seq * cx.dims.seq;
+            mask = Some(b.alloc("causal mask".into(), Category::Activation, n * cx.cd.size(), None));
+        }
+        let m = &mems[i];
+        let in_region = region[i].is_some();
+        if let Some(o) = m.out {
+            out_buf[i] = Some(b.alloc(format!("{} {}", op.name, o.what), Category::Activation, o.bytes(), None));
+        }
+        let mut saved_now = vec![];
+        for s in &m.saved {
+            saved_now.push(b.alloc(format!("{} {}", op.name, s.what), Category::Activation, s.bytes(), None));
+        }
+        for s in &m.fwd_scratch {
+            b.transient(format!("{} {}", op.name, s.what), Category::Activation, s.bytes());
+        }
+        // extra saved tensors of checkpointed ops are dropped right away
+        if in_region {
+            for s in saved_now.drain(..) {
+                b.free(s);
+            }
+        } else {
+            saved_map.insert(i, saved_now);
+        }
+        // free inputs whose last forward use this was and that nobody saves
+        for inp in &op.inputs {
+            if let Some(j) = model.ops.iter().position(|o| &o.name == inp) {
+                let j = tz.alias[j];
+                remaining[j] = remaining[j].saturating_sub(1);
+                if remaining[j] == 0 && tz.saved_by[j].is_empty() {
+                    if let Some(buf) = out_buf[j].take() {
+                        b.free(buf);
+                    }
+                }
+            }
+        }
+        // outputs nobody reads and nobody saves (but the loss) die at once
+        if tz.alias[i] == i && tz.consumers[i].is_empty() && tz.saved_by[i].is_empty() && !matches!(op.kind, fsdp_ir::OpKind::CrossEntropy { .. }) {
+            if let Some(buf) = out_buf[i].take() {
+                b.free(buf);
+            }
+        }
+    }
+    while let Some(top) = active.pop() {
+        if units[top.index()].is_root() {
+            if let Some(m) = mask.take() {
+                b.op(OpKind::Forward { op: "free causal mask".into(), unit: top }, Stream::Compute, vec![]);
+                b.free(m);
+            }
+        }
+        post_forward(b, top);
+    }
+    FwdState {
+        saved: saved_map,
+        out_buf,
+    }
+}
+
+fn post_forward(b: &mut B, u: UnitId) {
+    let unit = &b.units[u.index()];
+    if unit.is_root() {
+        b.op(OpKind::Forward { op: "post-forward".into(), unit: u }, Stream::Compute, vec![]);
+        if let Some(ag) = b.last_fwd_ag.take() {
+            b.free(ag);
+        }
+    }
+    let raf = if unit.is_root() {
+        b.opts.root_reshard_after_forward.unwrap_or(false)
+    } else {
+        unit.reshard_after_forward
+    };
+    if raf {
+        b.reshard(u);
+    }
+    if !unit.params.is_empty() {
+        b.post_forward_order.push(u);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[UnitId], region: &[Option<usize>], fs: FwdState, sync: bool) {
+    b.phase = Phase::Backward;
+    let units = b.units;
+    let model = b.model;
+    let FwdState { mut saved, mut out_buf } = fs;
+    let op_index: HashMap<&str, usize> = model.ops.iter().enumerate().map(|(i, o)| (o.name.as_str(), i)).collect();
+    // grad buffer of each tensor, with the count of tensors sharing it
+    let mut grad: Vec<Option<BufferId>> = vec![None; mems.len()];
+    let mut grad_refs: HashMap<BufferId, u32> = HashMap::new();
+    // remaining backward savers of each tensor
+    let mut savers_left: Vec<usize> = tz.saved_by.iter().map(|v| v.len()).collect();
+    let mut active: Vec<UnitId> = vec![];
+    let mut done_post: HashSet<UnitId> = HashSet::new();
+    let mut deferred: Vec<UnitId> = vec![];
+    let mut pfo = b.post_forward_order.clone();
+    let mut recomputed: HashSet<usize> = HashSet::new();
+    // First op (in forward order) of each unit's run, and whether its inputs need grad.
+    let mut first_op: HashMap<UnitId, usize> = HashMap::new();
+    for (i, &u) in unit_of_op.iter().enumerate() {
+        for c in chain(units, u) {
+            first_op.entry(c).or_insert(i);
+        }
+    }
+    let needs_grad_input = |u: UnitId| -> bool {
+        if units[u.index()].is_root() {
+            return false;
+        }
+        let i = first_op[&u];
+        model.ops[i].inputs.iter().any(|n| op_index.get(n.as_str()).is_some_and(|&j| tz.differentiable[tz.alias[j]]))
+    };
+    let enter = |b: &mut B, u: UnitId, pfo: &mut Vec<UnitId>| {
+        b.unshard(u, false);
+        b.wait(u);
+        // default / explicit backward prefetch
+        let idx = pfo.iter().rposition(|&x| x == u);
+        if let Some(idx) = idx {
+            pfo.remove(idx);
+            let depth = match (b.opts.backward_prefetch, units[u.index()].is_root()) {
+                (BackwardPrefetch::Implicit | BackwardPrefetch::Pre, _) => 1,
+                (BackwardPrefetch::Depth(_), true) => 1,
+                (BackwardPrefetch::Depth(k), false) => k as usize,
+                (BackwardPrefetch::None | BackwardPrefetch::Post, _) => 0,
+            };
+            let targets: Vec<UnitId> = pfo[..idx].iter().rev().take(depth).copied().collect();
+            for t in targets {
+                b.unshard(t, true);
+            }
+        }
+    };
+    for i in (0..model.ops.len()).rev() {
+        let want = chain(units, unit_of_op[i]);
+        while let Some(&top) = active.last() {
+            if want.contains(&top) {
+                break;
+            }
+            active.pop();
+            leave(b, top, needs_grad_input(top), sync, &mut done_post, &mut deferred, &mut pfo);
+        }
+        for &u in &want {
+            if !active.contains(&u) {
+                active.push(u);
+                enter(b, u, &mut pfo);
+            }
+        }
+        let op = &model.ops[i];
+        let m = &mems[i];
+        // recompute a checkpointed region before its first backward op
+        if let Some(r) = region[i] {
+            if recomputed.insert(r) {
+                let members: Vec<usize> = (0..=i).filter(|&j| region[j] == Some(r) && unit_of_op[j] == unit_of_op[i]).collect();
+                for &j in &members {
+                    let oj = &model.ops[j];
+                    b.op(OpKind::Recompute { op: oj.name.clone(), unit: unit_of_op[j] }, Stream::Compute, vec![]);
+                    if let Some(o) = mems[j].out {
+                        if out_buf[j].is_none() {
+                            out_buf[j] = Some(b.alloc(format!("{} {} (recomputed)", oj.name, o.what), Category::Temp, o.bytes(), None));
+                        }
+                    }
+                    let mut v = vec![];
+                    for s in &mems[j].saved {
+                        v.push(b.alloc(format!("{} {} (recomputed)", oj.name, s.what), Category::Temp, s.bytes(), None));
+                    }
+                    for s in &mems[j].fwd_scratch {
+                        b.transient(format!("{} {}", oj.name, s.what), Category::Temp, s.bytes());
+                    }
+                    saved.insert(j, v);
+                }
+            }
+        }
+        let dep = b.last_ag_op[unit_of_op[i].index()].into_iter().collect();
+        b.op(OpKind::Backward { op: op.name.clone(), unit: unit_of_op[i] }, Stream::Compute, dep);
+        let me = tz.alias[i];
+        let has_grad = tz.differentiable[me] || matches!(op.kind, fsdp_ir::OpKind::CrossEntropy { .. });
+        if has_grad && m.out.is_some() {
+            // backward scratch: alive together; freed before the grads when `bwd_scratch_first`,
+            // else one at a time beside them
+            let mut scratch = vec![];
+            if m.bwd_scratch_first {
+                let v: Vec<BufferId> = m.bwd_scratch.iter().map(|s| b.alloc(format!("{} {}", op.name, s.what), Category::Temp, s.bytes(), None)).collect();
+                for x in v {
+                    b.free(x);
+                }
+            } else {
+                for s in &m.bwd_scratch {
+                    scratch.push(b.alloc(format!("{} {}", op.name, s.what), Category::Temp, s.bytes(), None));
+                    if scratch.len() > 1 {
+                        let first = scratch.remove(0);
+                        b.free(first);
+                    }
+                }
+            }
+            // input grads
+            let pass_through = matches!(op.kind, fsdp_ir::OpKind::Add);
+            for inp in &op.inputs {
+                let Some(&j) = op_index.get(inp.as_str()) else { continue };
+                let j = tz.alias[j];
+                if !tz.differentiable[j] {
+                    continue;
+                }
+                let shape_n = mems[j].out.map(|o| o.bytes()).unwrap_or(0);
+                let same = mems[i].out.map(|o| o.bytes()) == Some(shape_n);
+                match (grad[j], pass_through && same, grad[me]) {
+                    (None, true, Some(g)) => {
+                        grad[j] = Some(g);
+                        *grad_refs.entry(g).or_insert(0) += 1;
+                    }
+                    (None, _, _) => {
+                        let g = b.alloc(format!("{} grad", model.ops[j].name), Category::Temp, shape_n, None);
+                        grad[j] = Some(g);
+                        grad_refs.insert(g, 1);
+                    }
+                    (Some(_), _, _) => {
+                        b.transient(format!("{} grad (accumulate)", model.ops[j].name), Category::Temp, shape_n);
+                    }
+                }
+            }
+            // param grads
+            let u = unit_of_op[i];
+            let gd = cx.cd;
+            let flat = b.opts.layout == Layout::Flat;
+            for pn in &op.params {
+                let prim = model.primary_of(pn).to_string();
+                let Some(p) = model.params.iter().find(|p| p.name == prim) else { continue };
+                if !p.requires_grad {
+                    continue;
+                }
+                let owner = units.iter().find(|x| x.params.iter().any(|q| q.name == prim)).map(|x| x.id).unwrap_or(u);
+                let bytes = p.numel() * gd.size();
+                if let Some(_g) = b.grad_of_param.get(&prim) {
+                    b.transient(format!("{prim} grad (accumulate)"), Category::Temp, bytes);
+                } else if flat && !b.grads[owner.index()].is_empty() {
+                    let g = b.grads[owner.index()][0];
+                    b.grad_of_param.insert(prim.clone(), g);
+                    b.transient(format!("{prim} grad"), Category::Temp, bytes);
+                } else {
+                    let bytes = if flat { units[owner.index()].numel * gd.size() } else { bytes };
+                    let name = if flat { format!("{} flat grad", units[owner.index()].label()) } else { format!("{prim} grad") };
+                    let g = b.alloc(name, Category::Temp, bytes, Some(owner));
+                    b.grads[owner.index()].push(g);
+                    b.grad_of_param.insert(prim.clone(), g);
+                }
+            }
+            for s in scratch {
+                b.free(s);
+            }
+        }
+        // release this op's output grad and saved tensors
+        if let Some(g) = grad[me].take() {
+            if tz.alias[i] == i {
+                let r = grad_refs.entry(g).or_insert(1);
+                *r = r.saturating_sub(1);
+                if *r == 0 {
+                    b.free(g);
+                }
+            } else {
+                grad[me] = Some(g);
+            }
+        }
+        if let Some(v) = saved.remove(&i) {
+            for s in v {
+                b.free(s);
+            }
+        }
+        for (k, inp) in op.inputs.iter().enumerate() {
+            let _ = k;
+            if let Some(&j) = op_index.get(inp.as_str()) {
+                let j = tz.alias[j];
+                if tz.saved_by[j].contains(&i) {
+                    savers_left[j] = savers_left[j].saturating_sub(1);
+                    if savers_left[j] == 0 {
+                        if let Some(buf) = out_buf[j].take() {
+                            b.free(buf);
+                        }
+                    }
+                }
+                if region[j].is_some() && region[j] == region[i] {
+                    // recomputed internals: drop once their consumers' backward ran
+                    if tz.consumers[j].iter().all(|&c| c >= i) {
+                        if let Some(buf) = out_buf[j].take() {
+                            b.free(buf);
+                        }
+                    }
+                }
+            }
+        }
+        if tz.saved_by[me].contains(&i) || (matches!(op.kind, fsdp_ir::OpKind::CrossEntropy { .. }) && tz.alias[i] == i) || region[i].is_some() {
+            savers_left[me] = savers_left[me].saturating_sub(usize::from(tz.saved_by[me].contains(&i)));
+            if savers_left[me] == 0 {
+                if let Some(buf) = out_buf[i].take() {
+                    b.free(buf);
+                }
+            }
+        }
+    }
+    while let Some(top) = active.pop() {
+        leave(b, top, needs_grad_input(top), sync, &mut done_post, &mut deferred, &mut pfo);
+    }
+    // final callback: deferred post-backwards in module pre-order (root first)
+    deferred.sort_by_key(|u| u.index());
+    b.op(OpKind::PhaseEnd, Stream::Compute, vec![]);
+    for u in deferred {
+        b.post_backward(u, sync);
+    }
+    // leftovers: grads of tensors nobody consumed, outputs still held
+    for g in grad.iter().flatten() {
+        if grad_refs.get(g).copied().unwrap_or(0) > 0 && b.buffers[g.index()].free.is_none() {
+            grad_refs.insert(*g, 0);
+            b.free(*g);
+        }
+    }
+    b.op(OpKind::PhaseEnd, Stream::Compute, vec![]);
+    for buf in out_buf.into_iter().flatten() {
+        if b.buffers[buf.index()].free.is_none() {
+            b.free(buf);
+        }
+    }
+    for (_, v) in saved {
+        for s in v {
+            if b.buffers[s.index()].free.is_none() {
+                b.free(s);
+            }
+        }
+    }
+    if let Some(r) = b.pending_rs.take() {
+        b.free(r);
+    }
+}
+
+fn leave(b: &mut B, u: UnitId, grad_input: bool, sync: bool, done: &mut HashSet<UnitId>, deferred: &mut Vec<UnitId>, _pfo: &mut [UnitId]) {
+    if done.contains(&u) {
+        return;
+    }
+    done.insert(u);
+    if grad_input {
+        b.post_backward(u, sync);
+    } else {
+        deferred.push(u);
+    }
+}

@@ -1,0 +1,250 @@
+//! Pass 2, units and shard layout: which params each FSDP unit owns, in what order, and
+//! how they are padded and sharded.
+//!
+//! FSDP2: `fully_shard` runs bottom-up; each call collects its modules in post-order,
+//! stopping at nested units, and dedupes params by identity (a tied weight is owned once).
+//! Each param is sharded on dim 0 into `ceil(d0/ws)`-row chunks (padded per param).
+//! FSDP1 (`flat`): pre-order concatenation into one FlatParameter padded to a multiple of ws.
+
+use crate::error::PlanError;
+use crate::ids::UnitId;
+use crate::options::{Layout, Options};
+use crate::wrap::Tree;
+use fsdp_ir::{DType, Model};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+/// One parameter storage inside a unit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UnitParam {
+    /// Primary name.
+    pub name: String,
+    /// Other names of the same tensor (tied aliases), with their modules.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aliases: Vec<String>,
+    pub shape: Vec<u64>,
+    pub dtype: DType,
+    pub requires_grad: bool,
+    pub numel: u64,
+    /// Elements of the padded unsharded tensor (fsdp2: ws·ceil(d0/ws)·rest; flat: numel).
+    pub padded_numel: u64,
+    /// Elements of one rank's padded shard (fsdp2); flat: 0 (the unit's flat shard counts).
+    pub shard_numel: u64,
+    /// Offset in the per-rank shard row (fsdp2) or in the flat parameter (flat).
+    pub offset: u64,
+}
+
+impl UnitParam {
+    /// Real (unpadded) elements rank `r` holds (fsdp2 dim-0 chunking).
+    pub fn local_numel(&self, ws: u64, r: u64) -> u64 {
+        let d0 = self.shape.first().copied().unwrap_or(1);
+        let rest = self.numel / d0.max(1);
+        let c = d0.div_ceil(ws);
+        let rows = d0.saturating_sub(r * c).min(c);
+        rows * rest
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Unit {
+    pub id: UnitId,
+    /// Module path (`""` = root).
+    pub module: String,
+    pub class: String,
+    pub params: Vec<UnitParam>,
+    /// Real elements.
+    pub numel: u64,
+    /// Unsharded group buffer elements incl. padding (what the all-gather produces).
+    pub padded_numel: u64,
+    /// Per-rank shard elements (all-gather input).
+    pub shard_numel: u64,
+    /// Padded elements of params that require grad (what the reduce-scatter takes).
+    pub grad_padded_numel: u64,
+    pub reshard_after_forward: bool,
+    /// Original dtype of the params (uint8 when mixed).
+    pub dtype: DType,
+}
+
+impl Unit {
+    pub fn is_root(&self) -> bool {
+        self.module.is_empty()
+    }
+    /// `root` or the module path.
+    pub fn label(&self) -> &str {
+        if self.module.is_empty() {
+            "root"
+        } else {
+            &self.module
+        }
+    }
+}
+
+/// Builds units: index 0 is the root, then the wrapped modules in pre-order.
+pub fn build_units(model: &Model, wrapped: &[String], opts: &Options) -> Result<Vec<Unit>, PlanError> {
+    let tree = Tree::new(model);
+    let ws = opts.shard_size();
+    let mut unit_of_module: HashMap<&str, usize> = HashMap::new();
+    let mut unit_modules: Vec<usize> = vec![0];
+    unit_of_module.insert("", 0);
+    for (k, p) in wrapped.iter().enumerate() {
+        unit_of_module.insert(p.as_str(), k + 1);
+        unit_modules.push(tree.index[p.as_str()]);
+    }
+    // Innermost unit covering each module (pre-order: parents come first).
+    let mut cover = vec![0usize; model.modules.len()];
+    for (i, m) in model.modules.iter().enumerate() {
+        cover[i] = match unit_of_module.get(m.path.as_str()) {
+            Some(&u) => u,
+            None => fsdp_ir::parent_path(&m.path)
+                .and_then(|p| tree.index.get(p))
+                .map(|&pi| cover[pi])
+                .unwrap_or(0),
+        };
+    }
+    // Tied aliases must be covered by one unit.
+    let mut names_by_primary: HashMap<&str, Vec<&str>> = HashMap::new();
+    for p in &model.params {
+        names_by_primary.entry(model.primary_of(&p.name)).or_default().push(&p.name);
+    }
+    let param_cover = |name: &str| -> usize {
+        let module = name.rsplit_once('.').map(|x| x.0).unwrap_or("");
+        tree.index.get(module).map(|&i| cover[i]).unwrap_or(0)
+    };
+    for (primary, names) in &names_by_primary {
+        let mut us: Vec<usize> = names.iter().map(|n| param_cover(n)).collect();
+        us.sort_unstable();
+        us.dedup();
+        if us.len() > 1 {
+            let labels: Vec<String> = us
+                .iter()
+                .map(|&u| if u == 0 { "root".to_string() } else { wrapped[u - 1].clone() })
+                .collect();
+            return Err(PlanError::TiedAcrossUnits {
+                param: names.join(" = ").replace(primary, primary),
+                units: labels.join(", "),
+            });
+        }
+    }
+    let by_name: HashMap<&str, &fsdp_ir::Param> = model.params.iter().map(|p| (p.name.as_str(), p)).collect();
+    let mut direct: Vec<Vec<&str>> = vec![Vec::new(); model.modules.len()];
+    for p in &model.params {
+        if let Some(&i) = tree.index.get(p.module()) {
+            direct[i].push(&p.name);
+        }
+    }
+    let mut units = Vec::with_capacity(unit_modules.len());
+    for (u, &mi) in unit_modules.iter().enumerate() {
+        // Module order: post-order DFS (fsdp2) or pre-order (flat), stopping at nested units.
+        let mut order = Vec::new();
+        collect(&tree, mi, u, &unit_of_module, opts.layout, &mut order);
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        let mut params: Vec<UnitParam> = Vec::new();
+        for m in order {
+            for &name in &direct[m] {
+                let prim = model.primary_of(name);
+                if let Some(&k) = seen.get(prim) {
+                    if name != params[k].name {
+                        params[k].aliases.push(name.to_string());
+                    }
+                    continue;
+                }
+                let p = by_name[prim];
+                seen.insert(prim, params.len());
+                let mut up = UnitParam {
+                    name: prim.to_string(),
+                    aliases: vec![],
+                    shape: p.shape.clone(),
+                    dtype: p.dtype,
+                    requires_grad: p.requires_grad,
+                    numel: p.numel(),
+                    padded_numel: 0,
+                    shard_numel: 0,
+                    offset: 0,
+                };
+                if name != prim {
+                    up.aliases.push(name.to_string());
+                }
+                params.push(up);
+            }
+        }
+        for p in &mut params {
+            p.aliases.retain(|a| a != &p.name);
+            p.aliases.sort();
+            p.aliases.dedup();
+        }
+        let module = &model.modules[mi];
+        let mut unit = Unit {
+            id: UnitId::new(u),
+            module: module.path.clone(),
+            class: module.class.clone(),
+            params,
+            numel: 0,
+            padded_numel: 0,
+            shard_numel: 0,
+            grad_padded_numel: 0,
+            reshard_after_forward: true,
+            dtype: DType::Float32,
+        };
+        layout(&mut unit, ws, opts.layout);
+        units.push(unit);
+    }
+    Ok(units)
+}
+
+fn collect(tree: &Tree, m: usize, unit: usize, units: &HashMap<&str, usize>, layout: Layout, out: &mut Vec<usize>) {
+    let path = tree.model.modules[m].path.as_str();
+    if let Some(&u) = units.get(path) {
+        if u != unit {
+            return;
+        }
+    }
+    if layout == Layout::Flat {
+        out.push(m);
+    }
+    for &c in &tree.children[m] {
+        collect(tree, c, unit, units, layout, out);
+    }
+    if layout == Layout::Fsdp2 {
+        out.push(m);
+    }
+}
+
+/// Shard layout of one unit over `ws` ranks.
+fn layout(u: &mut Unit, ws: u64, layout: Layout) {
+    let dtypes: Vec<DType> = u.params.iter().map(|p| p.dtype).collect();
+    u.dtype = match dtypes.first() {
+        Some(&d) if dtypes.iter().all(|&x| x == d) => d,
+        Some(_) => DType::Uint8,
+        None => DType::Float32,
+    };
+    u.numel = u.params.iter().map(|p| p.numel).sum();
+    match layout {
+        Layout::Fsdp2 => {
+            let mut off = 0;
+            for p in &mut u.params {
+                let d0 = p.shape.first().copied().unwrap_or(1);
+                let rest = p.numel / d0.max(1);
+                let c = d0.div_ceil(ws);
+                p.shard_numel = c * rest;
+                p.padded_numel = c * ws * rest;
+                p.offset = off;
+                off += p.shard_numel;
+            }
+            u.shard_numel = off;
+            u.padded_numel = off * ws;
+            u.grad_padded_numel = u.params.iter().filter(|p| p.requires_grad).map(|p| p.padded_numel).sum();
+        }
+        Layout::Flat => {
+            let mut off = 0;
+            for p in &mut u.params {
+                p.offset = off;
+                p.padded_numel = p.numel;
+                off += p.numel;
+            }
+            let c = off.div_ceil(ws);
+            u.shard_numel = c;
+            u.padded_numel = c * ws;
+            u.grad_padded_numel = u.padded_numel;
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! Pass 1, wrap policy: which modules get their own FSDP unit (besides the root).
+
+use crate::error::PlanError;
+use crate::options::Policy;
+use fsdp_ir::{parent_path, Model};
+use std::collections::{HashMap, HashSet};
+
+/// Module tree helpers shared by the passes.
+pub struct Tree<'a> {
+    pub model: &'a Model,
+    /// Children of each module (by index into `model.modules`), in registration order.
+    pub children: Vec<Vec<usize>>,
+    pub index: HashMap<&'a str, usize>,
+}
+
+impl<'a> Tree<'a> {
+    pub fn new(model: &'a Model) -> Tree<'a> {
+        let index: HashMap<&str, usize> = model
+            .modules
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (m.path.as_str(), i))
+            .collect();
+        let mut children = vec![Vec::new(); model.modules.len()];
+        for (i, m) in model.modules.iter().enumerate() {
+            if let Some(p) = parent_path(&m.path).and_then(|p| index.get(p)) {
+                children[*p].push(i);
+            }
+        }
+        Tree {
+            model,
+            children,
+            index,
+        }
+    }
+}
+
+/// The resolved policy (auto → transformer:<layer class> for HF models).
+pub fn resolve(model: &Model, policy: &Policy) -> Policy {
+    match policy {
+        Policy::Auto => {
+            let fam = ["GPT2", "Llama", "Mistral", "Qwen2", "Mixtral"];
+            let layer = model
+                .modules
+                .iter()
+                .map(|m| m.class.as_str())
+                .find(|c| c.ends_with("DecoderLayer") || *c == "GPT2Block")
+                .filter(|c| fam.iter().any(|f| c.starts_with(f)));
+            match layer {
+                Some(c) => Policy::Transformer(vec![c.to_string()]),
+                None => Policy::None,
+            }
+        }
+        p => p.clone(),
+    }
+}
+
+/// Paths of the wrapped non-root modules, in module pre-order.
+pub fn wrap(model: &Model, policy: &Policy) -> Result<Vec<String>, PlanError> {
+    let tree = Tree::new(model);
+    let policy = resolve(model, policy);
+    let perr = |m: String| PlanError::Policy {
+        policy: policy.to_string(),
+        message: m,
+    };
+    let mut wrapped: HashSet<usize> = HashSet::new();
+    match &policy {
+        Policy::None | Policy::Auto => {}
+        Policy::Transformer(classes) => {
+            for c in classes {
+                let hits: Vec<usize> = (1..model.modules.len())
+                    .filter(|&i| &model.modules[i].class == c)
+                    .collect();
+                if hits.is_empty() {
+                    let mut known: Vec<&str> = model.modules.iter().map(|m| m.class.as_str()).collect();
+                    known.sort_unstable();
+                    known.dedup();
+                    return Err(perr(format!(
+                        "class `{c}` matches no module (classes in this model: {})",
+                        known.join(", ")
+                    )));
+                }
+                wrapped.extend(hits);
+            }
+        }
+        Policy::Modules(paths) => {
+            for p in paths {
+                match tree.index.get(p.as_str()) {
+                    Some(0) => {}
+                    Some(&i) => {
+                        wrapped.insert(i);
+                    }
+                    None => return Err(perr(format!("no module at path `{p}`"))),
+                }
+            }
+        }
+        Policy::Size(min) => {
+            size_wrap(&tree, *min, &mut wrapped);
+        }
+    }
+    let mut v: Vec<usize> = wrapped.into_iter().collect();
+    v.sort_unstable();
+    Ok(v.into_iter().map(|i| model.modules[i].path.clone()).collect())
+}
+
+/// FSDP1 `size_based_auto_wrap_policy` through `_recursive_wrap`: recurse into a module if
+/// its (subtree, deduplicated) numel ≥ min; wrap it if what its children did not wrap is
+/// still ≥ min. ModuleList/ModuleDict are never wrapped; the top call only wraps children.
+fn size_wrap(tree: &Tree, min: u64, wrapped: &mut HashSet<usize>) {
+    let model = tree.model;
+    // Params (primary names) registered directly on each module.
+    let mut direct: Vec<Vec<(&str, u64)>> = vec![Vec::new(); model.modules.len()];
+    for p in &model.params {
+        if let Some(&i) = tree.index.get(p.module()) {
+            direct[i].push((model.primary_of(&p.name), p.numel()));
+        }
+    }
+    // Subtree numel, deduplicated within the subtree (post-order accumulate of name sets
+    // would be quadratic; tied params are rare, so dedupe only names seen twice).
+    fn subtree<'a>(tree: &Tree, direct: &[Vec<(&'a str, u64)>], i: usize, out: &mut Vec<(&'a str, u64)>) {
+        out.extend_from_slice(&direct[i]);
+        for &c in &tree.children[i] {
+            subtree(tree, direct, c, out);
+        }
+    }
+    fn numel_of(tree: &Tree, direct: &[Vec<(&str, u64)>], i: usize) -> u64 {
+        let mut all = Vec::new();
+        subtree(tree, direct, i, &mut all);
+        all.sort_unstable();
+        all.dedup();
+        all.iter().map(|x| x.1).sum()
+    }
+    fn rec(tree: &Tree, direct: &[Vec<(&str, u64)>], i: usize, min: u64, top: bool, wrapped: &mut HashSet<usize>) -> u64 {
+        let n = numel_of(tree, direct, i);
+        if n < min {
+            return 0;
+        }
+        let mut total = 0;
+        for &c in &tree.children[i] {
+            total += rec(tree, direct, c, min, false, wrapped);
+        }
+        let class = tree.model.modules[i].class.as_str();
+        let excluded = class == "ModuleList" || class == "ModuleDict";
+        if !top && n.saturating_sub(total) >= min && !excluded {
+            wrapped.insert(i);
+            n
+        } else {
+            total
+        }
+    }
+    rec(tree, &direct, 0, min, true, wrapped);
+}

@@ -1,0 +1,81 @@
+//! `import hf` against HF transformers 5.17.0: parameter names, shapes, tied aliases,
+//! buffers and `sum(p.numel())` equal what `AutoModelForCausalLM.from_config` builds
+//! (fixtures written by `harness/hf_params.py`), and the shipped `models/*.ron` are what
+//! the importer makes from the config.json beside them.
+
+use serde_json::Value;
+use std::path::Path;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn params_equal_hf() {
+    let dir = root().join("tests/fixtures/hf_params");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        let f: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        assert_eq!(f["transformers_version"], "5.17.0", "{}", p.display());
+        let config = f["config"].as_str().unwrap();
+        let text = std::fs::read_to_string(root().join(config)).unwrap();
+        let m = fsdp_ir::hf::import_hf(&text, config, "m").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(m.architecture, f["architecture"].as_str().unwrap(), "{config}");
+        assert_eq!(m.total_numel(), f["total_numel"].as_u64().unwrap(), "{config}: sum(p.numel())");
+        let want: Vec<(String, Vec<u64>, Option<String>)> = f["params"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                (
+                    p["name"].as_str().unwrap().to_string(),
+                    p["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect(),
+                    p["tied_to"].as_str().map(String::from),
+                )
+            })
+            .collect();
+        let got: Vec<(String, Vec<u64>, Option<String>)> =
+            m.params.iter().map(|p| (p.name.clone(), p.shape.clone(), p.tied_to.clone())).collect();
+        assert_eq!(got, want, "{config}: parameters differ from HF");
+        let want_b: Vec<(String, Vec<u64>)> = f["buffers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| (b["name"].as_str().unwrap().to_string(), b["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect()))
+            .collect();
+        let got_b: Vec<(String, Vec<u64>)> = m.buffers.iter().map(|b| (b.name.clone(), b.shape.clone())).collect();
+        assert_eq!(got_b, want_b, "{config}: buffers differ from HF");
+        let want_m: Vec<(String, String)> = f["modules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| (x["path"].as_str().unwrap().to_string(), x["class"].as_str().unwrap().to_string()))
+            .collect();
+        let got_m: Vec<(String, String)> = m.modules.iter().map(|x| (x.path.clone(), x.class.clone())).collect();
+        assert_eq!(got_m, want_m, "{config}: module tree differs from HF");
+        n += 1;
+    }
+    assert!(n >= 17, "expected a fixture per shipped config, found {n}");
+}
+
+#[test]
+fn shipped_models_are_generated_from_their_configs() {
+    for e in std::fs::read_dir(root().join("models")).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().to_string();
+        let Some(stem) = name.strip_suffix(".config.json") else { continue };
+        let text = std::fs::read_to_string(&p).unwrap();
+        let m = fsdp_ir::hf::import_hf(&text, &name, stem).unwrap();
+        let ron_path = root().join("models").join(format!("{stem}.ron"));
+        let shipped = std::fs::read_to_string(&ron_path).unwrap_or_else(|_| panic!("{} missing", ron_path.display()));
+        assert!(
+            shipped == fsdp_ir::to_ron(&m),
+            "{}: out of date; regenerate with `fsdp-plan import hf {} -o {}`",
+            ron_path.display(),
+            p.display(),
+            ron_path.display()
+        );
+        fsdp_ir::parse_model(&shipped, &ron_path.display().to_string()).unwrap();
+    }
+}
