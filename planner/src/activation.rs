@@ -292,3 +292,36 @@ fn attention(cx: &Ctx, op: &Op, m: &mut OpMem, heads: u64, kv: u64, hd: u64, dro
         m.bwd_scratch.push(t(q, cd, "attention grad scratch"));
     }
 }
+
+/// Lists what one op keeps for backward (its saved tensors and whether it keeps its
+/// output), for golden tests and `--explain`.
+pub fn explain(model: &Model, opts: &crate::options::Options, op_name: &str) -> String {
+    let Some(op) = model.ops.iter().find(|o| o.name == op_name) else {
+        return format!("  no op `{op_name}`\n");
+    };
+    let attn = opts.attn_implementation.unwrap_or(AttnImpl::Sdpa);
+    let cx = Ctx {
+        model,
+        dims: Dims {
+            batch: opts.batch,
+            seq: opts.seq,
+        },
+        cd: opts.param_dtype.unwrap_or(DType::Float32),
+        attn,
+        device: opts.device,
+    };
+    let m = op_mem(&cx, op);
+    let mut s = format!("  {} ({}, {}): saves\n", op.name, op.kind.name(), attn.name());
+    if m.saves_output {
+        if let Some(o) = m.out {
+            s += &format!("    {:<28} {:>14} B\n", "output", o.bytes());
+        }
+    }
+    let mut total = 0;
+    for t in &m.saved {
+        s += &format!("    {:<28} {:>14} B  ({} × {})\n", t.what, t.bytes(), t.numel, t.dtype);
+        total += t.bytes();
+    }
+    s += &format!("    {:<28} {:>14} B per layer\n", "extra saved", total);
+    s
+}

@@ -44,6 +44,8 @@ struct B<'a> {
     grad_of_param: HashMap<String, BufferId>,
     sharded_grads: Vec<BufferId>,
     last_ag_op: Vec<Option<OpId>>,
+    /// Units whose pre-backward ran in this micro-batch (FSDP1 `_needs_pre_backward_unshard`).
+    entered: Vec<bool>,
     device: Device,
 }
 
@@ -67,6 +69,10 @@ impl B<'_> {
             events: vec![],
         });
         id
+    }
+    /// The last op on the compute stream (what a reduce-scatter waits for).
+    fn last_compute(&self) -> OpId {
+        self.ops.iter().rev().find(|o| o.stream == Stream::Compute).map(|o| o.id).unwrap_or(OpId(0))
     }
     fn cur(&self) -> OpId {
         OpId::new(self.ops.len().saturating_sub(1))
@@ -221,6 +227,17 @@ impl B<'_> {
         let label = unit.label().to_string();
         let grads = std::mem::take(&mut self.grads[u.index()]);
         self.reshard(u);
+        if self.opts.backward_prefetch == BackwardPrefetch::Post {
+            // FSDP1 BACKWARD_POST: the post-backward hook reshards, then all-gathers the unit
+            // that ran before this one in forward, then reduce-scatters.
+            let order = &self.post_forward_order;
+            if let Some(idx) = order.iter().rposition(|&x| x == u).filter(|&i| i > 0) {
+                let prev = order[idx - 1];
+                if !self.entered[prev.index()] {
+                    self.unshard(prev, true);
+                }
+            }
+        }
         if !sync {
             self.op(OpKind::KeepGrads { unit: u }, Stream::Compute, vec![]);
             for g in grads {
@@ -252,7 +269,7 @@ impl B<'_> {
             OpKind::ReduceScatter { unit: u, numel: numel_c, dtype: rd, group }
         };
         let stream = if kind == "all_reduce" { Stream::AllReduce } else { Stream::ReduceScatter };
-        let bwd_dep = self.cur();
+        let bwd_dep = self.last_compute();
         self.op(op_kind, stream, vec![bwd_dep]);
         // FSDPMemTracker relabels param grads as "Unsharded Grad" at post-backward entry.
         let mut relabeled = Vec::new();
@@ -444,6 +461,7 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
         grad_of_param: HashMap::new(),
         sharded_grads: vec![],
         last_ag_op: vec![None; units.len()],
+        entered: vec![false; units.len()],
         device: opts.device,
     };
     setup(&mut b, &cx);
@@ -704,7 +722,9 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
         let i = first_op[&u];
         model.ops[i].inputs.iter().any(|n| op_index.get(n.as_str()).is_some_and(|&j| tz.differentiable[tz.alias[j]]))
     };
+    b.entered = vec![false; units.len()];
     let enter = |b: &mut B, u: UnitId, pfo: &mut Vec<UnitId>| {
+        b.entered[u.index()] = true;
         b.unshard(u, false);
         b.wait(u);
         // default / explicit backward prefetch

@@ -1,0 +1,85 @@
+//! Golden tests: a model file in, the printed plan out. Bless with `UPDATE_EXPECT=1 cargo test`.
+
+use expect_test::{expect_file, ExpectFile};
+use fsdp_planner::{AttnImpl, Device, Options};
+
+fn model(name: &str) -> fsdp_ir::Model {
+    let path = format!("{}/models/{name}.ron", env!("CARGO_MANIFEST_DIR"));
+    fsdp_ir::parse_model(&std::fs::read_to_string(&path).unwrap(), &path).unwrap()
+}
+
+fn check(model_name: &str, opts: Options, expect: ExpectFile) {
+    let m = model(model_name);
+    let plan = fsdp_planner::plan(&m, &opts).unwrap();
+    expect.assert_eq(&fsdp_planner::print::render(&plan, false));
+}
+
+#[test]
+fn tiny_gpt2_fsdp2_schedule() {
+    let opts = Options { world_size: 2, batch: 2, seq: 32, device: Device::Cpu, ..Options::default() };
+    check("tiny-gpt2", opts, expect_file!["golden/tiny-gpt2-ws2.txt"]);
+}
+
+#[test]
+fn tiny_llama_flat_backward_post() {
+    let opts = Options {
+        world_size: 4,
+        batch: 1,
+        seq: 16,
+        layout: fsdp_planner::Layout::Flat,
+        backward_prefetch: fsdp_planner::BackwardPrefetch::Post,
+        ..Options::default()
+    };
+    check("tiny-llama", opts, expect_file!["golden/tiny-llama-flat-post-ws4.txt"]);
+}
+
+#[test]
+fn tiny_llama_mp_checkpoint_grad_accum() {
+    let opts = Options {
+        world_size: 2,
+        batch: 1,
+        seq: 16,
+        param_dtype: fsdp_ir::DType::parse("bf16"),
+        reduce_dtype: fsdp_ir::DType::parse("f32"),
+        checkpoint: vec!["LlamaDecoderLayer".into()],
+        grad_accum: 2,
+        ..Options::default()
+    };
+    check("tiny-llama", opts, expect_file!["golden/tiny-llama-mp-ac-ga2.txt"]);
+}
+
+/// Issue 7: what attention saves for backward, eager vs sdpa, for llama-3-8b at S=4096.
+#[test]
+fn eager_vs_sdpa_activation_llama3_8b_s4096() {
+    let m = model("llama-3-8b");
+    let mut out = String::new();
+    let mut peaks = vec![];
+    for attn in [AttnImpl::Sdpa, AttnImpl::Eager] {
+        let opts = Options {
+            world_size: 8,
+            batch: 1,
+            seq: 4096,
+            param_dtype: fsdp_ir::DType::parse("bf16"),
+            reduce_dtype: fsdp_ir::DType::parse("f32"),
+            attn_implementation: Some(attn),
+            ..Options::default()
+        };
+        let plan = fsdp_planner::plan(&m, &opts).unwrap();
+        let act = plan.memory.breakdown[&fsdp_planner::Category::Activation];
+        out += &format!(
+            "{:<6} peak {:>14} B  activation at peak {:>14} B  ({})\n",
+            attn.name(),
+            plan.memory.peak_bytes,
+            act,
+            fsdp_planner::print::bytes(act)
+        );
+        out += &fsdp_planner::activation::explain(&m, &opts, "model.layers.0.self_attn.sdpa");
+        peaks.push(act);
+    }
+    out += &format!(
+        "eager - sdpa activation at peak: {} B ({})\n",
+        peaks[1] as i64 - peaks[0] as i64,
+        fsdp_planner::print::bytes(peaks[1].saturating_sub(peaks[0]))
+    );
+    expect_file!["golden/eager-vs-sdpa-llama-3-8b-s4096.txt"].assert_eq(&out);
+}
