@@ -7,7 +7,7 @@ Writes tests/fixtures/fsdp2/<case>.json.
 Per case: world_size processes (torch.multiprocessing spawn, gloo, 127.0.0.1, a free port).
 Each rank builds the HF model (torch.manual_seed(0), fp32), calls fully_shard on every
 instance of model._no_split_modules, then on the root, runs 2 training steps (Adam lr 1e-3,
-loss = model(input_ids, labels=input_ids).loss) inside FSDPMemTracker and records step 2:
+loss = model(input_ids, labels=labels).loss, labels a copy of the ids) inside FSDPMemTracker and records step 2:
   - the collectives FSDP issues (Python-level patch of torch.distributed.* , cross-checked
     against the c10d ops seen at dispatch level), attributed to the FSDP group being
     unsharded / post-backward'ed;
@@ -323,7 +323,8 @@ def _worker(rank, case_name, case, port, outdir):
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         gen = torch.Generator().manual_seed(1234)
         input_ids = torch.randint(0, cfg.vocab_size, (case["batch"], case["seq"]), generator=gen)
-        labels = input_ids
+        # HF training batches carry labels as their own tensor (a copy of the ids here).
+        labels = input_ids.clone()
 
         tracker = WhereTracker(model, opt)
         tracker.track_inputs((input_ids, labels))

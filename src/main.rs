@@ -46,6 +46,9 @@ enum ImportCmd {
         /// Model name (default: the file stem).
         #[arg(long)]
         name: Option<String>,
+        /// Parameter dtype (default: the config's torch_dtype, as HF's from_config).
+        #[arg(long)]
+        dtype: Option<String>,
     },
 }
 
@@ -284,10 +287,11 @@ fn run(cli: Cli) -> Result<()> {
             };
             print!("{}", fsdp_planner::diff::render(&a, &an, &b, &bn));
         }
-        Cmd::Import { from: ImportCmd::Hf { config, output, name } } => {
+        Cmd::Import { from: ImportCmd::Hf { config, output, name, dtype } } => {
             let text = read(&config)?;
             let name = name.unwrap_or_else(|| stem(&config));
-            let model = fsdp_ir::hf::import_hf(&text, &config.display().to_string(), &name).map_err(user)?;
+            let dtype = dtype.as_deref().map(|d| parse_dtype("--dtype", d)).transpose().map_err(user)?;
+            let model = fsdp_ir::hf::import_hf_with(&text, &config.display().to_string(), &name, dtype).map_err(user)?;
             write_atomic(&output, &fsdp_ir::to_ron(&model))?;
             eprintln!(
                 "wrote {} ({}, {} params, {} ops, {} parameters in total)",

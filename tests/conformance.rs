@@ -12,11 +12,12 @@ use std::path::Path;
 /// The goal: total within 2%, and then every FSDP category exact (the peak is found at
 /// the same moment as FSDP2's).
 const GOAL: f64 = 0.02;
-/// The worst total error reached today (mixtral: the planner puts the peak in the experts'
-/// backward, FSDP2 at the loss); a regression past it fails.
-const TOTAL_TOL: f64 = 0.08;
+/// The worst total error reached today: Mixtral (+2.2/+2.3%), where the planner puts the
+/// peak in the experts' backward and FSDP2 at the loss; every other case is within 0.2%.
+/// A regression past it fails.
+const TOTAL_TOL: f64 = 0.025;
 
-const EXACT: [Category; 8] = [
+const EXACT: [Category; 9] = [
     Category::ShardedParam,
     Category::UnshardedParam,
     Category::ShardedGrad,
@@ -24,6 +25,7 @@ const EXACT: [Category; 8] = [
     Category::Optstate,
     Category::AllGather,
     Category::ReduceScatter,
+    Category::Inputs,
     Category::Buffer,
 ];
 
@@ -115,6 +117,7 @@ fn memory_matches_fsdp2() {
     let mut worst: f64 = 0.0;
     let mut failures = vec![];
     for (name, f) in fixtures("tests/fixtures/fsdp2") {
+        check_versions(&name, &f);
         let model = import(f["config"].as_str().unwrap());
         let plan = fsdp_planner::plan(&model, &options_of(&f)).unwrap_or_else(|e| panic!("{name}: {e}"));
         let m = &f["memory"];

@@ -23,7 +23,8 @@ fn params_equal_hf() {
         let m = fsdp_ir::hf::import_hf(&text, config, "m").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(m.architecture, f["architecture"].as_str().unwrap(), "{config}");
         assert_eq!(m.total_numel(), f["total_numel"].as_u64().unwrap(), "{config}: sum(p.numel())");
-        let want: Vec<(String, Vec<u64>, Option<String>)> = f["params"]
+        type P = (String, Vec<u64>, String, Option<String>);
+        let want: Vec<P> = f["params"]
             .as_array()
             .unwrap()
             .iter()
@@ -31,12 +32,16 @@ fn params_equal_hf() {
                 (
                     p["name"].as_str().unwrap().to_string(),
                     p["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect(),
+                    p["dtype"].as_str().unwrap().to_string(),
                     p["tied_to"].as_str().map(String::from),
                 )
             })
             .collect();
-        let got: Vec<(String, Vec<u64>, Option<String>)> =
-            m.params.iter().map(|p| (p.name.clone(), p.shape.clone(), p.tied_to.clone())).collect();
+        let got: Vec<P> = m
+            .params
+            .iter()
+            .map(|p| (p.name.clone(), p.shape.clone(), p.dtype.torch_name().to_string(), p.tied_to.clone()))
+            .collect();
         assert_eq!(got, want, "{config}: parameters differ from HF");
         let want_b: Vec<(String, Vec<u64>)> = f["buffers"]
             .as_array()

@@ -198,6 +198,11 @@ impl Builder {
 /// Imports an HF config.json text. `file` names the source in errors; `name` is the
 /// model's name in the IR.
 pub fn import_hf(text: &str, file: &str, name: &str) -> Result<Model, IrError> {
+    import_hf_with(text, file, name, None)
+}
+
+/// [`import_hf`] with the parameter dtype forced (e.g. float32 master weights).
+pub fn import_hf_with(text: &str, file: &str, name: &str, dtype_override: Option<DType>) -> Result<Model, IrError> {
     let v: Value = serde_json::from_str(text).map_err(|e| IrError::Syntax {
         file: file.into(),
         line: e.line(),
@@ -226,8 +231,19 @@ pub fn import_hf(text: &str, file: &str, name: &str) -> Result<Model, IrError> {
             None => return Err(c.err("config has neither `architectures` nor `model_type`")),
         },
     };
-    // `from_config` builds float32 parameters whatever `torch_dtype` says.
-    let dtype = DType::Float32;
+    // transformers 5.17's `from_config` builds the params in the config's `dtype` /
+    // `torch_dtype` (float32 when absent); `dtype_override` is `import hf --dtype`.
+    let dtype = match dtype_override {
+        Some(d) => d,
+        None => match c.get("dtype").or_else(|| c.get("torch_dtype")) {
+            None => DType::Float32,
+            Some(x) => x
+                .as_str()
+                .and_then(DType::parse)
+                .filter(|d| d.is_float())
+                .ok_or_else(|| c.err(format!("unsupported torch_dtype {x}")))?,
+        },
+    };
     let mut b = Builder {
         m: Model {
             name: name.into(),
@@ -331,6 +347,7 @@ fn gpt2(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
                 head_dim: hd,
                 causal: true,
                 dropout: attn_p,
+                sliding_window: None,
             },
             &format!("{p}.attn"),
             &[&qkv],
@@ -416,6 +433,16 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
     } else {
         (0, 0)
     };
+    // Sliding-window attention: Mistral (class default 4096, null = off); Qwen2 only with
+    // use_sliding_window, from layer max_window_layers on.
+    let sw = match (f, c.v.get("sliding_window")) {
+        (Mistral, None) => Some(4096),
+        (Mistral | Mixtral, Some(_)) => c.opt_u("sliding_window")?,
+        (Qwen2, _) if c.b("use_sliding_window", false)? => Some(c.opt_u("sliding_window")?.unwrap_or(4096)),
+        _ => None,
+    };
+    let max_window_layers = if f == Qwen2 { c.u("max_window_layers", 28)? } else { 0 };
+    let window = |i: u64| sw.filter(|_| i >= max_window_layers);
     let pre = f.prefix();
     b.module("", &f.architecture());
     b.module("model", &format!("{pre}Model"));
@@ -478,6 +505,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
                 head_dim: hd,
                 causal: true,
                 dropout: attn_p,
+                sliding_window: window(i),
             },
             &sa,
             &[&qr, &kr, &vo],

@@ -211,6 +211,9 @@ pub enum OpKind {
         head_dim: u64,
         causal: bool,
         dropout: f64,
+        /// Sliding-window attention (Mistral): HF builds an explicit mask when seq > window.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sliding_window: Option<u64>,
     },
     /// MoE router: softmax over `experts` logits (input), top-k selection and renormalize.
     Router { experts: u64, top_k: u64 },

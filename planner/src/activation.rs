@@ -125,7 +125,8 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             // HF RMSNorm: x32 = x.to(f32); var = x32.pow(2).mean(-1); r = rsqrt(var + eps);
             // xn = x32 * r; out = weight * xn.to(dtype). Saved: x32 (x itself in f32), r, xn.
             let rows = n / op.shape.last().and_then(|d| d.eval(cx.dims)).unwrap_or(1).max(1);
-            m.saves_inputs = vec![true];
+            // Under MP, x32 is a new f32 copy and the low-precision input is not saved.
+            m.saves_inputs = vec![cd == DType::Float32];
             if cd != DType::Float32 {
                 m.saved.push(t(n, DType::Float32, "rms_norm input upcast"));
             }
@@ -183,8 +184,12 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             kv_heads,
             head_dim,
             dropout,
+            sliding_window,
             ..
-        } => attention(cx, op, &mut m, *heads, *kv_heads, *head_dim, *dropout),
+        } => {
+            let masked = sliding_window.is_some_and(|w| cx.dims.seq > w);
+            attention(cx, op, &mut m, *heads, *kv_heads, *head_dim, *dropout, masked)
+        }
         OpKind::Router { experts, top_k } => {
             // F.linear(h, w) -> logits; softmax(logits.float()) saved; topk values/indices;
             // renormalized in place.
@@ -197,13 +202,16 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             m.fwd_scratch.push(t(tok * experts, cd, "router logits"));
         }
         OpKind::Experts {
-            experts,
             top_k,
             intermediate,
+            experts,
             ..
         } => {
-            // Eager loop over hit experts: gather tokens, linear gate_up, silu*up, linear down,
-            // scale by the routing weight, index_add_ into zeros_like(h).
+            // transformers 5.17 "grouped_mm" experts (measured with harness/saved_tensors.py):
+            // tokens sorted by expert, gathered, one gate_up and one down grouped matmul,
+            // silu(gate)*up, scaled by the routing weight, scattered back. Saved per layer:
+            // the gathered inputs, gate_up out, silu, silu*up, down out, routing weights and
+            // the sort/scatter indices.
             let routed = cx.tokens() * top_k;
             let h = n / cx.tokens().max(1);
             m.saves_inputs = vec![false, true];
@@ -212,10 +220,10 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             m.saved.push(t(routed * intermediate, cd, "expert act"));
             m.saved.push(t(routed * intermediate, cd, "expert act*up"));
             m.saved.push(t(routed * h, cd, "expert down"));
-            m.saved.push(t(2 * routed, DType::Int64, "expert token indices"));
-            // index backward of gate_up_proj[e] / down_proj[e] materializes a full-size grad.
-            let full = experts * h * intermediate;
-            m.bwd_scratch.push(t(2 * full, cd, "expert gate_up select grad"));
+            m.saved.push(t(routed, DType::Float32, "expert routing weights"));
+            m.saved.push(t(3 * routed, DType::Int64, "expert sort/scatter indices"));
+            m.saved.push(t(routed, DType::Bool, "expert mask"));
+            m.saved.push(t(*experts, DType::Int32, "expert offsets"));
         }
         OpKind::CrossEntropy { vocab } => {
             // HF ForCausalLMLoss: logits.float(); labels padded and shifted (contiguous int64);
@@ -245,7 +253,7 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn attention(cx: &Ctx, op: &Op, m: &mut OpMem, heads: u64, kv: u64, hd: u64, dropout: f64) {
+fn attention(cx: &Ctx, op: &Op, m: &mut OpMem, heads: u64, kv: u64, hd: u64, dropout: f64, masked: bool) {
     let cd = cx.cd;
     let (b, s) = (cx.dims.batch, cx.dims.seq);
     let q = b * s * heads * hd;
@@ -264,7 +272,10 @@ fn attention(cx: &Ctx, op: &Op, m: &mut OpMem, heads: u64, kv: u64, hd: u64, dro
     if cx.attn == AttnImpl::Eager || use_math {
         // matmul(q, k^T) * scaling (+ mask) -> softmax (f32 in Llama-family, saved)
         // -> .to(dtype) -> dropout -> matmul(probs, v) -> transpose().contiguous().
-        if gqa {
+        if gqa && !fused {
+            // repeat_kv's expand+reshape copies are what the matmuls save; the pre-repeat
+            // k and v are not saved (measured: Llama/Qwen2/Mistral GQA, eager).
+            m.saves_inputs = vec![true, false, false];
             m.saved.push(t(b * s * heads * hd, cd, "repeat_kv keys"));
             m.saved.push(t(b * s * heads * hd, cd, "repeat_kv values"));
         }
@@ -288,7 +299,18 @@ fn attention(cx: &Ctx, op: &Op, m: &mut OpMem, heads: u64, kv: u64, hd: u64, dro
         m.saves_output = true;
         m.saved.push(t(b * heads * s, DType::Float32, "attention logsumexp"));
         // HF 5.17 passes enable_gqa to SDPA when there is no mask (causal, no padding):
-        // no repeat_kv copies.
+        // no repeat_kv copies. With a (sliding-window) mask it repeats k and v, and SDPA
+        // saves the copies and the layer's mask.
+        if gqa && masked && !fused {
+            m.saves_inputs = vec![true, false, false];
+            m.saved.push(t(q, cd, "repeat_kv keys"));
+            m.saved.push(t(q, cd, "repeat_kv values"));
+        }
+        if masked {
+            // sdpa_attention_forward materializes the layer's float mask (torch.where),
+            // which SDPA saves.
+            m.saved.push(t(b * s * s, cd, "sliding-window mask"));
+        }
         m.bwd_scratch.push(t(q, cd, "attention grad scratch"));
     }
 }

@@ -611,10 +611,13 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
             Stream::Compute,
             dep,
         );
-        if cx.attn == AttnImpl::Eager && mask.is_none() && matches!(op.kind, fsdp_ir::OpKind::Attention { .. }) {
-            // create_causal_mask: a [batch, 1, seq, seq] additive float mask for eager.
-            let n = cx.dims.batch * cx.dims.seq * cx.dims.seq;
-            mask = Some(b.alloc("causal mask".into(), Category::Activation, n * cx.cd.size(), None));
+        if let fsdp_ir::OpKind::Attention { .. } = &op.kind {
+            // create_causal_mask: a [batch, 1, seq, seq] float mask for eager, alive during
+            // the forward (SDPA with a sliding window saves a per-layer copy instead).
+            if mask.is_none() && cx.attn == AttnImpl::Eager {
+                let n = cx.dims.batch * cx.dims.seq * cx.dims.seq;
+                mask = Some(b.alloc("causal mask".into(), Category::Activation, n * cx.cd.size(), None));
+            }
         }
         let m = &mems[i];
         let in_region = region[i].is_some();
