@@ -1,0 +1,506 @@
+//! Predicted step time: simulates a plan's schedule on its streams with [`crate::cost`]'s
+//! op times, and replays its memory events on the predicted clock.
+//!
+//! Semantics (one rank; rank 0):
+//!
+//! - Each [`Stream`] runs its ops one at a time, in schedule order. An op starts when its
+//!   stream is free and every op it depends on has finished; the step starts at 0 and ends
+//!   when the last op ends.
+//! - Dependencies are the schedule's `deps` plus the waits FSDP2 inserts between its
+//!   streams (torch 2.11 `_fsdp_param_group.py` / `_fsdp_state.py`), which the schedule
+//!   leaves implicit:
+//!   1. an all-gather of a unit waits for that unit's last reshard (the all-gather streams
+//!      wait on `_reshard_after_forward_event`);
+//!   2. forward: an all-gather waits for the copy-out two copy-outs back in the same forward
+//!      pass (implicit prefetch keeps one all-gather output alive and the all-gather streams
+//!      wait on the previous copy-out's event), and the first all-gathers of a forward pass
+//!      wait for the compute op before the pass (the root pre-forward's `wait_stream`);
+//!      backward: an all-gather waits for the last copy-out before it (the all-gather
+//!      streams wait on each copy-out's event in pre-backward);
+//!   3. the compute op after a reduce-scatter waits for the previous reduce-scatter of the
+//!      same backward pass (post-backward waits on `reduce_scatter_state.event`);
+//!   4. `PhaseEnd` and the optimizer step wait for every collective issued before them (the
+//!      final callback waits for the last reduce-scatter, `finalize_backward` for the
+//!      post-reduce event).
+//!
+//!   FSDP1 (`--layout flat`) is simulated with the same rules (its `limit_all_gathers` rate
+//!   limiter also allows two all-gathers in flight).
+//! - Op times: compute ops from the model op they name ([`crate::cost::CostModel`]; forward
+//!   and recompute alike); collectives by the ring formulas of [`crate::cost`] over their
+//!   group; copy-out reads and writes the unit's unsharded bytes (FSDP1 gathers in place: no
+//!   copy); the optimizer step is memory-bound over the shard; reshard, keep-grads, setup,
+//!   phase end, zero_grad and schedule-only compute ops (`post-forward`, freeing the causal
+//!   mask) take `op_overhead_s`.
+//!
+//! Metrics: `compute_s` = busy time of the compute stream; `comm_s` = summed collective
+//! time; `exposed_comm_s` = time some collective runs while the compute stream is idle;
+//! model FLOPs per step = `grad_accum · 3 · Σ forward model FLOPs` =
+//! `6·N·T + 12·L·h·hd·s·T` for a dense transformer (`N` GEMM parameters — embedding
+//! gathers excluded, LM head included —, `T` local tokens; attention without the causal
+//! discount, as torchtitan and PaLM count it); MFU = model FLOPs / (step time · peak bf16
+//! FLOP/s); tokens/s/GPU = `batch · seq · grad_accum` / step time.
+
+use crate::cost::{self, Coll, CostModel};
+use crate::hardware::Hardware;
+use crate::ids::OpId;
+use crate::options::Layout;
+use crate::plan::*;
+use fsdp_ir::Model;
+use serde::Serialize;
+use std::fmt::Write;
+
+/// When one op of the schedule runs on the predicted clock (seconds from step start).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct OpSpan {
+    pub op: OpId,
+    pub stream: Stream,
+    pub start: f64,
+    pub end: f64,
+}
+
+/// The predicted time of one training step of a plan on one hardware profile.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TimeReport {
+    pub hardware: String,
+    pub step_time_s: f64,
+    /// Busy time of the compute stream.
+    pub compute_s: f64,
+    /// Time some collective runs while the compute stream is idle.
+    pub exposed_comm_s: f64,
+    /// Sum of the collectives' times (all communication streams).
+    pub comm_s: f64,
+    pub mfu: f64,
+    /// Model FLOPs of the step on this rank (see the module docs).
+    pub model_flops: f64,
+    /// Tokens this rank trains on per step (`batch · seq · grad_accum`).
+    pub tokens_per_step: u64,
+    pub tokens_per_s_per_gpu: f64,
+    /// Every op, in schedule order.
+    pub ops: Vec<OpSpan>,
+}
+
+fn stream_index(s: Stream) -> usize {
+    match s {
+        Stream::Compute => 0,
+        Stream::AllGather => 1,
+        Stream::ReduceScatter => 2,
+        Stream::AllReduce => 3,
+    }
+}
+
+fn is_collective(k: &OpKind) -> bool {
+    matches!(k, OpKind::AllGather { .. } | OpKind::ReduceScatter { .. } | OpKind::AllReduce { .. })
+}
+
+/// The waits FSDP2 adds between streams (rules 1–4 of the module docs), per op: indices of
+/// earlier ops.
+pub fn implicit_deps(ops: &[ScheduleOp]) -> Vec<Vec<usize>> {
+    let mut deps = vec![vec![]; ops.len()];
+    let mut last_reshard: std::collections::HashMap<crate::ids::UnitId, usize> = Default::default();
+    let mut copyouts: Vec<usize> = vec![]; // copy-outs of the current pass
+    let mut pass: Option<(Phase, u32)> = None;
+    let mut before_pass: Option<usize> = None; // last compute op before the current pass
+    let mut last_compute: Option<usize> = None;
+    let mut last_rs: Option<usize> = None; // last reduce-scatter of this backward pass
+    let mut pending_wait: Option<usize> = None; // rule 3: the next compute op waits for this
+    let mut last_coll: [Option<usize>; 4] = [None; 4]; // last collective per stream
+    for (i, op) in ops.iter().enumerate() {
+        let key = (op.phase, op.micro_batch);
+        if pass != Some(key) {
+            pass = Some(key);
+            copyouts.clear();
+            before_pass = last_compute;
+            last_rs = None;
+        }
+        match &op.kind {
+            OpKind::AllGather { unit, .. } => {
+                if let Some(&r) = last_reshard.get(unit) {
+                    deps[i].push(r);
+                }
+                match op.phase {
+                    Phase::Forward => match copyouts.len() {
+                        0 | 1 => deps[i].extend(before_pass),
+                        n => deps[i].push(copyouts[n - 2]),
+                    },
+                    _ => deps[i].extend(copyouts.last().copied()),
+                }
+            }
+            OpKind::ReduceScatter { .. } => pending_wait = last_rs.replace(i),
+            // the streams run in order: waiting for the last op of each waits for all
+            OpKind::PhaseEnd | OpKind::OptimizerStep { .. } => deps[i].extend(last_coll.iter().flatten().copied()),
+            _ => {}
+        }
+        if op.stream == Stream::Compute {
+            if let Some(w) = pending_wait.take() {
+                deps[i].push(w);
+            }
+            match op.kind {
+                OpKind::CopyOut { .. } => copyouts.push(i),
+                OpKind::Reshard { unit } => {
+                    last_reshard.insert(unit, i);
+                }
+                _ => {}
+            }
+            last_compute = Some(i);
+        }
+        if is_collective(&op.kind) {
+            last_coll[stream_index(op.stream)] = Some(i);
+        }
+    }
+    deps
+}
+
+/// Runs ops on their streams: each stream in schedule order; an op starts when its stream
+/// is free and its `deps` (the op's own and `extra[i]`) have ended. A dependency on a later
+/// op of the same schedule is honoured too; a cycle is broken by ignoring the unfinished
+/// dependencies of the earliest blocked op.
+pub fn simulate(ops: &[ScheduleOp], extra: &[Vec<usize>], dur: &[f64]) -> Vec<OpSpan> {
+    let n = ops.len();
+    let mut end: Vec<Option<f64>> = vec![None; n];
+    let mut start = vec![0.0; n];
+    let mut queues: [Vec<usize>; 4] = Default::default();
+    for (i, op) in ops.iter().enumerate() {
+        queues[stream_index(op.stream)].push(i);
+    }
+    let mut head = [0usize; 4];
+    let mut free = [0.0f64; 4];
+    let index_of: std::collections::HashMap<OpId, usize> = ops.iter().enumerate().map(|(i, o)| (o.id, i)).collect();
+    let deps_of = |i: usize| -> Vec<usize> {
+        ops[i]
+            .deps
+            .iter()
+            .filter_map(|d| index_of.get(d).copied())
+            .chain(extra.get(i).into_iter().flatten().copied())
+            .filter(|&d| d != i)
+            .collect()
+    };
+    let mut done = 0;
+    while done < n {
+        let mut progressed = false;
+        for s in 0..4 {
+            while let Some(&i) = queues[s].get(head[s]) {
+                let ds = deps_of(i);
+                if ds.iter().any(|&d| end[d].is_none()) {
+                    break;
+                }
+                let ready = ds.iter().filter_map(|&d| end[d]).fold(0.0, f64::max);
+                start[i] = free[s].max(ready);
+                let e = start[i] + dur[i];
+                end[i] = Some(e);
+                free[s] = e;
+                head[s] += 1;
+                done += 1;
+                progressed = true;
+            }
+        }
+        if !progressed {
+            // a cycle: run the earliest blocked head now
+            let (s, i) = (0..4).filter_map(|s| queues[s].get(head[s]).map(|&i| (s, i))).min_by_key(|x| x.1).unwrap();
+            let ready = deps_of(i).iter().filter_map(|&d| end[d]).fold(0.0, f64::max);
+            start[i] = free[s].max(ready);
+            let e = start[i] + dur[i];
+            end[i] = Some(e);
+            free[s] = e;
+            head[s] += 1;
+            done += 1;
+        }
+    }
+    ops.iter()
+        .enumerate()
+        .map(|(i, o)| OpSpan {
+            op: o.id,
+            stream: o.stream,
+            start: start[i],
+            end: end[i].unwrap_or(start[i]),
+        })
+        .collect()
+}
+
+/// Duration of one schedule op on `hw`.
+pub fn op_duration(plan: &Plan, model_cost: &CostModel, hw: &Hardware, op: &ScheduleOp) -> f64 {
+    let o = &plan.options;
+    let coll = |kind: Coll, numel: u64, dtype: fsdp_ir::DType, group: Group| {
+        let (n, per) = cost::group_shape(o, group, hw.gpus_per_node);
+        cost::collective_time(hw, kind, (numel * dtype.size()) as f64, n, per)
+    };
+    match &op.kind {
+        OpKind::AllGather { numel, dtype, group, .. } => coll(Coll::AllGather, *numel, *dtype, *group),
+        OpKind::ReduceScatter { numel, dtype, group, .. } => coll(Coll::ReduceScatter, *numel, *dtype, *group),
+        OpKind::AllReduce { numel, dtype, group, .. } => coll(Coll::AllReduce, *numel, *dtype, *group),
+        OpKind::Forward { op: name, .. } | OpKind::Recompute { op: name, .. } => match model_cost.forward(name) {
+            Some(k) => cost::op_time(hw, k),
+            None => hw.op_overhead_s,
+        },
+        OpKind::Backward { op: name, .. } => match model_cost.backward(name) {
+            Some(k) => cost::op_time(hw, k),
+            None => hw.op_overhead_s,
+        },
+        OpKind::CopyOut { unit } => {
+            if o.layout == Layout::Flat {
+                hw.op_overhead_s
+            } else {
+                let b = cost::unsharded_bytes(plan.unit(*unit), o) as f64;
+                2.0 * b / (hw.hbm_bandwidth * hw.efficiency.memory) + hw.op_overhead_s
+            }
+        }
+        OpKind::OptimizerStep { unit } => {
+            let (k, launches) = cost::optimizer_kernels(plan.unit(*unit), o);
+            k.iter().map(|k| k.time(hw)).sum::<f64>() + launches.max(1) as f64 * hw.op_overhead_s
+        }
+        OpKind::Setup | OpKind::Reshard { .. } | OpKind::KeepGrads { .. } | OpKind::ZeroGrad | OpKind::PhaseEnd => hw.op_overhead_s,
+    }
+}
+
+/// Total length of the union of intervals.
+fn union(mut v: Vec<(f64, f64)>) -> Vec<(f64, f64)> {
+    v.retain(|x| x.1 > x.0);
+    v.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut out: Vec<(f64, f64)> = vec![];
+    for (s, e) in v {
+        match out.last_mut() {
+            Some(l) if s <= l.1 => l.1 = l.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
+
+/// Length of `a` (disjoint, sorted) not covered by `b` (disjoint, sorted).
+fn uncovered(a: &[(f64, f64)], b: &[(f64, f64)]) -> f64 {
+    let mut total = 0.0;
+    for &(s, e) in a {
+        let mut t = s;
+        let mut len = 0.0;
+        for &(bs, be) in b {
+            if be <= t {
+                continue;
+            }
+            if bs >= e {
+                break;
+            }
+            if bs > t {
+                len += bs - t;
+            }
+            t = t.max(be);
+            if t >= e {
+                break;
+            }
+        }
+        if t < e {
+            len += e - t;
+        }
+        total += len;
+    }
+    total
+}
+
+/// Predicts the step time of `plan` for `model` on `hw` (see the module docs).
+pub fn predict(plan: &Plan, model: &Model, hw: &Hardware) -> TimeReport {
+    let cm = CostModel::new(plan, model);
+    let dur: Vec<f64> = plan.schedule.iter().map(|op| op_duration(plan, &cm, hw, op)).collect();
+    let extra = implicit_deps(&plan.schedule);
+    let spans = simulate(&plan.schedule, &extra, &dur);
+    report(plan, hw, cm.model_flops * plan.options.grad_accum as f64, spans)
+}
+
+/// Metrics of simulated spans.
+pub fn report(plan: &Plan, hw: &Hardware, model_flops: f64, spans: Vec<OpSpan>) -> TimeReport {
+    let step = spans.iter().map(|s| s.end).fold(0.0, f64::max);
+    let compute: Vec<(f64, f64)> = spans.iter().filter(|s| s.stream == Stream::Compute).map(|s| (s.start, s.end)).collect();
+    let comm: Vec<(f64, f64)> = spans.iter().filter(|s| s.stream != Stream::Compute).map(|s| (s.start, s.end)).collect();
+    let compute_s = compute.iter().map(|x| x.1 - x.0).sum();
+    let comm_s = comm.iter().map(|x| x.1 - x.0).sum();
+    let exposed = uncovered(&union(comm), &union(compute));
+    let o = &plan.options;
+    let tokens = o.batch * o.seq * o.grad_accum as u64;
+    let (mfu, tps) = if step > 0.0 {
+        (model_flops / (step * hw.peak_flops.bf16), tokens as f64 / step)
+    } else {
+        (0.0, 0.0)
+    };
+    TimeReport {
+        hardware: hw.name.clone(),
+        step_time_s: step,
+        compute_s,
+        exposed_comm_s: exposed,
+        comm_s,
+        mfu,
+        model_flops,
+        tokens_per_step: tokens,
+        tokens_per_s_per_gpu: tps,
+        ops: spans,
+    }
+}
+
+/// Memory in use while one op runs, by category ([`Category::ALL`] order).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemSample {
+    /// Seconds from step start.
+    pub t: f64,
+    /// The op (None: the end of the step).
+    pub op: Option<OpId>,
+    pub bytes: [u64; 11],
+}
+
+impl MemSample {
+    pub fn total(&self) -> u64 {
+        self.bytes.iter().sum()
+    }
+}
+
+fn cat_index(c: Category) -> usize {
+    Category::ALL.iter().position(|&x| x == c).unwrap_or(0)
+}
+
+/// Replays the plan's alloc/free events on the predicted clock, in schedule order (the
+/// CPU's issue order, which is what the caching allocator and FSDPMemTracker see): a
+/// compute op's events happen at its start; a collective's when the op before it in the
+/// schedule was issued. Each sample is the memory in use while its op runs: the larger of
+/// the memory before it and after each of its allocations (so the largest sample equals the
+/// plan's predicted peak, with the same breakdown). A last sample at the step's end holds
+/// the persistent state.
+pub fn memory_timeline(plan: &Plan, report: &TimeReport) -> Vec<MemSample> {
+    let mut cur = [0u64; 11];
+    let mut out = Vec::with_capacity(plan.schedule.len() + 1);
+    let mut t = 0.0f64;
+    for (i, op) in plan.schedule.iter().enumerate() {
+        if op.stream == Stream::Compute {
+            if let Some(s) = report.ops.get(i) {
+                t = t.max(s.start);
+            }
+        }
+        let mut best = cur;
+        let mut best_total: u64 = cur.iter().sum();
+        for ev in &op.events {
+            match *ev {
+                Event::Alloc(b) => {
+                    let buf = &plan.buffers[b.index()];
+                    cur[cat_index(buf.category)] += buf.bytes;
+                    let tot: u64 = cur.iter().sum();
+                    if tot > best_total {
+                        best_total = tot;
+                        best = cur;
+                    }
+                }
+                Event::Free(b) => {
+                    let buf = &plan.buffers[b.index()];
+                    let c = &mut cur[cat_index(buf.category)];
+                    *c = c.saturating_sub(buf.bytes);
+                }
+            }
+        }
+        out.push(MemSample { t, op: Some(op.id), bytes: best });
+    }
+    out.push(MemSample {
+        t: report.step_time_s.max(t),
+        op: None,
+        bytes: cur,
+    });
+    out
+}
+
+/// One sample per instant: of several samples at the same time (ops that take no time),
+/// the one with the most memory in use.
+pub fn coalesce(mem: &[MemSample]) -> Vec<MemSample> {
+    let mut out: Vec<MemSample> = Vec::with_capacity(mem.len());
+    for m in mem {
+        match out.last_mut() {
+            Some(l) if l.t == m.t => {
+                if m.total() > l.total() {
+                    *l = m.clone();
+                }
+            }
+            _ => out.push(m.clone()),
+        }
+    }
+    out
+}
+
+/// `1.23 s`, `45.6 ms`, `7.8 µs`.
+pub fn secs(s: f64) -> String {
+    if s >= 1.0 {
+        format!("{s:.3} s")
+    } else if s >= 1e-3 {
+        format!("{:.2} ms", s * 1e3)
+    } else {
+        format!("{:.1} µs", s * 1e6)
+    }
+}
+
+/// A share as a percentage: `43.2%`, small ones with more digits (`0.0213%`).
+pub fn pct(x: f64) -> String {
+    let v = 100.0 * x;
+    if v != 0.0 && v.abs() < 0.1 {
+        format!("{v:.2e}%")
+    } else {
+        format!("{v:.1}%")
+    }
+}
+
+/// `12,345`.
+pub fn thousands(x: f64) -> String {
+    let n = x.round() as u64;
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The time section of `plan`'s text output.
+pub fn render(r: &TimeReport) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\npredicted step time on {} (rank 0): {} · {} tokens/s/GPU · MFU {}",
+        r.hardware,
+        secs(r.step_time_s),
+        thousands(r.tokens_per_s_per_gpu),
+        pct(r.mfu)
+    );
+    let _ = writeln!(s, "  compute          {:>12}  (compute stream busy)", secs(r.compute_s));
+    let _ = writeln!(s, "  communication    {:>12}  (all collectives)", secs(r.comm_s));
+    let _ = writeln!(s, "  exposed comm     {:>12}  (compute stream idle on communication)", secs(r.exposed_comm_s));
+    let _ = writeln!(
+        s,
+        "  model FLOPs      {:>12}  per step, {} tokens (6·N·T + 12·L·h·hd·s·T)",
+        format!("{:.3e}", r.model_flops),
+        r.tokens_per_step
+    );
+    s
+}
+
+/// The `"time"` object of `plan --format json` (the report without the per-op spans).
+pub fn json(r: &TimeReport) -> serde_json::Value {
+    serde_json::json!({
+        "hardware": r.hardware,
+        "step_time_s": r.step_time_s,
+        "compute_s": r.compute_s,
+        "comm_s": r.comm_s,
+        "exposed_comm_s": r.exposed_comm_s,
+        "mfu": r.mfu,
+        "model_flops": r.model_flops,
+        "tokens_per_step": r.tokens_per_step,
+        "tokens_per_s_per_gpu": r.tokens_per_s_per_gpu,
+    })
+}
+
+/// Time rows for `diff`, in [`crate::diff::render`]'s layout.
+pub fn diff_rows(a: &TimeReport, b: &TimeReport) -> String {
+    let mut s = String::new();
+    let row = |s: &mut String, k: &str, x: String, y: String| {
+        let mark = if x != y { " *" } else { "" };
+        let _ = writeln!(s, "{k:<28} {x:>22} {y:>22}{mark}");
+    };
+    let hw = if a.hardware == b.hardware { format!("step time ({})", a.hardware) } else { "step time".to_string() };
+    row(&mut s, &hw, secs(a.step_time_s), secs(b.step_time_s));
+    row(&mut s, "  compute", secs(a.compute_s), secs(b.compute_s));
+    row(&mut s, "  exposed comm", secs(a.exposed_comm_s), secs(b.exposed_comm_s));
+    row(&mut s, "MFU", pct(a.mfu), pct(b.mfu));
+    row(&mut s, "tokens/s/GPU", thousands(a.tokens_per_s_per_gpu), thousands(b.tokens_per_s_per_gpu));
+    s
+}
