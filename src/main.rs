@@ -1,4 +1,4 @@
-//! The `fsdp-plan` command line: plan (default), compile, diff, import hf.
+//! The `fsdp-plan` command line: plan (default), compile, diff, trace, plot, sweep, import hf.
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -6,6 +6,8 @@ use fsdp_ir::Model;
 use fsdp_planner::{
     parse_dtype, AttnImpl, BackwardPrefetch, Device, Layout, Optimizer, Options, Plan, PlanError, Policy, Strategy,
 };
+use fsdp_planner::hardware::Hardware;
+use fsdp_planner::timeline::{self, TimeReport};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -18,8 +20,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Print the schedule, units, communication and predicted peak memory (the default).
-    Plan(PlanArgs),
+    /// Print the schedule, units, communication, predicted peak memory and step time (the default).
+    Plan {
+        #[command(flatten)]
+        p: PlanArgs,
+        #[command(flatten)]
+        hw: HwOpt,
+    },
     /// Write the compiled plan (RON) with a format version and model/options hashes.
     Compile {
         #[command(flatten)]
@@ -29,6 +36,12 @@ enum Cmd {
     },
     /// Compare two plans: `diff MODEL --policy A --policy B`, or `diff PLAN1 PLAN2`.
     Diff(DiffArgs),
+    /// Write the predicted step as a Chrome/Perfetto trace (JSON): `trace PLAN|MODEL -o trace.json`.
+    Trace(ViewArgs),
+    /// Plot memory over the predicted step by category (SVG): `plot PLAN|MODEL -o memory.svg`.
+    Plot(ViewArgs),
+    /// Plan a model over world sizes and policies: fits?, peak, step time, tokens/s/GPU.
+    Sweep(SweepArgs),
     /// Import a model from a Hugging Face config.json.
     Import {
         #[command(subcommand)]
@@ -59,6 +72,13 @@ struct PlanOpts {
     /// transformer:<Class>[,…] | size:<min_num_params> | modules:<path>[,…] | none | auto
     #[arg(long, default_value = "auto")]
     policy: String,
+    #[command(flatten)]
+    k: Knobs,
+}
+
+/// The options besides the world size and the policy (`sweep` takes lists of those).
+#[derive(Args, Clone)]
+struct Knobs {
     #[arg(long, default_value = "fsdp2", value_parser = ["fsdp2", "flat"])]
     layout: String,
     #[arg(long, default_value = "full-shard", value_parser = ["full-shard", "shard-grad-op", "no-shard", "hybrid-shard"])]
@@ -121,15 +141,69 @@ struct DiffArgs {
     /// Policies to compare (with a model): give exactly two.
     #[arg(long = "vs-policy")]
     vs_policy: Vec<String>,
+    #[command(flatten)]
+    hw: HwOpt,
+    /// The model of compiled plans, for the time rows (default: models/<model name>.ron).
+    #[arg(long)]
+    model: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct HwOpt {
+    /// Hardware profile for the time prediction: NAME (models/hardware/NAME.ron; a unique
+    /// prefix such as `h100` will do) or a .ron FILE.
+    #[arg(long, default_value = "h100-sxm")]
+    hardware: String,
+}
+
+#[derive(Args)]
+struct ViewArgs {
+    /// A compiled plan (`compile -o PLAN.ron`) or a model file (planned with the options).
+    input: PathBuf,
+    #[command(flatten)]
+    o: PlanOpts,
+    #[command(flatten)]
+    hw: HwOpt,
+    /// The model of a compiled plan (default: models/<model name>.ron, checked by hash).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    #[arg(short, long)]
+    output: PathBuf,
+}
+
+#[derive(Args)]
+struct SweepArgs {
+    /// Model file (.ron, or an HF config.json).
+    model: PathBuf,
+    /// World sizes, comma-separated: 8,64,512.
+    #[arg(long = "world-size", value_delimiter = ',', default_value = "8")]
+    world_sizes: Vec<u64>,
+    /// A wrap policy; repeat the flag or separate policies with `;` (a comma belongs to one
+    /// policy: `transformer:A,B` is one policy with two classes). Default: auto.
+    #[arg(long = "policy")]
+    policies: Vec<String>,
+    #[command(flatten)]
+    k: Knobs,
+    #[command(flatten)]
+    hw: HwOpt,
+    /// Memory per GPU a plan must fit in (default: the hardware's), e.g. 80GiB, 75GB, 8e10.
+    #[arg(long)]
+    memory_limit: Option<String>,
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    format: String,
 }
 
 fn options(o: &PlanOpts, policy: &str) -> Result<Options, PlanError> {
+    options_for(&o.k, o.world_size, policy)
+}
+
+fn options_for(o: &Knobs, world_size: u64, policy: &str) -> Result<Options, PlanError> {
     let layout = if o.layout == "flat" { Layout::Flat } else { Layout::Fsdp2 };
     let strategy = match o.strategy.as_str() {
         "shard-grad-op" => Strategy::ShardGradOp,
         "no-shard" => Strategy::NoShard,
         "hybrid-shard" => Strategy::HybridShard {
-            shard_size: o.shard_group_size.unwrap_or(8.min(o.world_size)),
+            shard_size: o.shard_group_size.unwrap_or(8.min(world_size)),
         },
         _ => Strategy::FullShard,
     };
@@ -153,7 +227,7 @@ fn options(o: &PlanOpts, policy: &str) -> Result<Options, PlanError> {
         })?),
     };
     let opts = Options {
-        world_size: o.world_size,
+        world_size,
         policy: Policy::parse(policy)?,
         layout,
         strategy,
@@ -246,14 +320,25 @@ fn load_plan(path: &Path) -> Result<Plan> {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Plan(a) => {
+        Cmd::Plan { p: a, hw } => {
             let model = load_model(&a.model)?;
             let opts = options(&a.o, &a.o.policy).map_err(user)?;
             let plan = fsdp_planner::plan(&model, &opts).map_err(user)?;
             match a.format.as_str() {
-                "json" => println!("{}", serde_json::to_string_pretty(&fsdp_planner::print::json(&plan))?),
+                "json" => {
+                    let hw = load_hardware(&hw.hardware)?;
+                    let t = timeline::predict(&plan, &model, &hw);
+                    let mut v = fsdp_planner::print::json(&plan);
+                    v["time"] = timeline::json(&t);
+                    println!("{}", serde_json::to_string_pretty(&v)?)
+                }
                 "ron" => println!("{}", plan_ron(&plan)?),
-                _ => print!("{}", fsdp_planner::print::render(&plan, a.full_schedule)),
+                _ => {
+                    let hw = load_hardware(&hw.hardware)?;
+                    let t = timeline::predict(&plan, &model, &hw);
+                    print!("{}", fsdp_planner::print::render(&plan, a.full_schedule));
+                    print!("{}", timeline::render(&t));
+                }
             }
         }
         Cmd::Compile { p, output } => {
@@ -270,23 +355,59 @@ fn run(cli: Cli) -> Result<()> {
             );
         }
         Cmd::Diff(d) => {
-            let (a, an, b, bn) = match (d.files.len(), d.vs_policy.len()) {
+            let hw = load_hardware(&d.hw.hardware)?;
+            let (a, an, b, bn, models) = match (d.files.len(), d.vs_policy.len()) {
                 (1, 2) => {
                     let model = load_model(&d.files[0])?;
                     let pa = fsdp_planner::plan(&model, &options(&d.o, &d.vs_policy[0]).map_err(user)?).map_err(user)?;
                     let pb = fsdp_planner::plan(&model, &options(&d.o, &d.vs_policy[1]).map_err(user)?).map_err(user)?;
-                    (pa, d.vs_policy[0].clone(), pb, d.vs_policy[1].clone())
+                    (pa, d.vs_policy[0].clone(), pb, d.vs_policy[1].clone(), Ok((model.clone(), model)))
                 }
-                (2, 0) => (
-                    load_plan(&d.files[0])?,
-                    d.files[0].display().to_string(),
-                    load_plan(&d.files[1])?,
-                    d.files[1].display().to_string(),
-                ),
+                (2, 0) => {
+                    let pa = load_plan(&d.files[0])?;
+                    let pb = load_plan(&d.files[1])?;
+                    let models = model_of_plan(&pa, d.model.as_deref()).and_then(|ma| Ok((ma, model_of_plan(&pb, d.model.as_deref())?)));
+                    (pa, d.files[0].display().to_string(), pb, d.files[1].display().to_string(), models)
+                }
                 _ => bail!(UserError("diff takes MODEL --policy A --policy B, or PLAN1 PLAN2".into())),
             };
-            print!("{}", fsdp_planner::diff::render(&a, &an, &b, &bn));
+            // the time rows go with the table, before the lists of units
+            let table = fsdp_planner::diff::render(&a, &an, &b, &bn);
+            let (rows, rest) = table.split_at(table.find("\nunits only in").unwrap_or(table.len()));
+            let time = match models {
+                Ok((ma, mb)) => timeline::diff_rows(&timeline::predict(&a, &ma, &hw), &timeline::predict(&b, &mb, &hw)),
+                Err(e) => format!("(no time rows: {e:#})\n"),
+            };
+            print!("{rows}{time}{rest}");
         }
+        Cmd::Trace(v) => {
+            let (plan, hw, t) = view(&v)?;
+            let mem = timeline::memory_timeline(&plan, &t);
+            let doc = fsdp_planner::trace::chrome_trace(&plan, &t, &mem);
+            write_atomic(&v.output, &serde_json::to_string(&doc)?)?;
+            eprintln!(
+                "wrote {} ({} ops, predicted step {} on {}; open it in https://ui.perfetto.dev or chrome://tracing)",
+                v.output.display(),
+                plan.schedule.len(),
+                timeline::secs(t.step_time_s),
+                hw.name
+            );
+        }
+        Cmd::Plot(v) => {
+            let (plan, hw, t) = view(&v)?;
+            let mem = timeline::memory_timeline(&plan, &t);
+            let svg = fsdp_planner::plot::memory_svg(&plan, &t, &mem, Some((&hw.name, hw.memory_bytes)));
+            write_atomic(&v.output, &svg)?;
+            eprintln!(
+                "wrote {} (peak {} at {}; step {} on {})",
+                v.output.display(),
+                fsdp_planner::print::bytes(plan.memory.peak_bytes),
+                plan.memory.peak_at,
+                timeline::secs(t.step_time_s),
+                hw.name
+            );
+        }
+        Cmd::Sweep(s) => sweep(&s)?,
         Cmd::Import { from: ImportCmd::Hf { config, output, name, dtype } } => {
             let text = read(&config)?;
             let name = name.unwrap_or_else(|| stem(&config));
@@ -306,12 +427,215 @@ fn run(cli: Cli) -> Result<()> {
     Ok(())
 }
 
+/// Directories searched for `--hardware NAME` and for the model of a compiled plan: the
+/// current directory's, then this repository's.
+fn search_dirs(sub: &str) -> Vec<PathBuf> {
+    let mut v = vec![PathBuf::from(sub)];
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join(sub);
+    if std::fs::canonicalize(&repo).ok() != std::fs::canonicalize(&v[0]).ok() {
+        v.push(repo);
+    }
+    v
+}
+
+/// `--hardware NAME|FILE`: a path (has a `/` or ends in `.ron`), else models/hardware/NAME.ron,
+/// else the one profile whose name starts with NAME.
+fn load_hardware(spec: &str) -> Result<Hardware> {
+    let path = if spec.contains('/') || spec.ends_with(".ron") {
+        PathBuf::from(spec)
+    } else {
+        let dirs = search_dirs("models/hardware");
+        match dirs.iter().map(|d| d.join(format!("{spec}.ron"))).find(|p| p.is_file()) {
+            Some(p) => p,
+            None => {
+                let mut known: Vec<(String, PathBuf)> = vec![];
+                for d in &dirs {
+                    for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+                        let p = e.path();
+                        if let Some(n) = p.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".ron")) {
+                            if !known.iter().any(|k| k.0 == n) {
+                                known.push((n.to_string(), p.clone()));
+                            }
+                        }
+                    }
+                }
+                known.sort();
+                let hits: Vec<&(String, PathBuf)> = known.iter().filter(|k| k.0.starts_with(spec)).collect();
+                match hits.as_slice() {
+                    [one] => one.1.clone(),
+                    _ => bail!(UserError(format!(
+                        "--hardware `{spec}`: {} (known: {}; or give a .ron file)",
+                        if hits.is_empty() { "no such profile in models/hardware/" } else { "ambiguous" },
+                        known.iter().map(|k| k.0.as_str()).collect::<Vec<_>>().join(", ")
+                    ))),
+                }
+            }
+        }
+    };
+    let text = read(&path)?;
+    ron::from_str::<Hardware>(&text)
+        .map_err(|e| user(format!("{}:{}:{}: not a valid hardware profile: {}", path.display(), e.position.line, e.position.col, e.code)))
+}
+
+/// The model a compiled plan was made from: `--model FILE`, else models/<model name>.ron;
+/// its hash must equal the plan's.
+fn model_of_plan(plan: &Plan, explicit: Option<&Path>) -> Result<Model> {
+    let path = match explicit {
+        Some(p) => p.to_path_buf(),
+        None => search_dirs("models")
+            .into_iter()
+            .map(|d| d.join(format!("{}.ron", plan.model_name)))
+            .find(|p| p.is_file())
+            .ok_or_else(|| user(format!("the plan's model `{}` is not in models/; pass --model FILE", plan.model_name)))?,
+    };
+    let model = load_model(&path)?;
+    if fsdp_planner::model_hash(&model) != plan.model_hash {
+        bail!(UserError(format!("{}: not the model the plan was compiled from (model hash differs)", path.display())));
+    }
+    Ok(model)
+}
+
+fn is_plan_file(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "ron") && std::fs::read_to_string(path).is_ok_and(|t| t.contains("plan_hash"))
+}
+
+/// The plan, hardware and predicted time of `trace` / `plot`.
+fn view(v: &ViewArgs) -> Result<(Plan, Hardware, TimeReport)> {
+    let hw = load_hardware(&v.hw.hardware)?;
+    let (plan, model) = if is_plan_file(&v.input) {
+        let plan = load_plan(&v.input)?;
+        let model = model_of_plan(&plan, v.model.as_deref())?;
+        (plan, model)
+    } else {
+        let model = load_model(&v.input)?;
+        let opts = options(&v.o, &v.o.policy).map_err(user)?;
+        (fsdp_planner::plan(&model, &opts).map_err(user)?, model)
+    };
+    let t = timeline::predict(&plan, &model, &hw);
+    Ok((plan, hw, t))
+}
+
+/// `80GiB`, `80 GiB`, `75GB`, `81559MiB`, `8e10` (bytes).
+fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E').unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kib" => 1024.0,
+        "mib" => 1048576.0,
+        "gib" => 1073741824.0,
+        "tib" => 1099511627776.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        u => bail!(UserError(format!("--memory-limit `{s}`: unknown unit `{u}` (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"))),
+    };
+    match num.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok((v * mult) as u64),
+        _ => bail!(UserError(format!("--memory-limit `{s}`: expected a size such as 80GiB"))),
+    }
+}
+
+fn sweep(a: &SweepArgs) -> Result<()> {
+    let model = load_model(&a.model)?;
+    let hw = load_hardware(&a.hw.hardware)?;
+    let limit = match &a.memory_limit {
+        Some(s) => parse_size(s)?,
+        None => hw.memory_bytes,
+    };
+    let mut policies: Vec<String> = a.policies.iter().flat_map(|p| p.split(';')).map(|p| p.trim().to_string()).filter(|p| !p.is_empty()).collect();
+    if policies.is_empty() {
+        policies.push("auto".into());
+    }
+    for p in &policies {
+        // `transformer:A,size:1e8` would be one policy whose second class is `size:1e8`
+        if let Some((kind, rest)) = p.split_once(':') {
+            if matches!(kind, "transformer" | "modules") && rest.split(',').any(|x| x.contains(':')) {
+                bail!(UserError(format!(
+                    "--policy `{p}`: a comma separates the classes or modules of one policy; separate policies with `;` or repeat --policy"
+                )));
+            }
+        }
+    }
+    if a.world_sizes.is_empty() {
+        bail!(UserError("--world-size: give at least one world size".into()));
+    }
+    let mut rows = vec![];
+    for &ws in &a.world_sizes {
+        for p in &policies {
+            let what = |e: PlanError| user(format!("world size {ws}, policy {p}: {e}"));
+            let opts = options_for(&a.k, ws, p).map_err(what)?;
+            let plan = fsdp_planner::plan(&model, &opts).map_err(what)?;
+            let t = timeline::predict(&plan, &model, &hw);
+            rows.push((ws, plan.policy.clone(), plan.memory.peak_bytes, t));
+        }
+    }
+    if a.format == "json" {
+        let v: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(ws, policy, peak, t)| {
+                serde_json::json!({
+                    "world_size": ws,
+                    "policy": policy,
+                    "fits": *peak <= limit,
+                    "peak_bytes": peak,
+                    "step_time_s": t.step_time_s,
+                    "exposed_comm_s": t.exposed_comm_s,
+                    "mfu": t.mfu,
+                    "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu,
+                })
+            })
+            .collect();
+        let doc = serde_json::json!({
+            "model": model.name,
+            "hardware": hw.name,
+            "memory_limit_bytes": limit,
+            "batch": a.k.batch,
+            "seq": a.k.seq,
+            "rows": v,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    println!(
+        "sweep {} on {} · memory limit {} · batch {} × seq {} · param dtype {} · reduce dtype {}",
+        model.name,
+        hw.name,
+        fsdp_planner::print::bytes(limit),
+        a.k.batch,
+        a.k.seq,
+        a.k.param_dtype.as_deref().unwrap_or("(param's)"),
+        a.k.reduce_dtype.as_deref().unwrap_or("(param dtype)")
+    );
+    let pw = rows.iter().map(|r| r.1.len()).max().unwrap_or(6).max(6);
+    println!(
+        "{:>10}  {:<pw$}  {:<5} {:>12} {:>11} {:>13} {:>6} {:>13}",
+        "world size", "policy", "fits?", "peak", "step time", "tokens/s/GPU", "MFU", "exposed comm"
+    );
+    for (ws, policy, peak, t) in &rows {
+        println!(
+            "{:>10}  {:<pw$}  {:<5} {:>12} {:>11} {:>13} {:>6} {:>13}",
+            ws,
+            policy,
+            if *peak <= limit { "yes" } else { "no" },
+            fsdp_planner::print::bytes(*peak),
+            timeline::secs(t.step_time_s),
+            timeline::thousands(t.tokens_per_s_per_gpu),
+            timeline::pct(t.mfu),
+            timeline::secs(t.exposed_comm_s)
+        );
+    }
+    Ok(())
+}
+
 fn plan_ron(plan: &Plan) -> Result<String> {
     let cfg = ron::ser::PrettyConfig::new().depth_limit(2).struct_names(false);
     ron::ser::to_string_pretty(plan, cfg).context("serializing the plan")
 }
 
-const SUBCOMMANDS: [&str; 9] = ["plan", "compile", "diff", "import", "help", "--help", "-h", "--version", "-V"];
+const SUBCOMMANDS: [&str; 12] = ["plan", "compile", "diff", "trace", "plot", "sweep", "import", "help", "--help", "-h", "--version", "-V"];
 
 fn main() -> ExitCode {
     let mut args: Vec<String> = std::env::args().collect();
