@@ -8,6 +8,14 @@ DEFAULTS = {
     "reduce_dtype": None,             # MixedPrecisionPolicy.reduce_dtype
     "reshard_after_forward": True,    # for the decoder-layer fully_shard calls
     "root_reshard_after_forward": None,  # None = FSDP2 default (root switched to False at lazy init)
+    # Options below are recorded in the fixture's "options" only when they differ from these
+    # defaults, so fixtures of cases that do not use them keep their exact bytes.
+    "forward_prefetch": 0,            # n: layers[i].set_modules_to_forward_prefetch(layers[i+1..=i+n])
+    "backward_prefetch": None,        # n: layers[i].set_modules_to_backward_prefetch(layers[i-1..=i-n])
+    "grad_accum": 1,                  # micro-batches per step; grad sync only on the last
+    "strategy": "full-shard",         # or "hybrid-shard": 2-D mesh (replicate, shard)
+    "shard_group_size": None,         # hybrid-shard: size of the shard mesh dim
+    "checkpoint": None,               # module classes under HF gradient checkpointing (non-reentrant)
 }
 
 BASE_CASES = {
@@ -22,6 +30,13 @@ BASE_CASES = {
     "llama_raf_false_ws2": {"model": "tiny-llama", "world_size": 2, "reshard_after_forward": False},
     "llama_root_raf_true_ws2": {"model": "tiny-llama", "world_size": 2, "root_reshard_after_forward": True},
     "mixtral_ws2": {"model": "tiny-mixtral", "world_size": 2},
+    # Explicit prefetch 2 deep needs more than 2 layers to differ from depth 1: 4-layer llama.
+    "llama_fwd_prefetch2_ws2": {"model": "tiny-llama-4l", "world_size": 2, "forward_prefetch": 2},
+    "llama_bwd_prefetch2_ws2": {"model": "tiny-llama-4l", "world_size": 2, "backward_prefetch": 2},
+    "llama_grad_accum2_ws2": {"model": "tiny-llama", "world_size": 2, "grad_accum": 2},
+    "llama_hsdp_ws4": {"model": "tiny-llama", "world_size": 4,
+                       "strategy": "hybrid-shard", "shard_group_size": 2},
+    "llama_ac_ws2": {"model": "tiny-llama", "world_size": 2, "checkpoint": ["LlamaDecoderLayer"]},
 }
 
 ATTN_IMPLS = ("eager", "sdpa")
@@ -36,4 +51,38 @@ def all_cases():
             c.update(spec)
             c["attn_implementation"] = impl
             out[f"{base}_{impl}"] = c
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# FSDP1 (FullyShardedDataParallel, use_orig_params=False, FULL_SHARD) cases for
+# harness/fsdp1_oracle.py. One attn_implementation each (collectives only; no memory).
+# "wrap": "transformer" wraps every instance of model._no_split_modules;
+# "size:<n>" is size_based_auto_wrap_policy(min_num_params=n).
+
+FSDP1_DEFAULTS = {
+    "batch": 2,
+    "seq": 32,
+    "attn_implementation": "sdpa",
+    "backward_prefetch": "pre",       # BackwardPrefetch.BACKWARD_PRE | BACKWARD_POST
+}
+
+FSDP1_CASES = {
+    "f1_llama_transformer_pre_ws2": {"model": "tiny-llama", "world_size": 2, "wrap": "transformer",
+                                     "backward_prefetch": "pre"},
+    "f1_llama_transformer_post_ws2": {"model": "tiny-llama", "world_size": 2, "wrap": "transformer",
+                                      "backward_prefetch": "post"},
+    # tiny-gpt2 block = 12704 params, its biggest child (mlp) 8352, root remainder 8864:
+    # min 10000 wraps exactly the two blocks.
+    "f1_gpt2_size_ws4": {"model": "tiny-gpt2", "world_size": 4, "wrap": "size:10000"},
+    "f1_qwen2_transformer_ws3": {"model": "tiny-qwen2", "world_size": 3, "wrap": "transformer"},
+}
+
+
+def fsdp1_cases():
+    out = {}
+    for name, spec in FSDP1_CASES.items():
+        c = dict(FSDP1_DEFAULTS)
+        c.update(spec)
+        out[name] = c
     return out

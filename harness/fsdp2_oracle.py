@@ -39,6 +39,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E4
 from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
+from transformers.modeling_layers import GradientCheckpointingLayer  # noqa: E402
 
 import cases as cases_mod  # noqa: E402
 
@@ -250,7 +251,7 @@ def _dtype(name):
     return None if name is None else getattr(torch, name)
 
 
-def _units(model, ws):
+def _units(model):
     units = []
     for fqn, mod in model.named_modules():
         get_state = getattr(mod, "_get_fsdp_state", None)
@@ -264,13 +265,14 @@ def _units(model, ws):
         for fp in group.fsdp_params:
             numel = fp._orig_size.numel()
             padded_shard = fp.padded_sharded_param_size.numel()
+            shard_ws = group.mesh_info.shard_mesh_size  # ws, or the shard dim for HSDP
             info.append({
                 "name": fp._param_fqn,
                 "shape": list(fp._orig_size),
                 "numel": numel,
                 "sharded_numel": fp.sharded_size.numel(),
                 "padded_sharded_numel": padded_shard,
-                "padded_numel": padded_shard * ws,
+                "padded_numel": padded_shard * shard_ws,
                 "dtype": common.dtype_name(fp.orig_dtype),
             })
         units.append({
@@ -300,21 +302,46 @@ def _worker(rank, case_name, case, port, outdir):
         model = AutoModelForCausalLM.from_config(
             cfg, attn_implementation=case["attn_implementation"], dtype=torch.float32)
         model.train()
+        if case["checkpoint"]:
+            # HF GradientCheckpointingLayer: __call__ runs torch.utils.checkpoint(
+            # partial(nn.Module.__call__)), so FSDP's module hooks run inside the checkpoint.
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            ckpt = [type(m).__name__ for m in model.modules()
+                    if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
+            assert sorted(set(ckpt)) == sorted(case["checkpoint"]) and len(ckpt) == cfg.num_hidden_layers, ckpt
         assert all(p.dtype == torch.float32 for p in model.parameters())
         hf_param_numel = sum(p.numel() for p in model.parameters())
 
-        mesh = init_device_mesh("cpu", (ws,))
+        if case["strategy"] == "hybrid-shard":
+            sg = case["shard_group_size"]
+            assert ws % sg == 0
+            mesh = init_device_mesh("cpu", (ws // sg, sg), mesh_dim_names=("replicate", "shard"))
+        else:
+            assert case["strategy"] == "full-shard" and case["shard_group_size"] is None
+            mesh = init_device_mesh("cpu", (ws,))
         kw = {"mesh": mesh}
         if case["param_dtype"] or case["reduce_dtype"]:
             kw["mp_policy"] = MixedPrecisionPolicy(
                 param_dtype=_dtype(case["param_dtype"]), reduce_dtype=_dtype(case["reduce_dtype"]))
         wrap_classes = list(model._no_split_modules)
-        n_wrapped = 0
+        layers = []
         for mod in model.modules():
             if type(mod).__name__ in wrap_classes:
                 fully_shard(mod, reshard_after_forward=case["reshard_after_forward"], **kw)
-                n_wrapped += 1
-        assert n_wrapped == cfg.num_hidden_layers, (n_wrapped, wrap_classes)
+                layers.append(mod)
+        assert len(layers) == cfg.num_hidden_layers, (len(layers), wrap_classes)
+        if case["forward_prefetch"]:
+            n = case["forward_prefetch"]
+            for i, layer in enumerate(layers):
+                targets = layers[i + 1:i + 1 + n]
+                if targets:
+                    layer.set_modules_to_forward_prefetch(targets)
+        if case["backward_prefetch"]:
+            n = case["backward_prefetch"]
+            for i, layer in enumerate(layers):
+                targets = [layers[j] for j in range(i - 1, i - 1 - n, -1) if j >= 0]
+                if targets:
+                    layer.set_modules_to_backward_prefetch(targets)
         root_kw = dict(kw)
         if case["root_reshard_after_forward"] is not None:
             root_kw["reshard_after_forward"] = case["root_reshard_after_forward"]
@@ -328,14 +355,26 @@ def _worker(rank, case_name, case, port, outdir):
 
         tracker = WhereTracker(model, opt)
         tracker.track_inputs((input_ids, labels))
+        ga = case["grad_accum"]
         losses = []
         with tracker:
             for step in (1, 2):
                 if step == 2:
                     _Log.recording = True
                     tracker.count_comms = True
-                loss = model(input_ids=input_ids, labels=labels).loss
-                loss.backward()
+                # grad_accum > 1: the same batch per micro-batch, loss not rescaled, gradient
+                # sync (reduce-scatter) only in the last micro-batch's backward.
+                for mb in range(ga):
+                    if ga > 1:
+                        model.set_requires_gradient_sync(mb == ga - 1)
+                    if mb > 0:
+                        # FSDPMemTracker refuses a second root forward while it holds the
+                        # module stats of the first one; the global peak is not touched.
+                        tracker.reset_mod_stats()
+                    loss = model(input_ids=input_ids, labels=labels).loss
+                    loss.backward()
+                    if mb < ga - 1:
+                        losses.append(loss.item())
                 opt.step()
                 opt.zero_grad()
                 losses.append(loss.item())
@@ -357,7 +396,7 @@ def _worker(rank, case_name, case, port, outdir):
             "wrap": wrap_classes,
             "attn_impl_effective": model.config._attn_implementation,
             "experts_impl_effective": getattr(model.config, "_experts_implementation", None),
-            "units": _units(model, ws),
+            "units": _units(model),
             "collectives": _Log.events,
             "dispatch_comm_counts": disp_counts,
             "peak": peak,
@@ -384,6 +423,24 @@ def _free_port():
 
 def _strip(ev):
     return {k: ev[k] for k in ("kind", "unit", "numel", "dtype")}
+
+
+def _extra_options(case):
+    """Options beyond the original schema, only when they differ from the defaults."""
+    out = {}
+    d = cases_mod.DEFAULTS
+    if case["forward_prefetch"] != d["forward_prefetch"]:
+        out["forward_prefetch"] = case["forward_prefetch"]
+    if case["backward_prefetch"] != d["backward_prefetch"]:
+        out["backward_prefetch"] = case["backward_prefetch"]
+    if case["grad_accum"] != d["grad_accum"]:
+        out["grad_accum"] = case["grad_accum"]
+    if case["strategy"] != d["strategy"]:
+        out["strategy"] = case["strategy"]
+        out["shard_group_size"] = case["shard_group_size"]
+    if case["checkpoint"] != d["checkpoint"]:
+        out["checkpoint"] = list(case["checkpoint"])
+    return out
 
 
 def run_case(name, case):
@@ -429,6 +486,7 @@ def run_case(name, case):
             "wrap": ",".join(f"transformer:{c}" for c in r0["wrap"]),
             "device": "cpu",
             "backend": "gloo",
+            **_extra_options(case),
         },
         "attn_implementation_effective": r0["attn_impl_effective"],
         "experts_implementation_effective": r0["experts_impl_effective"],

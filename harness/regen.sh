@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
 # Regenerate every ground-truth fixture (needs .venv with torch==2.11.0, transformers==5.17.0):
-#   bash harness/regen.sh            (from the repo root or anywhere; ~2-3.5 min on 2 CPU cores)
-# Writes tests/fixtures/hf_params/*.json and tests/fixtures/fsdp2/*.json (each file atomically),
-# then deletes fixtures whose model config / case no longer exists.
+#   bash harness/regen.sh            (from the repo root or anywhere; ~5 min on 2 CPU cores)
+# Writes tests/fixtures/hf_params/*.json, tests/fixtures/fsdp2/*.json and
+# tests/fixtures/fsdp1/*.json (each file atomically), then deletes fixtures whose model config /
+# case no longer exists.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 PY=.venv/bin/python
 "$PY" harness/hf_params.py
 "$PY" harness/fsdp2_oracle.py
+"$PY" harness/fsdp1_oracle.py
 for f in tests/fixtures/hf_params/*.json; do
   n=$(basename "$f" .json); [ -f "models/$n.config.json" ] || { echo "removing stale $f"; rm -f "$f"; }
 done
 cases=$("$PY" harness/fsdp2_oracle.py --list)
 for f in tests/fixtures/fsdp2/*.json; do
+  n=$(basename "$f" .json); grep -qx "$n" <<<"$cases" || { echo "removing stale $f"; rm -f "$f"; }
+done
+cases=$("$PY" harness/fsdp1_oracle.py --list)
+for f in tests/fixtures/fsdp1/*.json; do
   n=$(basename "$f" .json); grep -qx "$n" <<<"$cases" || { echo "removing stale $f"; rm -f "$f"; }
 done
