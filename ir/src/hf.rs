@@ -265,6 +265,7 @@ pub fn import_hf_with(text: &str, file: &str, name: &str, dtype_override: Option
                 },
             ],
             ops: vec![],
+            alias_index: Default::default(),
         },
         dtype,
     };

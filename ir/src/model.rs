@@ -285,6 +285,19 @@ pub struct Model {
     pub inputs: Vec<Input>,
     /// Forward ops in execution order.
     pub ops: Vec<Op>,
+    /// Alias → primary index, built on first use (a model is not mutated after that).
+    #[serde(skip)]
+    pub alias_index: AliasIndex,
+}
+
+/// A lazily built alias → primary name index; always equal to any other (it is a cache).
+#[derive(Debug, Clone, Default)]
+pub struct AliasIndex(std::sync::OnceLock<std::collections::HashMap<String, String>>);
+
+impl PartialEq for AliasIndex {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 impl Model {
@@ -298,13 +311,16 @@ impl Model {
         self.primary_params().map(Param::numel).sum()
     }
 
-    /// The primary name of a parameter name (itself unless it is a tied alias).
+    /// The primary name of a parameter name (itself unless it is a tied alias). O(1) after
+    /// the first call.
     pub fn primary_of<'a>(&'a self, name: &'a str) -> &'a str {
-        self.params
-            .iter()
-            .find(|p| p.name == name)
-            .and_then(|p| p.tied_to.as_deref())
-            .unwrap_or(name)
+        let idx = self.alias_index.0.get_or_init(|| {
+            self.params
+                .iter()
+                .filter_map(|p| p.tied_to.as_ref().map(|t| (p.name.clone(), t.clone())))
+                .collect()
+        });
+        idx.get(name).map(String::as_str).unwrap_or(name)
     }
 
     pub fn module_class(&self, path: &str) -> Option<&str> {

@@ -43,6 +43,9 @@ pub struct OpMem {
     /// `bwd_scratch` is alive together and freed before the input grads are allocated
     /// (e.g. the loss under mixed precision: two f32 grads, then the low-precision cast).
     pub bwd_scratch_first: bool,
+    /// A composite op whose autograd nodes release their saved tensors one by one: they are
+    /// gone before the op's last grads (the param grads) are made.
+    pub release_saved_first: bool,
 }
 
 /// Context shared by all ops of a step.
@@ -62,18 +65,6 @@ fn t(numel: u64, dtype: DType, what: &'static str) -> T {
 impl Ctx<'_> {
     fn n(&self, op: &Op) -> u64 {
         numel(&op.shape, self.dims).unwrap_or(0)
-    }
-    fn input_numel(&self, op: &Op, i: usize) -> u64 {
-        let name = &op.inputs[i];
-        if let Some(inp) = self.model.inputs.iter().find(|x| &x.name == name) {
-            return numel(&inp.shape, self.dims).unwrap_or(0);
-        }
-        self.model
-            .ops
-            .iter()
-            .find(|o| &o.name == name)
-            .and_then(|o| numel(&o.shape, self.dims))
-            .unwrap_or(0)
     }
     fn tokens(&self) -> u64 {
         self.dims.batch * self.dims.seq
@@ -224,6 +215,7 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             m.saved.push(t(3 * routed, DType::Int64, "expert sort/scatter indices"));
             m.saved.push(t(routed, DType::Bool, "expert mask"));
             m.saved.push(t(*experts, DType::Int32, "expert offsets"));
+            m.release_saved_first = true;
         }
         OpKind::CrossEntropy { vocab } => {
             // HF ForCausalLMLoss: logits.float(); labels padded and shifted (contiguous int64);
@@ -248,7 +240,6 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             }
         }
     }
-    let _ = cx.input_numel(op, 0);
     m
 }
 

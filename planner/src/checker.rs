@@ -14,7 +14,8 @@ use crate::error::PlanError;
 use crate::ids::BufferId;
 use crate::plan::*;
 use fsdp_ir::Model;
-use std::collections::{BTreeMap, HashMap};
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::BTreeMap;
 
 fn fail(m: String) -> PlanError {
     PlanError::Check(m)
@@ -51,7 +52,7 @@ pub fn check(model: &Model, plan: &Plan) -> Result<(), PlanError> {
     // unsharded buffers live per unit
     let mut unsharded_live = vec![0u32; plan.units.len()];
     // last backward op index touching each unit per micro-batch
-    let mut last_bwd: HashMap<(usize, u32), usize> = HashMap::new();
+    let mut last_bwd: HashMap<(usize, u32), usize> = HashMap::default();
     for (i, op) in plan.schedule.iter().enumerate() {
         if op.id.index() != i {
             return Err(fail(format!("op at position {i} has id {}", op.id)));

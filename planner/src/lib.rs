@@ -37,9 +37,22 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// SHA-256 of the model's canonical RON.
+/// SHA-256 of the model's canonical serialization (compact JSON of the IR).
 pub fn model_hash(model: &Model) -> String {
-    hex(&Sha256::digest(fsdp_ir::to_ron(model).as_bytes()))
+    struct W(Sha256);
+    impl std::io::Write for W {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.update(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut w = W(Sha256::new());
+    // Serializing plain data into a hasher cannot fail.
+    let _ = serde_json::to_writer(&mut w, model);
+    hex(&w.0.finalize())
 }
 
 /// Runs every pass and the checker.

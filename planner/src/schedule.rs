@@ -11,8 +11,8 @@ use crate::ids::{BufferId, OpId, UnitId};
 use crate::options::{AttnImpl, BackwardPrefetch, Device, Layout, Optimizer, Options, Strategy};
 use crate::plan::*;
 use crate::units::Unit;
-use fsdp_ir::{is_within, DType, Dims, Model};
-use std::collections::{HashMap, HashSet};
+use fsdp_ir::{DType, Dims, Model};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum PState {
@@ -46,6 +46,11 @@ struct B<'a> {
     last_ag_op: Vec<Option<OpId>>,
     /// Units whose pre-backward ran in this micro-batch (FSDP1 `_needs_pre_backward_unshard`).
     entered: Vec<bool>,
+    /// Units covering each unit, outermost first.
+    chains: Vec<Vec<UnitId>>,
+    op_index: HashMap<&'a str, usize>,
+    /// Owning unit of each primary param, and the param itself.
+    param_owner: HashMap<&'a str, (UnitId, &'a fsdp_ir::Param)>,
     device: Device,
 }
 
@@ -399,17 +404,34 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
     let mems: Vec<OpMem> = model.ops.iter().map(|o| op_mem(&cx, o)).collect();
     let op_index: HashMap<&str, usize> = model.ops.iter().enumerate().map(|(i, o)| (o.name.as_str(), i)).collect();
     let nops = model.ops.len();
-    // Checkpointed ops: inside a module of a checkpointed class.
-    let ckpt_roots: Vec<&str> = model
+    // Checkpointed ops: inside a module of a checkpointed class (region = that module's
+    // index in the module list), found by walking up the op's module path.
+    let ckpt: HashMap<&str, usize> = model
         .modules
         .iter()
-        .filter(|m| opts.checkpoint.iter().any(|c| c == &m.class))
-        .map(|m| m.path.as_str())
+        .enumerate()
+        .filter(|(_, m)| !m.path.is_empty() && opts.checkpoint.iter().any(|c| c == &m.class))
+        .map(|(i, m)| (m.path.as_str(), i))
         .collect();
     let region: Vec<Option<usize>> = model
         .ops
         .iter()
-        .map(|o| ckpt_roots.iter().position(|r| !r.is_empty() && is_within(&o.module, r)))
+        .map(|o| {
+            if ckpt.is_empty() {
+                return None;
+            }
+            let mut path = o.module.as_str();
+            let mut found = None;
+            loop {
+                if let Some(&r) = ckpt.get(path) {
+                    found = Some(r);
+                }
+                match fsdp_ir::parent_path(path) {
+                    Some(p) => path = p,
+                    None => return found,
+                }
+            }
+        })
         .collect();
     let mut tz = Tensors {
         alias: (0..nops).collect(),
@@ -458,10 +480,20 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
         pending_rs: None,
         post_forward_order: vec![],
         grads: vec![vec![]; units.len()],
-        grad_of_param: HashMap::new(),
+        grad_of_param: HashMap::default(),
         sharded_grads: vec![],
         last_ag_op: vec![None; units.len()],
         entered: vec![false; units.len()],
+        chains: chains(units),
+        op_index: op_index.clone(),
+        param_owner: {
+            let by_name: HashMap<&str, &fsdp_ir::Param> = model.params.iter().map(|p| (p.name.as_str(), p)).collect();
+            units
+                .iter()
+                .flat_map(|u| u.params.iter().map(move |p| (p.name.as_str(), u.id)))
+                .filter_map(|(n, u)| by_name.get(n).map(|p| (p.name.as_str(), (u, *p))))
+                .collect()
+        },
         device: opts.device,
     };
     setup(&mut b, &cx);
@@ -541,12 +573,24 @@ fn setup(b: &mut B, cx: &Ctx) {
     }
 }
 
-/// Chain of units covering op `i`, outermost first.
-fn chain(units: &[Unit], u: UnitId) -> Vec<UnitId> {
-    let m = &units[u.index()].module;
-    let mut v: Vec<UnitId> = units.iter().filter(|x| is_within(m, &x.module)).map(|x| x.id).collect();
-    v.sort_by_key(|x| units[x.index()].module.len());
-    v
+/// For each unit, the chain of units covering it, outermost first.
+fn chains(units: &[Unit]) -> Vec<Vec<UnitId>> {
+    let by_module: HashMap<&str, UnitId> = units.iter().map(|u| (u.module.as_str(), u.id)).collect();
+    units
+        .iter()
+        .map(|u| {
+            let mut v = vec![u.id];
+            let mut path = u.module.as_str();
+            while let Some(p) = fsdp_ir::parent_path(path) {
+                if let Some(&x) = by_module.get(p) {
+                    v.push(x);
+                }
+                path = p;
+            }
+            v.reverse();
+            v
+        })
+        .collect()
 }
 
 /// What the forward leaves for the backward: saved tensors per op, and live outputs.
@@ -556,7 +600,7 @@ struct FwdState {
 }
 
 fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[UnitId], region: &[Option<usize>]) -> FwdState {
-    let mut saved_map: HashMap<usize, Vec<BufferId>> = HashMap::new();
+    let mut saved_map: HashMap<usize, Vec<BufferId>> = HashMap::default();
     b.phase = Phase::Forward;
     b.post_forward_order.clear();
     let units = b.units;
@@ -565,19 +609,21 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
     let mut out_buf: Vec<Option<BufferId>> = vec![None; mems.len()];
     let mut remaining: Vec<usize> = tz.consumers.iter().map(|c| c.len()).collect();
     let mut mask: Option<BufferId> = None;
+    let mut first_attn: Option<usize> = None;
     let fwd_prefetch = b.opts.forward_prefetch as usize;
     // Forward order of non-root units (first op of each).
     let mut order: Vec<UnitId> = vec![];
+    let mut seen = vec![false; units.len()];
     for &u in unit_of_op {
-        for c in chain(units, u) {
-            if !order.contains(&c) {
+        for &c in &b.chains[u.index()] {
+            if !std::mem::replace(&mut seen[c.index()], true) {
                 order.push(c);
             }
         }
     }
     let flat = b.opts.layout == Layout::Flat;
     for (i, op) in model.ops.iter().enumerate() {
-        let want = chain(units, unit_of_op[i]);
+        let want = chain_of(&b.chains, unit_of_op[i]);
         // post-forward of units we leave (innermost first)
         while let Some(&top) = active.last() {
             if want.contains(&top) {
@@ -617,6 +663,7 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
             if mask.is_none() && cx.attn == AttnImpl::Eager {
                 let n = cx.dims.batch * cx.dims.seq * cx.dims.seq;
                 mask = Some(b.alloc("causal mask".into(), Category::Activation, n * cx.cd.size(), None));
+                first_attn = Some(i);
             }
         }
         let m = &mems[i];
@@ -641,7 +688,7 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
         }
         // free inputs whose last forward use this was and that nobody saves
         for inp in &op.inputs {
-            if let Some(j) = model.ops.iter().position(|o| &o.name == inp) {
+            if let Some(&j) = b.op_index.get(inp.as_str()) {
                 let j = tz.alias[j];
                 remaining[j] = remaining[j].saturating_sub(1);
                 if remaining[j] == 0 && tz.saved_by[j].is_empty() {
@@ -658,6 +705,14 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
             }
         }
     }
+    // With checkpointed layers the mask is an input of every checkpoint and is kept until
+    // the backward of the first attention op.
+    if let (Some(m), Some(i)) = (mask, first_attn) {
+        if region[i].is_some() {
+            saved_map.entry(i).or_default().push(m);
+            mask = None;
+        }
+    }
     while let Some(top) = active.pop() {
         if units[top.index()].is_root() {
             if let Some(m) = mask.take() {
@@ -671,6 +726,10 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
         saved: saved_map,
         out_buf,
     }
+}
+
+fn chain_of(chains: &[Vec<UnitId>], u: UnitId) -> Vec<UnitId> {
+    chains[u.index()].clone()
 }
 
 fn post_forward(b: &mut B, u: UnitId) {
@@ -700,21 +759,21 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
     let units = b.units;
     let model = b.model;
     let FwdState { mut saved, mut out_buf } = fs;
-    let op_index: HashMap<&str, usize> = model.ops.iter().enumerate().map(|(i, o)| (o.name.as_str(), i)).collect();
+    let op_index = std::mem::take(&mut b.op_index);
     // grad buffer of each tensor, with the count of tensors sharing it
     let mut grad: Vec<Option<BufferId>> = vec![None; mems.len()];
-    let mut grad_refs: HashMap<BufferId, u32> = HashMap::new();
+    let mut grad_refs: HashMap<BufferId, u32> = HashMap::default();
     // remaining backward savers of each tensor
     let mut savers_left: Vec<usize> = tz.saved_by.iter().map(|v| v.len()).collect();
     let mut active: Vec<UnitId> = vec![];
-    let mut done_post: HashSet<UnitId> = HashSet::new();
+    let mut done_post: HashSet<UnitId> = HashSet::default();
     let mut deferred: Vec<UnitId> = vec![];
     let mut pfo = b.post_forward_order.clone();
-    let mut recomputed: HashSet<usize> = HashSet::new();
+    let mut recomputed: HashSet<usize> = HashSet::default();
     // First op (in forward order) of each unit's run, and whether its inputs need grad.
-    let mut first_op: HashMap<UnitId, usize> = HashMap::new();
+    let mut first_op: HashMap<UnitId, usize> = HashMap::default();
     for (i, &u) in unit_of_op.iter().enumerate() {
-        for c in chain(units, u) {
+        for c in chain_of(&b.chains, u) {
             first_op.entry(c).or_insert(i);
         }
     }
@@ -747,7 +806,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
         }
     };
     for i in (0..model.ops.len()).rev() {
-        let want = chain(units, unit_of_op[i]);
+        let want = chain_of(&b.chains, unit_of_op[i]);
         while let Some(&top) = active.last() {
             if want.contains(&top) {
                 break;
@@ -766,23 +825,49 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
         // recompute a checkpointed region before its first backward op
         if let Some(r) = region[i] {
             if recomputed.insert(r) {
-                let members: Vec<usize> = (0..=i).filter(|&j| region[j] == Some(r) && unit_of_op[j] == unit_of_op[i]).collect();
+                // the region's ops: the contiguous run ending at i
+                let mut start = i;
+                while start > 0 && region[start - 1] == Some(r) && unit_of_op[start - 1] == unit_of_op[i] {
+                    start -= 1;
+                }
+                let members: Vec<usize> = (start..=i).collect();
                 for &j in &members {
                     let oj = &model.ops[j];
                     b.op(OpKind::Recompute { op: oj.name.clone(), unit: unit_of_op[j] }, Stream::Compute, vec![]);
                     if let Some(o) = mems[j].out {
                         if out_buf[j].is_none() {
-                            out_buf[j] = Some(b.alloc(format!("{} {} (recomputed)", oj.name, o.what), Category::Temp, o.bytes(), None));
+                            out_buf[j] = Some(b.alloc(format!("{} {} (recomputed)", oj.name, o.what), Category::Activation, o.bytes(), None));
                         }
                     }
                     let mut v = vec![];
                     for s in &mems[j].saved {
-                        v.push(b.alloc(format!("{} {} (recomputed)", oj.name, s.what), Category::Temp, s.bytes(), None));
+                        v.push(b.alloc(format!("{} {} (recomputed)", oj.name, s.what), Category::Activation, s.bytes(), None));
                     }
                     for s in &mems[j].fwd_scratch {
-                        b.transient(format!("{} {}", oj.name, s.what), Category::Temp, s.bytes());
+                        b.transient(format!("{} {}", oj.name, s.what), Category::Activation, s.bytes());
                     }
-                    saved.insert(j, v);
+                    saved.entry(j).or_default().extend(v);
+                    // Non-reentrant checkpointing keeps only what the recomputed ops save:
+                    // drop region-internal inputs whose region consumers have all run and
+                    // that none of them saves.
+                    for inp in &oj.inputs {
+                        let Some(&k) = op_index.get(inp.as_str()) else { continue };
+                        let k = tz.alias[k];
+                        if region[k] != Some(r) || k < start {
+                            continue;
+                        }
+                        let done = tz.consumers[k].iter().all(|&c| c <= j || region[c] != Some(r));
+                        let kept = mems[k].saves_output
+                            || tz.consumers[k].iter().any(|&c| {
+                                let pos = model.ops[c].inputs.iter().position(|n| op_index.get(n.as_str()).map(|&x| tz.alias[x]) == Some(k));
+                                pos.is_some_and(|p| mems[c].saves_inputs.get(p).copied().unwrap_or(false))
+                            });
+                        if done && !kept {
+                            if let Some(buf) = out_buf[k].take() {
+                                b.free(buf);
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -790,6 +875,13 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
         b.op(OpKind::Backward { op: op.name.clone(), unit: unit_of_op[i] }, Stream::Compute, dep);
         let me = tz.alias[i];
         let has_grad = tz.differentiable[me] || matches!(op.kind, fsdp_ir::OpKind::CrossEntropy { .. });
+        if m.release_saved_first {
+            if let Some(v) = saved.remove(&i) {
+                for s in v {
+                    b.free(s);
+                }
+            }
+        }
         if has_grad && m.out.is_some() {
             // backward scratch: alive together; freed before the grads when `bwd_scratch_first`,
             // else one at a time beside them
@@ -839,11 +931,11 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
             let flat = b.opts.layout == Layout::Flat;
             for pn in &op.params {
                 let prim = model.primary_of(pn).to_string();
-                let Some(p) = model.params.iter().find(|p| p.name == prim) else { continue };
+                let Some(&(owner, p)) = b.param_owner.get(prim.as_str()) else { continue };
                 if !p.requires_grad {
                     continue;
                 }
-                let owner = units.iter().find(|x| x.params.iter().any(|q| q.name == prim)).map(|x| x.id).unwrap_or(u);
+                let _ = u;
                 let bytes = p.numel() * gd.size();
                 if let Some(_g) = b.grad_of_param.get(&prim) {
                     b.transient(format!("{prim} grad (accumulate)"), Category::Temp, bytes);
@@ -943,6 +1035,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
     if let Some(r) = b.pending_rs.take() {
         b.free(r);
     }
+    b.op_index = op_index;
 }
 
 fn leave(b: &mut B, u: UnitId, grad_input: bool, sync: bool, done: &mut HashSet<UnitId>, deferred: &mut Vec<UnitId>, _pfo: &mut [UnitId]) {

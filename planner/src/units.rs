@@ -12,7 +12,7 @@ use crate::options::{Layout, Options};
 use crate::wrap::Tree;
 use fsdp_ir::{DType, Model};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 /// One parameter storage inside a unit.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -83,7 +83,7 @@ impl Unit {
 pub fn build_units(model: &Model, wrapped: &[String], opts: &Options) -> Result<Vec<Unit>, PlanError> {
     let tree = Tree::new(model);
     let ws = opts.shard_size();
-    let mut unit_of_module: HashMap<&str, usize> = HashMap::new();
+    let mut unit_of_module: HashMap<&str, usize> = HashMap::default();
     let mut unit_modules: Vec<usize> = vec![0];
     unit_of_module.insert("", 0);
     for (k, p) in wrapped.iter().enumerate() {
@@ -102,7 +102,7 @@ pub fn build_units(model: &Model, wrapped: &[String], opts: &Options) -> Result<
         };
     }
     // Tied aliases must be covered by one unit.
-    let mut names_by_primary: HashMap<&str, Vec<&str>> = HashMap::new();
+    let mut names_by_primary: HashMap<&str, Vec<&str>> = HashMap::default();
     for p in &model.params {
         names_by_primary.entry(model.primary_of(&p.name)).or_default().push(&p.name);
     }
@@ -137,7 +137,7 @@ pub fn build_units(model: &Model, wrapped: &[String], opts: &Options) -> Result<
         // Module order: post-order DFS (fsdp2) or pre-order (flat), stopping at nested units.
         let mut order = Vec::new();
         collect(&tree, mi, u, &unit_of_module, opts.layout, &mut order);
-        let mut seen: HashMap<&str, usize> = HashMap::new();
+        let mut seen: HashMap<&str, usize> = HashMap::default();
         let mut params: Vec<UnitParam> = Vec::new();
         for m in order {
             for &name in &direct[m] {

@@ -3,12 +3,12 @@
 use crate::error::PlanError;
 use crate::ids::UnitId;
 use crate::units::Unit;
-use fsdp_ir::{is_within, Model};
-use std::collections::HashMap;
+use fsdp_ir::Model;
+use rustc_hash::FxHashMap as HashMap;
 
 /// Every primary param is owned by exactly one unit; shard sizes add up.
 pub fn verify_units(model: &Model, units: &[Unit]) -> Result<(), PlanError> {
-    let mut owner: HashMap<&str, &str> = HashMap::new();
+    let mut owner: HashMap<&str, &str> = HashMap::default();
     for u in units {
         for p in &u.params {
             if let Some(o) = owner.insert(&p.name, u.label()) {
@@ -28,18 +28,23 @@ pub fn verify_units(model: &Model, units: &[Unit]) -> Result<(), PlanError> {
     Ok(())
 }
 
-/// The innermost unit covering each op's module.
+/// The innermost unit covering each op's module (walks up the module path; O(ops · depth)).
 pub fn unit_of_ops(model: &Model, units: &[Unit]) -> Vec<UnitId> {
+    let by_module: HashMap<&str, UnitId> = units.iter().map(|u| (u.module.as_str(), u.id)).collect();
     model
         .ops
         .iter()
         .map(|o| {
-            units
-                .iter()
-                .filter(|u| is_within(&o.module, &u.module))
-                .max_by_key(|u| u.module.len())
-                .map(|u| u.id)
-                .unwrap_or(UnitId(0))
+            let mut path = o.module.as_str();
+            loop {
+                if let Some(&u) = by_module.get(path) {
+                    return u;
+                }
+                match fsdp_ir::parent_path(path) {
+                    Some(p) => path = p,
+                    None => return UnitId(0),
+                }
+            }
         })
         .collect()
 }

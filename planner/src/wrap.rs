@@ -3,7 +3,7 @@
 use crate::error::PlanError;
 use crate::options::Policy;
 use fsdp_ir::{parent_path, Model};
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 /// Module tree helpers shared by the passes.
 pub struct Tree<'a> {
@@ -63,7 +63,7 @@ pub fn wrap(model: &Model, policy: &Policy) -> Result<Vec<String>, PlanError> {
         policy: policy.to_string(),
         message: m,
     };
-    let mut wrapped: HashSet<usize> = HashSet::new();
+    let mut wrapped: HashSet<usize> = HashSet::default();
     match &policy {
         Policy::None | Policy::Auto => {}
         Policy::Transformer(classes) => {

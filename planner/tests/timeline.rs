@@ -69,6 +69,7 @@ fn model() -> Model {
             dtype: DType::Float32,
         }],
         ops: vec![lin("a", "x"), lin("b", "a")],
+        alias_index: Default::default(),
     }
 }
 
