@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Regenerate every ground-truth fixture (needs .venv with torch==2.11.0, transformers==5.17.0):
 #   bash harness/regen.sh            (from the repo root or anywhere; ~5 min on 2 CPU cores)
-# Writes tests/fixtures/hf_params/*.json, tests/fixtures/fsdp2/*.json and
-# tests/fixtures/fsdp1/*.json (each file atomically), then deletes fixtures whose model config /
-# case no longer exists.
+# Writes tests/fixtures/hf_params/*.json, tests/fixtures/fsdp2/*.json,
+# tests/fixtures/fsdp1/*.json and tests/fixtures/runtime/<name>/ (each file atomically), then
+# deletes fixtures whose model config / case no longer exists.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
@@ -11,6 +11,7 @@ PY=.venv/bin/python
 "$PY" harness/hf_params.py
 "$PY" harness/fsdp2_oracle.py
 "$PY" harness/fsdp1_oracle.py
+"$PY" harness/hf_parity.py
 for f in tests/fixtures/hf_params/*.json; do
   n=$(basename "$f" .json); [ -f "models/$n.config.json" ] || { echo "removing stale $f"; rm -f "$f"; }
 done
@@ -21,4 +22,9 @@ done
 cases=$("$PY" harness/fsdp1_oracle.py --list)
 for f in tests/fixtures/fsdp1/*.json; do
   n=$(basename "$f" .json); grep -qx "$n" <<<"$cases" || { echo "removing stale $f"; rm -f "$f"; }
+done
+models=$("$PY" harness/hf_parity.py --list)
+for d in tests/fixtures/runtime/*/; do
+  [ -d "$d" ] || continue
+  n=$(basename "$d"); grep -qx "$n" <<<"$models" || { echo "removing stale $d"; rm -rf "$d"; }
 done
