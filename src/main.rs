@@ -42,11 +42,40 @@ enum Cmd {
     Plot(ViewArgs),
     /// Plan a model over world sizes and policies: fits?, peak, step time, tokens/s/GPU.
     Sweep(SweepArgs),
+    /// Train on CPU rank threads: `run MODEL [plan options]` or `run PLAN.ron --model MODEL`.
+    Run(RunArgs),
     /// Import a model from a Hugging Face config.json.
     Import {
         #[command(subcommand)]
         from: ImportCmd,
     },
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// A model (.ron / config.json, planned with the options below) or a compiled plan.
+    file: PathBuf,
+    #[command(flatten)]
+    o: PlanOpts,
+    /// The model a compiled plan was made for (checked against the plan's model hash).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    backend: String,
+    #[arg(long, default_value_t = 10)]
+    steps: usize,
+    #[arg(long, default_value_t = 1e-3)]
+    lr: f64,
+    #[arg(long, default_value_t = 0)]
+    seed: i64,
+    /// Initial weights: an HF-named safetensors file (default: HF-style random init).
+    #[arg(long)]
+    weights: Option<PathBuf>,
+    /// `synthetic` (random tokens) or a file of little-endian u32 token ids.
+    #[arg(long, default_value = "synthetic")]
+    data: String,
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    format: String,
 }
 
 #[derive(Subcommand)]
@@ -318,8 +347,58 @@ fn load_plan(path: &Path) -> Result<Plan> {
     Ok(plan)
 }
 
+#[cfg(feature = "runtime")]
+fn train(r: RunArgs) -> Result<()> {
+    if r.backend != "cpu" {
+        bail!(UserError("--backend cuda: the GPU runtime is not built yet; use --backend cpu".into()));
+    }
+    let (plan, model) = match &r.model {
+        Some(m) => (load_plan(&r.file)?, load_model(m)?),
+        None => {
+            let model = load_model(&r.file)?;
+            let mut opts = options(&r.o, &r.o.policy).map_err(user)?;
+            opts.device = Device::Cpu;
+            (fsdp_planner::plan(&model, &opts).map_err(user)?, model)
+        }
+    };
+    let cfg = fsdp_runtime::train::RunConfig {
+        steps: r.steps,
+        lr: r.lr,
+        seed: r.seed,
+        weights: r.weights.clone(),
+        data: if r.data == "synthetic" { None } else { Some(PathBuf::from(&r.data)) },
+    };
+    let text = r.format == "text";
+    let reports = fsdp_runtime::train::run_cpu(&plan, &model, &cfg, |s| {
+        if text {
+            eprintln!("step {:>4}  loss {:.6}  {:>10.1} tokens/s", s.step, s.loss, s.tokens_per_s);
+        }
+    })
+    .map_err(user)?;
+    if !text {
+        let doc = serde_json::json!({
+            "model": plan.model_name,
+            "plan_hash": plan.plan_hash,
+            "world_size": plan.options.world_size,
+            "backend": "cpu",
+            "steps": reports,
+            "predicted_peak_bytes": plan.memory.peak_bytes,
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "runtime"))]
+fn train(_: RunArgs) -> Result<()> {
+    bail!(UserError(
+        "this fsdp-plan was built without the runtime: build with `cargo build --features runtime` after `bash scripts/setup-venv.sh && source scripts/env.sh` (libtorch from the project venv)".into()
+    ))
+}
+
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
+        Cmd::Run(r) => train(r)?,
         Cmd::Plan { p: a, hw } => {
             let model = load_model(&a.model)?;
             let opts = options(&a.o, &a.o.policy).map_err(user)?;
@@ -635,7 +714,7 @@ fn plan_ron(plan: &Plan) -> Result<String> {
     ron::ser::to_string_pretty(plan, cfg).context("serializing the plan")
 }
 
-const SUBCOMMANDS: [&str; 12] = ["plan", "compile", "diff", "trace", "plot", "sweep", "import", "help", "--help", "-h", "--version", "-V"];
+const SUBCOMMANDS: [&str; 13] = ["plan", "compile", "diff", "trace", "plot", "sweep", "run", "import", "help", "--help", "-h", "--version", "-V"];
 
 fn main() -> ExitCode {
     let mut args: Vec<String> = std::env::args().collect();

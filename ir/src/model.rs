@@ -290,9 +290,13 @@ pub struct Model {
     pub alias_index: AliasIndex,
 }
 
-/// A lazily built alias → primary name index; always equal to any other (it is a cache).
+/// Lazily built name indexes (alias → primary, name → param); always equal to any other
+/// (they are caches).
 #[derive(Debug, Clone, Default)]
-pub struct AliasIndex(std::sync::OnceLock<std::collections::HashMap<String, String>>);
+pub struct AliasIndex(
+    std::sync::OnceLock<std::collections::HashMap<String, String>>,
+    std::sync::OnceLock<std::collections::HashMap<String, usize>>,
+);
 
 impl PartialEq for AliasIndex {
     fn eq(&self, _: &Self) -> bool {
@@ -321,6 +325,15 @@ impl Model {
                 .collect()
         });
         idx.get(name).map(String::as_str).unwrap_or(name)
+    }
+
+    /// The parameter (or alias entry) with this name. O(1) after the first call.
+    pub fn param(&self, name: &str) -> Option<&Param> {
+        let idx = self
+            .alias_index
+            .1
+            .get_or_init(|| self.params.iter().enumerate().map(|(i, p)| (p.name.clone(), i)).collect());
+        idx.get(name).and_then(|&i| self.params.get(i))
     }
 
     pub fn module_class(&self, path: &str) -> Option<&str> {

@@ -271,7 +271,7 @@ pub fn matmul_flops(cx: &Ctx, op: &Op) -> f64 {
     let out_n = numel(&op.shape, cx.dims).unwrap_or(0) as f64;
     match &op.kind {
         OpKind::Linear { bias, transposed } => {
-            let w = op.params.first().and_then(|p| cx.model.params.iter().find(|q| &q.name == p));
+            let w = op.params.first().and_then(|p| cx.model.param(p));
             let Some(w) = w else { return 0.0 };
             let (o, i) = match (w.shape.as_slice(), transposed) {
                 ([a, b], false) => (*a, *b),
@@ -311,7 +311,7 @@ pub fn model_op_flops(cx: &Ctx, op: &Op) -> f64 {
         OpKind::Attention { heads, head_dim, .. } => attention_flops(cx.dims, *heads, *head_dim),
         OpKind::Linear { .. } => {
             let out_n = numel(&op.shape, cx.dims).unwrap_or(0) as f64;
-            let w = op.params.first().and_then(|p| cx.model.params.iter().find(|q| &q.name == p));
+            let w = op.params.first().and_then(|p| cx.model.param(p));
             match w.map(|w| w.shape.as_slice()) {
                 Some([a, b]) => {
                     let o = if let OpKind::Linear { transposed: true, .. } = op.kind { *b } else { *a };

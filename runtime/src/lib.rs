@@ -1,0 +1,17 @@
+//! fsdp-runtime: executes what the planner emits, with tch (libtorch 2.11) for compute and
+//! autograd. This crate is a cargo feature of the binary (`--features runtime`), so the
+//! planner builds without libtorch.
+//!
+//! [`ops`]: the op kernels (checked against HF transformers); [`reference`]: single-device
+//! autograd; [`exec`]: the sharded executor following a plan's schedule; [`comm`]: the
+//! collective trait and CPU rank threads; [`optim`]: AdamW on shards; [`train`]: `run`.
+
+pub mod comm;
+pub mod error;
+pub mod exec;
+pub mod ops;
+pub mod optim;
+pub mod reference;
+pub mod train;
+
+pub use error::RtError;

@@ -1,0 +1,79 @@
+//! Single-device execution of a model's forward graph with autograd: the reference the
+//! sharded executor must equal, and the path checked against HF transformers.
+
+use crate::error::RtError;
+use crate::ops::{forward, OpCx};
+use fsdp_ir::Model;
+use std::collections::HashMap;
+use std::path::Path;
+use tch::{Kind, Tensor};
+
+/// Parameters by primary name.
+pub struct Params {
+    pub tensors: HashMap<String, Tensor>,
+}
+
+impl Params {
+    /// Loads HF-named weights (tied aliases may be absent: they resolve to their primary).
+    /// Every primary parameter of `model` must be present with its shape.
+    pub fn from_safetensors(model: &Model, path: &Path) -> Result<Params, RtError> {
+        Self::from_safetensors_as(model, path, Kind::Float)
+    }
+
+    /// [`Params::from_safetensors`], cast to `kind` (e.g. float64 for exact comparisons).
+    pub fn from_safetensors_as(model: &Model, path: &Path, kind: Kind) -> Result<Params, RtError> {
+        let file = path.display().to_string();
+        let loaded = Tensor::read_safetensors(path).map_err(|e| RtError::File {
+            file: file.clone(),
+            message: e.to_string(),
+        })?;
+        let mut by_name: HashMap<String, Tensor> = loaded.into_iter().collect();
+        let mut tensors = HashMap::new();
+        for p in model.primary_params() {
+            let t = by_name.remove(&p.name).ok_or_else(|| RtError::File {
+                file: file.clone(),
+                message: format!("missing parameter `{}`", p.name),
+            })?;
+            let want: Vec<i64> = p.shape.iter().map(|&d| d as i64).collect();
+            if t.size() != want {
+                return Err(RtError::Param {
+                    name: p.name.clone(),
+                    message: format!("shape {:?} in {file}, model says {:?}", t.size(), want),
+                });
+            }
+            tensors.insert(p.name.clone(), t.to_kind(kind).set_requires_grad(p.requires_grad));
+        }
+        Ok(Params { tensors })
+    }
+
+    pub fn get<'a>(&'a self, model: &Model, name: &str) -> Result<&'a Tensor, RtError> {
+        self.tensors.get(model.primary_of(name)).ok_or_else(|| RtError::Param {
+            name: name.to_string(),
+            message: "not loaded".into(),
+        })
+    }
+}
+
+/// Runs the whole forward graph; returns the loss (the last op's output).
+pub fn forward_loss(model: &Model, params: &Params, inputs: &HashMap<String, Tensor>, cx: &OpCx) -> Result<Tensor, RtError> {
+    let mut env: HashMap<&str, Tensor> = HashMap::new();
+    let mut last = None;
+    for op in &model.ops {
+        let ins: Vec<&Tensor> = op
+            .inputs
+            .iter()
+            .map(|n| {
+                env.get(n.as_str()).or_else(|| inputs.get(n)).ok_or_else(|| RtError::Op {
+                    op: op.name.clone(),
+                    message: format!("input `{n}` has no value"),
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        let ps: Vec<&Tensor> = op.params.iter().map(|p| params.get(model, p)).collect::<Result<_, _>>()?;
+        let out = forward(cx, op, &ins, &ps)?;
+        env.insert(op.name.as_str(), out);
+        last = Some(op.name.as_str());
+    }
+    let last = last.ok_or_else(|| RtError::Plan("model has no ops".into()))?;
+    env.remove(last).ok_or_else(|| RtError::Plan("no loss".into()))
+}

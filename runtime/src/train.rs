@@ -1,0 +1,161 @@
+//! `fsdp-plan run`: trains a compiled plan for N steps on CPU rank threads (one thread per
+//! rank, collectives through [`crate::comm::CpuGroup`]).
+
+use crate::comm::{Collective, CpuGroup};
+use crate::error::RtError;
+use crate::exec::{step, Rank};
+use crate::ops::{Attn, OpCx};
+use crate::optim::AdamW;
+use fsdp_ir::Model;
+use fsdp_planner::Plan;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Instant;
+use tch::{Kind, Tensor};
+
+pub struct RunConfig {
+    pub steps: usize,
+    pub lr: f64,
+    pub seed: i64,
+    /// HF-named safetensors with the initial weights; `None` = HF-style random init.
+    pub weights: Option<PathBuf>,
+    /// Raw little-endian u32 token ids; `None` = synthetic random tokens.
+    pub data: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StepReport {
+    pub step: usize,
+    /// Mean over ranks of each rank's mean micro-batch loss.
+    pub loss: f64,
+    /// Tokens of the global batch per second of wall time (all ranks).
+    pub tokens_per_s: f64,
+}
+
+/// HF-like init (normal(0, 0.02) matrices, ones for norm weights, zeros for biases).
+fn init(model: &Model, seed: i64) -> HashMap<String, Tensor> {
+    tch::manual_seed(seed);
+    model
+        .primary_params()
+        .map(|p| {
+            let shape: Vec<i64> = p.shape.iter().map(|&d| d as i64).collect();
+            let t = if p.name.ends_with(".bias") {
+                Tensor::zeros(shape.as_slice(), tch::kind::FLOAT_CPU)
+            } else if p.shape.len() == 1 {
+                Tensor::ones(shape.as_slice(), tch::kind::FLOAT_CPU)
+            } else {
+                Tensor::randn(shape.as_slice(), tch::kind::FLOAT_CPU) * 0.02
+            };
+            (p.name.clone(), t)
+        })
+        .collect()
+}
+
+fn load_tokens(path: &PathBuf) -> Result<Tensor, RtError> {
+    let bytes = std::fs::read(path).map_err(|e| RtError::File {
+        file: path.display().to_string(),
+        message: e.to_string(),
+    })?;
+    if bytes.len() % 4 != 0 || bytes.is_empty() {
+        return Err(RtError::File {
+            file: path.display().to_string(),
+            message: "expected little-endian u32 token ids".into(),
+        });
+    }
+    let ids: Vec<i64> = bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64).collect();
+    Ok(Tensor::from_slice(&ids))
+}
+
+/// Trains; returns one report per step.
+pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl FnMut(&StepReport)) -> Result<Vec<StepReport>, RtError> {
+    if fsdp_planner::model_hash(model) != plan.model_hash {
+        return Err(RtError::Plan(format!("plan {} was compiled for another model (hash mismatch)", plan.model_name)));
+    }
+    let ws = plan.options.world_size as usize;
+    if plan.options.shard_size() as usize != ws {
+        return Err(RtError::Plan("hybrid-shard / no-shard plans are not supported by the CPU runtime yet".into()));
+    }
+    let (b, s) = (plan.options.batch as i64, plan.options.seq as i64);
+    let k = plan.options.grad_accum as i64;
+    let vocab = model.params.first().map(|p| p.shape[0] as i64).unwrap_or(2);
+    let full = match &cfg.weights {
+        Some(w) => crate::reference::Params::from_safetensors(model, w)?.tensors.into_iter().map(|(n, t)| (n, t.detach())).collect(),
+        None => init(model, cfg.seed),
+    };
+    let tokens = match &cfg.data {
+        Some(p) => Some(load_tokens(p)?),
+        None => None,
+    };
+    let per_step = ws as i64 * k * b * s;
+    // step -> rank -> micro-batch -> ids [b, s]
+    tch::manual_seed(cfg.seed + 1);
+    let mut batches: Vec<Vec<Vec<Tensor>>> = vec![];
+    for st in 0..cfg.steps as i64 {
+        let global = match &tokens {
+            Some(t) => {
+                let n = t.size()[0];
+                let start = (st * per_step) % (n - per_step).max(1);
+                if n < per_step {
+                    return Err(RtError::Plan(format!("data has {n} tokens, a step needs {per_step}")));
+                }
+                t.narrow(0, start, per_step).clamp(0, vocab - 1)
+            }
+            None => Tensor::randint(vocab, [per_step], (Kind::Int64, tch::Device::Cpu)),
+        };
+        let g = global.reshape([ws as i64, k, b, s]);
+        batches.push((0..ws as i64).map(|r| (0..k).map(|m| g.get(r).get(m).copy()).collect()).collect());
+    }
+    let opt = AdamW { lr: cfg.lr, ..AdamW::default() };
+    let groups = CpuGroup::new(ws);
+    let start = Instant::now();
+    // Tensors are Send but not Sync: each rank thread gets its own handles.
+    let per_rank: Vec<(CpuGroup, HashMap<String, Tensor>, Vec<Vec<Tensor>>)> = groups
+        .into_iter()
+        .map(|g| {
+            let w: HashMap<String, Tensor> = full.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
+            let mine: Vec<Vec<Tensor>> = batches.iter().map(|st| st[g.rank()].iter().map(|t| t.shallow_clone()).collect()).collect();
+            (g, w, mine)
+        })
+        .collect();
+    let results: Vec<Result<Vec<(f64, f64)>, RtError>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = per_rank
+            .into_iter()
+            .map(|(g, full, mine_all)| {
+                sc.spawn(move || -> Result<Vec<(f64, f64)>, RtError> {
+                    tch::set_num_threads(1);
+                    let mut rank = Rank::from_full(plan, &full, g.rank())?;
+                    let cx = OpCx {
+                        attn: if plan.attn_implementation == "eager" { Attn::Eager } else { Attn::Sdpa },
+                        kind: Kind::Float,
+                    };
+                    let mut out = vec![];
+                    for st in &mine_all {
+                        let mine: Vec<HashMap<String, Tensor>> = st
+                            .iter()
+                            .map(|ids| HashMap::from([("input_ids".to_string(), ids.shallow_clone()), ("labels".to_string(), ids.copy())]))
+                            .collect();
+                        let l = step(plan, model, &g, &mut rank, &mine, &cx, &opt)?;
+                        let avg = g.all_reduce_avg(&Tensor::from(l)).double_value(&[]);
+                        out.push((avg, start.elapsed().as_secs_f64()));
+                    }
+                    Ok(out)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(RtError::Plan("a rank thread panicked".into())))).collect()
+    });
+    let mut reports = vec![];
+    let r0 = results.into_iter().collect::<Result<Vec<_>, _>>()?.into_iter().next().unwrap_or_default();
+    let mut prev = 0.0;
+    for (i, (loss, t)) in r0.into_iter().enumerate() {
+        let rep = StepReport {
+            step: i + 1,
+            loss,
+            tokens_per_s: per_step as f64 / (t - prev).max(1e-9),
+        };
+        prev = t;
+        on_step(&rep);
+        reports.push(rep);
+    }
+    Ok(reports)
+}
