@@ -7,11 +7,16 @@
 //! collective trait and CPU rank threads; [`optim`]: AdamW on shards; [`train`]: `run`.
 
 pub mod comm;
+pub mod cuda;
 pub mod error;
 pub mod exec;
+pub mod launch;
+pub mod launch_env;
+pub mod nccl;
 pub mod ops;
 pub mod optim;
 pub mod reference;
+pub mod rendezvous;
 pub mod train;
 
 pub use error::RtError;

@@ -1,0 +1,274 @@
+//! CUDA devices, streams and events for the GPU backend, through cudarc's driver API
+//! (libcuda is loaded at run time, so building needs no CUDA toolkit). The device's primary
+//! context is the one libtorch uses, so tch tensors and these streams share memory.
+//!
+//! Without the `cuda` feature the same API exists and every constructor returns
+//! [`CudaError::NotBuilt`].
+
+/// Errors of the GPU backend.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CudaError {
+    #[error("built without CUDA (feature `cuda`): rebuild with `cargo build --features runtime,cuda` (fsdp-runtime: `--features cuda`)")]
+    NotBuilt,
+    #[error("CUDA driver not found ({0}): no NVIDIA driver on this machine?")]
+    NoDriver(String),
+    #[error("no CUDA device{0}")]
+    NoDevice(String),
+    #[error("CUDA driver: {what}: {error}")]
+    Driver { what: String, error: String },
+    #[error("NCCL library not found ({0}); `source scripts/cuda-env.sh` links the venv's libnccl.so.2 as libnccl.so")]
+    NoNccl(String),
+    #[error("NCCL: {what}: {error}")]
+    Nccl { what: String, error: String },
+    #[error("{0}")]
+    Tensor(String),
+}
+
+pub use imp::*;
+
+#[cfg(feature = "cuda")]
+mod imp {
+    use super::CudaError;
+    use cudarc::driver::{result, sys};
+
+    fn drv(what: &str) -> impl FnOnce(result::DriverError) -> CudaError + '_ {
+        move |e| CudaError::Driver { what: what.to_string(), error: format!("{e:?}") }
+    }
+
+    /// Loads libcuda and initializes the driver (once).
+    pub fn init() -> Result<(), CudaError> {
+        // cudarc panics when the library is missing: look first.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(CudaError::NoDriver("libcuda.so not loadable".into()));
+        }
+        result::init().map_err(drv("cuInit"))
+    }
+
+    /// Number of CUDA devices (0 when the driver finds none).
+    pub fn device_count() -> Result<usize, CudaError> {
+        init()?;
+        Ok(result::device::get_count().map_err(drv("cuDeviceGetCount"))?.max(0) as usize)
+    }
+
+    /// A device's primary context, made current on the calling thread by [`Device::bind`].
+    #[derive(Debug)]
+    pub struct Device {
+        pub ordinal: usize,
+        dev: sys::CUdevice,
+        ctx: sys::CUcontext,
+    }
+
+    // The primary context handle is process-wide; binding it on any thread is allowed.
+    unsafe impl Send for Device {}
+    unsafe impl Sync for Device {}
+
+    impl Device {
+        pub fn new(ordinal: usize) -> Result<Device, CudaError> {
+            let n = device_count()?;
+            if ordinal >= n {
+                return Err(CudaError::NoDevice(format!(" with ordinal {ordinal} ({n} visible; check CUDA_VISIBLE_DEVICES and LOCAL_RANK)")));
+            }
+            let dev = result::device::get(ordinal as i32).map_err(drv("cuDeviceGet"))?;
+            let ctx = unsafe { result::primary_ctx::retain(dev) }.map_err(drv("cuDevicePrimaryCtxRetain"))?;
+            let d = Device { ordinal, dev, ctx };
+            d.bind()?;
+            Ok(d)
+        }
+        /// Makes this device's primary context current on the calling thread.
+        pub fn bind(&self) -> Result<(), CudaError> {
+            unsafe { result::ctx::set_current(self.ctx) }.map_err(drv("cuCtxSetCurrent"))
+        }
+        pub fn name(&self) -> Result<String, CudaError> {
+            result::device::get_name(self.dev).map_err(drv("cuDeviceGetName"))
+        }
+        pub fn synchronize(&self) -> Result<(), CudaError> {
+            self.bind()?;
+            result::ctx::synchronize().map_err(drv("cuCtxSynchronize"))
+        }
+    }
+
+    impl Drop for Device {
+        fn drop(&mut self) {
+            unsafe {
+                let _ = result::primary_ctx::release(self.dev);
+            }
+        }
+    }
+
+    /// A CUDA stream: one we created (non-blocking), or the legacy default stream, which is
+    /// where libtorch (through tch, which never changes the current stream) runs kernels.
+    #[derive(Debug)]
+    pub struct Stream {
+        raw: sys::CUstream,
+        owned: bool,
+    }
+
+    unsafe impl Send for Stream {}
+    unsafe impl Sync for Stream {}
+
+    impl Stream {
+        /// A new stream that does not synchronize implicitly with the default stream.
+        pub fn new(dev: &Device) -> Result<Stream, CudaError> {
+            dev.bind()?;
+            let raw = result::stream::create(result::stream::StreamKind::NonBlocking).map_err(drv("cuStreamCreate"))?;
+            Ok(Stream { raw, owned: true })
+        }
+        /// The legacy default stream (libtorch's compute stream here).
+        pub fn legacy_default() -> Result<Stream, CudaError> {
+            init()?;
+            Ok(Stream { raw: std::ptr::null_mut(), owned: false })
+        }
+        pub fn raw(&self) -> *mut std::ffi::c_void {
+            self.raw as *mut std::ffi::c_void
+        }
+        /// Later work on this stream waits for `ev`'s last record.
+        pub fn wait(&self, ev: &Event) -> Result<(), CudaError> {
+            unsafe { result::stream::wait_event(self.raw, ev.raw, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }.map_err(drv("cuStreamWaitEvent"))
+        }
+        pub fn synchronize(&self) -> Result<(), CudaError> {
+            unsafe { result::stream::synchronize(self.raw) }.map_err(drv("cuStreamSynchronize"))
+        }
+    }
+
+    impl Drop for Stream {
+        fn drop(&mut self) {
+            if self.owned {
+                unsafe {
+                    let _ = result::stream::destroy(self.raw);
+                }
+            }
+        }
+    }
+
+    /// A CUDA event (timing optional).
+    #[derive(Debug)]
+    pub struct Event {
+        raw: sys::CUevent,
+    }
+
+    unsafe impl Send for Event {}
+    unsafe impl Sync for Event {}
+
+    impl Event {
+        pub fn new(dev: &Device, timing: bool) -> Result<Event, CudaError> {
+            dev.bind()?;
+            let flags = if timing { sys::CUevent_flags::CU_EVENT_DEFAULT } else { sys::CUevent_flags::CU_EVENT_DISABLE_TIMING };
+            Ok(Event { raw: result::event::create(flags).map_err(drv("cuEventCreate"))? })
+        }
+        pub fn record(&self, s: &Stream) -> Result<(), CudaError> {
+            unsafe { result::event::record(self.raw, s.raw) }.map_err(drv("cuEventRecord"))
+        }
+        pub fn synchronize(&self) -> Result<(), CudaError> {
+            unsafe { result::event::synchronize(self.raw) }.map_err(drv("cuEventSynchronize"))
+        }
+        /// Milliseconds from `self` to `end` (both recorded with timing, both complete).
+        pub fn elapsed_ms(&self, end: &Event) -> Result<f32, CudaError> {
+            unsafe { result::event::elapsed(self.raw, end.raw) }.map_err(drv("cuEventElapsedTime"))
+        }
+    }
+
+    impl Drop for Event {
+        fn drop(&mut self) {
+            unsafe {
+                let _ = result::event::destroy(self.raw);
+            }
+        }
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+mod imp {
+    use super::CudaError;
+    use std::convert::Infallible;
+
+    pub fn init() -> Result<(), CudaError> {
+        Err(CudaError::NotBuilt)
+    }
+    pub fn device_count() -> Result<usize, CudaError> {
+        Err(CudaError::NotBuilt)
+    }
+
+    #[derive(Debug)]
+    pub struct Device {
+        pub ordinal: usize,
+        never: Infallible,
+    }
+    impl Device {
+        pub fn new(_ordinal: usize) -> Result<Device, CudaError> {
+            Err(CudaError::NotBuilt)
+        }
+        pub fn bind(&self) -> Result<(), CudaError> {
+            match self.never {}
+        }
+        pub fn name(&self) -> Result<String, CudaError> {
+            match self.never {}
+        }
+        pub fn synchronize(&self) -> Result<(), CudaError> {
+            match self.never {}
+        }
+    }
+
+    #[derive(Debug)]
+    pub struct Stream {
+        never: Infallible,
+    }
+    impl Stream {
+        pub fn new(_dev: &Device) -> Result<Stream, CudaError> {
+            Err(CudaError::NotBuilt)
+        }
+        pub fn legacy_default() -> Result<Stream, CudaError> {
+            Err(CudaError::NotBuilt)
+        }
+        pub fn raw(&self) -> *mut std::ffi::c_void {
+            match self.never {}
+        }
+        pub fn wait(&self, _ev: &Event) -> Result<(), CudaError> {
+            match self.never {}
+        }
+        pub fn synchronize(&self) -> Result<(), CudaError> {
+            match self.never {}
+        }
+    }
+
+    #[derive(Debug)]
+    pub struct Event {
+        never: Infallible,
+    }
+    impl Event {
+        pub fn new(_dev: &Device, _timing: bool) -> Result<Event, CudaError> {
+            Err(CudaError::NotBuilt)
+        }
+        pub fn record(&self, _s: &Stream) -> Result<(), CudaError> {
+            match self.never {}
+        }
+        pub fn synchronize(&self) -> Result<(), CudaError> {
+            match self.never {}
+        }
+        pub fn elapsed_ms(&self, _end: &Event) -> Result<f32, CudaError> {
+            match self.never {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_gpu_the_api_reports_why() {
+        match device_count() {
+            Ok(n) => eprintln!("CUDA devices: {n}"),
+            Err(e) => {
+                #[cfg(not(feature = "cuda"))]
+                assert_eq!(e, CudaError::NotBuilt);
+                assert!(!e.to_string().is_empty());
+                eprintln!("SKIPPED: no CUDA ({e})");
+            }
+        }
+        #[cfg(not(feature = "cuda"))]
+        assert_eq!(
+            Device::new(0).unwrap_err().to_string(),
+            "built without CUDA (feature `cuda`): rebuild with `cargo build --features runtime,cuda` (fsdp-runtime: `--features cuda`)"
+        );
+    }
+}

@@ -1,0 +1,162 @@
+//! `fsdp-plan launch`: starts N local processes like torchrun (`RANK`, `LOCAL_RANK`,
+//! `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` set for each), forwards
+//! their stdout and stderr line by line with a `[rank k]` prefix, and when a rank exits
+//! non-zero or is killed, kills the others and reports that rank.
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct LaunchSpec {
+    pub nproc: usize,
+    pub master_addr: String,
+    /// 0: pick a free port.
+    pub master_port: u16,
+    pub program: PathBuf,
+    pub args: Vec<OsString>,
+    /// Extra variables for every rank.
+    pub env: Vec<(String, String)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("launch: --nproc-per-node must be at least 1")]
+    NoProcs,
+    #[error("launch: cannot start rank {rank} ({program}): {error}")]
+    Spawn { rank: usize, program: String, error: String },
+    #[error("launch: cannot pick a free port: {0}")]
+    Port(String),
+    #[error("launch: rank {rank} {how}; stopped the other {others} rank(s)")]
+    RankFailed { rank: usize, how: String, others: usize },
+}
+
+fn describe(st: ExitStatus) -> String {
+    if let Some(c) = st.code() {
+        return format!("exited with code {c}");
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(sig) = st.signal() {
+            return format!("was killed by signal {sig}{}", if sig == 9 { " (SIGKILL; out of memory?)" } else { "" });
+        }
+    }
+    format!("ended: {st}")
+}
+
+/// A free TCP port on the loopback interface (bound then released).
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn forward(rank: usize, src: impl std::io::Read + Send + 'static, to_stderr: bool) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(src);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match r.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    if !line.ends_with(b"\n") {
+                        line.push(b'\n');
+                    }
+                    let mut buf = format!("[rank {rank}] ").into_bytes();
+                    buf.extend_from_slice(&line);
+                    if to_stderr {
+                        let _ = std::io::stderr().lock().write_all(&buf);
+                    } else {
+                        let mut o = std::io::stdout().lock();
+                        let _ = o.write_all(&buf);
+                        let _ = o.flush();
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// Runs the job; returns when every rank has exited 0, or with the first rank that failed
+/// (the others killed).
+pub fn launch(spec: &LaunchSpec) -> Result<(), LaunchError> {
+    if spec.nproc == 0 {
+        return Err(LaunchError::NoProcs);
+    }
+    let port = if spec.master_port == 0 { free_port().map_err(|e| LaunchError::Port(e.to_string()))? } else { spec.master_port };
+    let mut children: Vec<Option<Child>> = vec![];
+    let mut pumps = vec![];
+    let kill_all = |children: &mut Vec<Option<Child>>| {
+        for c in children.iter_mut().flatten() {
+            let _ = c.kill();
+        }
+        for c in children.iter_mut().flatten() {
+            let _ = c.wait();
+        }
+    };
+    for rank in 0..spec.nproc {
+        let mut cmd = Command::new(&spec.program);
+        cmd.args(&spec.args)
+            .env("RANK", rank.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("WORLD_SIZE", spec.nproc.to_string())
+            .env("LOCAL_WORLD_SIZE", spec.nproc.to_string())
+            .env("MASTER_ADDR", &spec.master_addr)
+            .env("MASTER_PORT", port.to_string())
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        match cmd.spawn() {
+            Ok(mut c) => {
+                if let Some(o) = c.stdout.take() {
+                    pumps.push(forward(rank, o, false));
+                }
+                if let Some(e) = c.stderr.take() {
+                    pumps.push(forward(rank, e, true));
+                }
+                children.push(Some(c));
+            }
+            Err(e) => {
+                kill_all(&mut children);
+                return Err(LaunchError::Spawn { rank, program: spec.program.display().to_string(), error: e.to_string() });
+            }
+        }
+    }
+    let mut failed: Option<(usize, String)> = None;
+    let mut running = spec.nproc;
+    while running > 0 && failed.is_none() {
+        for (rank, slot) in children.iter_mut().enumerate() {
+            let Some(c) = slot else { continue };
+            match c.try_wait() {
+                Ok(Some(st)) => {
+                    *slot = None;
+                    running -= 1;
+                    if !st.success() {
+                        failed = Some((rank, describe(st)));
+                        break;
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    failed = Some((rank, format!("could not be waited for ({e})")));
+                    break;
+                }
+            }
+        }
+        if failed.is_none() && running > 0 {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let others = children.iter().flatten().count();
+    kill_all(&mut children);
+    for p in pumps {
+        let _ = p.join();
+    }
+    match failed {
+        None => Ok(()),
+        Some((rank, how)) => Err(LaunchError::RankFailed { rank, how, others }),
+    }
+}

@@ -1,0 +1,264 @@
+//! The GPU collective backend: [`NcclGroup`] implements [`Collective`] over an NCCL
+//! communicator made from the rendezvous id (rank 0 calls `ncclGetUniqueId` and the
+//! rendezvous sends the 128 bytes to every rank). Collectives run on the group's own stream:
+//! it waits (event) for libtorch's compute stream, runs the NCCL call, and the compute stream
+//! waits for it, as FSDP2's all-gather / reduce-scatter streams do. Inputs are CUDA tensors
+//! on the group's device; averages use NCCL's `ncclAvg`.
+//!
+//! Without the `cuda` feature the same API exists and returns [`CudaError::NotBuilt`].
+//! The `Collective` methods cannot return errors, so an NCCL failure there panics with the
+//! NCCL message; use the `try_*` methods to handle them.
+
+use crate::comm::Collective;
+pub use crate::cuda::CudaError;
+use crate::rendezvous::{self, Rendezvous, UniqueId};
+use tch::Tensor;
+
+/// Rendezvous for the NCCL backend: rank 0's id is an NCCL unique id.
+pub fn rendezvous(cfg: &rendezvous::Config) -> Result<Rendezvous, String> {
+    rendezvous::rendezvous(cfg, || unique_id().map_err(|e| e.to_string())).map_err(|e| e.to_string())
+}
+
+pub use imp::*;
+
+impl Collective for NcclGroup {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn all_gather(&self, input: &Tensor) -> Tensor {
+        self.try_all_gather(input).unwrap_or_else(|e| panic!("rank {}: all-gather: {e}", self.rank))
+    }
+    fn reduce_scatter_avg(&self, input: &Tensor) -> Tensor {
+        self.try_reduce_scatter_avg(input).unwrap_or_else(|e| panic!("rank {}: reduce-scatter: {e}", self.rank))
+    }
+    fn all_reduce_avg(&self, input: &Tensor) -> Tensor {
+        self.try_all_reduce_avg(input).unwrap_or_else(|e| panic!("rank {}: all-reduce: {e}", self.rank))
+    }
+}
+
+/// Checks shared by both builds: a contiguous tensor whose dim 0 splits evenly.
+fn check_split(input: &Tensor, size: usize, what: &str) -> Result<(), CudaError> {
+    let d0 = input.size().first().copied().unwrap_or(0);
+    if input.dim() == 0 || d0 % size as i64 != 0 {
+        return Err(CudaError::Tensor(format!("{what}: dim 0 ({d0}) of shape {:?} is not a multiple of the world size {size}", input.size())));
+    }
+    Ok(())
+}
+
+#[cfg(feature = "cuda")]
+mod imp {
+    use super::{check_split, CudaError, UniqueId};
+    use crate::cuda::{Device, Event, Stream};
+    use crate::rendezvous::Rendezvous;
+    use cudarc::nccl::{result, sys};
+    use std::sync::Mutex;
+    use tch::{Kind, Tensor};
+
+    fn nccl_err(what: &str) -> impl FnOnce(result::NcclError) -> CudaError + '_ {
+        move |e| {
+            let msg = unsafe {
+                let p = sys::ncclGetErrorString(e.0);
+                if p.is_null() {
+                    format!("{:?}", e.0)
+                } else {
+                    format!("{:?}: {}", e.0, std::ffi::CStr::from_ptr(p).to_string_lossy())
+                }
+            };
+            CudaError::Nccl { what: what.to_string(), error: msg }
+        }
+    }
+
+    fn load() -> Result<(), CudaError> {
+        if !unsafe { sys::is_culib_present() } {
+            return Err(CudaError::NoNccl("libnccl.so not loadable".into()));
+        }
+        Ok(())
+    }
+
+    /// NCCL's version as (major, minor, patch).
+    pub fn version() -> Result<(u32, u32, u32), CudaError> {
+        load()?;
+        let v = result::get_nccl_version().map_err(nccl_err("ncclGetVersion"))? as u32;
+        Ok((v / 10000, (v / 100) % 100, v % 100))
+    }
+
+    /// A fresh NCCL unique id (rank 0 only).
+    pub fn unique_id() -> Result<UniqueId, CudaError> {
+        load()?;
+        let id = result::get_uniqueid().map_err(nccl_err("ncclGetUniqueId"))?;
+        Ok(id.internal.map(|c| c as u8))
+    }
+
+    struct Inner {
+        comm: sys::ncclComm_t,
+        stream: Stream,
+        ready: Event,
+        done: Event,
+        compute: Stream,
+    }
+
+    /// One rank's NCCL communicator, its stream and the events that order it with libtorch's.
+    pub struct NcclGroup {
+        pub(super) rank: usize,
+        pub(super) size: usize,
+        device: Device,
+        inner: Mutex<Inner>,
+    }
+
+    // The communicator is used under the mutex, from one thread at a time.
+    unsafe impl Send for NcclGroup {}
+    unsafe impl Sync for NcclGroup {}
+
+    fn dtype(k: Kind) -> Result<sys::ncclDataType_t, CudaError> {
+        use sys::ncclDataType_t::*;
+        Ok(match k {
+            Kind::Float => ncclFloat32,
+            Kind::Double => ncclFloat64,
+            Kind::Half => ncclFloat16,
+            Kind::BFloat16 => ncclBfloat16,
+            Kind::Int => ncclInt32,
+            Kind::Int64 => ncclInt64,
+            Kind::Int8 => ncclInt8,
+            Kind::Uint8 => ncclUint8,
+            k => return Err(CudaError::Tensor(format!("NCCL has no type for {k:?}"))),
+        })
+    }
+
+    impl NcclGroup {
+        /// Joins the communicator `id` as `rank` of `size` on CUDA device `ordinal`
+        /// (collective: every rank must call it).
+        pub fn new(rank: usize, size: usize, id: &UniqueId, ordinal: usize) -> Result<NcclGroup, CudaError> {
+            load()?;
+            let device = Device::new(ordinal)?;
+            let stream = Stream::new(&device)?;
+            let ready = Event::new(&device, false)?;
+            let done = Event::new(&device, false)?;
+            let compute = Stream::legacy_default()?;
+            let nid = sys::ncclUniqueId { internal: id.map(|b| b as std::ffi::c_char) };
+            let mut comm: sys::ncclComm_t = std::ptr::null_mut();
+            unsafe { result::comm_init_rank(&mut comm, size as i32, nid, rank as i32) }.map_err(nccl_err("ncclCommInitRank"))?;
+            Ok(NcclGroup { rank, size, device, inner: Mutex::new(Inner { comm, stream, ready, done, compute }) })
+        }
+
+        /// [`NcclGroup::new`] with a rendezvous' rank, size and id.
+        pub fn from_rendezvous(rz: &Rendezvous, ordinal: usize) -> Result<NcclGroup, CudaError> {
+            NcclGroup::new(rz.rank, rz.world_size, &rz.id, ordinal)
+        }
+
+        pub fn device(&self) -> tch::Device {
+            tch::Device::Cuda(self.device.ordinal)
+        }
+
+        fn input(&self, t: &Tensor) -> Result<Tensor, CudaError> {
+            if t.device() != self.device() {
+                return Err(CudaError::Tensor(format!("rank {}: tensor on {:?}, the NCCL group is on {:?}", self.rank, t.device(), self.device())));
+            }
+            Ok(t.detach().contiguous())
+        }
+
+        /// Runs `op(send, recv, comm, stream)` on the group's stream, ordered after and
+        /// before the compute stream's work.
+        fn run(&self, send: &Tensor, recv: &Tensor, what: &str, op: impl FnOnce(*const std::ffi::c_void, *mut std::ffi::c_void, sys::ncclComm_t, sys::cudaStream_t) -> Result<result::NcclStatus, result::NcclError>) -> Result<(), CudaError> {
+            let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            self.device.bind()?;
+            g.ready.record(&g.compute)?;
+            g.stream.wait(&g.ready)?;
+            op(send.data_ptr() as *const _, recv.data_ptr(), g.comm, g.stream.raw() as sys::cudaStream_t).map_err(nccl_err(what))?;
+            g.done.record(&g.stream)?;
+            g.compute.wait(&g.done)?;
+            Ok(())
+        }
+
+        pub fn try_all_gather(&self, input: &Tensor) -> Result<Tensor, CudaError> {
+            let x = self.input(input)?;
+            let ty = dtype(x.kind())?;
+            let mut shape = x.size();
+            if shape.is_empty() {
+                shape.push(1);
+            }
+            shape[0] *= self.size as i64;
+            let out = Tensor::empty(shape.as_slice(), (x.kind(), self.device()));
+            let n = x.numel();
+            self.run(&x, &out, "ncclAllGather", |s, r, c, st| unsafe { result::all_gather(s, r, n, ty, c, st) })?;
+            Ok(out)
+        }
+
+        pub fn try_reduce_scatter_avg(&self, input: &Tensor) -> Result<Tensor, CudaError> {
+            check_split(input, self.size, "reduce-scatter")?;
+            let x = self.input(input)?;
+            let ty = dtype(x.kind())?;
+            let mut shape = x.size();
+            shape[0] /= self.size as i64;
+            let out = Tensor::empty(shape.as_slice(), (x.kind(), self.device()));
+            let n = out.numel();
+            self.run(&x, &out, "ncclReduceScatter", |s, r, c, st| unsafe { result::reduce_scatter(s, r, n, ty, sys::ncclRedOp_t::ncclAvg, c, st) })?;
+            Ok(out)
+        }
+
+        pub fn try_all_reduce_avg(&self, input: &Tensor) -> Result<Tensor, CudaError> {
+            let x = self.input(input)?;
+            let ty = dtype(x.kind())?;
+            let out = Tensor::empty(x.size().as_slice(), (x.kind(), self.device()));
+            let n = x.numel();
+            self.run(&x, &out, "ncclAllReduce", |s, r, c, st| unsafe { result::all_reduce(s, r, n, ty, sys::ncclRedOp_t::ncclAvg, c, st) })?;
+            Ok(out)
+        }
+    }
+
+    impl Drop for NcclGroup {
+        fn drop(&mut self) {
+            let g = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
+            let _ = self.device.bind();
+            let _ = g.stream.synchronize();
+            unsafe {
+                let _ = result::comm_destroy(g.comm);
+            }
+        }
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+mod imp {
+    use super::{check_split, CudaError, UniqueId};
+    use crate::rendezvous::Rendezvous;
+    use std::convert::Infallible;
+    use tch::Tensor;
+
+    pub fn version() -> Result<(u32, u32, u32), CudaError> {
+        Err(CudaError::NotBuilt)
+    }
+    pub fn unique_id() -> Result<UniqueId, CudaError> {
+        Err(CudaError::NotBuilt)
+    }
+
+    pub struct NcclGroup {
+        pub(super) rank: usize,
+        pub(super) size: usize,
+        never: Infallible,
+    }
+
+    impl NcclGroup {
+        pub fn new(_rank: usize, _size: usize, _id: &UniqueId, _ordinal: usize) -> Result<NcclGroup, CudaError> {
+            Err(CudaError::NotBuilt)
+        }
+        pub fn from_rendezvous(_rz: &Rendezvous, _ordinal: usize) -> Result<NcclGroup, CudaError> {
+            Err(CudaError::NotBuilt)
+        }
+        pub fn device(&self) -> tch::Device {
+            match self.never {}
+        }
+        pub fn try_all_gather(&self, _input: &Tensor) -> Result<Tensor, CudaError> {
+            match self.never {}
+        }
+        pub fn try_reduce_scatter_avg(&self, input: &Tensor) -> Result<Tensor, CudaError> {
+            check_split(input, self.size, "reduce-scatter")?;
+            match self.never {}
+        }
+        pub fn try_all_reduce_avg(&self, _input: &Tensor) -> Result<Tensor, CudaError> {
+            match self.never {}
+        }
+    }
+}
