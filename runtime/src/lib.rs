@@ -17,6 +17,7 @@ pub mod ops;
 pub mod optim;
 pub mod reference;
 pub mod rendezvous;
+pub mod selftest;
 pub mod train;
 
 pub use error::RtError;

@@ -1,0 +1,92 @@
+//! Checks any [`Collective`] against hand-computed results: what `fsdp-plan
+//! rendezvous-selftest --collectives nccl` and the GPU test run on every rank, and what the
+//! CPU tests run over [`crate::comm::CpuGroup`] threads.
+
+use crate::comm::Collective;
+use tch::{Device, Kind, Tensor};
+
+/// Rank r's input: `[2n, 3]` with `base + 100·r` (base = 0, 1, … 6n−1): small integers, so
+/// every f32 result is exact.
+fn input(n: i64, r: i64, kind: Kind, dev: Device) -> Tensor {
+    (Tensor::arange(6 * n, (Kind::Float, Device::Cpu)).reshape([2 * n, 3]) + 100.0 * r as f64).to_kind(kind).to_device(dev)
+}
+
+fn same(what: &str, kind: Kind, got: &Tensor, want: &Tensor) -> Result<(), String> {
+    let g = got.to_device(Device::Cpu).to_kind(Kind::Double);
+    let w = want.to_kind(Kind::Double);
+    if g.size() != w.size() {
+        return Err(format!("{what} ({kind:?}): shape {:?}, expected {:?}", g.size(), w.size()));
+    }
+    let err = (&g - &w).abs().max().double_value(&[]);
+    // f32: exact (small integers); bf16 (8-bit mantissa, sums rounded): 1% of the largest value
+    let tol = if kind == Kind::Float { 1e-6 } else { 0.01 * w.abs().max().double_value(&[]) };
+    if err > tol {
+        return Err(format!("{what} ({kind:?}): max |error| {err} (got {g:?}, expected {w:?})"));
+    }
+    Ok(())
+}
+
+/// Runs all-gather, reduce-scatter (avg) and all-reduce (avg) in f32 and bf16 on `dev` and
+/// compares them with the expected values. Every rank must call it.
+pub fn check_collectives(comm: &dyn Collective, dev: Device) -> Result<String, String> {
+    let (n, r) = (comm.size() as i64, comm.rank() as i64);
+    let mean_shift = 100.0 * (n - 1) as f64 / 2.0;
+    for kind in [Kind::Float, Kind::BFloat16] {
+        let x = input(n, r, kind, dev);
+        let base = input(n, 0, Kind::Float, Device::Cpu);
+        let ag = comm.all_gather(&x);
+        let want: Vec<Tensor> = (0..n).map(|k| input(n, k, Kind::Float, Device::Cpu)).collect();
+        same("all-gather", kind, &ag, &Tensor::cat(&want, 0))?;
+        let rs = comm.reduce_scatter_avg(&x);
+        same("reduce-scatter avg", kind, &rs, &(base.narrow(0, 2 * r, 2) + mean_shift))?;
+        let ar = comm.all_reduce_avg(&x);
+        same("all-reduce avg", kind, &ar, &(&base + mean_shift))?;
+    }
+    Ok(format!("rank {r}/{n}: collectives ok on {dev:?} (all-gather, reduce-scatter avg, all-reduce avg; f32, bf16)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::CpuGroup;
+
+    #[test]
+    fn cpu_threads_pass_the_checks() {
+        for n in [1, 2, 3] {
+            let hs: Vec<_> = CpuGroup::new(n).into_iter().map(|g| std::thread::spawn(move || check_collectives(&g, Device::Cpu))).collect();
+            for h in hs {
+                let line = h.join().unwrap().unwrap();
+                assert!(line.contains("collectives ok"), "{line}");
+            }
+        }
+    }
+
+    /// A collective that sums instead of averaging must be caught.
+    struct Wrong(CpuGroup);
+    impl Collective for Wrong {
+        fn rank(&self) -> usize {
+            self.0.rank()
+        }
+        fn size(&self) -> usize {
+            self.0.size()
+        }
+        fn all_gather(&self, input: &Tensor) -> Tensor {
+            self.0.all_gather(input)
+        }
+        fn reduce_scatter_avg(&self, input: &Tensor) -> Tensor {
+            self.0.reduce_scatter_avg(input) * self.0.size() as f64
+        }
+        fn all_reduce_avg(&self, input: &Tensor) -> Tensor {
+            self.0.all_reduce_avg(input)
+        }
+    }
+
+    #[test]
+    fn a_wrong_collective_is_caught() {
+        let hs: Vec<_> = CpuGroup::new(2).into_iter().map(|g| std::thread::spawn(move || check_collectives(&Wrong(g), Device::Cpu))).collect();
+        for h in hs {
+            let e = h.join().unwrap().unwrap_err();
+            assert!(e.starts_with("reduce-scatter avg (Float): max |error|"), "{e}");
+        }
+    }
+}

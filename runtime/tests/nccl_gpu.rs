@@ -1,0 +1,62 @@
+//! NCCL collectives on real GPUs: one rank per visible device (at most 4), ranks as threads
+//! of this process, the NCCL id sent over the TCP rendezvous (loopback). Needs
+//! `--features cuda`, a CUDA libtorch (the venv's 2.11.0+cu130) and a GPU; otherwise it
+//! prints why it is SKIPPED and passes. `bash scripts/gpu-check.sh` runs it on a GPU machine.
+
+use fsdp_runtime::{cuda, launch::free_port, nccl, rendezvous, selftest};
+use std::time::Duration;
+
+fn gpus() -> Result<usize, String> {
+    if !cfg!(feature = "cuda") {
+        return Err("built without feature `cuda`".into());
+    }
+    let n = cuda::device_count().map_err(|e| e.to_string())?;
+    if n == 0 {
+        return Err("the driver sees no device".into());
+    }
+    if !tch::Cuda::is_available() {
+        return Err(format!("{n} device(s), but this libtorch has no CUDA"));
+    }
+    Ok(n)
+}
+
+#[test]
+fn nccl_collectives_on_every_visible_gpu() {
+    let n = match gpus() {
+        Ok(n) => n.min(4),
+        Err(why) => {
+            eprintln!("SKIPPED: no CUDA device ({why})");
+            return;
+        }
+    };
+    let (maj, min, patch) = nccl::version().expect("NCCL loads");
+    eprintln!("NCCL {maj}.{min}.{patch}, {n} rank(s)");
+    let port = free_port().unwrap();
+    let hs: Vec<_> = (0..n)
+        .map(|r| {
+            std::thread::spawn(move || -> Result<String, String> {
+                let cfg = rendezvous::Config { master_addr: "127.0.0.1".into(), master_port: port, rank: r, world_size: n, timeout: Duration::from_secs(60) };
+                let rz = nccl::rendezvous(&cfg)?;
+                let g = nccl::NcclGroup::from_rendezvous(&rz, r).map_err(|e| e.to_string())?;
+                let line = selftest::check_collectives(&g, tch::Device::Cuda(r))?;
+                rz.barrier(Some(Duration::from_secs(60))).map_err(|e| e.to_string())?;
+                Ok(line)
+            })
+        })
+        .collect();
+    for h in hs {
+        let line = h.join().expect("rank thread").unwrap_or_else(|e| panic!("{e}"));
+        eprintln!("{line}");
+    }
+}
+
+#[test]
+fn without_cuda_the_backend_says_how_to_get_it() {
+    if cfg!(feature = "cuda") {
+        eprintln!("SKIPPED: built with feature `cuda`");
+        return;
+    }
+    let e = nccl::NcclGroup::new(0, 1, &[0u8; 128], 0).err().unwrap().to_string();
+    assert!(e.starts_with("built without CUDA (feature `cuda`)"), "{e}");
+    assert_eq!(nccl::unique_id().unwrap_err(), cuda::CudaError::NotBuilt);
+}
