@@ -44,6 +44,14 @@ enum Cmd {
     Sweep(SweepArgs),
     /// Train on CPU rank threads: `run MODEL [plan options]` or `run PLAN.ron --model MODEL`.
     Run(RunArgs),
+    /// Start N local ranks like torchrun: `launch --nproc-per-node N MODEL|PLAN [run options]`
+    /// runs `fsdp-plan run …` N times with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+    /// MASTER_ADDR=127.0.0.1 and MASTER_PORT set, output prefixed `[rank k]`.
+    Launch(LaunchArgs),
+    /// Rendezvous with the launcher's variables (torchrun, SLURM, Open MPI), check that every
+    /// rank got the same id, barrier and exit (a check for `launch`).
+    #[command(hide = true)]
+    RendezvousSelftest(SelftestArgs),
     /// Import a model from a Hugging Face config.json.
     Import {
         #[command(subcommand)]
@@ -76,6 +84,34 @@ struct RunArgs {
     data: String,
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     format: String,
+}
+
+#[derive(Args)]
+struct LaunchArgs {
+    /// Ranks to start on this machine.
+    #[arg(long)]
+    nproc_per_node: usize,
+    /// Rank 0's rendezvous port (0: pick a free one).
+    #[arg(long, default_value_t = 29500)]
+    master_port: u16,
+    /// What each rank runs: `MODEL|PLAN [run options]` (= `run MODEL|PLAN …`), or
+    /// `rendezvous-selftest [options]`.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true, value_name = "PLAN_OR_MODEL [RUN ARGS]")]
+    args: Vec<std::ffi::OsString>,
+}
+
+#[derive(Args)]
+struct SelftestArgs {
+    /// Seconds rank 0 waits for every rank (and the others for rank 0).
+    #[arg(long, default_value_t = 30.0)]
+    timeout_s: f64,
+    /// Also check all-gather / reduce-scatter / all-reduce over this backend (`nccl`: one GPU
+    /// per rank, LOCAL_RANK's; needs the `cuda` feature).
+    #[arg(long, default_value = "none", value_parser = ["none", "nccl"])]
+    collectives: String,
+    /// This rank exits with code 3 after the rendezvous (tests `launch`'s failure handling).
+    #[arg(long)]
+    fail_rank: Option<usize>,
 }
 
 #[derive(Subcommand)]
@@ -350,7 +386,19 @@ fn load_plan(path: &Path) -> Result<Plan> {
 #[cfg(feature = "runtime")]
 fn train(r: RunArgs) -> Result<()> {
     if r.backend != "cpu" {
-        bail!(UserError("--backend cuda: the GPU runtime is not built yet; use --backend cpu".into()));
+        bail!(UserError(if cfg!(feature = "cuda") {
+            "--backend cuda: the NCCL collectives are built (check them with `fsdp-plan launch --nproc-per-node N rendezvous-selftest --collectives nccl`), but the executor does not run on CUDA devices yet; use --backend cpu".into()
+        } else {
+            format!("--backend cuda: {}", fsdp_runtime::cuda::CudaError::NotBuilt)
+        }));
+    }
+    // the CPU backend runs every rank as a thread of this process: one process per job
+    match fsdp_runtime::launch_env::from_process_env() {
+        Ok(e) if e.world_size > 1 => bail!(UserError(format!(
+            "--backend cpu runs all --world-size ranks as threads of one process, but this is rank {} of {} started by {} (WORLD_SIZE>1): run `fsdp-plan run` once, without a launcher",
+            e.rank, e.world_size, e.launcher
+        ))),
+        _ => {}
     }
     let (plan, model) = match &r.model {
         Some(m) => (load_plan(&r.file)?, load_model(m)?),
@@ -396,9 +444,70 @@ fn train(_: RunArgs) -> Result<()> {
     ))
 }
 
+/// `fsdp-plan launch`: the child runs `fsdp-plan run ARGS…` (or the subcommand given first).
+#[cfg(feature = "runtime")]
+fn launch(a: LaunchArgs) -> Result<()> {
+    let mut args = a.args;
+    if !args.first().is_some_and(|f| f == "run" || f == "rendezvous-selftest") {
+        args.insert(0, "run".into());
+    }
+    let spec = fsdp_runtime::launch::LaunchSpec {
+        nproc: a.nproc_per_node,
+        master_addr: "127.0.0.1".into(),
+        master_port: a.master_port,
+        program: std::env::current_exe().context("finding this executable")?,
+        args,
+        env: vec![],
+    };
+    fsdp_runtime::launch::launch(&spec).map_err(|e| match e {
+        fsdp_runtime::launch::LaunchError::NoProcs => user(e),
+        e => anyhow!(e),
+    })
+}
+
+#[cfg(feature = "runtime")]
+fn rendezvous_selftest(a: SelftestArgs) -> Result<()> {
+    use fsdp_runtime::{launch_env, nccl, rendezvous, selftest};
+    let env = launch_env::from_process_env_or_single().map_err(user)?;
+    if !(a.timeout_s > 0.0 && a.timeout_s.is_finite()) {
+        bail!(UserError(format!("--timeout-s {}: expected a positive number of seconds", a.timeout_s)));
+    }
+    let cfg = rendezvous::Config::from_env(&env, std::time::Duration::from_secs_f64(a.timeout_s));
+    match a.collectives.as_str() {
+        "nccl" => {
+            let rz = nccl::rendezvous(&cfg).map_err(|e| anyhow!(e))?;
+            let group = nccl::NcclGroup::from_rendezvous(&rz, env.local_rank).map_err(|e| anyhow!("rank {}: {e}", env.rank))?;
+            println!("rank {}/{}: NCCL communicator on cuda:{}", rz.rank, rz.world_size, env.local_rank);
+            println!("{}", selftest::check_collectives(&group, group.device()).map_err(|e| anyhow!("rank {}: {e}", env.rank))?);
+            rz.barrier(Some(cfg.timeout)).map_err(|e| anyhow!(e))?;
+        }
+        _ => println!("{}", rendezvous::selftest(&cfg).map_err(|e| anyhow!(e))?),
+    }
+    if a.fail_rank == Some(env.rank) {
+        eprintln!("rank {}: failing on purpose (--fail-rank)", env.rank);
+        std::process::exit(3);
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "runtime"))]
+fn launch(_: LaunchArgs) -> Result<()> {
+    bail!(UserError(NO_RUNTIME.into()))
+}
+
+#[cfg(not(feature = "runtime"))]
+fn rendezvous_selftest(_: SelftestArgs) -> Result<()> {
+    bail!(UserError(NO_RUNTIME.into()))
+}
+
+#[cfg(not(feature = "runtime"))]
+const NO_RUNTIME: &str = "this fsdp-plan was built without the runtime: build with `cargo build --features runtime` after `bash scripts/setup-venv.sh && source scripts/env.sh` (libtorch from the project venv)";
+
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Run(r) => train(r)?,
+        Cmd::Launch(a) => launch(a)?,
+        Cmd::RendezvousSelftest(a) => rendezvous_selftest(a)?,
         Cmd::Plan { p: a, hw } => {
             let model = load_model(&a.model)?;
             let opts = options(&a.o, &a.o.policy).map_err(user)?;
@@ -714,7 +823,7 @@ fn plan_ron(plan: &Plan) -> Result<String> {
     ron::ser::to_string_pretty(plan, cfg).context("serializing the plan")
 }
 
-const SUBCOMMANDS: [&str; 13] = ["plan", "compile", "diff", "trace", "plot", "sweep", "run", "import", "help", "--help", "-h", "--version", "-V"];
+const SUBCOMMANDS: [&str; 15] = ["plan", "compile", "diff", "trace", "plot", "sweep", "run", "launch", "rendezvous-selftest", "import", "help", "--help", "-h", "--version", "-V"];
 
 fn main() -> ExitCode {
     let mut args: Vec<String> = std::env::args().collect();

@@ -29,8 +29,16 @@ pub enum LaunchError {
     Spawn { rank: usize, program: String, error: String },
     #[error("launch: cannot pick a free port: {0}")]
     Port(String),
-    #[error("launch: rank {rank} {how}; stopped the other {others} rank(s)")]
+    #[error("launch: rank {rank} {how}{}", stopped(*others))]
     RankFailed { rank: usize, how: String, others: usize },
+}
+
+fn stopped(others: usize) -> String {
+    match others {
+        0 => String::new(),
+        1 => "; stopped the other running rank".into(),
+        n => format!("; stopped the other {n} running ranks"),
+    }
 }
 
 fn describe(st: ExitStatus) -> String {

@@ -288,8 +288,9 @@ fn leaf(cfg: &Config) -> Result<Rendezvous, RdzvError> {
     hello.extend((rank as u64).to_be_bytes());
     hello.extend((cfg.world_size as u64).to_be_bytes());
     s.write_all(&hello).map_err(io(rank, format!("sending hello to {}", cfg.addr())))?;
-    let wait = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(100));
-    s.set_read_timeout(Some(wait)).map_err(io(rank, "socket"))?;
+    // Rank 0 was listening when we connected, so it answers (the id, or why it gave up)
+    // within its own timeout from now: wait that long plus a margin.
+    s.set_read_timeout(Some(cfg.timeout + Duration::from_secs(2))).map_err(io(rank, "socket"))?;
     let mut head = [0u8; 9];
     if let Err(e) = s.read_exact(&mut head) {
         return Err(match e.kind() {

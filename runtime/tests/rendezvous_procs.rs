@@ -144,7 +144,7 @@ fn no_rank_zero_is_a_timeout_naming_the_address() {
 #[test]
 fn a_wrong_world_size_fails_the_rendezvous() {
     let port = free_port().unwrap();
-    let outs = run_all(vec![rank(port, 0, 3, 3000), rank(port, 1, 3, 3000), rank(port, 2, 4, 3000)]);
+    let outs = run_all(vec![rank(port, 0, 3, 6000), rank(port, 1, 3, 6000), rank(port, 2, 4, 6000)]);
     let msg = "world size mismatch: rank 2 has world size 4, rank 0 has 3";
     assert_eq!(line(&outs[0]), format!("RDZV-ERR {msg}"));
     assert_eq!(line(&outs[2]), format!("RDZV-ERR rank 2: the rendezvous failed at rank 0: {msg}"));
@@ -155,7 +155,7 @@ fn a_wrong_world_size_fails_the_rendezvous() {
 #[test]
 fn a_rank_connecting_twice_fails_the_rendezvous() {
     let port = free_port().unwrap();
-    let outs = run_all(vec![rank(port, 0, 3, 3000), rank(port, 1, 3, 3000), rank(port, 1, 3, 3000)]);
+    let outs = run_all(vec![rank(port, 0, 3, 6000), rank(port, 1, 3, 6000), rank(port, 1, 3, 6000)]);
     assert_eq!(line(&outs[0]), "RDZV-ERR rank 1 connected twice");
     assert!(outs.iter().all(|o| !o.status.success()));
     let both: Vec<String> = outs[1..].iter().map(line).collect();
@@ -198,7 +198,7 @@ fn launch_stops_the_job_when_a_rank_fails_and_names_it() {
         LaunchError::RankFailed { rank, how, .. } => assert_eq!((*rank, how.as_str()), (1, "exited with code 3")),
         e => panic!("{e}"),
     }
-    assert!(e.to_string().starts_with("launch: rank 1 exited with code 3; stopped the other"), "{e}");
+    assert!(e.to_string().starts_with("launch: rank 1 exited with code 3"), "{e}");
 }
 
 #[test]
@@ -211,9 +211,13 @@ fn launch_kills_the_others_when_one_fails() {
     let e = launch(&s).unwrap_err();
     assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}", t0.elapsed());
     match e {
-        LaunchError::RankFailed { rank, how, .. } => {
+        e @ LaunchError::RankFailed { .. } => {
+            let LaunchError::RankFailed { rank, ref how, others } = e else { unreachable!() };
             assert!(rank == 1 || rank == 2, "{rank}");
             assert_eq!(how, "exited with code 1");
+            // rank 0 was still asleep and got killed
+            assert!(others >= 1, "{others}");
+            assert!(e.to_string().contains("; stopped the other"), "{e}");
         }
         e => panic!("{e}"),
     }
