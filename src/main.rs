@@ -52,6 +52,13 @@ enum Cmd {
     /// rank got the same id, barrier and exit (a check for `launch`).
     #[command(hide = true)]
     RendezvousSelftest(SelftestArgs),
+    /// Write a full HF-named safetensors file from a sharded checkpoint directory.
+    Consolidate {
+        /// A checkpoint directory (its `latest`) or one `step-N` directory.
+        dir: PathBuf,
+        #[arg(short, long)]
+        output: PathBuf,
+    },
     /// Import a model from a Hugging Face config.json.
     Import {
         #[command(subcommand)]
@@ -82,6 +89,16 @@ struct RunArgs {
     /// `synthetic` (random tokens) or a file of little-endian u32 token ids.
     #[arg(long, default_value = "synthetic")]
     data: String,
+    /// Write sharded checkpoints (safetensors per rank + metadata + plan) into this directory.
+    #[arg(long)]
+    save: Option<PathBuf>,
+    /// Checkpoint every N steps (and always after the last).
+    #[arg(long, default_value_t = 0)]
+    save_every: usize,
+    /// Continue from the latest checkpoint in this directory (same plan; losses continue
+    /// bit-identically).
+    #[arg(long)]
+    resume: Option<PathBuf>,
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     format: String,
 }
@@ -410,11 +427,14 @@ fn train(r: RunArgs) -> Result<()> {
         }
     };
     let cfg = fsdp_runtime::train::RunConfig {
-        steps: r.steps,
         lr: r.lr,
         seed: r.seed,
         weights: r.weights.clone(),
         data: if r.data == "synthetic" { None } else { Some(PathBuf::from(&r.data)) },
+        save: r.save.clone(),
+        save_every: r.save_every,
+        resume: r.resume.clone(),
+        ..fsdp_runtime::train::RunConfig::new(r.steps)
     };
     let text = r.format == "text";
     let reports = fsdp_runtime::train::run_cpu(&plan, &model, &cfg, |s| {
@@ -437,8 +457,26 @@ fn train(r: RunArgs) -> Result<()> {
     Ok(())
 }
 
+#[cfg(feature = "runtime")]
+fn consolidate(dir: &Path, out: &Path) -> Result<()> {
+    let ckpt = if dir.join("latest").exists() { fsdp_runtime::checkpoint::latest(dir).map_err(user)? } else { dir.to_path_buf() };
+    let n = fsdp_runtime::checkpoint::consolidate(&ckpt, out).map_err(user)?;
+    eprintln!("wrote {} ({n} tensors, HF names) from {}", out.display(), ckpt.display());
+    Ok(())
+}
+
+#[cfg(not(feature = "runtime"))]
+fn consolidate(_: &Path, _: &Path) -> Result<()> {
+    train_missing()
+}
+
 #[cfg(not(feature = "runtime"))]
 fn train(_: RunArgs) -> Result<()> {
+    train_missing()
+}
+
+#[cfg(not(feature = "runtime"))]
+fn train_missing() -> Result<()> {
     bail!(UserError(
         "this fsdp-plan was built without the runtime: build with `cargo build --features runtime` after `bash scripts/setup-venv.sh && source scripts/env.sh` (libtorch from the project venv)".into()
     ))
@@ -508,6 +546,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Run(r) => train(r)?,
         Cmd::Launch(a) => launch(a)?,
         Cmd::RendezvousSelftest(a) => rendezvous_selftest(a)?,
+        Cmd::Consolidate { dir, output } => consolidate(&dir, &output)?,
         Cmd::Plan { p: a, hw } => {
             let model = load_model(&a.model)?;
             let opts = options(&a.o, &a.o.policy).map_err(user)?;
@@ -823,7 +862,7 @@ fn plan_ron(plan: &Plan) -> Result<String> {
     ron::ser::to_string_pretty(plan, cfg).context("serializing the plan")
 }
 
-const SUBCOMMANDS: [&str; 15] = ["plan", "compile", "diff", "trace", "plot", "sweep", "run", "launch", "rendezvous-selftest", "import", "help", "--help", "-h", "--version", "-V"];
+const SUBCOMMANDS: [&str; 16] = ["plan", "compile", "diff", "trace", "plot", "sweep", "run", "launch", "rendezvous-selftest", "consolidate", "import", "help", "--help", "-h", "--version", "-V"];
 
 fn main() -> ExitCode {
     let mut args: Vec<String> = std::env::args().collect();

@@ -6,6 +6,7 @@
 //! autograd; [`exec`]: the sharded executor following a plan's schedule; [`comm`]: the
 //! collective trait and CPU rank threads; [`optim`]: AdamW on shards; [`train`]: `run`.
 
+pub mod checkpoint;
 pub mod comm;
 pub mod cuda;
 pub mod error;

@@ -21,6 +21,29 @@ pub struct RunConfig {
     pub weights: Option<PathBuf>,
     /// Raw little-endian u32 token ids; `None` = synthetic random tokens.
     pub data: Option<PathBuf>,
+    /// Write sharded checkpoints here (every `save_every` steps and at the end).
+    pub save: Option<PathBuf>,
+    pub save_every: usize,
+    /// Continue from the latest checkpoint in this directory.
+    pub resume: Option<PathBuf>,
+    /// Stop after this many steps in total (simulates a run killed there).
+    pub stop_after: Option<usize>,
+}
+
+impl RunConfig {
+    pub fn new(steps: usize) -> RunConfig {
+        RunConfig {
+            steps,
+            lr: 1e-3,
+            seed: 0,
+            weights: None,
+            data: None,
+            save: None,
+            save_every: 0,
+            resume: None,
+            stop_after: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -32,9 +55,31 @@ pub struct StepReport {
     pub tokens_per_s: f64,
 }
 
+/// SplitMix64: a small deterministic generator owned by the run (the global torch RNG is
+/// shared by every thread of the process, so runs would not be reproducible).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn uniform(&mut self) -> f64 {
+        ((self.next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+    /// Standard normal (Box–Muller).
+    fn normal(&mut self) -> f64 {
+        let (u, v) = (self.uniform(), self.uniform());
+        (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+    }
+}
+
 /// HF-like init (normal(0, 0.02) matrices, ones for norm weights, zeros for biases).
 fn init(model: &Model, seed: i64) -> HashMap<String, Tensor> {
-    tch::manual_seed(seed);
+    let mut rng = Rng(seed as u64);
     model
         .primary_params()
         .map(|p| {
@@ -44,7 +89,8 @@ fn init(model: &Model, seed: i64) -> HashMap<String, Tensor> {
             } else if p.shape.len() == 1 {
                 Tensor::ones(shape.as_slice(), tch::kind::FLOAT_CPU)
             } else {
-                Tensor::randn(shape.as_slice(), tch::kind::FLOAT_CPU) * 0.02
+                let v: Vec<f32> = (0..p.numel()).map(|_| (0.02 * rng.normal()) as f32).collect();
+                Tensor::from_slice(&v).reshape(shape.as_slice())
             };
             (p.name.clone(), t)
         })
@@ -88,7 +134,7 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
     };
     let per_step = ws as i64 * k * b * s;
     // step -> rank -> micro-batch -> ids [b, s]
-    tch::manual_seed(cfg.seed + 1);
+    let mut rng = Rng(cfg.seed as u64 ^ 0xDA7A);
     let mut batches: Vec<Vec<Vec<Tensor>>> = vec![];
     for st in 0..cfg.steps as i64 {
         let global = match &tokens {
@@ -100,7 +146,10 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
                 }
                 t.narrow(0, start, per_step).clamp(0, vocab - 1)
             }
-            None => Tensor::randint(vocab, [per_step], (Kind::Int64, tch::Device::Cpu)),
+            None => {
+                let ids: Vec<i64> = (0..per_step).map(|_| (rng.next() % vocab as u64) as i64).collect();
+                Tensor::from_slice(&ids)
+            }
         };
         let g = global.reshape([ws as i64, k, b, s]);
         batches.push((0..ws as i64).map(|r| (0..k).map(|m| g.get(r).get(m).copy()).collect()).collect());
@@ -117,26 +166,49 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
             (g, w, mine)
         })
         .collect();
-    let results: Vec<Result<Vec<(f64, f64)>, RtError>> = std::thread::scope(|sc| {
+    let results: Vec<Result<Vec<(usize, f64, f64)>, RtError>> = std::thread::scope(|sc| {
         let hs: Vec<_> = per_rank
             .into_iter()
             .map(|(g, full, mine_all)| {
-                sc.spawn(move || -> Result<Vec<(f64, f64)>, RtError> {
+                sc.spawn(move || -> Result<Vec<(usize, f64, f64)>, RtError> {
                     tch::set_num_threads(1);
-                    let mut rank = Rank::from_full(plan, &full, g.rank())?;
+                    let setup = match &cfg.resume {
+                        Some(dir) => crate::checkpoint::latest(dir).and_then(|c| crate::checkpoint::load_rank(&c, plan, g.rank())),
+                        None => Rank::from_full(plan, &full, g.rank()).map(|r| (r, 0)),
+                    };
+                    // Every rank learns whether every rank could start, so that one rank's
+                    // bad checkpoint ends all of them instead of leaving them in a collective.
+                    let ok = g.all_reduce_avg(&Tensor::from(if setup.is_ok() { 1.0 } else { 0.0 })).double_value(&[]);
+                    let (mut rank, done) = match setup {
+                        Err(e) => return Err(e),
+                        Ok(_) if ok < 1.0 => return Err(RtError::Plan("another rank failed to start".into())),
+                        Ok(x) => x,
+                    };
                     let cx = OpCx {
                         attn: if plan.attn_implementation == "eager" { Attn::Eager } else { Attn::Sdpa },
                         kind: Kind::Float,
                     };
+                    let last = cfg.stop_after.unwrap_or(cfg.steps).min(cfg.steps);
                     let mut out = vec![];
-                    for st in &mine_all {
+                    for (i, st) in mine_all.iter().enumerate().take(last).skip(done) {
                         let mine: Vec<HashMap<String, Tensor>> = st
                             .iter()
                             .map(|ids| HashMap::from([("input_ids".to_string(), ids.shallow_clone()), ("labels".to_string(), ids.copy())]))
                             .collect();
                         let l = step(plan, model, &g, &mut rank, &mine, &cx, &opt)?;
                         let avg = g.all_reduce_avg(&Tensor::from(l)).double_value(&[]);
-                        out.push((avg, start.elapsed().as_secs_f64()));
+                        out.push((i + 1, avg, start.elapsed().as_secs_f64()));
+                        let n = i + 1;
+                        if let Some(dir) = &cfg.save {
+                            if (cfg.save_every > 0 && n % cfg.save_every == 0) || n == cfg.steps {
+                                crate::checkpoint::save_rank(dir, plan, g.rank(), &rank, n)?;
+                                let _ = g.all_reduce_avg(&Tensor::from(0.0)); // every rank has written
+                                if g.rank() == 0 {
+                                    crate::checkpoint::commit(dir, plan, n)?;
+                                }
+                                let _ = g.all_reduce_avg(&Tensor::from(0.0));
+                            }
+                        }
                     }
                     Ok(out)
                 })
@@ -145,11 +217,28 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
         hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(RtError::Plan("a rank thread panicked".into())))).collect()
     });
     let mut reports = vec![];
-    let r0 = results.into_iter().collect::<Result<Vec<_>, _>>()?.into_iter().next().unwrap_or_default();
+    // report the root cause, not a rank that only heard another one failed
+    let mut oks = vec![];
+    let mut first_err = None;
+    for r in results {
+        match r {
+            Ok(v) => oks.push(v),
+            Err(e) => {
+                let secondary = matches!(&e, RtError::Plan(m) if m == "another rank failed to start");
+                if first_err.is_none() || (!secondary && matches!(&first_err, Some(RtError::Plan(m)) if m == "another rank failed to start")) {
+                    first_err = Some(e);
+                }
+            }
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    let r0 = oks.into_iter().next().unwrap_or_default();
     let mut prev = 0.0;
-    for (i, (loss, t)) in r0.into_iter().enumerate() {
+    for (n, loss, t) in r0.into_iter() {
         let rep = StepReport {
-            step: i + 1,
+            step: n,
             loss,
             tokens_per_s: per_step as f64 / (t - prev).max(1e-9),
         };

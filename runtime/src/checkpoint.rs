@@ -1,0 +1,162 @@
+//! Sharded checkpoints: per rank a safetensors file (its shards and AdamW state) and a JSON
+//! of metadata, plus the compiled plan, under `DIR/step-NNNNNNNN/`; `DIR/latest` names the
+//! newest complete one. Every file is written to a temp name and renamed, and a step
+//! directory becomes visible (renamed from `.tmp-…`) only once every rank has written, so a
+//! killed run leaves its last checkpoint intact.
+
+use crate::error::RtError;
+use crate::exec::Rank;
+use crate::optim::State;
+use fsdp_planner::Plan;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use tch::Tensor;
+
+pub const FORMAT: u32 = 1;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RankMeta {
+    pub format: u32,
+    pub plan_hash: String,
+    pub model_hash: String,
+    pub world_size: u64,
+    pub rank: usize,
+    /// Steps completed.
+    pub step: usize,
+    pub adam_steps: Vec<i64>,
+}
+
+fn io(file: &Path, e: impl std::fmt::Display) -> RtError {
+    RtError::File {
+        file: file.display().to_string(),
+        message: e.to_string(),
+    }
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), RtError> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).map_err(|e| io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| io(path, e))
+}
+
+pub fn step_dir(dir: &Path, step: usize) -> PathBuf {
+    dir.join(format!("step-{step:08}"))
+}
+
+fn tmp_dir(dir: &Path, step: usize) -> PathBuf {
+    dir.join(format!(".tmp-step-{step:08}"))
+}
+
+/// Every rank: write this rank's files into the step's temp directory.
+pub fn save_rank(dir: &Path, plan: &Plan, rank_idx: usize, rank: &Rank, step: usize) -> Result<(), RtError> {
+    let tmp = tmp_dir(dir, step);
+    std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
+    let mut named: Vec<(String, Tensor)> = vec![];
+    for (u, s) in rank.shards.iter().enumerate() {
+        named.push((format!("shard.{u}"), s.shallow_clone()));
+        named.push((format!("exp_avg.{u}"), rank.opt[u].m.shallow_clone()));
+        named.push((format!("exp_avg_sq.{u}"), rank.opt[u].v.shallow_clone()));
+    }
+    let st = tmp.join(format!("rank-{rank_idx}.safetensors"));
+    let st_tmp = st.with_extension("tmp");
+    Tensor::write_safetensors(&named, &st_tmp).map_err(|e| io(&st_tmp, e))?;
+    std::fs::rename(&st_tmp, &st).map_err(|e| io(&st, e))?;
+    let meta = RankMeta {
+        format: FORMAT,
+        plan_hash: plan.plan_hash.clone(),
+        model_hash: plan.model_hash.clone(),
+        world_size: plan.options.world_size,
+        rank: rank_idx,
+        step,
+        adam_steps: rank.opt.iter().map(|s| s.step).collect(),
+    };
+    let json = serde_json::to_vec_pretty(&meta).map_err(|e| io(&st, e))?;
+    write_atomic(&tmp.join(format!("rank-{rank_idx}.json")), &json)
+}
+
+/// Rank 0, after every rank saved: add the plan, publish the directory, point `latest` at it.
+pub fn commit(dir: &Path, plan: &Plan, step: usize) -> Result<(), RtError> {
+    let tmp = tmp_dir(dir, step);
+    let ron = ron::ser::to_string(plan).map_err(|e| io(&tmp, e))?;
+    write_atomic(&tmp.join("plan.ron"), ron.as_bytes())?;
+    let fin = step_dir(dir, step);
+    if fin.exists() {
+        std::fs::remove_dir_all(&fin).map_err(|e| io(&fin, e))?;
+    }
+    std::fs::rename(&tmp, &fin).map_err(|e| io(&fin, e))?;
+    write_atomic(&dir.join("latest"), format!("step-{step:08}\n").as_bytes())
+}
+
+/// The newest complete checkpoint directory.
+pub fn latest(dir: &Path) -> Result<PathBuf, RtError> {
+    let l = dir.join("latest");
+    let name = std::fs::read_to_string(&l).map_err(|e| io(&l, e))?;
+    Ok(dir.join(name.trim()))
+}
+
+/// Loads this rank's state from a checkpoint directory, refusing another plan or world size.
+pub fn load_rank(ckpt: &Path, plan: &Plan, rank_idx: usize) -> Result<(Rank, usize), RtError> {
+    let mp = ckpt.join(format!("rank-{rank_idx}.json"));
+    let text = std::fs::read_to_string(&mp).map_err(|e| io(&mp, e))?;
+    let meta: RankMeta = serde_json::from_str(&text).map_err(|e| io(&mp, format!("corrupted metadata: {e}")))?;
+    if meta.format != FORMAT {
+        return Err(io(&mp, format!("checkpoint format {} (this build reads {FORMAT})", meta.format)));
+    }
+    if meta.plan_hash != plan.plan_hash {
+        return Err(io(&mp, format!("saved for plan {} but this run's plan is {} (another model, world size or options)", meta.plan_hash, plan.plan_hash)));
+    }
+    if meta.world_size != plan.options.world_size || meta.rank != rank_idx {
+        return Err(io(&mp, format!("rank {} of world size {}; this is rank {rank_idx} of {}", meta.rank, meta.world_size, plan.options.world_size)));
+    }
+    let sp = ckpt.join(format!("rank-{rank_idx}.safetensors"));
+    let tensors: std::collections::HashMap<String, Tensor> = Tensor::read_safetensors(&sp).map_err(|e| io(&sp, format!("corrupted: {e}")))?.into_iter().collect();
+    let n = plan.units.len();
+    let get = |k: &str| tensors.get(k).map(|t| t.shallow_clone()).ok_or_else(|| io(&sp, format!("missing tensor `{k}`")));
+    let mut shards = vec![];
+    let mut opt = vec![];
+    for u in 0..n {
+        let s = get(&format!("shard.{u}"))?;
+        if s.size() != [plan.units[u].shard_numel as i64] {
+            return Err(io(&sp, format!("shard.{u} has {:?} elements, the plan says {}", s.size(), plan.units[u].shard_numel)));
+        }
+        opt.push(State {
+            m: get(&format!("exp_avg.{u}"))?,
+            v: get(&format!("exp_avg_sq.{u}"))?,
+            step: meta.adam_steps.get(u).copied().unwrap_or(0),
+        });
+        shards.push(s);
+    }
+    Ok((Rank { shards, opt }, meta.step))
+}
+
+/// Reassembles full HF-named parameters from every rank's shards (`consolidate`).
+pub fn consolidate(ckpt: &Path, out: &Path) -> Result<usize, RtError> {
+    let pp = ckpt.join("plan.ron");
+    let text = std::fs::read_to_string(&pp).map_err(|e| io(&pp, e))?;
+    let plan: Plan = ron::from_str(&text).map_err(|e| io(&pp, format!("corrupted plan: {e}")))?;
+    let ws = plan.options.shard_size() as usize;
+    let mut per_rank = vec![];
+    for r in 0..ws {
+        per_rank.push(load_rank(ckpt, &plan, r)?.0);
+    }
+    let mut named: Vec<(String, Tensor)> = vec![];
+    for (u, unit) in plan.units.iter().enumerate() {
+        let all = Tensor::cat(&per_rank.iter().map(|r| r.shards[u].shallow_clone()).collect::<Vec<_>>(), 0);
+        for p in &unit.params {
+            let shape: Vec<i64> = p.shape.iter().map(|&d| d as i64).collect();
+            let t = match plan.options.layout {
+                fsdp_planner::Layout::Fsdp2 => all
+                    .reshape([ws as i64, unit.shard_numel as i64])
+                    .narrow(1, p.offset as i64, p.shard_numel as i64)
+                    .reshape([-1, (p.numel / p.shape[0]) as i64])
+                    .narrow(0, 0, p.shape[0] as i64),
+                fsdp_planner::Layout::Flat => all.narrow(0, p.offset as i64, p.numel as i64),
+            };
+            named.push((p.name.clone(), t.reshape(shape.as_slice()).contiguous()));
+        }
+    }
+    let tmp = out.with_extension("tmp");
+    Tensor::write_safetensors(&named, &tmp).map_err(|e| io(&tmp, e))?;
+    std::fs::rename(&tmp, out).map_err(|e| io(out, e))?;
+    Ok(named.len())
+}
