@@ -76,6 +76,19 @@ impl Rank {
     }
 }
 
+/// torch kind of an IR dtype.
+pub fn kind_of(d: fsdp_ir::DType) -> Kind {
+    match d {
+        fsdp_ir::DType::Float32 => Kind::Float,
+        fsdp_ir::DType::Bfloat16 => Kind::BFloat16,
+        fsdp_ir::DType::Float16 => Kind::Half,
+        fsdp_ir::DType::Int64 => Kind::Int64,
+        fsdp_ir::DType::Int32 => Kind::Int,
+        fsdp_ir::DType::Uint8 => Kind::Uint8,
+        fsdp_ir::DType::Bool => Kind::Bool,
+    }
+}
+
 /// Unsharded params of a unit from its all-gather output (the copy-out).
 fn copy_out(plan: &Plan, u: usize, gathered: &Tensor) -> HashMap<String, Tensor> {
     let unit = &plan.units[u];
@@ -136,6 +149,8 @@ fn rs_input(plan: &Plan, u: usize, grads: &HashMap<String, Tensor>, kind: Kind) 
 /// inputs (`input_ids`, `labels`). Returns the mean loss of this rank's micro-batches.
 pub fn step(plan: &Plan, model: &Model, comm: &dyn Collective, rank: &mut Rank, batches: &[HashMap<String, Tensor>], cx: &OpCx, opt: &AdamW) -> Result<f64, RtError> {
     let nu = plan.units.len();
+    let param_kind = plan.options.param_dtype.map(kind_of);
+    let reduce_kind = plan.options.reduce_dtype.map(kind_of);
     let owner: HashMap<&str, usize> = plan
         .units
         .iter()
@@ -174,8 +189,13 @@ pub fn step(plan: &Plan, model: &Model, comm: &dyn Collective, rank: &mut Rank, 
         match &sop.kind {
             OpKind::Setup | OpKind::PhaseEnd | OpKind::KeepGrads { .. } => {}
             OpKind::AllGather { unit, .. } => {
+                // mixed precision: the shard is cast to param_dtype, then gathered
                 let u = unit.index();
-                gathered[u] = Some(comm.all_gather(&rank.shards[u]));
+                let s = match param_kind {
+                    Some(k) => rank.shards[u].to_kind(k),
+                    None => rank.shards[u].shallow_clone(),
+                };
+                gathered[u] = Some(comm.all_gather(&s));
             }
             OpKind::CopyOut { unit } => {
                 let u = unit.index();
@@ -258,9 +278,15 @@ pub fn step(plan: &Plan, model: &Model, comm: &dyn Collective, rank: &mut Rank, 
             }
             OpKind::ReduceScatter { unit, .. } => {
                 let u = unit.index();
-                let input = tch::no_grad(|| rs_input(plan, u, &pgrads[u], rank.shards[u].kind()));
+                // grads are reduced in reduce_dtype (else their own dtype), then kept in the
+                // shard's (master) dtype
+                let gk = reduce_kind.or(param_kind).unwrap_or(rank.shards[u].kind());
+                let input = tch::no_grad(|| {
+                    let grads: HashMap<String, Tensor> = pgrads[u].iter().map(|(n, g)| (n.clone(), g.to_kind(gk))).collect();
+                    rs_input(plan, u, &grads, gk)
+                });
                 pgrads[u].clear();
-                let out = comm.reduce_scatter_avg(&input);
+                let out = comm.reduce_scatter_avg(&input).to_kind(rank.shards[u].kind());
                 sgrads[u] = Some(match sgrads[u].take() {
                     Some(acc) => acc + out,
                     None => out,

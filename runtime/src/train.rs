@@ -186,7 +186,7 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
                     };
                     let cx = OpCx {
                         attn: if plan.attn_implementation == "eager" { Attn::Eager } else { Attn::Sdpa },
-                        kind: Kind::Float,
+                        kind: plan.options.param_dtype.map(crate::exec::kind_of).unwrap_or(Kind::Float),
                     };
                     let last = cfg.stop_after.unwrap_or(cfg.steps).min(cfg.steps);
                     let mut out = vec![];
