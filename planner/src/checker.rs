@@ -32,12 +32,7 @@ pub fn check(model: &Model, plan: &Plan) -> Result<(), PlanError> {
     let mut peak = 0u64;
     let mut peak_cats = BTreeMap::new();
     // params of each model op, mapped to their owning unit
-    let owner: HashMap<&str, usize> = plan
-        .units
-        .iter()
-        .enumerate()
-        .flat_map(|(i, u)| u.params.iter().map(move |p| (p.name.as_str(), i)))
-        .collect();
+    let owner = plan.param_owners();
     let op_params: HashMap<&str, Vec<usize>> = model
         .ops
         .iter()

@@ -200,4 +200,13 @@ impl Plan {
     pub fn unit(&self, id: UnitId) -> &Unit {
         &self.units[id.index()]
     }
+
+    /// Index of the unit owning each (primary) parameter name.
+    pub fn param_owners(&self) -> std::collections::HashMap<&str, usize> {
+        self.units
+            .iter()
+            .enumerate()
+            .flat_map(|(i, u)| u.params.iter().map(move |p| (p.name.as_str(), i)))
+            .collect()
+    }
 }

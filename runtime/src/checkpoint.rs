@@ -142,17 +142,11 @@ pub fn consolidate(ckpt: &Path, out: &Path) -> Result<usize, RtError> {
     let mut named: Vec<(String, Tensor)> = vec![];
     for (u, unit) in plan.units.iter().enumerate() {
         let all = Tensor::cat(&per_rank.iter().map(|r| r.shards[u].shallow_clone()).collect::<Vec<_>>(), 0);
+        let full = crate::exec::copy_out(&plan, u, &all);
         for p in &unit.params {
-            let shape: Vec<i64> = p.shape.iter().map(|&d| d as i64).collect();
-            let t = match plan.options.layout {
-                fsdp_planner::Layout::Fsdp2 => all
-                    .reshape([ws as i64, unit.shard_numel as i64])
-                    .narrow(1, p.offset as i64, p.shard_numel as i64)
-                    .reshape([-1, (p.numel / p.shape[0]) as i64])
-                    .narrow(0, 0, p.shape[0] as i64),
-                fsdp_planner::Layout::Flat => all.narrow(0, p.offset as i64, p.numel as i64),
-            };
-            named.push((p.name.clone(), t.reshape(shape.as_slice()).contiguous()));
+            if let Some(t) = full.get(&p.name) {
+                named.push((p.name.clone(), t.shallow_clone()));
+            }
         }
     }
     let tmp = out.with_extension("tmp");

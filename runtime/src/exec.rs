@@ -89,8 +89,9 @@ pub fn kind_of(d: fsdp_ir::DType) -> Kind {
     }
 }
 
-/// Unsharded params of a unit from its all-gather output (the copy-out).
-fn copy_out(plan: &Plan, u: usize, gathered: &Tensor) -> HashMap<String, Tensor> {
+/// Unsharded params of a unit from its all-gather output (the copy-out): every rank's
+/// shard, concatenated in rank order.
+pub fn copy_out(plan: &Plan, u: usize, gathered: &Tensor) -> HashMap<String, Tensor> {
     let unit = &plan.units[u];
     let ws = plan.options.shard_size() as i64;
     let mut out = HashMap::new();
@@ -151,12 +152,7 @@ pub fn step(plan: &Plan, model: &Model, comm: &dyn Collective, rank: &mut Rank, 
     let nu = plan.units.len();
     let param_kind = plan.options.param_dtype.map(kind_of);
     let reduce_kind = plan.options.reduce_dtype.map(kind_of);
-    let owner: HashMap<&str, usize> = plan
-        .units
-        .iter()
-        .enumerate()
-        .flat_map(|(i, u)| u.params.iter().map(move |p| (p.name.as_str(), i)))
-        .collect();
+    let owner = plan.param_owners();
     let ops: HashMap<&str, &fsdp_ir::Op> = model.ops.iter().map(|o| (o.name.as_str(), o)).collect();
     let loss_op = model.ops.last().map(|o| o.name.as_str()).unwrap_or("");
     let mut gathered: Vec<Option<Tensor>> = (0..nu).map(|_| None).collect();

@@ -102,21 +102,9 @@ fn sharded(name: &str, m: &fsdp_ir::Model, opts: &Options, data: &[Vec<Tensor>])
                     }
                     // gather the final full parameters
                     let mut params = HashMap::new();
-                    for (u, unit) in plan.units.iter().enumerate() {
+                    for u in 0..plan.units.len() {
                         let all = g.all_gather(&rank.shards[u]);
-                        let wsz = plan.options.shard_size() as i64;
-                        for p in &unit.params {
-                            let shape: Vec<i64> = p.shape.iter().map(|&d| d as i64).collect();
-                            let t = match plan.options.layout {
-                                Layout::Fsdp2 => all
-                                    .reshape([wsz, unit.shard_numel as i64])
-                                    .narrow(1, p.offset as i64, p.shard_numel as i64)
-                                    .reshape([-1, (p.numel / p.shape[0]) as i64])
-                                    .narrow(0, 0, p.shape[0] as i64),
-                                Layout::Flat => all.narrow(0, p.offset as i64, p.numel as i64),
-                            };
-                            params.insert(p.name.clone(), t.reshape(shape.as_slice()).copy());
-                        }
+                        params.extend(fsdp_runtime::exec::copy_out(plan, u, &all));
                     }
                     (losses, params)
                 })
