@@ -52,6 +52,20 @@ enum Cmd {
     /// rank got the same id, barrier and exit (a check for `launch`).
     #[command(hide = true)]
     RendezvousSelftest(SelftestArgs),
+    /// Fit a hardware profile to a measured timeline (`run --trace`) of the same plan.
+    Calibrate {
+        #[command(flatten)]
+        p: PlanArgs,
+        /// The measured trace (Chrome JSON from `fsdp-plan run --trace`).
+        #[arg(long)]
+        trace: PathBuf,
+        /// Profile to start from.
+        #[arg(long, default_value = "cpu")]
+        hardware: String,
+        /// Where to write the fitted profile (RON).
+        #[arg(short, long)]
+        output: PathBuf,
+    },
     /// Write a full HF-named safetensors file from a sharded checkpoint directory.
     Consolidate {
         /// A checkpoint directory (its `latest`) or one `step-N` directory.
@@ -99,6 +113,9 @@ struct RunArgs {
     /// bit-identically).
     #[arg(long)]
     resume: Option<PathBuf>,
+    /// Write the measured timeline of the last step (Chrome/Perfetto JSON, as `trace`).
+    #[arg(long)]
+    trace: Option<PathBuf>,
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     format: String,
 }
@@ -434,6 +451,7 @@ fn train(r: RunArgs) -> Result<()> {
         save: r.save.clone(),
         save_every: r.save_every,
         resume: r.resume.clone(),
+        trace: r.trace.clone(),
         ..fsdp_runtime::train::RunConfig::new(r.steps)
     };
     let text = r.format == "text";
@@ -541,12 +559,41 @@ fn rendezvous_selftest(_: SelftestArgs) -> Result<()> {
 #[cfg(not(feature = "runtime"))]
 const NO_RUNTIME: &str = "this fsdp-plan was built without the runtime: build with `cargo build --features runtime` after `bash scripts/setup-venv.sh && source scripts/env.sh` (libtorch from the project venv)";
 
+/// (start, end) in seconds per schedule op, from a measured Chrome trace (`run --trace`).
+fn read_measured(path: &Path, plan: &Plan) -> Result<Vec<(f64, f64)>> {
+    let text = read(path)?;
+    let doc: serde_json::Value = serde_json::from_str(&text).map_err(|e| user(format!("{}:{}:{}: {e}", path.display(), e.line(), e.column())))?;
+    fsdp_planner::trace::spans_from_trace(&doc, plan).map_err(|e| user(format!("{}: {e}", path.display())))
+}
+
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Run(r) => train(r)?,
         Cmd::Launch(a) => launch(a)?,
         Cmd::RendezvousSelftest(a) => rendezvous_selftest(a)?,
         Cmd::Consolidate { dir, output } => consolidate(&dir, &output)?,
+        Cmd::Calibrate { p, trace, hardware, output } => {
+            let model = load_model(&p.model)?;
+            let mut opts = options(&p.o, &p.o.policy).map_err(user)?;
+            opts.device = Device::Cpu;
+            let plan = fsdp_planner::plan(&model, &opts).map_err(user)?;
+            let hw = load_hardware(&hardware)?;
+            let measured = read_measured(&trace, &plan)?;
+            let c = fsdp_planner::calibrate::calibrate(&plan, &model, &hw, &measured);
+            let cfg = ron::ser::PrettyConfig::new().struct_names(false);
+            let text = ron::ser::to_string_pretty(&c.hardware, cfg).context("serializing the profile")?;
+            write_atomic(&output, &text)?;
+            println!(
+                "measured step {:.3} ms · predicted with {} {:.3} ms ({:+.1}%) · calibrated {:.3} ms ({:+.1}%) → {}",
+                c.measured_step_s * 1e3,
+                hw.name,
+                c.predicted_before_s * 1e3,
+                100.0 * c.error_before(),
+                c.predicted_after_s * 1e3,
+                100.0 * c.error_after(),
+                output.display()
+            );
+        }
         Cmd::Plan { p: a, hw } => {
             let model = load_model(&a.model)?;
             let opts = options(&a.o, &a.o.policy).map_err(user)?;
@@ -862,7 +909,7 @@ fn plan_ron(plan: &Plan) -> Result<String> {
     ron::ser::to_string_pretty(plan, cfg).context("serializing the plan")
 }
 
-const SUBCOMMANDS: [&str; 16] = ["plan", "compile", "diff", "trace", "plot", "sweep", "run", "launch", "rendezvous-selftest", "consolidate", "import", "help", "--help", "-h", "--version", "-V"];
+const SUBCOMMANDS: &[&str] = &["plan", "compile", "diff", "trace", "plot", "sweep", "run", "launch", "rendezvous-selftest", "consolidate", "calibrate", "import", "help", "--help", "-h", "--version", "-V"];
 
 fn main() -> ExitCode {
     let mut args: Vec<String> = std::env::args().collect();

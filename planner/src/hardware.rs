@@ -103,6 +103,10 @@ pub struct Hardware {
     /// the whole time of FSDP bookkeeping ops (reshard, setup, phase end, zero_grad).
     #[serde(default = "d_overhead", deserialize_with = "non_negative")]
     pub op_overhead_s: f64,
+    /// Every op runs on one thread in schedule order (collectives block compute): our CPU
+    /// runtime. GPUs overlap their streams.
+    #[serde(default)]
+    pub serial_streams: bool,
 }
 
 impl Hardware {

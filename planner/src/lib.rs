@@ -8,6 +8,7 @@
 
 pub mod activation;
 pub mod buffers;
+pub mod calibrate;
 pub mod checker;
 pub mod cost;
 pub mod diff;

@@ -298,8 +298,22 @@ fn uncovered(a: &[(f64, f64)], b: &[(f64, f64)]) -> f64 {
 pub fn predict(plan: &Plan, model: &Model, hw: &Hardware) -> TimeReport {
     let cm = CostModel::new(plan, model);
     let dur: Vec<f64> = plan.schedule.iter().map(|op| op_duration(plan, &cm, hw, op)).collect();
-    let extra = implicit_deps(&plan.schedule);
-    let spans = simulate(&plan.schedule, &extra, &dur);
+    let spans = if hw.serial_streams {
+        // one thread runs every op in schedule order (our CPU runtime)
+        let mut t = 0.0;
+        plan.schedule
+            .iter()
+            .zip(&dur)
+            .map(|(op, d)| {
+                let s = OpSpan { op: op.id, stream: op.stream, start: t, end: t + d };
+                t += d;
+                s
+            })
+            .collect()
+    } else {
+        let extra = implicit_deps(&plan.schedule);
+        simulate(&plan.schedule, &extra, &dur)
+    };
     report(plan, hw, cm.model_flops * plan.options.grad_accum as f64, spans)
 }
 

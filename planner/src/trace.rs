@@ -90,3 +90,26 @@ pub fn chrome_trace(plan: &Plan, report: &TimeReport, mem: &[MemSample]) -> Valu
         },
     })
 }
+
+/// (start, end) in seconds of every schedule op of `plan`, read back from a trace in this
+/// format (e.g. the runtime's measured `run --trace`). Errors name the first missing op.
+pub fn spans_from_trace(doc: &Value, plan: &Plan) -> Result<Vec<(f64, f64)>, String> {
+    let mut spans = vec![None; plan.schedule.len()];
+    for ev in doc["traceEvents"].as_array().into_iter().flatten() {
+        if ev["ph"] != "X" {
+            continue;
+        }
+        let Some(i) = ev["args"]["op"].as_str().and_then(|o| o.strip_prefix("op")).and_then(|n| n.parse::<usize>().ok()) else {
+            continue;
+        };
+        let (ts, dur) = (ev["ts"].as_f64().unwrap_or(0.0) * 1e-6, ev["dur"].as_f64().unwrap_or(0.0) * 1e-6);
+        if let Some(s) = spans.get_mut(i) {
+            *s = Some((ts, ts + dur));
+        }
+    }
+    spans
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| s.ok_or_else(|| format!("no event for op{i}: the trace is of another plan")))
+        .collect()
+}

@@ -149,6 +149,23 @@ fn rs_input(plan: &Plan, u: usize, grads: &HashMap<String, Tensor>, kind: Kind) 
 /// Runs one training step of `plan` on this rank. `batches[k]` holds micro-batch k's model
 /// inputs (`input_ids`, `labels`). Returns the mean loss of this rank's micro-batches.
 pub fn step(plan: &Plan, model: &Model, comm: &dyn Collective, rank: &mut Rank, batches: &[HashMap<String, Tensor>], cx: &OpCx, opt: &AdamW) -> Result<f64, RtError> {
+    step_timed(plan, model, comm, rank, batches, cx, opt, None)
+}
+
+/// [`step`], recording each schedule op's wall-clock (start, end) in seconds from the start
+/// of the step into `spans` (one entry per schedule op, in schedule order).
+#[allow(clippy::too_many_arguments)]
+pub fn step_timed(
+    plan: &Plan,
+    model: &Model,
+    comm: &dyn Collective,
+    rank: &mut Rank,
+    batches: &[HashMap<String, Tensor>],
+    cx: &OpCx,
+    opt: &AdamW,
+    mut spans: Option<&mut Vec<(f64, f64)>>,
+) -> Result<f64, RtError> {
+    let t0 = std::time::Instant::now();
     let nu = plan.units.len();
     let param_kind = plan.options.param_dtype.map(kind_of);
     let reduce_kind = plan.options.reduce_dtype.map(kind_of);
@@ -173,6 +190,14 @@ pub fn step(plan: &Plan, model: &Model, comm: &dyn Collective, rank: &mut Rank, 
             .ok_or_else(|| err(format!("param `{prim}` used while {} is sharded", plan.units[u].label())))
     };
     for sop in &plan.schedule {
+        let started = t0.elapsed().as_secs_f64();
+        if let Some(sp) = spans.as_deref_mut() {
+            // closes the previous op: ops run one after the other on this thread
+            if let Some(last) = sp.last_mut() {
+                last.1 = started;
+            }
+            sp.push((started, started));
+        }
         if sop.micro_batch != mb && matches!(sop.kind, OpKind::Forward { .. } | OpKind::AllGather { .. }) && sop.phase == fsdp_planner::Phase::Forward {
             mb = sop.micro_batch;
             env.clear();
@@ -302,6 +327,11 @@ pub fn step(plan: &Plan, model: &Model, comm: &dyn Collective, rank: &mut Rank, 
                     *g = None;
                 }
             }
+        }
+    }
+    if let Some(sp) = spans {
+        if let Some(last) = sp.last_mut() {
+            last.1 = t0.elapsed().as_secs_f64();
         }
     }
     Ok(losses.iter().sum::<f64>() / losses.len().max(1) as f64)

@@ -3,7 +3,7 @@
 
 use crate::comm::{Collective, CpuGroup};
 use crate::error::RtError;
-use crate::exec::{step, Rank};
+use crate::exec::Rank;
 use crate::ops::{Attn, OpCx};
 use crate::optim::AdamW;
 use fsdp_ir::Model;
@@ -28,6 +28,9 @@ pub struct RunConfig {
     pub resume: Option<PathBuf>,
     /// Stop after this many steps in total (simulates a run killed there).
     pub stop_after: Option<usize>,
+    /// Write rank 0's measured timeline of the last step here (Chrome/Perfetto JSON, the
+    /// same format as `fsdp-plan trace`).
+    pub trace: Option<PathBuf>,
 }
 
 impl RunConfig {
@@ -42,6 +45,7 @@ impl RunConfig {
             save_every: 0,
             resume: None,
             stop_after: None,
+            trace: None,
         }
     }
 }
@@ -166,6 +170,8 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
             (g, w, mine)
         })
         .collect();
+    let last_spans: std::sync::Mutex<Vec<(f64, f64)>> = std::sync::Mutex::new(vec![]);
+    let last_spans = &last_spans;
     let results: Vec<Result<Vec<(usize, f64, f64)>, RtError>> = std::thread::scope(|sc| {
         let hs: Vec<_> = per_rank
             .into_iter()
@@ -195,7 +201,11 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
                             .iter()
                             .map(|ids| HashMap::from([("input_ids".to_string(), ids.shallow_clone()), ("labels".to_string(), ids.copy())]))
                             .collect();
-                        let l = step(plan, model, &g, &mut rank, &mine, &cx, &opt)?;
+                        let mut spans = vec![];
+                        let l = crate::exec::step_timed(plan, model, &g, &mut rank, &mine, &cx, &opt, Some(&mut spans))?;
+                        if g.rank() == 0 {
+                            *last_spans.lock().unwrap_or_else(|e| e.into_inner()) = spans;
+                        }
                         let avg = g.all_reduce_avg(&Tensor::from(l)).double_value(&[]);
                         out.push((i + 1, avg, start.elapsed().as_secs_f64()));
                         let n = i + 1;
@@ -235,6 +245,10 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
         return Err(e);
     }
     let r0 = oks.into_iter().next().unwrap_or_default();
+    if let Some(path) = &cfg.trace {
+        let spans = std::mem::take(&mut *last_spans.lock().unwrap_or_else(|e| e.into_inner()));
+        write_trace(plan, &spans, path)?;
+    }
     let mut prev = 0.0;
     for (n, loss, t) in r0.into_iter() {
         let rep = StepReport {
@@ -247,4 +261,41 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
         reports.push(rep);
     }
     Ok(reports)
+}
+
+/// The measured timeline of rank 0's last step as a [`fsdp_planner::timeline::TimeReport`]
+/// (collectives run on the calling thread here, so all communication is exposed).
+pub fn measured_report(plan: &Plan, spans: &[(f64, f64)]) -> fsdp_planner::timeline::TimeReport {
+    use fsdp_planner::timeline::{OpSpan, TimeReport};
+    use fsdp_planner::Stream;
+    let ops: Vec<OpSpan> = plan
+        .schedule
+        .iter()
+        .zip(spans)
+        .map(|(o, &(start, end))| OpSpan { op: o.id, stream: o.stream, start, end })
+        .collect();
+    let step = spans.last().map(|s| s.1).unwrap_or(0.0);
+    let comm: f64 = ops.iter().filter(|o| o.stream != Stream::Compute).map(|o| o.end - o.start).sum();
+    let tokens = plan.options.batch * plan.options.seq * plan.options.grad_accum as u64;
+    TimeReport {
+        hardware: "measured: fsdp-plan CPU runtime, rank 0".into(),
+        step_time_s: step,
+        compute_s: step - comm,
+        exposed_comm_s: comm,
+        comm_s: comm,
+        mfu: 0.0,
+        model_flops: 0.0,
+        tokens_per_step: tokens,
+        tokens_per_s_per_gpu: tokens as f64 / step.max(1e-12),
+        ops,
+    }
+}
+
+fn write_trace(plan: &Plan, spans: &[(f64, f64)], path: &std::path::Path) -> Result<(), RtError> {
+    let report = measured_report(plan, spans);
+    let doc = fsdp_planner::trace::chrome_trace(plan, &report, &[]);
+    let text = serde_json::to_string(&doc).map_err(|e| RtError::File { file: path.display().to_string(), message: e.to_string() })?;
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).map_err(|e| RtError::File { file: tmp.display().to_string(), message: e.to_string() })?;
+    std::fs::rename(&tmp, path).map_err(|e| RtError::File { file: path.display().to_string(), message: e.to_string() })
 }

@@ -1,0 +1,42 @@
+//! Calibration from a measured run: `run --trace` on the CPU runtime, then
+//! `calibrate::calibrate` fits the `cpu` profile; the fitted profile predicts the measured
+//! step within 10% (in sample). The out-of-sample error is printed, not asserted.
+
+use fsdp_planner::{Device, Options};
+use fsdp_runtime::train::{run_cpu, RunConfig};
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn measure(name: &str, batch: u64, seq: u64) -> (fsdp_ir::Model, fsdp_planner::Plan, Vec<(f64, f64)>) {
+    let cfg = format!("models/{name}.config.json");
+    let m = fsdp_ir::hf::import_hf(&std::fs::read_to_string(root().join(&cfg)).unwrap(), &cfg, name).unwrap();
+    let plan = fsdp_planner::plan(&m, &Options { world_size: 2, batch, seq, device: Device::Cpu, ..Options::default() }).unwrap();
+    let path = std::env::temp_dir().join(format!("fsdp-cal-{name}-{}.json", std::process::id()));
+    run_cpu(&plan, &m, &RunConfig { trace: Some(path.clone()), ..RunConfig::new(4) }, |_| {}).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let spans = fsdp_planner::trace::spans_from_trace(&doc, &plan).unwrap();
+    (m, plan, spans)
+}
+
+#[test]
+fn calibrated_cpu_profile_predicts_the_measured_step() {
+    let text = std::fs::read_to_string(root().join("models/hardware/cpu.ron")).unwrap();
+    let cpu: fsdp_planner::hardware::Hardware = ron::from_str(&text).unwrap();
+    let (m, plan, spans) = measure("tiny-llama", 2, 64);
+    let c = fsdp_planner::calibrate::calibrate(&plan, &m, &cpu, &spans);
+    eprintln!(
+        "tiny-llama ws2 2x64: measured {:.2} ms, cpu profile {:+.1}%, calibrated {:+.1}%",
+        c.measured_step_s * 1e3,
+        100.0 * c.error_before(),
+        100.0 * c.error_after()
+    );
+    assert!(c.error_after().abs() < 0.10, "in-sample error {:+.1}%", 100.0 * c.error_after());
+    // out of sample: the fitted profile on another model and shape
+    let (m2, plan2, spans2) = measure("tiny-gpt2", 4, 32);
+    let pred = fsdp_planner::timeline::predict(&plan2, &m2, &c.hardware).step_time_s;
+    let meas = spans2.last().unwrap().1 - spans2[0].0;
+    eprintln!("tiny-gpt2 ws2 4x32 with the tiny-llama fit: measured {:.2} ms, predicted {:.2} ms ({:+.1}%)", meas * 1e3, pred * 1e3, 100.0 * (pred - meas) / meas);
+}
