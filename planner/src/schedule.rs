@@ -71,7 +71,7 @@ impl B<'_> {
             phase: self.phase,
             micro_batch: self.mb,
             deps,
-            events: vec![],
+            events: Vec::with_capacity(4),
         });
         id
     }
@@ -675,8 +675,9 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
         for s in &m.saved {
             saved_now.push(b.alloc(format!("{} {}", op.name, s.what), Category::Activation, s.bytes(), None));
         }
-        for s in &m.fwd_scratch {
-            b.transient(format!("{} {}", op.name, s.what), Category::Activation, s.bytes());
+        // forward scratch tensors live one after the other: one transient of the largest
+        if let Some(big) = m.fwd_scratch.iter().max_by_key(|s| s.bytes()) {
+            b.transient(format!("{} {}", op.name, big.what), Category::Activation, big.bytes());
         }
         // extra saved tensors of checkpointed ops are dropped right away
         if in_region {
