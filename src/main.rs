@@ -457,7 +457,7 @@ fn train(r: RunArgs) -> Result<()> {
     let text = r.format == "text";
     let reports = fsdp_runtime::train::run_cpu(&plan, &model, &cfg, |s| {
         if text {
-            eprintln!("step {:>4}  loss {:.6}  {:>10.1} tokens/s", s.step, s.loss, s.tokens_per_s);
+            eprintln!("step {:>4}  loss {:.6}  {:>10.1} tokens/s  peak {} (rank 0, measured)", s.step, s.loss, s.tokens_per_s, fsdp_planner::print::bytes(s.peak_bytes));
         }
     })
     .map_err(user)?;

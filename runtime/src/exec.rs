@@ -149,7 +149,30 @@ fn rs_input(plan: &Plan, u: usize, grads: &HashMap<String, Tensor>, kind: Kind) 
 /// Runs one training step of `plan` on this rank. `batches[k]` holds micro-batch k's model
 /// inputs (`input_ids`, `labels`). Returns the mean loss of this rank's micro-batches.
 pub fn step(plan: &Plan, model: &Model, comm: &dyn Collective, rank: &mut Rank, batches: &[HashMap<String, Tensor>], cx: &OpCx, opt: &AdamW) -> Result<f64, RtError> {
-    step_timed(plan, model, comm, rank, batches, cx, opt, None)
+    step_timed(plan, model, comm, rank, batches, cx, opt, None, None)
+}
+
+/// What the executor itself holds, measured after every schedule op: bytes of the distinct
+/// tensor storages it references (shards, optimizer state, gathered buffers, unsharded
+/// params, forward values kept for the per-op backward, gradients).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StepStats {
+    pub peak_bytes: u64,
+}
+
+fn held_bytes<'a>(ts: impl Iterator<Item = &'a Tensor>) -> u64 {
+    let mut seen = std::collections::HashSet::new();
+    let mut total = 0u64;
+    for t in ts {
+        if !t.defined() {
+            continue;
+        }
+        let p = t.data_ptr() as usize;
+        if p != 0 && seen.insert(p) {
+            total += (t.numel() * t.kind().elt_size_in_bytes()) as u64;
+        }
+    }
+    total
 }
 
 /// [`step`], recording each schedule op's wall-clock (start, end) in seconds from the start
@@ -164,6 +187,7 @@ pub fn step_timed(
     cx: &OpCx,
     opt: &AdamW,
     mut spans: Option<&mut Vec<(f64, f64)>>,
+    mut stats: Option<&mut StepStats>,
 ) -> Result<f64, RtError> {
     let t0 = std::time::Instant::now();
     let nu = plan.units.len();
@@ -190,6 +214,19 @@ pub fn step_timed(
             .ok_or_else(|| err(format!("param `{prim}` used while {} is sharded", plan.units[u].label())))
     };
     for sop in &plan.schedule {
+        if let Some(st) = stats.as_deref_mut() {
+            let all = rank
+                .shards
+                .iter()
+                .chain(rank.opt.iter().flat_map(|o| [&o.m, &o.v]))
+                .chain(env.values())
+                .chain(grads.values())
+                .chain(gathered.iter().flatten())
+                .chain(unsharded.iter().flatten().flat_map(|m| m.values()))
+                .chain(pgrads.iter().flat_map(|m| m.values()))
+                .chain(sgrads.iter().flatten());
+            st.peak_bytes = st.peak_bytes.max(held_bytes(all));
+        }
         let started = t0.elapsed().as_secs_f64();
         if let Some(sp) = spans.as_deref_mut() {
             // closes the previous op: ops run one after the other on this thread

@@ -57,6 +57,8 @@ pub struct StepReport {
     pub loss: f64,
     /// Tokens of the global batch per second of wall time (all ranks).
     pub tokens_per_s: f64,
+    /// Rank 0's peak of what the executor holds ([`crate::exec::StepStats`]).
+    pub peak_bytes: u64,
 }
 
 /// SplitMix64: a small deterministic generator owned by the run (the global torch RNG is
@@ -172,11 +174,11 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
         .collect();
     let last_spans: std::sync::Mutex<Vec<(f64, f64)>> = std::sync::Mutex::new(vec![]);
     let last_spans = &last_spans;
-    let results: Vec<Result<Vec<(usize, f64, f64)>, RtError>> = std::thread::scope(|sc| {
+    let results: Vec<Result<Vec<(usize, f64, f64, u64)>, RtError>> = std::thread::scope(|sc| {
         let hs: Vec<_> = per_rank
             .into_iter()
             .map(|(g, full, mine_all)| {
-                sc.spawn(move || -> Result<Vec<(usize, f64, f64)>, RtError> {
+                sc.spawn(move || -> Result<Vec<(usize, f64, f64, u64)>, RtError> {
                     tch::set_num_threads(1);
                     let setup = match &cfg.resume {
                         Some(dir) => crate::checkpoint::latest(dir).and_then(|c| crate::checkpoint::load_rank(&c, plan, g.rank())),
@@ -202,12 +204,14 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
                             .map(|ids| HashMap::from([("input_ids".to_string(), ids.shallow_clone()), ("labels".to_string(), ids.copy())]))
                             .collect();
                         let mut spans = vec![];
-                        let l = crate::exec::step_timed(plan, model, &g, &mut rank, &mine, &cx, &opt, Some(&mut spans))?;
+                        let mut stats = crate::exec::StepStats::default();
+                        let l = crate::exec::step_timed(plan, model, &g, &mut rank, &mine, &cx, &opt, Some(&mut spans), Some(&mut stats))?;
+                        let peak = g.all_reduce_avg(&Tensor::from(if g.rank() == 0 { stats.peak_bytes as f64 * g.size() as f64 } else { 0.0 })).double_value(&[]) as u64;
                         if g.rank() == 0 {
                             *last_spans.lock().unwrap_or_else(|e| e.into_inner()) = spans;
                         }
                         let avg = g.all_reduce_avg(&Tensor::from(l)).double_value(&[]);
-                        out.push((i + 1, avg, start.elapsed().as_secs_f64()));
+                        out.push((i + 1, avg, start.elapsed().as_secs_f64(), peak));
                         let n = i + 1;
                         if let Some(dir) = &cfg.save {
                             if (cfg.save_every > 0 && n % cfg.save_every == 0) || n == cfg.steps {
@@ -250,8 +254,9 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
         write_trace(plan, &spans, path)?;
     }
     let mut prev = 0.0;
-    for (n, loss, t) in r0.into_iter() {
+    for (n, loss, t, peak) in r0.into_iter() {
         let rep = StepReport {
+            peak_bytes: peak,
             step: n,
             loss,
             tokens_per_s: per_step as f64 / (t - prev).max(1e-9),
