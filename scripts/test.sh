@@ -7,3 +7,4 @@ cd "$(dirname "$0")/.."
 bash scripts/setup-venv.sh
 source scripts/env.sh
 cargo test --workspace --all-targets --locked
+cargo build -p fsdp-runtime --features cuda --locked   # the GPU backend compiles (cudarc loads CUDA/NCCL at run time)

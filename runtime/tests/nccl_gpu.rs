@@ -60,3 +60,16 @@ fn without_cuda_the_backend_says_how_to_get_it() {
     assert!(e.starts_with("built without CUDA (feature `cuda`)"), "{e}");
     assert_eq!(nccl::unique_id().unwrap_err(), cuda::CudaError::NotBuilt);
 }
+
+/// `ncclGetVersion` needs no GPU: with `--features cuda` and `source scripts/cuda-env.sh`
+/// this checks that cudarc finds the venv's NCCL.
+#[test]
+fn nccl_library_loads_when_present() {
+    match nccl::version() {
+        Ok((maj, min, patch)) => {
+            eprintln!("NCCL {maj}.{min}.{patch} loaded");
+            assert_eq!(maj, 2);
+        }
+        Err(e) => eprintln!("SKIPPED: NCCL not loadable ({e})"),
+    }
+}
