@@ -139,9 +139,10 @@ struct SelftestArgs {
     /// Seconds rank 0 waits for every rank (and the others for rank 0).
     #[arg(long, default_value_t = 30.0)]
     timeout_s: f64,
-    /// Also check all-gather / reduce-scatter / all-reduce over this backend (`nccl`: one GPU
-    /// per rank, LOCAL_RANK's; needs the `cuda` feature).
-    #[arg(long, default_value = "none", value_parser = ["none", "nccl"])]
+    /// Also check all-gather / reduce-scatter / all-reduce over this backend (`tcp`: CPU
+    /// tensors through rank 0's sockets; `nccl`: one GPU per rank, LOCAL_RANK's; needs the
+    /// `cuda` feature).
+    #[arg(long, default_value = "none", value_parser = ["none", "tcp", "nccl"])]
     collectives: String,
     /// This rank exits with code 3 after the rendezvous (tests `launch`'s failure handling).
     #[arg(long)]
@@ -536,6 +537,12 @@ fn rendezvous_selftest(a: SelftestArgs) -> Result<()> {
             println!("rank {}/{}: NCCL communicator on cuda:{}", rz.rank, rz.world_size, env.local_rank);
             println!("{}", selftest::check_collectives(&group, group.device()).map_err(|e| anyhow!("rank {}: {e}", env.rank))?);
             rz.barrier(Some(cfg.timeout)).map_err(|e| anyhow!(e))?;
+        }
+        "tcp" => {
+            let rz = rendezvous::rendezvous(&cfg, || Ok(rendezvous::random_id())).map_err(|e| anyhow!(e))?;
+            let group = fsdp_runtime::comm_tcp::TcpGroup::new(rz, Some(cfg.timeout));
+            println!("{}", selftest::check_collectives(&group, selftest::cpu()).map_err(|e| anyhow!("rank {}: {e}", env.rank))?);
+            group.rendezvous().barrier(Some(cfg.timeout)).map_err(|e| anyhow!(e))?;
         }
         _ => println!("{}", rendezvous::selftest(&cfg).map_err(|e| anyhow!(e))?),
     }

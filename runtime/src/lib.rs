@@ -8,6 +8,7 @@
 
 pub mod checkpoint;
 pub mod comm;
+pub mod comm_tcp;
 pub mod cuda;
 pub mod error;
 pub mod exec;

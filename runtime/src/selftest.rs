@@ -26,6 +26,11 @@ fn same(what: &str, kind: Kind, got: &Tensor, want: &Tensor) -> Result<(), Strin
     Ok(())
 }
 
+/// The CPU device (for callers without a tch dependency of their own).
+pub fn cpu() -> Device {
+    Device::Cpu
+}
+
 /// Runs all-gather, reduce-scatter (avg) and all-reduce (avg) in f32 and bf16 on `dev` and
 /// compares them with the expected values. Every rank must call it.
 pub fn check_collectives(comm: &dyn Collective, dev: Device) -> Result<String, String> {

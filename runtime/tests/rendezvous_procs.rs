@@ -48,6 +48,20 @@ fn child_entry() {
     if num("FSDP_TEST_SLEEP_RANK") == Some(env.rank) {
         std::thread::sleep(Duration::from_secs(60));
     }
+    if std::env::var("FSDP_TEST_COLLECTIVES").is_ok() {
+        // the CPU collective across processes, checked against hand-computed results
+        let cfg = Config::from_env(&env, timeout);
+        let rz = rendezvous::rendezvous(&cfg, || Ok(rendezvous::random_id())).unwrap();
+        let g = fsdp_runtime::comm_tcp::TcpGroup::new(rz, Some(timeout));
+        match fsdp_runtime::selftest::check_collectives(&g, tch::Device::Cpu) {
+            Ok(l) => println!("RDZV-OK {l}"),
+            Err(e) => {
+                println!("RDZV-ERR {e}");
+                std::process::exit(1)
+            }
+        }
+        std::process::exit(0)
+    }
     match rendezvous::selftest(&Config::from_env(&env, timeout)) {
         Ok(line) => {
             println!("RDZV-OK {line}");
@@ -67,7 +81,7 @@ fn child_entry() {
 fn child(vars: &[(&str, String)]) -> Command {
     let mut c = Command::new(std::env::current_exe().unwrap());
     c.args(CHILD_ARGS).env("FSDP_TEST_CHILD", "rank").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    for v in ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "FSDP_TEST_FAIL_RANK", "FSDP_TEST_SLEEP_RANK"] {
+    for v in ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "FSDP_TEST_FAIL_RANK", "FSDP_TEST_SLEEP_RANK", "FSDP_TEST_COLLECTIVES"] {
         c.env_remove(v);
     }
     for (k, v) in vars {
@@ -220,6 +234,23 @@ fn launch_kills_the_others_when_one_fails() {
             assert!(e.to_string().contains("; stopped the other"), "{e}");
         }
         e => panic!("{e}"),
+    }
+}
+
+#[test]
+fn tcp_collectives_across_processes() {
+    let port = free_port().unwrap();
+    let cmds = (0..3)
+        .map(|r| {
+            let mut c = rank(port, r, 3, 20_000);
+            c.env("FSDP_TEST_COLLECTIVES", "1");
+            c
+        })
+        .collect();
+    for (r, o) in run_all(cmds).iter().enumerate() {
+        let l = line(o);
+        assert!(o.status.success(), "rank {r}: {l}");
+        assert_eq!(l, format!("RDZV-OK rank {r}/3: collectives ok on Cpu (all-gather, reduce-scatter avg, all-reduce avg; f32, bf16)"));
     }
 }
 

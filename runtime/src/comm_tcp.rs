@@ -1,0 +1,172 @@
+//! [`TcpGroup`]: the [`Collective`] between CPU processes, over the rendezvous sockets (every
+//! rank sends its tensor to rank 0, which computes exactly what [`crate::comm::CpuGroup`]
+//! computes — concatenation, or the sum in rank order divided by the world size — and sends
+//! each rank its result). A star through rank 0: meant for tests and small CPU jobs under
+//! `fsdp-plan launch`, not for speed. Results are bit-identical to `CpuGroup`'s.
+
+use crate::comm::Collective;
+use crate::rendezvous::{RdzvError, Rendezvous};
+use std::time::Duration;
+use tch::{Device, Kind, Tensor};
+
+pub struct TcpGroup {
+    rz: Rendezvous,
+    /// Bounds each wait on a peer (`None`: wait for ever).
+    timeout: Option<Duration>,
+}
+
+const KINDS: [Kind; 8] = [Kind::Float, Kind::Double, Kind::BFloat16, Kind::Half, Kind::Int64, Kind::Int, Kind::Uint8, Kind::Int8];
+
+fn encode(t: &Tensor) -> Vec<u8> {
+    let t = t.detach().to_device(Device::Cpu).contiguous();
+    let code = KINDS.iter().position(|k| *k == t.kind()).unwrap_or_else(|| panic!("TcpGroup: unsupported dtype {:?}", t.kind()));
+    let dims = t.size();
+    let numel = t.numel();
+    let mut out = vec![code as u8, dims.len() as u8];
+    for d in &dims {
+        out.extend(d.to_be_bytes());
+    }
+    let at = out.len();
+    out.resize(at + numel * t.kind().elt_size_in_bytes(), 0);
+    t.copy_data_u8(&mut out[at..], numel);
+    out
+}
+
+fn decode(b: &[u8]) -> Tensor {
+    let kind = KINDS[b[0] as usize];
+    let nd = b[1] as usize;
+    let dims: Vec<i64> = (0..nd).map(|i| i64::from_be_bytes(b[2 + 8 * i..10 + 8 * i].try_into().unwrap())).collect();
+    Tensor::from_data_size(&b[2 + 8 * nd..], &dims, kind)
+}
+
+fn sum_in_rank_order(all: &[Tensor]) -> Tensor {
+    let mut acc = all[0].copy();
+    for t in &all[1..] {
+        acc += t;
+    }
+    acc
+}
+
+impl TcpGroup {
+    pub fn new(rz: Rendezvous, timeout: Option<Duration>) -> TcpGroup {
+        TcpGroup { rz, timeout }
+    }
+
+    pub fn rendezvous(&self) -> &Rendezvous {
+        &self.rz
+    }
+
+    /// Sends `t` to rank 0, which applies `f` to every rank's tensor (rank order) and returns
+    /// one tensor per rank.
+    fn exchange(&self, t: &Tensor, f: impl FnOnce(Vec<Tensor>) -> Vec<Tensor>) -> Result<Tensor, RdzvError> {
+        tch::no_grad(|| {
+            let reply = self.rz.exchange(encode(t), self.timeout, |all| f(all.iter().map(|b| decode(b)).collect()).iter().map(encode).collect())?;
+            Ok(decode(&reply))
+        })
+    }
+
+    pub fn try_all_gather(&self, input: &Tensor) -> Result<Tensor, RdzvError> {
+        let n = self.rz.world_size;
+        self.exchange(input, |all| {
+            let out = Tensor::cat(&all, 0);
+            (0..n).map(|_| out.shallow_clone()).collect()
+        })
+    }
+
+    pub fn try_reduce_scatter_avg(&self, input: &Tensor) -> Result<Tensor, RdzvError> {
+        let n = self.rz.world_size as i64;
+        self.exchange(input, |all| {
+            let chunk = all[0].size()[0] / n;
+            (0..n)
+                .map(|r| {
+                    let parts: Vec<Tensor> = all.iter().map(|t| t.narrow(0, r * chunk, chunk)).collect();
+                    sum_in_rank_order(&parts) / (n as f64)
+                })
+                .collect()
+        })
+    }
+
+    pub fn try_all_reduce_avg(&self, input: &Tensor) -> Result<Tensor, RdzvError> {
+        let n = self.rz.world_size;
+        self.exchange(input, |all| {
+            let out = sum_in_rank_order(&all) / (n as f64);
+            (0..n).map(|_| out.shallow_clone()).collect()
+        })
+    }
+}
+
+impl Collective for TcpGroup {
+    fn rank(&self) -> usize {
+        self.rz.rank
+    }
+    fn size(&self) -> usize {
+        self.rz.world_size
+    }
+    fn all_gather(&self, input: &Tensor) -> Tensor {
+        self.try_all_gather(input).unwrap_or_else(|e| panic!("all-gather: {e}"))
+    }
+    fn reduce_scatter_avg(&self, input: &Tensor) -> Tensor {
+        self.try_reduce_scatter_avg(input).unwrap_or_else(|e| panic!("reduce-scatter: {e}"))
+    }
+    fn all_reduce_avg(&self, input: &Tensor) -> Tensor {
+        self.try_all_reduce_avg(input).unwrap_or_else(|e| panic!("all-reduce: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::CpuGroup;
+    use crate::rendezvous::{random_id, rendezvous, Config};
+
+    fn groups(n: usize) -> Vec<TcpGroup> {
+        let port = crate::launch::free_port().unwrap();
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                std::thread::spawn(move || {
+                    let cfg = Config { master_addr: "127.0.0.1".into(), master_port: port, rank: r, world_size: n, timeout: Duration::from_secs(20) };
+                    TcpGroup::new(rendezvous(&cfg, || Ok(random_id())).unwrap(), Some(Duration::from_secs(20)))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    #[test]
+    fn round_trip_keeps_dtype_shape_and_bits() {
+        for kind in [Kind::Float, Kind::Double, Kind::BFloat16, Kind::Int64] {
+            let t = (Tensor::randn([3, 4, 2], (Kind::Float, Device::Cpu)) * 100.0).to_kind(kind);
+            let u = decode(&encode(&t));
+            assert_eq!((u.kind(), u.size()), (kind, vec![3, 4, 2]));
+            assert!(u.equal(&t));
+        }
+    }
+
+    #[test]
+    fn same_results_as_cpu_threads_bit_for_bit() {
+        let n = 3;
+        let inputs: Vec<Tensor> = (0..n).map(|r| Tensor::randn([6, 5], (Kind::Float, Device::Cpu)) * (r as f64 + 1.0)).collect();
+        let run = |gs: Vec<Box<dyn Collective>>| -> Vec<(Tensor, Tensor, Tensor)> {
+            let hs: Vec<_> = gs
+                .into_iter()
+                .zip(inputs.iter().map(|t| t.copy()))
+                .map(|(g, x)| std::thread::spawn(move || (g.all_gather(&x), g.reduce_scatter_avg(&x), g.all_reduce_avg(&x))))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        };
+        let tcp = run(groups(n).into_iter().map(|g| Box::new(g) as Box<dyn Collective>).collect());
+        let cpu = run(CpuGroup::new(n).into_iter().map(|g| Box::new(g) as Box<dyn Collective>).collect());
+        for ((a, b, c), (x, y, z)) in tcp.iter().zip(&cpu) {
+            assert!(a.equal(x) && b.equal(y) && c.equal(z));
+        }
+        assert_eq!(tcp[1].1.size(), vec![2, 5]);
+    }
+
+    #[test]
+    fn passes_the_collective_selfcheck() {
+        let hs: Vec<_> = groups(2).into_iter().map(|g| std::thread::spawn(move || crate::selftest::check_collectives(&g, Device::Cpu))).collect();
+        for h in hs {
+            assert!(h.join().unwrap().unwrap().contains("collectives ok"));
+        }
+    }
+}
