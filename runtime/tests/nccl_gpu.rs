@@ -4,7 +4,13 @@
 //! prints why it is SKIPPED and passes. `bash scripts/gpu-check.sh` runs it on a GPU machine.
 
 use fsdp_runtime::{cuda, launch::free_port, nccl, rendezvous, selftest};
+use std::io::Write;
 use std::time::Duration;
+
+/// Straight to stderr, past the test harness' capture, so CI logs show what was skipped.
+fn visible(msg: String) {
+    let _ = writeln!(std::io::stderr(), "{msg}");
+}
 
 fn gpus() -> Result<usize, String> {
     if !cfg!(feature = "cuda") {
@@ -25,7 +31,7 @@ fn nccl_collectives_on_every_visible_gpu() {
     let n = match gpus() {
         Ok(n) => n.min(4),
         Err(why) => {
-            eprintln!("SKIPPED: no CUDA device ({why})");
+            visible(format!("SKIPPED: no CUDA device ({why}): nccl_collectives_on_every_visible_gpu"));
             return;
         }
     };
@@ -70,6 +76,6 @@ fn nccl_library_loads_when_present() {
             eprintln!("NCCL {maj}.{min}.{patch} loaded");
             assert_eq!(maj, 2);
         }
-        Err(e) => eprintln!("SKIPPED: NCCL not loadable ({e})"),
+        Err(e) => visible(format!("SKIPPED: NCCL not loadable ({e}): nccl_library_loads_when_present")),
     }
 }
