@@ -28,9 +28,9 @@ pub fn check(model: &Model, plan: &Plan) -> Result<(), PlanError> {
     let mut freed = vec![false; nb];
     let mut arena: BTreeMap<u64, (u64, BufferId)> = BTreeMap::new();
     let mut live = 0u64;
-    let mut cats: BTreeMap<Category, u64> = BTreeMap::new();
+    let mut cats = [0u64; 11];
     let mut peak = 0u64;
-    let mut peak_cats = BTreeMap::new();
+    let mut peak_cats = [0u64; 11];
     // params of each model op, mapped to their owning unit
     let owner = plan.param_owners();
     let op_params: HashMap<&str, Vec<usize>> = model
@@ -111,7 +111,7 @@ pub fn check(model: &Model, plan: &Plan) -> Result<(), PlanError> {
                         arena.insert(s, (e, b));
                     }
                     live += buf.bytes;
-                    *cats.entry(buf.category).or_insert(0) += buf.bytes;
+                    cats[buf.category.index()] += buf.bytes;
                     if buf.category == Category::UnshardedParam {
                         if let Some(u) = buf.unit {
                             unsharded_live[u.index()] += 1;
@@ -119,7 +119,7 @@ pub fn check(model: &Model, plan: &Plan) -> Result<(), PlanError> {
                     }
                     if live > peak {
                         peak = live;
-                        peak_cats.clone_from(&cats);
+                        peak_cats = cats;
                     }
                 }
                 Event::Free(b) => {
@@ -134,7 +134,7 @@ pub fn check(model: &Model, plan: &Plan) -> Result<(), PlanError> {
                         arena.remove(&buf.offset);
                     }
                     live -= buf.bytes;
-                    *cats.entry(buf.category).or_insert(0) -= buf.bytes;
+                    cats[buf.category.index()] -= buf.bytes;
                     if buf.category == Category::UnshardedParam {
                         if let Some(u) = buf.unit {
                             unsharded_live[u.index()] -= 1;
@@ -157,7 +157,7 @@ pub fn check(model: &Model, plan: &Plan) -> Result<(), PlanError> {
         return Err(fail(format!("simulated peak {peak} B != predicted {} B", plan.memory.peak_bytes)));
     }
     for c in Category::ALL {
-        let a = peak_cats.get(&c).copied().unwrap_or(0);
+        let a = peak_cats[c.index()];
         let b = plan.memory.breakdown.get(&c).copied().unwrap_or(0);
         if a != b {
             return Err(fail(format!("{}: simulated {a} B != predicted {b} B at the peak", c.name())));

@@ -4,7 +4,6 @@
 use crate::error::PlanError;
 use crate::plan::*;
 use crate::units::Unit;
-use std::collections::BTreeMap;
 
 pub fn describe(op: &ScheduleOp, units: Option<&[Unit]>) -> String {
     let label = |u: crate::ids::UnitId| -> String {
@@ -31,27 +30,27 @@ pub fn describe(op: &ScheduleOp, units: Option<&[Unit]>) -> String {
 /// Replays the events; the peak is checked after every allocation.
 pub fn simulate(ops: &[ScheduleOp], buffers: &[BufferInfo], units: &[Unit]) -> Result<Memory, PlanError> {
     let mut live = 0u64;
-    let mut by_cat: BTreeMap<Category, u64> = Category::ALL.iter().map(|&c| (c, 0)).collect();
+    let mut by_cat = [0u64; 11];
     let mut peak = 0u64;
     let mut peak_op = crate::ids::OpId(0);
-    let mut breakdown = by_cat.clone();
+    let mut breakdown = by_cat;
     for op in ops {
         for ev in &op.events {
             match *ev {
                 Event::Alloc(b) => {
                     let buf = &buffers[b.index()];
                     live += buf.bytes;
-                    *by_cat.entry(buf.category).or_insert(0) += buf.bytes;
+                    by_cat[buf.category.index()] += buf.bytes;
                     if live > peak {
                         peak = live;
                         peak_op = op.id;
-                        breakdown.clone_from(&by_cat);
+                        breakdown = by_cat;
                     }
                 }
                 Event::Free(b) => {
                     let buf = &buffers[b.index()];
                     live = live.checked_sub(buf.bytes).ok_or_else(|| PlanError::Verify(format!("{} freed more than allocated", buf.id)))?;
-                    let c = by_cat.entry(buf.category).or_insert(0);
+                    let c = &mut by_cat[buf.category.index()];
                     *c = c.saturating_sub(buf.bytes);
                 }
             }
@@ -62,7 +61,7 @@ pub fn simulate(ops: &[ScheduleOp], buffers: &[BufferInfo], units: &[Unit]) -> R
         peak_bytes: peak,
         peak_at: ops.get(peak_op.index()).map(|o| describe(o, Some(units))).unwrap_or_default(),
         peak_op,
-        breakdown,
+        breakdown: Category::ALL.iter().map(|&c| (c, breakdown[c.index()])).collect(),
         arena_bytes: arena,
         rank: 0,
     })

@@ -40,6 +40,11 @@ impl Category {
         Category::Inputs,
         Category::Buffer,
     ];
+    /// Position in [`Category::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Category::ShardedParam => "sharded_param",
