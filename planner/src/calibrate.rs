@@ -4,7 +4,8 @@
 //! Each schedule op falls in one class — matmul, attention or memory-bound compute (by the
 //! model op it runs), collective, or bookkeeping. For a few rounds, every class's
 //! efficiency is divided by `measured / predicted` summed over its ops; bookkeeping sets the
-//! per-op overhead (their median). Efficiencies above 1 are folded into the peak rates
+//! per-op overhead (their median); a last overall factor on every rate, the overhead and the
+//! latencies matches the step total. Efficiencies above 1 are folded into the peak rates
 //! (FLOP/s, memory or link bandwidth), so the written profile stays loadable.
 
 use crate::hardware::Hardware;
@@ -92,6 +93,23 @@ pub fn calibrate(plan: &Plan, model: &Model, hw: &Hardware, measured: &[(f64, f6
             };
             *e /= ratio;
         }
+        normalize(&mut h);
+    }
+    // Then one overall factor on every rate and the overhead, so the step total matches too
+    // (the per-class fit leaves what the fixed overhead and latencies cannot absorb).
+    for _ in 0..3 {
+        let (_, step) = durations(plan, model, &h);
+        if step <= 0.0 || measured_step <= 0.0 {
+            break;
+        }
+        let r = measured_step / step;
+        h.op_overhead_s *= r;
+        h.efficiency.matmul /= r;
+        h.efficiency.attention /= r;
+        h.efficiency.memory /= r;
+        h.efficiency.comm /= r;
+        h.intra_node.latency *= r;
+        h.inter_node.latency *= r;
         normalize(&mut h);
     }
     let (_, after) = durations(plan, model, &h);

@@ -1,6 +1,8 @@
 //! Calibration from a measured run: `run --trace` on the CPU runtime, then
-//! `calibrate::calibrate` fits the `cpu` profile; the fitted profile predicts the measured
-//! step within 10% (in sample). The out-of-sample error is printed, not asserted.
+//! `calibrate::calibrate` fits the `cpu` profile. The fit must reproduce the step it was
+//! fitted on (within 10%), and must have moved the prediction from where the shipped
+//! profile was; the out-of-sample error (another model and shape) is printed, not asserted:
+//! on a loaded 2-core VM single-step timings are too noisy for a bound.
 
 use fsdp_planner::{Device, Options};
 use fsdp_runtime::train::{run_cpu, RunConfig};
@@ -34,6 +36,7 @@ fn calibrated_cpu_profile_predicts_the_measured_step() {
         100.0 * c.error_after()
     );
     assert!(c.error_after().abs() < 0.10, "in-sample error {:+.1}%", 100.0 * c.error_after());
+    assert!(c.hardware != cpu, "calibration must change the profile");
     // out of sample: the fitted profile on another model and shape
     let (m2, plan2, spans2) = measure("tiny-gpt2", 4, 32);
     let pred = fsdp_planner::timeline::predict(&plan2, &m2, &c.hardware).step_time_s;
