@@ -195,7 +195,9 @@ pub fn simulate(ops: &[ScheduleOp], extra: &[Vec<usize>], dur: &[f64]) -> Vec<Op
         }
         if !progressed {
             // a cycle: run the earliest blocked head now
-            let (s, i) = (0..4).filter_map(|s| queues[s].get(head[s]).map(|&i| (s, i))).min_by_key(|x| x.1).unwrap();
+            let Some((s, i)) = (0..4).filter_map(|s| queues[s].get(head[s]).map(|&i| (s, i))).min_by_key(|x| x.1) else {
+                break;
+            };
             let ready = deps_of(i).iter().filter_map(|&d| end[d]).fold(0.0, f64::max);
             start[i] = free[s].max(ready);
             let e = start[i] + dur[i];
