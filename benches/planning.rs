@@ -28,7 +28,7 @@ fn bench(c: &mut Criterion) {
         reduce_dtype: fsdp_ir::DType::parse("f32"),
         ..Options::default()
     };
-    c.bench_function("plan llama-3.1-405b ws16384", |b| b.iter(|| fsdp_planner::plan(&m, &opts).unwrap()));
+    c.bench_function("plan llama-3.1-405b ws16384", |b| b.iter_with_large_drop(|| fsdp_planner::plan(&m, &opts).unwrap()));
     let s = synthetic(10_000);
     let opts = Options {
         world_size: 64,
@@ -38,7 +38,7 @@ fn bench(c: &mut Criterion) {
     };
     let mut g = c.benchmark_group("synthetic");
     g.sample_size(10);
-    g.bench_function("plan 10000 layers ws64", |b| b.iter(|| fsdp_planner::plan(&s, &opts).unwrap()));
+    g.bench_function("plan 10000 layers ws64", |b| b.iter_with_large_drop(|| fsdp_planner::plan(&s, &opts).unwrap()));
     g.finish();
 }
 
