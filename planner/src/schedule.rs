@@ -276,17 +276,14 @@ impl B<'_> {
         let stream = if kind == "all_reduce" { Stream::AllReduce } else { Stream::ReduceScatter };
         let bwd_dep = self.last_compute();
         self.op(op_kind, stream, vec![bwd_dep]);
-        // FSDPMemTracker relabels param grads as "Unsharded Grad" at post-backward entry.
-        let mut relabeled = Vec::new();
+        // FSDPMemTracker relabels param grads as "Unsharded Grad" at post-backward entry: the
+        // unit's grads become one buffer of the same bytes.
+        let mut grad_bytes = 0;
         for g in grads {
-            let b = self.buffers[g.index()].clone();
+            grad_bytes += self.buffers[g.index()].bytes;
             self.free(g);
-            if b.category == Category::UnshardedGrad {
-                relabeled.push(self.alloc(b.name, Category::UnshardedGrad, b.bytes, Some(u)));
-            } else {
-                relabeled.push(self.alloc(b.name, Category::UnshardedGrad, b.bytes, Some(u)));
-            }
         }
+        let relabeled = vec![self.alloc(format!("{label} unsharded grads"), Category::UnshardedGrad, grad_bytes, Some(u))];
         self.rekey_grads(u);
         if let Some(p) = prev_rs {
             self.free(p);
@@ -294,9 +291,9 @@ impl B<'_> {
         if self.no_shard() {
             // All-reduce in place on the gradients; they become the (replicated) grads.
             for g in relabeled {
-                let b = self.buffers[g.index()].clone();
+                let bytes = self.buffers[g.index()].bytes;
                 self.free(g);
-                let s = self.alloc(b.name, Category::ShardedGrad, b.bytes, Some(u));
+                let s = self.alloc(format!("{label} grads (all-reduced)"), Category::ShardedGrad, bytes, Some(u));
                 self.sharded_grads.push(s);
             }
             return;
