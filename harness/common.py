@@ -58,3 +58,29 @@ def write_json(path, obj):
         json.dump(obj, f, indent=1)
         f.write("\n")
     os.replace(tmp, path)
+
+
+def init_rank(rank, world_size, port):
+    """One spawned rank: loopback gloo process group, one torch thread, quiet transformers."""
+    import torch
+    import torch.distributed as dist
+    import transformers
+
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    transformers.logging.set_verbosity_error()
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+
+def build_fp32_model(case):
+    """The case's HF model from its config, seed 0, float32, train mode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    cfg = load_config(case["model"])
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(
+        cfg, attn_implementation=case["attn_implementation"], dtype=torch.float32)
+    model.train()
+    return cfg, model

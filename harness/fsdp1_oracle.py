@@ -254,20 +254,12 @@ def _wrap_policy(case, model):
 
 def _worker(rank, case_name, case, port, outdir):
     ws = case["world_size"]
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    transformers.logging.set_verbosity_error()
-    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    common.init_rank(rank, ws, port)
     try:
         _patch_collectives()
         _patch_attribution()
 
-        cfg = common.load_config(case["model"])
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(
-            cfg, attn_implementation=case["attn_implementation"], dtype=torch.float32)
-        model.train()
+        cfg, model = common.build_fp32_model(case)
         assert all(p.dtype == torch.float32 for p in model.parameters())
         hf_param_numel = sum(p.numel() for p in model.parameters())
 
