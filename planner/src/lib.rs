@@ -82,7 +82,7 @@ pub fn plan(model: &Model, opts: &Options) -> Result<Plan, PlanError> {
             raf
         };
     }
-    verify::verify_units(model, &units)?;
+    verify::verify_units(model, &units, opts.shard_size(), opts.layout)?;
     let unit_of_op = verify::unit_of_ops(model, &units);
     let mut sched = schedule::build(model, opts, &units, &unit_of_op, attn);
     buffers::assign_offsets(&sched.ops, &mut sched.buffers);

@@ -362,16 +362,12 @@ impl B<'_> {
                 self.grad_of_param.insert(n.clone(), b);
             }
         }
-        if bufs_empty(&self.grads[u.index()]) {
+        if self.grads[u.index()].is_empty() {
             for n in names {
                 self.grad_of_param.remove(&n);
             }
         }
     }
-}
-
-fn bufs_empty(v: &[BufferId]) -> bool {
-    v.is_empty()
 }
 
 /// Per-tensor bookkeeping of the forward graph.

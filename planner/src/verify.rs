@@ -2,12 +2,14 @@
 
 use crate::error::PlanError;
 use crate::ids::UnitId;
+use crate::options::Layout;
 use crate::units::Unit;
 use fsdp_ir::Model;
 use rustc_hash::FxHashMap as HashMap;
 
-/// Every primary param is owned by exactly one unit; shard sizes add up.
-pub fn verify_units(model: &Model, units: &[Unit]) -> Result<(), PlanError> {
+/// Every primary param is owned by exactly one unit; shards × shard-group size = padded
+/// size (per unit, and per param for the fsdp2 layout); padding never loses elements.
+pub fn verify_units(model: &Model, units: &[Unit], ws: u64, layout: Layout) -> Result<(), PlanError> {
     let mut owner: HashMap<&str, &str> = HashMap::default();
     for u in units {
         for p in &u.params {
@@ -15,9 +17,18 @@ pub fn verify_units(model: &Model, units: &[Unit]) -> Result<(), PlanError> {
                 return Err(PlanError::Verify(format!("param {} owned by both {o} and {}", p.name, u.label())));
             }
         }
-        let sum: u64 = u.params.iter().map(|p| p.shard_numel).sum();
-        if u.padded_numel != u.shard_numel * (u.padded_numel / u.shard_numel.max(1)) || (sum != u.shard_numel && sum != 0) {
-            return Err(PlanError::Verify(format!("{}: shard sizes do not add up", u.label())));
+        let bad = |m: String| Err(PlanError::Verify(format!("{}: {m}", u.label())));
+        if u.shard_numel * ws != u.padded_numel || u.padded_numel < u.numel {
+            return bad(format!("shard {} × {ws} != padded {} (numel {})", u.shard_numel, u.padded_numel, u.numel));
+        }
+        if layout == Layout::Fsdp2 {
+            let sum: u64 = u.params.iter().map(|p| p.shard_numel).sum();
+            if sum != u.shard_numel {
+                return bad(format!("param shards add up to {sum}, the unit's shard is {}", u.shard_numel));
+            }
+            if let Some(p) = u.params.iter().find(|p| p.shard_numel * ws != p.padded_numel || p.padded_numel < p.numel) {
+                return bad(format!("param {}: shard {} × {ws} != padded {}", p.name, p.shard_numel, p.padded_numel));
+            }
         }
     }
     for p in model.primary_params() {
