@@ -58,6 +58,30 @@ pub struct Ctx<'a> {
     pub device: Device,
 }
 
+impl<'a> Ctx<'a> {
+    /// The context of a plan's step: activations in `param_dtype` under mixed precision,
+    /// else in the model's parameter dtype.
+    pub fn new(model: &'a Model, opts: &crate::options::Options, attn: AttnImpl) -> Ctx<'a> {
+        Ctx {
+            model,
+            dims: Dims {
+                batch: opts.batch,
+                seq: opts.seq,
+            },
+            cd: compute_dtype(model, opts),
+            attn,
+            device: opts.device,
+        }
+    }
+}
+
+/// The dtype activations are computed in: `param_dtype`, else the model's floating-point
+/// parameter dtype.
+pub fn compute_dtype(model: &Model, opts: &crate::options::Options) -> DType {
+    opts.param_dtype
+        .unwrap_or_else(|| model.primary_params().map(|p| p.dtype).find(|d| d.is_float()).unwrap_or(DType::Float32))
+}
+
 fn t(numel: u64, dtype: DType, what: &'static str) -> T {
     T { numel, dtype, what }
 }
@@ -313,16 +337,7 @@ pub fn explain(model: &Model, opts: &crate::options::Options, op_name: &str) -> 
         return format!("  no op `{op_name}`\n");
     };
     let attn = opts.attn_implementation.unwrap_or(AttnImpl::Sdpa);
-    let cx = Ctx {
-        model,
-        dims: Dims {
-            batch: opts.batch,
-            seq: opts.seq,
-        },
-        cd: opts.param_dtype.unwrap_or(DType::Float32),
-        attn,
-        device: opts.device,
-    };
+    let cx = Ctx::new(model, opts, attn);
     let m = op_mem(&cx, op);
     let mut s = format!("  {} ({}, {}): saves\n", op.name, op.kind.name(), attn.name());
     if m.saves_output {

@@ -168,24 +168,14 @@ pub struct CostModel {
     pub cd: DType,
 }
 
-/// The compute dtype: `param_dtype`, else the model's floating-point parameter dtype.
-pub fn compute_dtype(model: &Model, opts: &Options) -> DType {
-    opts.param_dtype.unwrap_or_else(|| model.primary_params().map(|p| p.dtype).find(|d| d.is_float()).unwrap_or(DType::Float32))
-}
+pub use crate::activation::compute_dtype;
 
 impl CostModel {
     pub fn new(plan: &Plan, model: &Model) -> CostModel {
         let opts = &plan.options;
-        let cd = compute_dtype(model, opts);
         let attn = AttnImpl::parse(&plan.attn_implementation).unwrap_or(AttnImpl::Sdpa);
-        let dims = Dims { batch: opts.batch, seq: opts.seq };
-        let cx = Ctx {
-            model,
-            dims,
-            cd,
-            attn,
-            device: opts.device,
-        };
+        let cx = Ctx::new(model, opts, attn);
+        let (cd, dims) = (cx.cd, cx.dims);
         // bytes of every tensor by name: op outputs (aliases resolve to their input) and inputs
         let mut tensor: HashMap<&str, f64> = HashMap::new();
         for i in &model.inputs {
@@ -330,13 +320,7 @@ pub fn model_op_flops(cx: &Ctx, op: &Op) -> f64 {
 /// parameters of the GEMMs (embedding gathers excluded, the LM head included), `T = b·s`
 /// tokens and `L` attention layers.
 pub fn model_flops(model: &Model, opts: &Options, attn: AttnImpl) -> f64 {
-    let cx = Ctx {
-        model,
-        dims: Dims { batch: opts.batch, seq: opts.seq },
-        cd: compute_dtype(model, opts),
-        attn,
-        device: opts.device,
-    };
+    let cx = Ctx::new(model, opts, attn);
     model.ops.iter().map(|o| 3.0 * model_op_flops(&cx, o)).sum()
 }
 

@@ -11,7 +11,7 @@ use crate::ids::{BufferId, OpId, UnitId};
 use crate::options::{AttnImpl, BackwardPrefetch, Device, Layout, Optimizer, Options, Strategy};
 use crate::plan::*;
 use crate::units::Unit;
-use fsdp_ir::{DType, Dims, Model};
+use fsdp_ir::{DType, Model};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -382,18 +382,8 @@ struct Tensors {
 }
 
 pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId], attn: AttnImpl) -> Schedule {
-    let cd = opts.param_dtype.unwrap_or(DType::Float32);
-    let dims = Dims {
-        batch: opts.batch,
-        seq: opts.seq,
-    };
-    let cx = Ctx {
-        model,
-        dims,
-        cd,
-        attn,
-        device: opts.device,
-    };
+    // activations in param_dtype under MP, else in the model's parameter dtype
+    let cx = Ctx::new(model, opts, attn);
     let mems: Vec<OpMem> = model.ops.iter().map(|o| op_mem(&cx, o)).collect();
     let op_index: HashMap<&str, usize> = model.ops.iter().enumerate().map(|(i, o)| (o.name.as_str(), i)).collect();
     let nops = model.ops.len();
