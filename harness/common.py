@@ -84,3 +84,17 @@ def build_fp32_model(case):
         cfg, attn_implementation=case["attn_implementation"], dtype=torch.float32)
     model.train()
     return cfg, model
+
+
+def free_port():
+    """A free TCP port on loopback for a process group."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def collective_key(ev):
+    """What the fixtures compare of a logged collective."""
+    return {k: ev[k] for k in ("kind", "unit", "numel", "dtype")}

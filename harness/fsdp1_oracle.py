@@ -30,7 +30,6 @@ import functools
 import inspect
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -321,27 +320,17 @@ def _worker(rank, case_name, case, port, outdir):
 # Driver
 
 
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _strip(ev):
-    return {k: ev[k] for k in ("kind", "unit", "numel", "dtype")}
-
-
 def run_case(name, case):
     ws = case["world_size"]
     with tempfile.TemporaryDirectory(prefix=f"fsdp1_{name}_") as tmp:
-        mp.spawn(_worker, args=(name, case, _free_port(), tmp), nprocs=ws, join=True)
+        mp.spawn(_worker, args=(name, case, common.free_port(), tmp), nprocs=ws, join=True)
         ranks = []
         for r in range(ws):
             with open(os.path.join(tmp, f"rank{r}.json")) as f:
                 ranks.append(json.load(f))
     r0 = ranks[0]
     for r in ranks[1:]:
-        assert [_strip(e) for e in r["collectives"]] == [_strip(e) for e in r0["collectives"]], \
+        assert [common.collective_key(e) for e in r["collectives"]] == [common.collective_key(e) for e in r0["collectives"]], \
             f"{name}: rank {r['rank']} issued different collectives than rank 0"
     units = r0["units"]
     for ui, u in enumerate(units):
@@ -350,7 +339,7 @@ def run_case(name, case):
             del u["shard_numel_padded"]
     collectives = []
     for e in r0["collectives"]:
-        c = _strip(e)
+        c = common.collective_key(e)
         c.update({k: e[k] for k in ("group_size", "issued_in", "issued_by", "training_state", "op")
                   if k in e})
         collectives.append(c)
