@@ -294,8 +294,8 @@ pub struct Model {
 /// (they are caches).
 #[derive(Debug, Clone, Default)]
 pub struct AliasIndex(
-    std::sync::OnceLock<std::collections::HashMap<String, String>>,
-    std::sync::OnceLock<std::collections::HashMap<String, usize>>,
+    std::sync::OnceLock<rustc_hash::FxHashMap<String, String>>,
+    std::sync::OnceLock<rustc_hash::FxHashMap<String, usize>>,
 );
 
 impl PartialEq for AliasIndex {

@@ -24,14 +24,33 @@ impl FreeList {
 }
 
 pub fn assign_offsets(ops: &[ScheduleOp], buffers: &mut [BufferInfo]) {
+    let offs = offsets(ops, buffers);
+    for (b, o) in buffers.iter_mut().zip(offs) {
+        b.offset = o;
+    }
+}
+
+/// The arena offset of every buffer (indexed like `buffers`).
+pub fn offsets(ops: &[ScheduleOp], buffers: &[BufferInfo]) -> Vec<u64> {
+    let mut out = vec![0u64; buffers.len()];
+    // Invariant: the free list is coalesced and no free block ends at `top`.
     let mut free = FreeList::default();
     let mut top = 0u64;
     for op in ops {
-        for ev in &op.events {
+        let mut evs = op.events.iter().peekable();
+        while let Some(ev) = evs.next() {
             match *ev {
                 Event::Alloc(b) => {
                     let size = buffers[b.index()].bytes;
-                    let off = match free.by_size.range((size, 0)..).next().copied() {
+                    let best = free.by_size.range((size, 0)..).next().copied();
+                    if evs.peek() == Some(&&Event::Free(b)) {
+                        // A transient (freed right away): with the invariant, allocating and
+                        // freeing it leaves the free list as it was.
+                        evs.next();
+                        out[b.index()] = best.map_or(top, |(_, o)| o);
+                        continue;
+                    }
+                    let off = match best {
                         Some((s, o)) => {
                             free.remove(o);
                             if s > size {
@@ -40,25 +59,15 @@ pub fn assign_offsets(ops: &[ScheduleOp], buffers: &mut [BufferInfo]) {
                             o
                         }
                         None => {
-                            // grow the arena, reusing a free block that ends at the top
-                            match free.by_off.iter().next_back().map(|(&o, &s)| (o, s)) {
-                                Some((o, s)) if o + s == top => {
-                                    free.remove(o);
-                                    top = o + size;
-                                    o
-                                }
-                                _ => {
-                                    let o = top;
-                                    top += size;
-                                    o
-                                }
-                            }
+                            let o = top;
+                            top += size;
+                            o
                         }
                     };
-                    buffers[b.index()].offset = off;
+                    out[b.index()] = off;
                 }
                 Event::Free(b) => {
-                    let (mut off, mut size) = (buffers[b.index()].offset, buffers[b.index()].bytes);
+                    let (mut off, mut size) = (out[b.index()], buffers[b.index()].bytes);
                     if size == 0 {
                         continue;
                     }
@@ -69,8 +78,11 @@ pub fn assign_offsets(ops: &[ScheduleOp], buffers: &mut [BufferInfo]) {
                             size += ps;
                         }
                     }
-                    if let Some(ns) = free.remove(off + size) {
-                        size += ns;
+                    // nothing is free above the top (the invariant), so only look there below it
+                    if off + size != top {
+                        if let Some(ns) = free.remove(off + size) {
+                            size += ns;
+                        }
                     }
                     if off + size == top {
                         top = off;
@@ -81,4 +93,5 @@ pub fn assign_offsets(ops: &[ScheduleOp], buffers: &mut [BufferInfo]) {
             }
         }
     }
+    out
 }

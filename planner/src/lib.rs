@@ -59,6 +59,14 @@ pub fn model_hash(model: &Model) -> String {
 /// Runs every pass and the checker.
 pub fn plan(model: &Model, opts: &Options) -> Result<Plan, PlanError> {
     opts.check()?;
+    // The model hash (a full serialization) runs on a second thread beside the passes.
+    std::thread::scope(|s| {
+        let hash = s.spawn(|| model_hash(model));
+        plan_with_hash(model, opts, || hash.join().unwrap_or_else(|_| model_hash(model)))
+    })
+}
+
+fn plan_with_hash(model: &Model, opts: &Options, model_hash: impl FnOnce() -> String) -> Result<Plan, PlanError> {
     let attn = match opts.attn_implementation {
         Some(a) => a,
         None => match model.attn_implementation.as_deref() {
@@ -84,10 +92,27 @@ pub fn plan(model: &Model, opts: &Options) -> Result<Plan, PlanError> {
     }
     verify::verify_units(model, &units, opts.shard_size(), opts.layout)?;
     let unit_of_op = verify::unit_of_ops(model, &units);
-    let mut sched = schedule::build(model, opts, &units, &unit_of_op, attn);
-    buffers::assign_offsets(&sched.ops, &mut sched.buffers);
-    let memory = memory::simulate(&sched.ops, &sched.buffers, &units)?;
-    let collectives = memory::collectives(&sched.ops, &units);
+    let sched = schedule::build(model, opts, &units, &unit_of_op, attn);
+    // Arena offsets and the arena half of the checker run on a second thread, beside the
+    // memory replay and the rest of the checker (neither reads offsets).
+    let (offsets, memory, collectives) = std::thread::scope(|s| {
+        let arena = s.spawn(|| {
+            let offs = buffers::offsets(&sched.ops, &sched.buffers);
+            checker::check_arena(&sched.ops, &sched.buffers, &offs).map(|()| offs)
+        });
+        let rules = memory::simulate(&sched.ops, &sched.buffers, &units)
+            .and_then(|m| checker::check_schedule(model, &sched.ops, &sched.buffers, &units, opts, &m).map(|()| m));
+        let collectives = memory::collectives(&sched.ops, &units);
+        let offsets = arena.join().unwrap_or_else(|_| Err(PlanError::Check("arena thread panicked".into())));
+        let memory = rules?;
+        Ok::<_, PlanError>((offsets?, memory, collectives))
+    })?;
+    let mut memory = memory;
+    let schedule::Schedule { ops, mut buffers } = sched;
+    for (b, o) in buffers.iter_mut().zip(offsets) {
+        b.offset = o;
+    }
+    memory.arena_bytes = memory::arena_bytes(&buffers);
     let shared = units
         .iter()
         .flat_map(|u| {
@@ -102,7 +127,7 @@ pub fn plan(model: &Model, opts: &Options) -> Result<Plan, PlanError> {
             })
         })
         .collect();
-    let mh = model_hash(model);
+    let mh = model_hash();
     let opt_text = serde_json::to_string(opts).unwrap_or_default();
     let plan_hash = hex(&Sha256::digest(format!("{FORMAT_VERSION}\n{mh}\n{opt_text}\n{}", attn.name()).as_bytes()));
     let plan = Plan {
@@ -114,12 +139,11 @@ pub fn plan(model: &Model, opts: &Options) -> Result<Plan, PlanError> {
         attn_implementation: attn.name().to_string(),
         policy: policy.to_string(),
         units,
-        schedule: sched.ops,
-        buffers: sched.buffers,
+        schedule: ops,
+        buffers,
         collectives,
         memory,
         shared,
     };
-    checker::check(model, &plan)?;
     Ok(plan)
 }

@@ -56,7 +56,7 @@ pub fn simulate(ops: &[ScheduleOp], buffers: &[BufferInfo], units: &[Unit]) -> R
             }
         }
     }
-    let arena = buffers.iter().map(|b| b.offset + b.bytes).max().unwrap_or(0);
+    let arena = arena_bytes(buffers);
     Ok(Memory {
         peak_bytes: peak,
         peak_at: ops.get(peak_op.index()).map(|o| describe(o, Some(units))).unwrap_or_default(),
@@ -65,6 +65,11 @@ pub fn simulate(ops: &[ScheduleOp], buffers: &[BufferInfo], units: &[Unit]) -> R
         arena_bytes: arena,
         rank: 0,
     })
+}
+
+/// Size of the per-rank arena: the largest offset + size.
+pub fn arena_bytes(buffers: &[BufferInfo]) -> u64 {
+    buffers.iter().map(|b| b.offset + b.bytes).max().unwrap_or(0)
 }
 
 /// The collectives of the step, in issue order.

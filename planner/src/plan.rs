@@ -207,7 +207,7 @@ impl Plan {
     }
 
     /// Index of the unit owning each (primary) parameter name.
-    pub fn param_owners(&self) -> std::collections::HashMap<&str, usize> {
+    pub fn param_owners(&self) -> rustc_hash::FxHashMap<&str, usize> {
         self.units
             .iter()
             .enumerate()

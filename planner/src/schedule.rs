@@ -41,17 +41,28 @@ struct B<'a> {
     post_forward_order: Vec<UnitId>,
     /// Param grad buffers per unit (kept across micro-batches without sync).
     grads: Vec<Vec<BufferId>>,
-    grad_of_param: HashMap<String, BufferId>,
+    /// Grad buffer of each primary param (index into `model.params`).
+    grad_of_param: Vec<Option<BufferId>>,
     sharded_grads: Vec<BufferId>,
     last_ag_op: Vec<Option<OpId>>,
     /// Units whose pre-backward ran in this micro-batch (FSDP1 `_needs_pre_backward_unshard`).
     entered: Vec<bool>,
     /// Units covering each unit, outermost first.
     chains: Vec<Vec<UnitId>>,
-    op_index: HashMap<&'a str, usize>,
-    /// Owning unit of each primary param, and the param itself.
-    param_owner: HashMap<&'a str, (UnitId, &'a fsdp_ir::Param)>,
+    /// Per unit, the `model.params` index of each of its params (in unit order).
+    unit_params: Vec<Vec<usize>>,
+    /// Per model op, its params that have an owner: (primary param index, owning unit).
+    op_params: Vec<Vec<(usize, UnitId)>>,
     device: Device,
+}
+
+/// Concatenates name parts (cheaper than `format!` for the ~10⁶ buffer names of big models).
+fn cat(parts: &[&str]) -> String {
+    let mut s = String::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for p in parts {
+        s.push_str(p);
+    }
+    s
 }
 
 fn round(dev: Device, bytes: u64) -> u64 {
@@ -71,7 +82,7 @@ impl B<'_> {
             phase: self.phase,
             micro_batch: self.mb,
             deps,
-            events: Vec::with_capacity(4),
+            events: Vec::new(),
         });
         id
     }
@@ -348,23 +359,19 @@ impl B<'_> {
     }
 
     fn rekey_grads(&mut self, u: UnitId) {
-        let unit = &self.units[u.index()];
-        let names: Vec<String> = unit.params.iter().map(|p| p.name.clone()).collect();
-        let bufs = self.grads[u.index()].clone();
-        if self.opts.layout == Layout::Flat {
-            for n in &names {
-                if let Some(b) = bufs.first() {
-                    self.grad_of_param.insert(n.clone(), *b);
-                }
+        let ps = &self.unit_params[u.index()];
+        let bufs = &self.grads[u.index()];
+        if bufs.is_empty() {
+            for &k in ps {
+                self.grad_of_param[k] = None;
+            }
+        } else if self.opts.layout == Layout::Flat {
+            for &k in ps {
+                self.grad_of_param[k] = Some(bufs[0]);
             }
         } else {
-            for (n, b) in names.iter().zip(bufs) {
-                self.grad_of_param.insert(n.clone(), b);
-            }
-        }
-        if self.grads[u.index()].is_empty() {
-            for n in names {
-                self.grad_of_param.remove(&n);
+            for (&k, &b) in ps.iter().zip(bufs) {
+                self.grad_of_param[k] = Some(b);
             }
         }
     }
@@ -378,7 +385,11 @@ struct Tensors {
     consumers: Vec<Vec<usize>>,
     /// Ops that save each tensor for backward.
     saved_by: Vec<Vec<usize>>,
+    /// The tensors each op saves (the transpose of `saved_by`, short lists).
+    saves: Vec<Vec<usize>>,
     differentiable: Vec<bool>,
+    /// Each op's inputs that are op outputs: (input position, producing op before aliasing).
+    inputs: Vec<Vec<(usize, usize)>>,
 }
 
 pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId], attn: AttnImpl) -> Schedule {
@@ -387,6 +398,11 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
     let mems: Vec<OpMem> = model.ops.iter().map(|o| op_mem(&cx, o)).collect();
     let op_index: HashMap<&str, usize> = model.ops.iter().enumerate().map(|(i, o)| (o.name.as_str(), i)).collect();
     let nops = model.ops.len();
+    let inputs: Vec<Vec<(usize, usize)>> = model
+        .ops
+        .iter()
+        .map(|o| o.inputs.iter().enumerate().filter_map(|(k, n)| op_index.get(n.as_str()).map(|&j| (k, j))).collect())
+        .collect();
     // Checkpointed ops: inside a module of a checkpointed class (region = that module's
     // index in the module list), found by walking up the op's module path.
     let ckpt: HashMap<&str, usize> = model
@@ -420,41 +436,46 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
         alias: (0..nops).collect(),
         consumers: vec![vec![]; nops],
         saved_by: vec![vec![]; nops],
+        saves: vec![vec![]; nops],
         differentiable: vec![false; nops],
+        inputs,
     };
     for (i, op) in model.ops.iter().enumerate() {
         if mems[i].out.is_none() {
-            if let Some(&j) = op.inputs.first().and_then(|n| op_index.get(n.as_str())) {
+            if let Some(&(0, j)) = tz.inputs[i].first() {
                 tz.alias[i] = tz.alias[j];
             }
         }
         let mut diff = !op.params.is_empty() && mems[i].differentiable;
-        for (k, inp) in op.inputs.iter().enumerate() {
-            if let Some(&j) = op_index.get(inp.as_str()) {
+        for ki in 0..tz.inputs[i].len() {
+            let (k, j) = tz.inputs[i][ki];
+            {
                 let j = tz.alias[j];
                 tz.consumers[j].push(i);
                 diff |= tz.differentiable[j] && mems[i].differentiable;
                 let saved = mems[i].saves_inputs.get(k).copied().unwrap_or(false);
                 // Inside a checkpointed region only the region's inputs are saved.
                 let in_region = region[i].is_some() && region[j] == region[i];
-                if saved && !(region[i].is_some() && in_region) {
+                if (saved && !(region[i].is_some() && in_region)) || (region[i].is_some() && !in_region) {
                     tz.saved_by[j].push(i);
-                } else if region[i].is_some() && !in_region {
-                    tz.saved_by[j].push(i);
+                    tz.saves[i].push(j);
                 }
             }
         }
         tz.differentiable[i] = diff;
         if mems[i].saves_output && region[i].is_none() {
             tz.saved_by[tz.alias[i]].push(i);
+            tz.saves[i].push(tz.alias[i]);
         }
     }
+    let param_index: HashMap<&str, usize> = model.params.iter().enumerate().map(|(i, p)| (p.name.as_str(), i)).collect();
+    let owner: HashMap<&str, UnitId> = units.iter().flat_map(|u| u.params.iter().map(move |p| (p.name.as_str(), u.id))).collect();
     let mut b = B {
         model,
         opts,
         units,
-        ops: vec![],
-        buffers: vec![],
+        ops: Vec::with_capacity(model.ops.len() * 4 * opts.grad_accum.max(1) as usize + units.len() * 8),
+        buffers: Vec::with_capacity(model.ops.len() * 6 * opts.grad_accum.max(1) as usize + units.len() * 8),
         phase: Phase::Setup,
         mb: 0,
         state: vec![PState::Sharded; units.len()],
@@ -463,20 +484,25 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
         pending_rs: None,
         post_forward_order: vec![],
         grads: vec![vec![]; units.len()],
-        grad_of_param: HashMap::default(),
+        grad_of_param: vec![None; model.params.len()],
         sharded_grads: vec![],
         last_ag_op: vec![None; units.len()],
         entered: vec![false; units.len()],
         chains: chains(units),
-        op_index: op_index.clone(),
-        param_owner: {
-            let by_name: HashMap<&str, &fsdp_ir::Param> = model.params.iter().map(|p| (p.name.as_str(), p)).collect();
-            units
-                .iter()
-                .flat_map(|u| u.params.iter().map(move |p| (p.name.as_str(), u.id)))
-                .filter_map(|(n, u)| by_name.get(n).map(|p| (p.name.as_str(), (u, *p))))
-                .collect()
-        },
+        unit_params: units.iter().map(|u| u.params.iter().filter_map(|p| param_index.get(p.name.as_str()).copied()).collect()).collect(),
+        op_params: model
+            .ops
+            .iter()
+            .map(|o| {
+                o.params
+                    .iter()
+                    .filter_map(|pn| {
+                        let prim = model.primary_of(pn);
+                        Some((*param_index.get(prim)?, *owner.get(prim)?))
+                    })
+                    .collect()
+            })
+            .collect(),
         device: opts.device,
     };
     setup(&mut b, &cx);
@@ -578,12 +604,12 @@ fn chains(units: &[Unit]) -> Vec<Vec<UnitId>> {
 
 /// What the forward leaves for the backward: saved tensors per op, and live outputs.
 struct FwdState {
-    saved: HashMap<usize, Vec<BufferId>>,
+    saved: Vec<Vec<BufferId>>,
     out_buf: Vec<Option<BufferId>>,
 }
 
 fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[UnitId], region: &[Option<usize>]) -> FwdState {
-    let mut saved_map: HashMap<usize, Vec<BufferId>> = HashMap::default();
+    let mut saved_map: Vec<Vec<BufferId>> = vec![vec![]; mems.len()];
     b.phase = Phase::Forward;
     b.post_forward_order.clear();
     let units = b.units;
@@ -605,8 +631,9 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
         }
     }
     let flat = b.opts.layout == Layout::Flat;
+    let chains = std::mem::take(&mut b.chains);
     for (i, op) in model.ops.iter().enumerate() {
-        let want = chain_of(&b.chains, unit_of_op[i]);
+        let want = &chains[unit_of_op[i].index()];
         // post-forward of units we leave (innermost first)
         while let Some(&top) = active.last() {
             if want.contains(&top) {
@@ -615,7 +642,7 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
             active.pop();
             post_forward(b, top);
         }
-        for &u in &want {
+        for &u in want {
             if !active.contains(&u) {
                 active.push(u);
                 b.unshard(u, false);
@@ -652,15 +679,15 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
         let m = &mems[i];
         let in_region = region[i].is_some();
         if let Some(o) = m.out {
-            out_buf[i] = Some(b.alloc(format!("{} {}", op.name, o.what), Category::Activation, o.bytes(), None));
+            out_buf[i] = Some(b.alloc(cat(&[&op.name, " ", o.what]), Category::Activation, o.bytes(), None));
         }
         let mut saved_now = vec![];
         for s in &m.saved {
-            saved_now.push(b.alloc(format!("{} {}", op.name, s.what), Category::Activation, s.bytes(), None));
+            saved_now.push(b.alloc(cat(&[&op.name, " ", s.what]), Category::Activation, s.bytes(), None));
         }
         // forward scratch tensors live one after the other: one transient of the largest
         if let Some(big) = m.fwd_scratch.iter().max_by_key(|s| s.bytes()) {
-            b.transient(format!("{} {}", op.name, big.what), Category::Activation, big.bytes());
+            b.transient(cat(&[&op.name, " ", big.what]), Category::Activation, big.bytes());
         }
         // extra saved tensors of checkpointed ops are dropped right away
         if in_region {
@@ -668,11 +695,11 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
                 b.free(s);
             }
         } else {
-            saved_map.insert(i, saved_now);
+            saved_map[i] = saved_now;
         }
         // free inputs whose last forward use this was and that nobody saves
-        for inp in &op.inputs {
-            if let Some(&j) = b.op_index.get(inp.as_str()) {
+        for &(_, j) in &tz.inputs[i] {
+            {
                 let j = tz.alias[j];
                 remaining[j] = remaining[j].saturating_sub(1);
                 if remaining[j] == 0 && tz.saved_by[j].is_empty() {
@@ -693,10 +720,11 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
     // the backward of the first attention op.
     if let (Some(m), Some(i)) = (mask, first_attn) {
         if region[i].is_some() {
-            saved_map.entry(i).or_default().push(m);
+            saved_map[i].push(m);
             mask = None;
         }
     }
+    b.chains = chains;
     while let Some(top) = active.pop() {
         if units[top.index()].is_root() {
             if let Some(m) = mask.take() {
@@ -710,10 +738,6 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
         saved: saved_map,
         out_buf,
     }
-}
-
-fn chain_of(chains: &[Vec<UnitId>], u: UnitId) -> Vec<UnitId> {
-    chains[u.index()].clone()
 }
 
 fn post_forward(b: &mut B, u: UnitId) {
@@ -743,7 +767,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
     let units = b.units;
     let model = b.model;
     let FwdState { mut saved, mut out_buf } = fs;
-    let op_index = std::mem::take(&mut b.op_index);
+    let chains = std::mem::take(&mut b.chains);
     // grad buffer of each tensor, with the count of tensors sharing it
     let mut grad: Vec<Option<BufferId>> = vec![None; mems.len()];
     let mut grad_refs: HashMap<BufferId, u32> = HashMap::default();
@@ -755,18 +779,18 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
     let mut pfo = b.post_forward_order.clone();
     let mut recomputed: HashSet<usize> = HashSet::default();
     // First op (in forward order) of each unit's run, and whether its inputs need grad.
-    let mut first_op: HashMap<UnitId, usize> = HashMap::default();
+    let mut first_op: Vec<Option<usize>> = vec![None; units.len()];
     for (i, &u) in unit_of_op.iter().enumerate() {
-        for c in chain_of(&b.chains, u) {
-            first_op.entry(c).or_insert(i);
+        for &c in &chains[u.index()] {
+            first_op[c.index()].get_or_insert(i);
         }
     }
     let needs_grad_input = |u: UnitId| -> bool {
         if units[u.index()].is_root() {
             return false;
         }
-        let i = first_op[&u];
-        model.ops[i].inputs.iter().any(|n| op_index.get(n.as_str()).is_some_and(|&j| tz.differentiable[tz.alias[j]]))
+        let Some(i) = first_op[u.index()] else { return false };
+        tz.inputs[i].iter().any(|&(_, j)| tz.differentiable[tz.alias[j]])
     };
     b.entered = vec![false; units.len()];
     let enter = |b: &mut B, u: UnitId, pfo: &mut Vec<UnitId>| {
@@ -790,7 +814,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
         }
     };
     for i in (0..model.ops.len()).rev() {
-        let want = chain_of(&b.chains, unit_of_op[i]);
+        let want = &chains[unit_of_op[i].index()];
         while let Some(&top) = active.last() {
             if want.contains(&top) {
                 break;
@@ -798,7 +822,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
             active.pop();
             leave(b, top, needs_grad_input(top), sync, &mut done_post, &mut deferred, &mut pfo);
         }
-        for &u in &want {
+        for &u in want {
             if !active.contains(&u) {
                 active.push(u);
                 enter(b, u, &mut pfo);
@@ -820,22 +844,21 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                     b.op(OpKind::Recompute { op: oj.name.clone(), unit: unit_of_op[j] }, Stream::Compute, vec![]);
                     if let Some(o) = mems[j].out {
                         if out_buf[j].is_none() {
-                            out_buf[j] = Some(b.alloc(format!("{} {} (recomputed)", oj.name, o.what), Category::Activation, o.bytes(), None));
+                            out_buf[j] = Some(b.alloc(cat(&[&oj.name, " ", o.what, " (recomputed)"]), Category::Activation, o.bytes(), None));
                         }
                     }
                     let mut v = vec![];
                     for s in &mems[j].saved {
-                        v.push(b.alloc(format!("{} {} (recomputed)", oj.name, s.what), Category::Activation, s.bytes(), None));
+                        v.push(b.alloc(cat(&[&oj.name, " ", s.what, " (recomputed)"]), Category::Activation, s.bytes(), None));
                     }
                     for s in &mems[j].fwd_scratch {
-                        b.transient(format!("{} {}", oj.name, s.what), Category::Activation, s.bytes());
+                        b.transient(cat(&[&oj.name, " ", s.what]), Category::Activation, s.bytes());
                     }
-                    saved.entry(j).or_default().extend(v);
+                    saved[j].extend(v);
                     // Non-reentrant checkpointing keeps only what the recomputed ops save:
                     // drop region-internal inputs whose region consumers have all run and
                     // that none of them saves.
-                    for inp in &oj.inputs {
-                        let Some(&k) = op_index.get(inp.as_str()) else { continue };
+                    for &(_, k) in &tz.inputs[j] {
                         let k = tz.alias[k];
                         if region[k] != Some(r) || k < start {
                             continue;
@@ -843,7 +866,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                         let done = tz.consumers[k].iter().all(|&c| c <= j || region[c] != Some(r));
                         let kept = mems[k].saves_output
                             || tz.consumers[k].iter().any(|&c| {
-                                let pos = model.ops[c].inputs.iter().position(|n| op_index.get(n.as_str()).map(|&x| tz.alias[x]) == Some(k));
+                                let pos = tz.inputs[c].iter().find(|&&(_, x)| tz.alias[x] == k).map(|&(p, _)| p);
                                 pos.is_some_and(|p| mems[c].saves_inputs.get(p).copied().unwrap_or(false))
                             });
                         if done && !kept {
@@ -860,10 +883,8 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
         let me = tz.alias[i];
         let has_grad = tz.differentiable[me] || matches!(op.kind, fsdp_ir::OpKind::CrossEntropy { .. });
         if m.release_saved_first {
-            if let Some(v) = saved.remove(&i) {
-                for s in v {
-                    b.free(s);
-                }
+            for s in std::mem::take(&mut saved[i]) {
+                b.free(s);
             }
         }
         if has_grad && m.out.is_some() {
@@ -871,13 +892,13 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
             // else one at a time beside them
             let mut scratch = vec![];
             if m.bwd_scratch_first {
-                let v: Vec<BufferId> = m.bwd_scratch.iter().map(|s| b.alloc(format!("{} {}", op.name, s.what), Category::Temp, s.bytes(), None)).collect();
+                let v: Vec<BufferId> = m.bwd_scratch.iter().map(|s| b.alloc(cat(&[&op.name, " ", s.what]), Category::Temp, s.bytes(), None)).collect();
                 for x in v {
                     b.free(x);
                 }
             } else {
                 for s in &m.bwd_scratch {
-                    scratch.push(b.alloc(format!("{} {}", op.name, s.what), Category::Temp, s.bytes(), None));
+                    scratch.push(b.alloc(cat(&[&op.name, " ", s.what]), Category::Temp, s.bytes(), None));
                     if scratch.len() > 1 {
                         let first = scratch.remove(0);
                         b.free(first);
@@ -886,8 +907,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
             }
             // input grads
             let pass_through = matches!(op.kind, fsdp_ir::OpKind::Add);
-            for inp in &op.inputs {
-                let Some(&j) = op_index.get(inp.as_str()) else { continue };
+            for &(_, j) in &tz.inputs[i] {
                 let j = tz.alias[j];
                 if !tz.differentiable[j] {
                     continue;
@@ -900,41 +920,41 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                         *grad_refs.entry(g).or_insert(0) += 1;
                     }
                     (None, _, _) => {
-                        let g = b.alloc(format!("{} grad", model.ops[j].name), Category::Temp, shape_n, None);
+                        let g = b.alloc(cat(&[&model.ops[j].name, " grad"]), Category::Temp, shape_n, None);
                         grad[j] = Some(g);
                         grad_refs.insert(g, 1);
                     }
                     (Some(_), _, _) => {
-                        b.transient(format!("{} grad (accumulate)", model.ops[j].name), Category::Temp, shape_n);
+                        b.transient(cat(&[&model.ops[j].name, " grad (accumulate)"]), Category::Temp, shape_n);
                     }
                 }
             }
             // param grads
-            let u = unit_of_op[i];
             let gd = cx.cd;
             let flat = b.opts.layout == Layout::Flat;
-            for pn in &op.params {
-                let prim = model.primary_of(pn).to_string();
-                let Some(&(owner, p)) = b.param_owner.get(prim.as_str()) else { continue };
+            let op_params = std::mem::take(&mut b.op_params[i]);
+            for &(k, owner) in &op_params {
+                let p = &model.params[k];
                 if !p.requires_grad {
                     continue;
                 }
-                let _ = u;
+                let prim = p.name.as_str();
                 let bytes = p.numel() * gd.size();
-                if let Some(_g) = b.grad_of_param.get(&prim) {
-                    b.transient(format!("{prim} grad (accumulate)"), Category::Temp, bytes);
+                if b.grad_of_param[k].is_some() {
+                    b.transient(cat(&[prim, " grad (accumulate)"]), Category::Temp, bytes);
                 } else if flat && !b.grads[owner.index()].is_empty() {
                     let g = b.grads[owner.index()][0];
-                    b.grad_of_param.insert(prim.clone(), g);
-                    b.transient(format!("{prim} grad"), Category::Temp, bytes);
+                    b.grad_of_param[k] = Some(g);
+                    b.transient(cat(&[prim, " grad"]), Category::Temp, bytes);
                 } else {
                     let bytes = if flat { units[owner.index()].numel * gd.size() } else { bytes };
-                    let name = if flat { format!("{} flat grad", units[owner.index()].label()) } else { format!("{prim} grad") };
+                    let name = if flat { format!("{} flat grad", units[owner.index()].label()) } else { cat(&[prim, " grad"]) };
                     let g = b.alloc(name, Category::Temp, bytes, Some(owner));
                     b.grads[owner.index()].push(g);
-                    b.grad_of_param.insert(prim.clone(), g);
+                    b.grad_of_param[k] = Some(g);
                 }
             }
+            b.op_params[i] = op_params;
             for s in scratch {
                 b.free(s);
             }
@@ -951,16 +971,13 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                 grad[me] = Some(g);
             }
         }
-        if let Some(v) = saved.remove(&i) {
-            for s in v {
-                b.free(s);
-            }
+        for s in std::mem::take(&mut saved[i]) {
+            b.free(s);
         }
-        for (k, inp) in op.inputs.iter().enumerate() {
-            let _ = k;
-            if let Some(&j) = op_index.get(inp.as_str()) {
+        for &(_, j) in &tz.inputs[i] {
+            {
                 let j = tz.alias[j];
-                if tz.saved_by[j].contains(&i) {
+                if tz.saves[i].contains(&j) {
                     savers_left[j] = savers_left[j].saturating_sub(1);
                     if savers_left[j] == 0 {
                         if let Some(buf) = out_buf[j].take() {
@@ -978,8 +995,9 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                 }
             }
         }
-        if tz.saved_by[me].contains(&i) || (matches!(op.kind, fsdp_ir::OpKind::CrossEntropy { .. }) && tz.alias[i] == i) || region[i].is_some() {
-            savers_left[me] = savers_left[me].saturating_sub(usize::from(tz.saved_by[me].contains(&i)));
+        let saves_me = tz.saves[i].contains(&me);
+        if saves_me || (matches!(op.kind, fsdp_ir::OpKind::CrossEntropy { .. }) && tz.alias[i] == i) || region[i].is_some() {
+            savers_left[me] = savers_left[me].saturating_sub(usize::from(saves_me));
             if savers_left[me] == 0 {
                 if let Some(buf) = out_buf[i].take() {
                     b.free(buf);
@@ -1009,7 +1027,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
             b.free(buf);
         }
     }
-    for (_, v) in saved {
+    for v in saved {
         for s in v {
             if b.buffers[s.index()].free.is_none() {
                 b.free(s);
@@ -1019,7 +1037,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
     if let Some(r) = b.pending_rs.take() {
         b.free(r);
     }
-    b.op_index = op_index;
+    b.chains = chains;
 }
 
 fn leave(b: &mut B, u: UnitId, grad_input: bool, sync: bool, done: &mut HashSet<UnitId>, deferred: &mut Vec<UnitId>, _pfo: &mut [UnitId]) {

@@ -83,33 +83,48 @@ impl Unit {
 pub fn build_units(model: &Model, wrapped: &[String], opts: &Options) -> Result<Vec<Unit>, PlanError> {
     let tree = Tree::new(model);
     let ws = opts.shard_size();
-    let mut unit_of_module: HashMap<&str, usize> = HashMap::default();
-    let mut unit_modules: Vec<usize> = vec![0];
-    unit_of_module.insert("", 0);
+    let nm = model.modules.len();
+    // The unit rooted at each module (by module index), if any.
+    let mut unit_at: Vec<Option<usize>> = vec![None; nm];
+    let mut unit_modules: Vec<usize> = vec![tree.index.get("").copied().unwrap_or(0)];
+    if let Some(&r) = tree.index.get("") {
+        unit_at[r] = Some(0);
+    }
     for (k, p) in wrapped.iter().enumerate() {
-        unit_of_module.insert(p.as_str(), k + 1);
-        unit_modules.push(tree.index[p.as_str()]);
+        let mi = tree.index[p.as_str()];
+        unit_at[mi] = Some(k + 1);
+        unit_modules.push(mi);
     }
     // Innermost unit covering each module (pre-order: parents come first).
-    let mut cover = vec![0usize; model.modules.len()];
-    for (i, m) in model.modules.iter().enumerate() {
-        cover[i] = match unit_of_module.get(m.path.as_str()) {
-            Some(&u) => u,
-            None => fsdp_ir::parent_path(&m.path)
-                .and_then(|p| tree.index.get(p))
-                .map(|&pi| cover[pi])
-                .unwrap_or(0),
-        };
+    let mut parent: Vec<Option<usize>> = vec![None; nm];
+    for (i, cs) in tree.children.iter().enumerate() {
+        for &c in cs {
+            parent[c] = Some(i);
+        }
     }
-    // Tied aliases must be covered by one unit.
-    let mut names_by_primary: HashMap<&str, Vec<&str>> = HashMap::default();
-    for p in &model.params {
-        names_by_primary.entry(model.primary_of(&p.name)).or_default().push(&p.name);
+    let mut cover = vec![0usize; nm];
+    for i in 0..nm {
+        cover[i] = match unit_at[i] {
+            Some(u) => u,
+            None => parent[i].map(|pi| cover[pi]).unwrap_or(0),
+        };
     }
     let param_cover = |name: &str| -> usize {
         let module = name.rsplit_once('.').map(|x| x.0).unwrap_or("");
         tree.index.get(module).map(|&i| cover[i]).unwrap_or(0)
     };
+    // Tied aliases must be covered by one unit.
+    let mut names_by_primary: HashMap<&str, Vec<&str>> = HashMap::default();
+    for p in model.params.iter().filter(|p| p.tied_to.is_some()) {
+        names_by_primary.insert(model.primary_of(&p.name), vec![]);
+    }
+    if !names_by_primary.is_empty() {
+        for p in &model.params {
+            if let Some(v) = names_by_primary.get_mut(model.primary_of(&p.name)) {
+                v.push(&p.name);
+            }
+        }
+    }
     for (primary, names) in &names_by_primary {
         let mut us: Vec<usize> = names.iter().map(|n| param_cover(n)).collect();
         us.sort_unstable();
@@ -125,22 +140,23 @@ pub fn build_units(model: &Model, wrapped: &[String], opts: &Options) -> Result<
             });
         }
     }
-    let by_name: HashMap<&str, &fsdp_ir::Param> = model.params.iter().map(|p| (p.name.as_str(), p)).collect();
-    let mut direct: Vec<Vec<&str>> = vec![Vec::new(); model.modules.len()];
+    let mut direct: Vec<Vec<&fsdp_ir::Param>> = vec![Vec::new(); nm];
     for p in &model.params {
         if let Some(&i) = tree.index.get(p.module()) {
-            direct[i].push(&p.name);
+            direct[i].push(p);
         }
     }
     let mut units = Vec::with_capacity(unit_modules.len());
+    let mut order = Vec::new();
     for (u, &mi) in unit_modules.iter().enumerate() {
         // Module order: post-order DFS (fsdp2) or pre-order (flat), stopping at nested units.
-        let mut order = Vec::new();
-        collect(&tree, mi, u, &unit_of_module, opts.layout, &mut order);
+        order.clear();
+        collect(&tree, mi, u, &unit_at, opts.layout, &mut order);
         let mut seen: HashMap<&str, usize> = HashMap::default();
         let mut params: Vec<UnitParam> = Vec::new();
-        for m in order {
-            for &name in &direct[m] {
+        for &m in &order {
+            for &q in &direct[m] {
+                let name = q.name.as_str();
                 let prim = model.primary_of(name);
                 if let Some(&k) = seen.get(prim) {
                     if name != params[k].name {
@@ -148,7 +164,9 @@ pub fn build_units(model: &Model, wrapped: &[String], opts: &Options) -> Result<
                     }
                     continue;
                 }
-                let p = by_name[prim];
+                let Some(p) = (if prim == name { Some(q) } else { model.param(prim) }) else {
+                    continue;
+                };
                 seen.insert(prim, params.len());
                 let mut up = UnitParam {
                     name: prim.to_string(),
@@ -168,9 +186,11 @@ pub fn build_units(model: &Model, wrapped: &[String], opts: &Options) -> Result<
             }
         }
         for p in &mut params {
-            p.aliases.retain(|a| a != &p.name);
-            p.aliases.sort();
-            p.aliases.dedup();
+            if !p.aliases.is_empty() {
+                p.aliases.retain(|a| a != &p.name);
+                p.aliases.sort();
+                p.aliases.dedup();
+            }
         }
         let module = &model.modules[mi];
         let mut unit = Unit {
@@ -191,9 +211,8 @@ pub fn build_units(model: &Model, wrapped: &[String], opts: &Options) -> Result<
     Ok(units)
 }
 
-fn collect(tree: &Tree, m: usize, unit: usize, units: &HashMap<&str, usize>, layout: Layout, out: &mut Vec<usize>) {
-    let path = tree.model.modules[m].path.as_str();
-    if let Some(&u) = units.get(path) {
+fn collect(tree: &Tree, m: usize, unit: usize, unit_at: &[Option<usize>], layout: Layout, out: &mut Vec<usize>) {
+    if let Some(u) = unit_at[m] {
         if u != unit {
             return;
         }
@@ -202,7 +221,7 @@ fn collect(tree: &Tree, m: usize, unit: usize, units: &HashMap<&str, usize>, lay
         out.push(m);
     }
     for &c in &tree.children[m] {
-        collect(tree, c, unit, units, layout, out);
+        collect(tree, c, unit, unit_at, layout, out);
     }
     if layout == Layout::Fsdp2 {
         out.push(m);
