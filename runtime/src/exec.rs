@@ -2,15 +2,22 @@
 //! plan's order — all-gathers into the unit's gathered buffer, copy-out into unsharded
 //! params, compute, reshard, reduce-scatter into the local shard, AdamW on the shard.
 //!
-//! Backward is per op: each backward op re-runs its forward from the inputs the forward
-//! kept, with autograd on leaf copies, and pulls `(out · grad_out).sum()` back to its inputs
-//! and params (tch's `run_backward` takes no upstream gradient). Params exist only between
-//! a unit's copy-out and its reshard, as the plan says.
+//! Autograd works as under PyTorch FSDP2: the forward records libtorch's graph (what each
+//! op saves is what autograd saves, nothing more); the executor drops each forward value
+//! after its last forward use and keeps only the graph's edges. Each backward op runs the
+//! engine from its output edge with the gradient that reached it, stopping at its inputs'
+//! edges (`torch.autograd.grad(out, inputs, grad)`, [`crate::shim::backward`]). Unsharded
+//! params are leaves whose storage is freed in place at reshard and refilled at the next
+//! copy-out (FSDP2's `resize_(0)`), so the weights autograd saved see the re-gathered data.
+//! Ops in checkpointed modules run without grad in forward; their `Recompute` ops rebuild the
+//! graph from the region's inputs just before the region's backward.
+//! Memory is measured by a counting CPU allocator ([`crate::shim::MemTracker`]).
 
 use crate::comm::Collective;
 use crate::error::RtError;
 use crate::ops::{forward, OpCx};
 use crate::optim::{AdamW, State};
+use crate::shim::{self, Edge, MemTracker};
 use fsdp_ir::Model;
 use fsdp_planner::{Layout, OpKind, Plan};
 use std::collections::HashMap;
@@ -89,12 +96,12 @@ pub fn kind_of(d: fsdp_ir::DType) -> Kind {
     }
 }
 
-/// Unsharded params of a unit from its all-gather output (the copy-out): every rank's
-/// shard, concatenated in rank order.
-pub fn copy_out(plan: &Plan, u: usize, gathered: &Tensor) -> HashMap<String, Tensor> {
+/// Views of a unit's unsharded params in its all-gather output (every rank's shard,
+/// concatenated in rank order), in unit order.
+pub fn unsharded_views(plan: &Plan, u: usize, gathered: &Tensor) -> Vec<(String, Tensor)> {
     let unit = &plan.units[u];
     let ws = plan.options.shard_size() as i64;
-    let mut out = HashMap::new();
+    let mut out = vec![];
     match plan.options.layout {
         Layout::Fsdp2 => {
             let rows = gathered.reshape([ws, unit.shard_numel as i64]);
@@ -104,17 +111,22 @@ pub fn copy_out(plan: &Plan, u: usize, gathered: &Tensor) -> HashMap<String, Ten
                 let s = p.shard_numel as i64;
                 let full = rows.narrow(1, p.offset as i64, s).reshape([-1, rest]).narrow(0, 0, d0);
                 let shape: Vec<i64> = p.shape.iter().map(|&d| d as i64).collect();
-                out.insert(p.name.clone(), full.reshape(shape.as_slice()).copy());
+                out.push((p.name.clone(), full.reshape(shape.as_slice())));
             }
         }
         Layout::Flat => {
             for p in &unit.params {
                 let shape: Vec<i64> = p.shape.iter().map(|&d| d as i64).collect();
-                out.insert(p.name.clone(), gathered.narrow(0, p.offset as i64, p.numel as i64).reshape(shape.as_slice()).copy());
+                out.push((p.name.clone(), gathered.narrow(0, p.offset as i64, p.numel as i64).reshape(shape.as_slice())));
             }
         }
     }
     out
+}
+
+/// Unsharded params of a unit from its all-gather output (the copy-out), as new tensors.
+pub fn copy_out(plan: &Plan, u: usize, gathered: &Tensor) -> HashMap<String, Tensor> {
+    unsharded_views(plan, u, gathered).into_iter().map(|(n, v)| (n, v.copy())).collect()
 }
 
 /// The reduce-scatter input of a unit: its grads laid out like the all-gather output.
@@ -152,12 +164,15 @@ pub fn step(plan: &Plan, model: &Model, comm: &dyn Collective, rank: &mut Rank, 
     step_timed(plan, model, comm, rank, batches, cx, opt, None, None)
 }
 
-/// What the executor itself holds, measured after every schedule op: bytes of the distinct
-/// tensor storages it references (shards, optimizer state, gathered buffers, unsharded
-/// params, forward values kept for the per-op backward, gradients).
+/// Measured memory of one step on this rank: bytes of the persistent state it starts with
+/// (shards, optimizer state, the batch) plus the peak of what libtorch allocated on this
+/// rank's thread during the step (gathered buffers, unsharded params, activations and all
+/// autograd saves, gradients, collective buffers, temporaries), from the counting allocator.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StepStats {
     pub peak_bytes: u64,
+    /// The persistent part of `peak_bytes`.
+    pub persistent_bytes: u64,
 }
 
 fn held_bytes<'a>(ts: impl Iterator<Item = &'a Tensor>) -> u64 {
@@ -175,6 +190,33 @@ fn held_bytes<'a>(ts: impl Iterator<Item = &'a Tensor>) -> u64 {
     total
 }
 
+/// The checkpointed module (a module of a class in `options.checkpoint`) an op runs in.
+fn region_of<'a>(model: &'a Model, classes: &[String], op: &'a fsdp_ir::Op) -> Option<&'a str> {
+    if classes.is_empty() {
+        return None;
+    }
+    let mut path = op.module.as_str();
+    let mut found = None;
+    loop {
+        if model.module_class(path).is_some_and(|c| classes.iter().any(|x| x == c)) {
+            found = Some(path);
+        }
+        match fsdp_ir::parent_path(path) {
+            Some(p) => path = p,
+            None => return found,
+        }
+    }
+}
+
+fn add_grad(map: &mut HashMap<String, Tensor>, name: &str, g: Tensor) {
+    match map.get_mut(name) {
+        Some(acc) => *acc += g,
+        None => {
+            map.insert(name.to_string(), g);
+        }
+    }
+}
+
 /// [`step`], recording each schedule op's wall-clock (start, end) in seconds from the start
 /// of the step into `spans` (one entry per schedule op, in schedule order).
 #[allow(clippy::too_many_arguments)]
@@ -187,7 +229,35 @@ pub fn step_timed(
     cx: &OpCx,
     opt: &AdamW,
     mut spans: Option<&mut Vec<(f64, f64)>>,
-    mut stats: Option<&mut StepStats>,
+    stats: Option<&mut StepStats>,
+) -> Result<f64, RtError> {
+    let tracker = stats.is_some().then(|| {
+        let t = MemTracker::new();
+        t.enter();
+        t
+    });
+    let persistent = held_bytes(rank.shards.iter().chain(rank.opt.iter().flat_map(|o| [&o.m, &o.v])).chain(batches.iter().flat_map(|b| b.values())));
+    let r = run_step(plan, model, comm, rank, batches, cx, opt, &mut spans);
+    if let Some(t) = &tracker {
+        MemTracker::leave();
+        if let Some(st) = stats {
+            st.persistent_bytes = persistent;
+            st.peak_bytes = persistent + t.stats(false).1;
+        }
+    }
+    r
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_step(
+    plan: &Plan,
+    model: &Model,
+    comm: &dyn Collective,
+    rank: &mut Rank,
+    batches: &[HashMap<String, Tensor>],
+    cx: &OpCx,
+    opt: &AdamW,
+    spans: &mut Option<&mut Vec<(f64, f64)>>,
 ) -> Result<f64, RtError> {
     let t0 = std::time::Instant::now();
     let nu = plan.units.len();
@@ -196,37 +266,64 @@ pub fn step_timed(
     let owner = plan.param_owners();
     let ops: HashMap<&str, &fsdp_ir::Op> = model.ops.iter().map(|o| (o.name.as_str(), o)).collect();
     let loss_op = model.ops.last().map(|o| o.name.as_str()).unwrap_or("");
+    // Ops the plan recomputes (they run without grad in forward), and their regions.
+    let recomputed: std::collections::HashSet<&str> = plan
+        .schedule
+        .iter()
+        .filter_map(|s| match &s.kind {
+            OpKind::Recompute { op, .. } => Some(op.as_str()),
+            _ => None,
+        })
+        .collect();
+    let region: HashMap<&str, &str> = model
+        .ops
+        .iter()
+        .filter(|o| recomputed.contains(o.name.as_str()))
+        .filter_map(|o| region_of(model, &plan.options.checkpoint, o).map(|r| (o.name.as_str(), r)))
+        .collect();
+    // Forward consumers of each value; recompute consumers inside / outside its region.
+    let producer_region = |n: &str| region.get(n).copied();
+    let mut fwd_uses: HashMap<&str, usize> = HashMap::new();
+    let mut rec_inputs: HashMap<&str, usize> = HashMap::new();
+    let mut rec_internal: HashMap<&str, usize> = HashMap::new();
+    for o in &model.ops {
+        for n in &o.inputs {
+            *fwd_uses.entry(n.as_str()).or_default() += 1;
+            if let Some(r) = region.get(o.name.as_str()) {
+                if producer_region(n) == Some(r) {
+                    *rec_internal.entry(n.as_str()).or_default() += 1;
+                } else {
+                    *rec_inputs.entry(n.as_str()).or_default() += 1;
+                }
+            }
+        }
+    }
+    let model_inputs: std::collections::HashSet<&str> = model.inputs.iter().map(|i| i.name.as_str()).collect();
     let mut gathered: Vec<Option<Tensor>> = (0..nu).map(|_| None).collect();
-    let mut unsharded: Vec<Option<HashMap<String, Tensor>>> = (0..nu).map(|_| None).collect();
+    // Unsharded params per unit (leaves; storage freed at reshard, refilled at copy-out).
+    let mut params: Vec<HashMap<String, Tensor>> = (0..nu).map(|_| HashMap::new()).collect();
+    let mut resident = vec![false; nu];
     let mut pgrads: Vec<HashMap<String, Tensor>> = (0..nu).map(|_| HashMap::new()).collect();
     let mut sgrads: Vec<Option<Tensor>> = (0..nu).map(|_| None).collect();
     let mut env: HashMap<String, Tensor> = HashMap::new();
     let mut grads: HashMap<String, Tensor> = HashMap::new();
+    let mut out_edge: HashMap<String, Edge> = HashMap::new();
+    let mut in_edges: HashMap<String, Vec<(String, Edge)>> = HashMap::new();
+    let mut param_edges: HashMap<String, Vec<(String, Edge)>> = HashMap::new();
+    // values a checkpointed forward computed without grad that would have required grad
+    let mut would_grad: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let (mut fwd_left, mut rec_in_left, mut rec_int_left) = (HashMap::new(), HashMap::new(), HashMap::new());
     let mut losses = vec![];
     let mut mb = u32::MAX;
-    let param = |unsharded: &[Option<HashMap<String, Tensor>>], name: &str| -> Result<Tensor, RtError> {
+    let param = |params: &[HashMap<String, Tensor>], resident: &[bool], name: &str| -> Result<Tensor, RtError> {
         let prim = model.primary_of(name);
         let u = *owner.get(prim).ok_or_else(|| err(format!("param `{prim}` has no unit")))?;
-        unsharded[u]
-            .as_ref()
-            .and_then(|m| m.get(prim))
-            .map(|t| t.shallow_clone())
-            .ok_or_else(|| err(format!("param `{prim}` used while {} is sharded", plan.units[u].label())))
+        match params[u].get(prim) {
+            Some(t) if resident[u] => Ok(t.shallow_clone()),
+            _ => Err(err(format!("param `{prim}` used while {} is sharded", plan.units[u].label()))),
+        }
     };
     for sop in &plan.schedule {
-        if let Some(st) = stats.as_deref_mut() {
-            let all = rank
-                .shards
-                .iter()
-                .chain(rank.opt.iter().flat_map(|o| [&o.m, &o.v]))
-                .chain(env.values())
-                .chain(grads.values())
-                .chain(gathered.iter().flatten())
-                .chain(unsharded.iter().flatten().flat_map(|m| m.values()))
-                .chain(pgrads.iter().flat_map(|m| m.values()))
-                .chain(sgrads.iter().flatten());
-            st.peak_bytes = st.peak_bytes.max(held_bytes(all));
-        }
         let started = t0.elapsed().as_secs_f64();
         if let Some(sp) = spans.as_deref_mut() {
             // closes the previous op: ops run one after the other on this thread
@@ -239,6 +336,13 @@ pub fn step_timed(
             mb = sop.micro_batch;
             env.clear();
             grads.clear();
+            out_edge.clear();
+            in_edges.clear();
+            param_edges.clear();
+            would_grad.clear();
+            fwd_left = fwd_uses.clone();
+            rec_in_left = rec_inputs.clone();
+            rec_int_left = rec_internal.clone();
             let b = batches.get(mb as usize).ok_or_else(|| err(format!("no data for micro-batch {mb}")))?;
             for (k, v) in b {
                 env.insert(k.clone(), v.shallow_clone());
@@ -258,79 +362,138 @@ pub fn step_timed(
             OpKind::CopyOut { unit } => {
                 let u = unit.index();
                 let g = gathered[u].take().ok_or_else(|| err(format!("{}: copy-out without all-gather", sop.id)))?;
-                unsharded[u] = Some(tch::no_grad(|| copy_out(plan, u, &g)));
+                if params[u].is_empty() {
+                    for (n, v) in tch::no_grad(|| unsharded_views(plan, u, &g)) {
+                        let t = v.copy();
+                        let t = if t.is_floating_point() { t.set_requires_grad(true) } else { t };
+                        params[u].insert(n, t);
+                    }
+                } else {
+                    for (n, v) in unsharded_views(plan, u, &g) {
+                        let t = params[u].get(&n).ok_or_else(|| err(format!("{}: unsharded param `{n}` missing", sop.id)))?;
+                        shim::refill(t, &v)?;
+                    }
+                }
+                resident[u] = true;
             }
             OpKind::Reshard { unit } => {
-                unsharded[unit.index()] = None;
+                let u = unit.index();
+                for t in params[u].values() {
+                    shim::free_storage(t)?;
+                }
+                resident[u] = false;
             }
             OpKind::Forward { op, .. } | OpKind::Recompute { op, .. } => {
                 let Some(o) = ops.get(op.as_str()) else { continue };
-                let ins: Vec<Tensor> = o.inputs.iter().map(|n| env.get(n).map(|t| t.shallow_clone()).ok_or_else(|| err(format!("{op}: input `{n}` missing")))).collect::<Result<_, _>>()?;
-                let ps: Vec<Tensor> = o.params.iter().map(|p| param(&unsharded, p)).collect::<Result<_, _>>()?;
-                let out = tch::no_grad(|| forward(cx, o, &ins.iter().collect::<Vec<_>>(), &ps.iter().collect::<Vec<_>>()))?;
+                let is_recompute = matches!(sop.kind, OpKind::Recompute { .. });
+                let grad_on = is_recompute || !recomputed.contains(op.as_str());
+                // inputs and params enter through boundaries, so this op's backward can run
+                // on its own piece of the graph (and a value a checkpointed forward computed
+                // without grad still collects the gradient for its producer's backward)
+                let mut ins = Vec::with_capacity(o.inputs.len());
+                for n in &o.inputs {
+                    let t = env.get(n).ok_or_else(|| err(format!("{op}: input `{n}` missing")))?;
+                    let wants = t.is_floating_point() && (t.requires_grad() || would_grad.contains(n));
+                    ins.push(if grad_on && wants { shim::boundary(t)? } else { t.shallow_clone() });
+                }
+                let mut ps: Vec<Tensor> = Vec::with_capacity(o.params.len());
+                for pn in &o.params {
+                    let p = param(&params, &resident, pn)?;
+                    ps.push(if grad_on && p.requires_grad() { shim::boundary(&p)? } else { p });
+                }
+                let out = {
+                    let ir: Vec<&Tensor> = ins.iter().collect();
+                    let pr: Vec<&Tensor> = ps.iter().collect();
+                    if grad_on {
+                        forward(cx, o, &ir, &pr)?
+                    } else {
+                        tch::no_grad(|| forward(cx, o, &ir, &pr))?
+                    }
+                };
                 if o.name == loss_op {
                     losses.push(out.double_value(&[]));
                 }
-                env.insert(o.name.clone(), out);
+                if grad_on {
+                    let es: Vec<(String, Edge)> = o.inputs.iter().zip(&ins).filter_map(|(n, t)| Edge::of(t).map(|e| (n.clone(), e))).collect();
+                    in_edges.insert(o.name.clone(), es);
+                    let pe: Vec<(String, Edge)> = o.params.iter().zip(&ps).filter_map(|(n, t)| Edge::of(t).map(|e| (model.primary_of(n).to_string(), e))).collect();
+                    param_edges.insert(o.name.clone(), pe);
+                    if let Some(e) = Edge::of(&out) {
+                        out_edge.insert(o.name.clone(), e);
+                    }
+                } else if out.is_floating_point()
+                    && (ps.iter().any(|p| p.requires_grad()) || o.inputs.iter().zip(&ins).any(|(n, t)| t.requires_grad() || would_grad.contains(n)))
+                {
+                    would_grad.insert(o.name.clone());
+                }
+                drop(ins);
+                // drop what no later op of this phase reads (autograd keeps what it saved)
+                let keep_out = if is_recompute {
+                    rec_int_left.get(o.name.as_str()).copied().unwrap_or(0) > 0
+                } else {
+                    fwd_left.get(o.name.as_str()).copied().unwrap_or(0) > 0 || rec_in_left.get(o.name.as_str()).copied().unwrap_or(0) > 0
+                };
+                if keep_out || o.name == loss_op {
+                    env.insert(o.name.clone(), out);
+                } else {
+                    env.remove(&o.name);
+                }
+                for n in &o.inputs {
+                    if model_inputs.contains(n.as_str()) {
+                        continue;
+                    }
+                    let (a, b) = if is_recompute {
+                        let in_region = producer_region(n) == region.get(o.name.as_str()).copied();
+                        let c = if in_region { &mut rec_int_left } else { &mut rec_in_left };
+                        if let Some(x) = c.get_mut(n.as_str()) {
+                            *x = x.saturating_sub(1);
+                        }
+                        (rec_int_left.get(n.as_str()).copied().unwrap_or(0), rec_in_left.get(n.as_str()).copied().unwrap_or(0))
+                    } else {
+                        if let Some(x) = fwd_left.get_mut(n.as_str()) {
+                            *x = x.saturating_sub(1);
+                        }
+                        (fwd_left.get(n.as_str()).copied().unwrap_or(0), rec_in_left.get(n.as_str()).copied().unwrap_or(0))
+                    };
+                    let later_fwd = if is_recompute { 0 } else { a };
+                    let later_rec = if is_recompute { a + b } else { b };
+                    if later_fwd == 0 && later_rec == 0 {
+                        env.remove(n);
+                    }
+                }
             }
             OpKind::Backward { op, .. } => {
                 let Some(o) = ops.get(op.as_str()) else { continue };
-                let gout = if o.name == loss_op { None } else {
+                let ins = in_edges.remove(&o.name).unwrap_or_default();
+                let pes = param_edges.remove(&o.name).unwrap_or_default();
+                let Some(root) = out_edge.remove(&o.name) else { continue };
+                let gout = if o.name == loss_op {
+                    let l = env.remove(&o.name).ok_or_else(|| err(format!("{op}: loss missing")))?;
+                    l.ones_like()
+                } else {
                     match grads.remove(&o.name) {
-                        Some(g) => Some(g),
+                        Some(g) => g,
                         None => continue, // no gradient reaches this op
                     }
                 };
-                let ins: Vec<Tensor> = o
-                    .inputs
-                    .iter()
-                    .map(|n| {
-                        let t = env.get(n).ok_or_else(|| err(format!("{op}: input `{n}` missing in backward")))?;
-                        Ok(if t.is_floating_point() { t.detach().set_requires_grad(true) } else { t.shallow_clone() })
-                    })
-                    .collect::<Result<_, RtError>>()?;
-                let ps: Vec<Tensor> = o.params.iter().map(|p| param(&unsharded, p).map(|t| t.detach().set_requires_grad(true))).collect::<Result<_, _>>()?;
-                let out = forward(cx, o, &ins.iter().collect::<Vec<_>>(), &ps.iter().collect::<Vec<_>>())?;
-                if !out.requires_grad() {
+                // identity ops (dropout at p = 0) pass the gradient through
+                if let Some((n, _)) = ins.iter().find(|(_, e)| e.same(&root)) {
+                    add_grad(&mut grads, n, gout);
                     continue;
                 }
-                let target = match gout {
-                    None => out,
-                    Some(g) => {
-                        let k = out.kind();
-                        (out * g).sum(k)
-                    }
-                };
-                let leaves: Vec<&Tensor> = ins.iter().filter(|t| t.requires_grad()).chain(ps.iter()).collect();
-                let gs = Tensor::f_run_backward(&[&target], &leaves, false, false)?;
+                let targets: Vec<&Edge> = ins.iter().chain(pes.iter()).map(|(_, e)| e).collect();
+                let gs = shim::backward(&root, &gout, &targets)?;
+                drop(gout);
                 let mut gi = gs.into_iter();
-                for (n, t) in o.inputs.iter().zip(&ins) {
-                    if !t.requires_grad() {
-                        continue;
-                    }
-                    let Some(g) = gi.next() else { break };
-                    if !g.defined() {
-                        continue;
-                    }
-                    match grads.get_mut(n) {
-                        Some(acc) => *acc += g,
-                        None => {
-                            grads.insert(n.clone(), g);
-                        }
+                for (n, _) in &ins {
+                    if let Some(g) = gi.next().filter(|g| g.defined()) {
+                        add_grad(&mut grads, n, g);
                     }
                 }
-                for pn in &o.params {
-                    let Some(g) = gi.next() else { break };
-                    if !g.defined() {
-                        continue;
-                    }
-                    let prim = model.primary_of(pn);
-                    let u = owner[prim];
-                    match pgrads[u].get_mut(prim) {
-                        Some(acc) => *acc += g,
-                        None => {
-                            pgrads[u].insert(prim.to_string(), g);
-                        }
+                for (prim, _) in &pes {
+                    if let Some(g) = gi.next().filter(|g| g.defined()) {
+                        let u = *owner.get(prim.as_str()).ok_or_else(|| err(format!("param `{prim}` has no unit")))?;
+                        add_grad(&mut pgrads[u], prim, g);
                     }
                 }
             }
@@ -345,6 +508,7 @@ pub fn step_timed(
                 });
                 pgrads[u].clear();
                 let out = comm.reduce_scatter_avg(&input).to_kind(rank.shards[u].kind());
+                drop(input);
                 sgrads[u] = Some(match sgrads[u].take() {
                     Some(acc) => acc + out,
                     None => out,
@@ -366,7 +530,7 @@ pub fn step_timed(
             }
         }
     }
-    if let Some(sp) = spans {
+    if let Some(sp) = spans.as_deref_mut() {
         if let Some(last) = sp.last_mut() {
             last.1 = t0.elapsed().as_secs_f64();
         }

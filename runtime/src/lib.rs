@@ -20,6 +20,7 @@ pub mod optim;
 pub mod reference;
 pub mod rendezvous;
 pub mod selftest;
+pub mod shim;
 pub mod train;
 
 pub use error::RtError;

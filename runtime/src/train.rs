@@ -57,7 +57,7 @@ pub struct StepReport {
     pub loss: f64,
     /// Tokens of the global batch per second of wall time (all ranks).
     pub tokens_per_s: f64,
-    /// Rank 0's peak of what the executor holds ([`crate::exec::StepStats`]).
+    /// Rank 0's measured peak ([`crate::exec::StepStats`]: persistent state + counted allocations).
     pub peak_bytes: u64,
 }
 

@@ -1,0 +1,59 @@
+//! Compiles `csrc/shim.cpp` (the counting CPU allocator, storage resize, version-preserving
+//! copy and autograd-edge backward that tch does not expose) against the same libtorch tch
+//! links: the venv's PyTorch, found like torch-sys finds it (`LIBTORCH_USE_PYTORCH=1`,
+//! `python` on PATH, or `LIBTORCH` pointing at an unpacked libtorch).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn main() {
+    println!("cargo:rerun-if-changed=csrc/shim.cpp");
+    for v in ["LIBTORCH", "LIBTORCH_USE_PYTORCH", "LIBTORCH_INCLUDE", "LIBTORCH_CXX11_ABI", "PYTHON_SYS_EXECUTABLE"] {
+        println!("cargo:rerun-if-env-changed={v}");
+    }
+    let (includes, abi) = match torch_paths() {
+        Ok(x) => x,
+        Err(e) => panic!("fsdp-runtime: cannot find libtorch's headers ({e}); run `bash scripts/setup-venv.sh && source scripts/env.sh` first"),
+    };
+    cc::Build::new()
+        .cpp(true)
+        .file("csrc/shim.cpp")
+        .includes(&includes)
+        .flag("-std=c++17")
+        .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
+        .flag_if_supported("-Wno-unused-parameter")
+        .flag_if_supported("-Wno-deprecated-declarations")
+        .warnings(false)
+        .compile("fsdp_shim");
+}
+
+fn torch_paths() -> Result<(Vec<PathBuf>, String), String> {
+    if std::env::var("LIBTORCH_USE_PYTORCH").is_ok() {
+        let python = std::env::var("PYTHON_SYS_EXECUTABLE").unwrap_or_else(|_| "python".into());
+        let out = Command::new(&python)
+            .args([
+                "-c",
+                "import torch\nfrom torch.utils import cpp_extension\nprint('ABI', int(torch._C._GLIBCXX_USE_CXX11_ABI))\nfor p in cpp_extension.include_paths(): print('INC', p)",
+            ])
+            .output()
+            .map_err(|e| format!("running {python}: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("{python} could not import torch: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut inc = vec![];
+        let mut abi = "1".to_string();
+        for line in text.lines() {
+            if let Some(p) = line.strip_prefix("INC ") {
+                inc.push(PathBuf::from(p));
+            } else if let Some(a) = line.strip_prefix("ABI ") {
+                abi = a.trim().to_string();
+            }
+        }
+        return Ok((inc, abi));
+    }
+    let root = std::env::var("LIBTORCH_INCLUDE").or_else(|_| std::env::var("LIBTORCH")).map_err(|_| "neither LIBTORCH_USE_PYTORCH nor LIBTORCH is set".to_string())?;
+    let root = PathBuf::from(root);
+    let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
+    Ok((vec![root.join("include"), root.join("include/torch/csrc/api/include")], abi))
+}

@@ -1,0 +1,256 @@
+// What tch does not expose and the executor needs, in a few C functions over libtorch:
+//
+// - a counting CPU allocator: every CPU allocation libtorch makes while a thread is tagged with
+//   a tracker id is charged to that tracker (current and peak bytes) until it is freed, by any
+//   thread. This is the CPU counterpart of torch.cuda.max_memory_allocated: params, grads,
+//   collective buffers, activations and everything autograd saves, measured, not modelled.
+// - storage resize (FSDP2's `untyped_storage().resize_(0)` / resize back): unsharded params
+//   keep their tensor (and autograd's saved references to it) while their memory is freed.
+// - a copy that keeps the destination's version counter (FSDP2 copies the all-gather output
+//   into unsharded params under `_unsafe_preserve_version_counter`), so tensors autograd saved
+//   in forward stay valid after the backward re-gather.
+// - autograd edges and `Engine::execute` with upstream gradients: backward of one op from its
+//   output edge with grad_output, capturing the grads that reach its input edges
+//   (torch.autograd.grad(outputs, inputs, grad_outputs)), without holding the tensors.
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/StorageImpl.h>
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+namespace {
+
+struct Tracker {
+  int64_t cur = 0;
+  int64_t peak = 0;
+};
+
+std::mutex g_mu;
+std::unordered_map<int64_t, Tracker> g_trackers;
+std::atomic<int64_t> g_next{1};
+thread_local int64_t t_tracker = 0;
+thread_local std::string t_error;
+
+struct Ctx {
+  c10::DataPtr inner;
+  int64_t tracker;
+  int64_t bytes;
+};
+
+void counted_delete(void* p) {
+  Ctx* c = static_cast<Ctx*>(p);
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    auto it = g_trackers.find(c->tracker);
+    if (it != g_trackers.end()) {
+      it->second.cur -= c->bytes;
+    }
+  }
+  delete c;  // frees the inner allocation
+}
+
+struct Counting final : c10::Allocator {
+  c10::Allocator* inner;
+  explicit Counting(c10::Allocator* a) : inner(a) {}
+  c10::DataPtr allocate(size_t n) override {
+    c10::DataPtr dp = inner->allocate(n);
+    int64_t t = t_tracker;
+    if (t == 0 || n == 0) {
+      return dp;
+    }
+    {
+      std::lock_guard<std::mutex> g(g_mu);
+      auto it = g_trackers.find(t);
+      if (it == g_trackers.end()) {
+        return dp;
+      }
+      it->second.cur += static_cast<int64_t>(n);
+      it->second.peak = std::max(it->second.peak, it->second.cur);
+    }
+    void* data = dp.get();
+    c10::Device dev = dp.device();
+    Ctx* c = new Ctx{std::move(dp), t, static_cast<int64_t>(n)};
+    return c10::DataPtr(data, c, &counted_delete, dev);
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+
+std::once_flag g_install;
+
+template <class F>
+int guarded(F f) {
+  try {
+    f();
+    return 0;
+  } catch (const std::exception& e) {
+    t_error = e.what();
+  } catch (...) {
+    t_error = "unknown C++ exception";
+  }
+  return 1;
+}
+
+struct EdgeBox {
+  torch::autograd::Edge edge;
+};
+
+// Identity node at an op boundary: the gradient reaching it is what the executor captures
+// for the op's input; it holds no tensor, only the edge to the producer (if any).
+struct Boundary final : torch::autograd::Node {
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override { return std::move(grads); }
+  std::string name() const override { return "FsdpBoundary"; }
+};
+
+}  // namespace
+
+extern "C" {
+
+const char* fsdp_last_error() { return t_error.c_str(); }
+
+// Installs the counting allocator (once per process) and returns a new tracker id.
+int64_t fsdp_mem_tracker_new() {
+  std::call_once(g_install, [] {
+    static Counting counting(c10::GetCPUAllocator());
+    c10::SetCPUAllocator(&counting, /*priority=*/100);
+  });
+  int64_t id = g_next.fetch_add(1);
+  std::lock_guard<std::mutex> g(g_mu);
+  g_trackers[id] = Tracker{};
+  return id;
+}
+
+// Tags this thread's future CPU allocations with `id` (0: untracked).
+void fsdp_mem_tracker_enter(int64_t id) { t_tracker = id; }
+
+// Current and peak bytes of a tracker; `reset_peak` sets the peak to the current bytes.
+void fsdp_mem_tracker_stats(int64_t id, int64_t* cur, int64_t* peak, int reset_peak) {
+  std::lock_guard<std::mutex> g(g_mu);
+  auto it = g_trackers.find(id);
+  if (it == g_trackers.end()) {
+    *cur = 0;
+    *peak = 0;
+    return;
+  }
+  *cur = it->second.cur;
+  *peak = it->second.peak;
+  if (reset_peak) {
+    it->second.peak = it->second.cur;
+  }
+}
+
+void fsdp_mem_tracker_drop(int64_t id) {
+  std::lock_guard<std::mutex> g(g_mu);
+  g_trackers.erase(id);
+}
+
+// Frees (nbytes = 0) or re-allocates (nbytes > 0, contents undefined) a tensor's storage in
+// place: every tensor and saved variable sharing the storage sees the change.
+int fsdp_storage_resize(const at::Tensor* t, int64_t nbytes) {
+  return guarded([&] {
+    c10::StorageImpl* s = t->storage().unsafeGetStorageImpl();
+    if (nbytes == 0) {
+      s->set_data_ptr_noswap(c10::DataPtr(nullptr, s->device()));
+      s->set_nbytes(0);
+    } else {
+      c10::Allocator* a = s->allocator();
+      if (a == nullptr) {
+        a = c10::GetCPUAllocator();
+      }
+      s->set_data_ptr_noswap(a->allocate(static_cast<size_t>(nbytes)));
+      s->set_nbytes(static_cast<size_t>(nbytes));
+    }
+  });
+}
+
+// dst.copy_(src) without autograd and without bumping dst's version counter.
+int fsdp_copy_keep_version(const at::Tensor* dst, const at::Tensor* src) {
+  return guarded([&] {
+    at::NoGradGuard ng;
+    at::Tensor d = *dst;
+    int64_t v = d._version();
+    d.copy_(*src);
+    c10::VariableVersion vc = d.unsafeGetTensorImpl()->version_counter();  // a handle on the shared counter
+    vc.set_version(v);
+  });
+}
+
+// The autograd edge a tensor's gradient flows into (its grad_fn and output number, or the
+// grad accumulator of a leaf). Null when the tensor does not require grad.
+void* fsdp_edge(const at::Tensor* t) {
+  if (!t->defined() || !t->requires_grad()) {
+    return nullptr;
+  }
+  void* out = nullptr;
+  if (guarded([&] { out = new EdgeBox{torch::autograd::impl::gradient_edge(*t)}; }) != 0) {
+    return nullptr;
+  }
+  return out;
+}
+
+void fsdp_edge_free(void* e) { delete static_cast<EdgeBox*>(e); }
+
+// 1 when both edges name the same node input.
+int fsdp_edge_same(void* a, void* b) {
+  auto* x = static_cast<EdgeBox*>(a);
+  auto* y = static_cast<EdgeBox*>(b);
+  return x->edge.function == y->edge.function && x->edge.input_nr == y->edge.input_nr;
+}
+
+// A new tensor sharing `t`'s storage and version counter whose grad_fn is a Boundary node
+// leading to `t`'s gradient edge (none when `t` does not require grad: the boundary is then a
+// source that still requires grad). Backward from an op's output stops at its boundaries
+// because nothing else leads to them.
+at::Tensor* fsdp_boundary(const at::Tensor* t) {
+  at::Tensor* out = nullptr;
+  if (guarded([&] {
+        at::Tensor y = t->detach();
+        auto node = std::shared_ptr<Boundary>(new Boundary(), torch::autograd::deleteNode);
+        if (t->requires_grad()) {
+          node->add_next_edge(torch::autograd::impl::gradient_edge(*t));
+        }
+        torch::autograd::set_history(y, node);
+        out = new at::Tensor(y);
+      }) != 0) {
+    return nullptr;
+  }
+  return out;
+}
+
+// Runs backward from `root` with upstream gradient `grad` (freeing the graph it runs
+// through) and writes the gradient reaching each of `inputs` into `out[i]` (a new tensor,
+// undefined when none reaches it).
+int fsdp_backward(void* root, const at::Tensor* grad, void** inputs, int64_t ninputs, at::Tensor** out) {
+  return guarded([&] {
+    torch::autograd::edge_list roots{static_cast<EdgeBox*>(root)->edge};
+    torch::autograd::variable_list grads{*grad};
+    torch::autograd::edge_list outs;
+    outs.reserve(ninputs);
+    for (int64_t i = 0; i < ninputs; ++i) {
+      outs.push_back(static_cast<EdgeBox*>(inputs[i])->edge);
+    }
+    auto res = torch::autograd::Engine::get_default_engine().execute(roots, grads, /*keep_graph=*/false,
+                                                                      /*create_graph=*/false,
+                                                                      /*accumulate_grad=*/false, outs);
+    for (int64_t i = 0; i < ninputs; ++i) {
+      out[i] = new at::Tensor(i < static_cast<int64_t>(res.size()) ? res[i] : at::Tensor());
+    }
+  });
+}
+
+}  // extern "C"

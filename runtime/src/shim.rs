@@ -1,0 +1,147 @@
+//! Safe wrappers over `csrc/shim.cpp`: what the executor needs from libtorch that tch does not
+//! expose — a counting CPU allocator ([`MemTracker`]), FSDP2's in-place storage free/refill of
+//! unsharded params, a version-preserving copy, and one op's backward from its autograd edge
+//! with an upstream gradient ([`backward`]).
+
+use crate::error::RtError;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use tch::Tensor;
+
+extern "C" {
+    fn fsdp_last_error() -> *const c_char;
+    fn fsdp_mem_tracker_new() -> i64;
+    fn fsdp_mem_tracker_enter(id: i64);
+    fn fsdp_mem_tracker_stats(id: i64, cur: *mut i64, peak: *mut i64, reset_peak: c_int);
+    fn fsdp_mem_tracker_drop(id: i64);
+    fn fsdp_storage_resize(t: *const c_void, nbytes: i64) -> c_int;
+    fn fsdp_copy_keep_version(dst: *const c_void, src: *const c_void) -> c_int;
+    fn fsdp_edge(t: *const c_void) -> *mut c_void;
+    fn fsdp_boundary(t: *const c_void) -> *mut c_void;
+    fn fsdp_edge_free(e: *mut c_void);
+    fn fsdp_edge_same(a: *mut c_void, b: *mut c_void) -> c_int;
+    fn fsdp_backward(root: *mut c_void, grad: *const c_void, inputs: *const *mut c_void, n: i64, out: *mut *mut c_void) -> c_int;
+}
+
+fn last_error(what: &str) -> RtError {
+    // SAFETY: the shim returns a pointer to a thread-local, NUL-terminated string.
+    let msg = unsafe { CStr::from_ptr(fsdp_last_error()) }.to_string_lossy().into_owned();
+    RtError::Plan(format!("{what}: {msg}"))
+}
+
+fn ptr(t: &Tensor) -> *const c_void {
+    t.as_ptr().cast()
+}
+
+/// Counts the CPU bytes libtorch allocates on the threads that [`MemTracker::enter`]ed it,
+/// until they are freed (by any thread): current and peak.
+pub struct MemTracker(i64);
+
+impl MemTracker {
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> MemTracker {
+        // SAFETY: installs the allocator once, then only touches the shim's own table.
+        MemTracker(unsafe { fsdp_mem_tracker_new() })
+    }
+    /// Charges this thread's next allocations to the tracker.
+    pub fn enter(&self) {
+        // SAFETY: sets a thread-local id.
+        unsafe { fsdp_mem_tracker_enter(self.0) }
+    }
+    /// Stops charging this thread's allocations to any tracker.
+    pub fn leave() {
+        // SAFETY: sets a thread-local id.
+        unsafe { fsdp_mem_tracker_enter(0) }
+    }
+    /// (current, peak) bytes; `reset_peak` makes the peak the current value afterwards.
+    pub fn stats(&self, reset_peak: bool) -> (u64, u64) {
+        let (mut cur, mut peak) = (0i64, 0i64);
+        // SAFETY: writes two i64s through valid pointers.
+        unsafe { fsdp_mem_tracker_stats(self.0, &mut cur, &mut peak, c_int::from(reset_peak)) };
+        (cur.max(0) as u64, peak.max(0) as u64)
+    }
+}
+
+impl Drop for MemTracker {
+    fn drop(&mut self) {
+        // SAFETY: removes the id from the shim's table; later frees of its memory are ignored.
+        unsafe { fsdp_mem_tracker_drop(self.0) }
+    }
+}
+
+/// Frees `t`'s storage in place (every tensor and saved variable sharing it sees size 0), as
+/// FSDP2's reshard does with `untyped_storage().resize_(0)`.
+pub fn free_storage(t: &Tensor) -> Result<(), RtError> {
+    // SAFETY: `t` is a live tensor handle.
+    match unsafe { fsdp_storage_resize(ptr(t), 0) } {
+        0 => Ok(()),
+        _ => Err(last_error("freeing storage")),
+    }
+}
+
+/// Re-allocates `t`'s storage (freed by [`free_storage`]) and copies `src` into it without
+/// bumping `t`'s version counter, so what autograd saved of `t` stays valid.
+pub fn refill(t: &Tensor, src: &Tensor) -> Result<(), RtError> {
+    let nbytes = (t.numel() * t.kind().elt_size_in_bytes()) as i64;
+    // SAFETY: both are live tensor handles; the storage is re-allocated before the copy.
+    unsafe {
+        if fsdp_storage_resize(ptr(t), nbytes) != 0 {
+            return Err(last_error("re-allocating storage"));
+        }
+        if fsdp_copy_keep_version(ptr(t), ptr(src)) != 0 {
+            return Err(last_error("copying into unsharded param"));
+        }
+    }
+    Ok(())
+}
+
+/// The autograd edge a tensor's gradient flows into (its grad_fn and output number, or a
+/// leaf's grad accumulator). Holding it keeps the graph behind it, not the tensor.
+pub struct Edge(*mut c_void);
+
+impl Edge {
+    /// `None` when `t` does not require grad.
+    pub fn of(t: &Tensor) -> Option<Edge> {
+        // SAFETY: `t` is a live tensor handle; null means no edge.
+        let e = unsafe { fsdp_edge(ptr(t)) };
+        (!e.is_null()).then_some(Edge(e))
+    }
+    pub fn same(&self, other: &Edge) -> bool {
+        // SAFETY: both boxes are live.
+        unsafe { fsdp_edge_same(self.0, other.0) != 0 }
+    }
+}
+
+impl Drop for Edge {
+    fn drop(&mut self) {
+        // SAFETY: the box was created by `fsdp_edge` and is freed once.
+        unsafe { fsdp_edge_free(self.0) }
+    }
+}
+
+/// A tensor sharing `t`'s storage whose gradient stops at a node of its own (leading on to
+/// `t`'s producer, if `t` requires grad): an op computed from boundaries is a piece of the
+/// graph whose backward can run alone, from its output edge to its boundaries' edges.
+pub fn boundary(t: &Tensor) -> Result<Tensor, RtError> {
+    // SAFETY: `t` is a live handle; the shim returns a new heap tensor we own, or null.
+    let p = unsafe { fsdp_boundary(ptr(t)) };
+    if p.is_null() {
+        return Err(last_error("op boundary"));
+    }
+    // SAFETY: `p` is a heap at::Tensor created for us.
+    Ok(unsafe { Tensor::from_ptr(p.cast()) })
+}
+
+/// Backward of the graph behind `root` with upstream gradient `grad` (freeing what it runs
+/// through, as `retain_graph=False`): the gradient reaching each of `inputs` (undefined
+/// tensors where none reaches), like `torch.autograd.grad(out, inputs, grad)`.
+pub fn backward(root: &Edge, grad: &Tensor, inputs: &[&Edge]) -> Result<Vec<Tensor>, RtError> {
+    let ins: Vec<*mut c_void> = inputs.iter().map(|e| e.0).collect();
+    let mut out: Vec<*mut c_void> = vec![std::ptr::null_mut(); ins.len()];
+    // SAFETY: all boxes and the grad are live; the shim fills `out` with new tensor handles.
+    let rc = unsafe { fsdp_backward(root.0, ptr(grad), ins.as_ptr(), ins.len() as i64, out.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(last_error("backward"));
+    }
+    // SAFETY: each pointer is a heap at::Tensor the shim created for us to own.
+    Ok(out.into_iter().map(|p| unsafe { Tensor::from_ptr(p.cast()) }).collect())
+}
