@@ -23,13 +23,6 @@ impl FreeList {
     }
 }
 
-pub fn assign_offsets(ops: &[ScheduleOp], buffers: &mut [BufferInfo]) {
-    let offs = offsets(ops, buffers);
-    for (b, o) in buffers.iter_mut().zip(offs) {
-        b.offset = o;
-    }
-}
-
 /// The arena offset of every buffer (indexed like `buffers`).
 pub fn offsets(ops: &[ScheduleOp], buffers: &[BufferInfo]) -> Vec<u64> {
     let mut out = vec![0u64; buffers.len()];

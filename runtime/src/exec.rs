@@ -190,15 +190,13 @@ fn held_bytes<'a>(ts: impl Iterator<Item = &'a Tensor>) -> u64 {
     total
 }
 
-/// The checkpointed module (a module of a class in `options.checkpoint`) an op runs in.
-fn region_of<'a>(model: &'a Model, classes: &[String], op: &'a fsdp_ir::Op) -> Option<&'a str> {
-    if classes.is_empty() {
-        return None;
-    }
+/// The checkpointed module (a module of a class in `options.checkpoint`; `checkpointed` holds
+/// their paths) an op runs in: the outermost one on its module path.
+fn region_of<'a>(checkpointed: &std::collections::HashSet<&str>, op: &'a fsdp_ir::Op) -> Option<&'a str> {
     let mut path = op.module.as_str();
     let mut found = None;
     loop {
-        if model.module_class(path).is_some_and(|c| classes.iter().any(|x| x == c)) {
+        if checkpointed.contains(path) {
             found = Some(path);
         }
         match fsdp_ir::parent_path(path) {
@@ -275,11 +273,17 @@ fn run_step(
             _ => None,
         })
         .collect();
+    let checkpointed: std::collections::HashSet<&str> = model
+        .modules
+        .iter()
+        .filter(|m| plan.options.checkpoint.iter().any(|c| c == &m.class))
+        .map(|m| m.path.as_str())
+        .collect();
     let region: HashMap<&str, &str> = model
         .ops
         .iter()
         .filter(|o| recomputed.contains(o.name.as_str()))
-        .filter_map(|o| region_of(model, &plan.options.checkpoint, o).map(|r| (o.name.as_str(), r)))
+        .filter_map(|o| region_of(&checkpointed, o).map(|r| (o.name.as_str(), r)))
         .collect();
     // Forward consumers of each value; recompute consumers inside / outside its region.
     let producer_region = |n: &str| region.get(n).copied();
