@@ -67,6 +67,27 @@ pub fn simulate(ops: &[ScheduleOp], buffers: &[BufferInfo], units: &[Unit]) -> R
     })
 }
 
+/// Per schedule op: (bytes live after it, peak bytes while it ran), replayed like
+/// [`simulate`]; what a runtime compares its measured memory with, op by op.
+pub fn per_op(ops: &[ScheduleOp], buffers: &[BufferInfo]) -> Vec<(u64, u64)> {
+    let mut live = 0u64;
+    ops.iter()
+        .map(|op| {
+            let mut peak = live;
+            for ev in &op.events {
+                match *ev {
+                    Event::Alloc(b) => {
+                        live += buffers[b.index()].bytes;
+                        peak = peak.max(live);
+                    }
+                    Event::Free(b) => live = live.saturating_sub(buffers[b.index()].bytes),
+                }
+            }
+            (live, peak)
+        })
+        .collect()
+}
+
 /// Size of the per-rank arena: the largest offset + size.
 pub fn arena_bytes(buffers: &[BufferInfo]) -> u64 {
     buffers.iter().map(|b| b.offset + b.bytes).max().unwrap_or(0)

@@ -21,6 +21,10 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
@@ -117,9 +121,89 @@ struct Boundary final : torch::autograd::Node {
   std::string name() const override { return "FsdpBoundary"; }
 };
 
+// The root of one op's backward: hands the upstream gradient it owns to the op's output edge
+// and lets go of it, so that the gradient is freed as soon as the op's first backward node has
+// consumed it, as in one whole-model backward (passing it as the engine's input would keep it
+// alive, in the caller's list, until the op's whole backward has run).
+struct GradSource final : torch::autograd::Node {
+  at::Tensor grad;
+  torch::autograd::variable_list apply(torch::autograd::variable_list&&) override {
+    torch::autograd::variable_list out{std::move(grad)};
+    grad = at::Tensor();
+    return out;
+  }
+  std::string name() const override { return "FsdpGradSource"; }
+};
+
+// Rows [offs[i-1], offs[i]) of `input` times `weight[i]`, for every group i: transformers'
+// grouped-mm fallback (`transformers::grouped_mm_fallback`) as a libtorch autograd function.
+// It saves the input, the weight and the offsets, and its backward loops over the groups into
+// one grad_input and one grad_weight, as that fallback does. (torch._grouped_mm takes neither
+// float64 nor unaligned strides on CPU.)
+std::vector<std::pair<int64_t, int64_t>> groups_of(const at::Tensor& offs) {
+  at::Tensor o = offs.to(at::kCPU).to(at::kLong).contiguous();
+  const int64_t* p = o.data_ptr<int64_t>();
+  std::vector<std::pair<int64_t, int64_t>> out;
+  int64_t start = 0;
+  for (int64_t i = 0; i < o.numel(); ++i) {
+    out.emplace_back(start, p[i]);
+    start = p[i];
+  }
+  return out;
+}
+
+struct GroupedMm : public torch::autograd::Function<GroupedMm> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
+                            const at::Tensor& offs) {
+    ctx->save_for_backward({input, weight});
+    ctx->saved_data["offs"] = offs;
+    at::Tensor out = at::zeros({input.size(0), weight.size(2)}, input.options());
+    int64_t i = 0;
+    for (auto [a, b] : groups_of(offs)) {
+      if (b > a) {
+        at::Tensor o = out.narrow(0, a, b - a);
+        at::mm_out(o, input.narrow(0, a, b - a), weight[i]);
+      }
+      ++i;
+    }
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& input = saved[0];
+    const at::Tensor& weight = saved[1];
+    at::Tensor offs = ctx->saved_data["offs"].toTensor();
+    at::Tensor g = grads[0];
+    at::Tensor gi = at::zeros_like(input);
+    at::Tensor gw = at::zeros_like(weight);
+    int64_t i = 0;
+    for (auto [a, b] : groups_of(offs)) {
+      if (b > a) {
+        at::Tensor gs = g.narrow(0, a, b - a);
+        at::Tensor gio = gi.narrow(0, a, b - a);
+        at::mm_out(gio, gs, weight[i].t());
+        at::Tensor gwo = gw[i];
+        at::mm_out(gwo, input.narrow(0, a, b - a).t(), gs);
+      }
+      ++i;
+    }
+    return {gi, gw, at::Tensor()};
+  }
+};
+
 }  // namespace
 
 extern "C" {
+
+// GroupedMm::apply(input, weight, offs) as a new tensor (null on error).
+at::Tensor* fsdp_grouped_mm(const at::Tensor* input, const at::Tensor* weight, const at::Tensor* offs) {
+  at::Tensor* out = nullptr;
+  if (guarded([&] { out = new at::Tensor(GroupedMm::apply(*input, *weight, *offs)); }) != 0) {
+    return nullptr;
+  }
+  return out;
+}
 
 const char* fsdp_last_error() { return t_error.c_str(); }
 
@@ -232,13 +316,19 @@ at::Tensor* fsdp_boundary(const at::Tensor* t) {
   return out;
 }
 
-// Runs backward from `root` with upstream gradient `grad` (freeing the graph it runs
-// through) and writes the gradient reaching each of `inputs` into `out[i]` (a new tensor,
-// undefined when none reaches it).
-int fsdp_backward(void* root, const at::Tensor* grad, void** inputs, int64_t ninputs, at::Tensor** out) {
+// Runs backward from `root` with upstream gradient `*grad`, which it takes (leaving `*grad`
+// undefined), freeing the graph it runs through, and writes the gradient reaching each of
+// `inputs` into `out[i]` (a new tensor, undefined when none reaches it).
+int fsdp_backward(void* root, at::Tensor* grad, void** inputs, int64_t ninputs, at::Tensor** out) {
   return guarded([&] {
-    torch::autograd::edge_list roots{static_cast<EdgeBox*>(root)->edge};
-    torch::autograd::variable_list grads{*grad};
+    auto src = std::shared_ptr<GradSource>(new GradSource(), torch::autograd::deleteNode);
+    src->grad = std::move(*grad);
+    *grad = at::Tensor();
+    src->add_next_edge(static_cast<EdgeBox*>(root)->edge);
+    at::Tensor dummy = at::zeros({}, at::TensorOptions().dtype(at::kFloat));
+    src->add_input_metadata(dummy);
+    torch::autograd::edge_list roots{torch::autograd::Edge(src, 0)};
+    torch::autograd::variable_list grads{dummy};
     torch::autograd::edge_list outs;
     outs.reserve(ninputs);
     for (int64_t i = 0; i < ninputs; ++i) {

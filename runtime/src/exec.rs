@@ -124,6 +124,40 @@ pub fn unsharded_views(plan: &Plan, u: usize, gathered: &Tensor) -> Vec<(String,
     out
 }
 
+/// Copies param `p` of unit `u` from the unit's all-gather output into `dst` (its unsharded
+/// tensor, contiguous) with `copy(dst_piece, src_piece)`: one piece per rank for the FSDP2
+/// layout (rank r's rows of the param), one for the flat layout.
+fn copy_param_into(
+    plan: &Plan,
+    u: usize,
+    p: &fsdp_planner::units::UnitParam,
+    gathered: &Tensor,
+    dst: &Tensor,
+    copy: &mut dyn FnMut(&Tensor, &Tensor) -> Result<(), RtError>,
+) -> Result<(), RtError> {
+    let unit = &plan.units[u];
+    match plan.options.layout {
+        Layout::Fsdp2 => {
+            let ws = plan.options.shard_size() as i64;
+            let rows = gathered.view([ws, unit.shard_numel as i64]);
+            let d0 = p.shape[0] as i64;
+            let rest = (p.numel / p.shape[0].max(1)) as i64;
+            let per = p.shard_numel as i64 / rest.max(1);
+            let dst2 = dst.view([d0, rest]);
+            for r in 0..ws {
+                let start = r * per;
+                if start >= d0 {
+                    break;
+                }
+                let n = per.min(d0 - start);
+                copy(&dst2.narrow(0, start, n), &rows.get(r).narrow(0, p.offset as i64, n * rest).view([n, rest]))?;
+            }
+        }
+        Layout::Flat => copy(&dst.view([-1]), &gathered.narrow(0, p.offset as i64, p.numel as i64))?,
+    }
+    Ok(())
+}
+
 /// Unsharded params of a unit from its all-gather output (the copy-out), as new tensors.
 pub fn copy_out(plan: &Plan, u: usize, gathered: &Tensor) -> HashMap<String, Tensor> {
     unsharded_views(plan, u, gathered).into_iter().map(|(n, v)| (n, v.copy())).collect()
@@ -168,11 +202,15 @@ pub fn step(plan: &Plan, model: &Model, comm: &dyn Collective, rank: &mut Rank, 
 /// (shards, optimizer state, the batch) plus the peak of what libtorch allocated on this
 /// rank's thread during the step (gathered buffers, unsharded params, activations and all
 /// autograd saves, gradients, collective buffers, temporaries), from the counting allocator.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct StepStats {
     pub peak_bytes: u64,
     /// The persistent part of `peak_bytes`.
     pub persistent_bytes: u64,
+    /// Per schedule op: (bytes live after it, peak bytes while it ran), persistent state
+    /// included, the same quantities as the plan's [`fsdp_planner::memory::per_op`]; for
+    /// finding the op where a run departs from its plan.
+    pub per_op: Vec<(u64, u64)>,
 }
 
 fn held_bytes<'a>(ts: impl Iterator<Item = &'a Tensor>) -> u64 {
@@ -235,12 +273,15 @@ pub fn step_timed(
         t
     });
     let persistent = held_bytes(rank.shards.iter().chain(rank.opt.iter().flat_map(|o| [&o.m, &o.v])).chain(batches.iter().flat_map(|b| b.values())));
-    let r = run_step(plan, model, comm, rank, batches, cx, opt, &mut spans);
+    let mut per_op = vec![];
+    let mut probe = tracker.as_ref().map(|t| (t, &mut per_op));
+    let r = run_step(plan, model, comm, rank, batches, cx, opt, &mut spans, &mut probe);
     if let Some(t) = &tracker {
         MemTracker::leave();
         if let Some(st) = stats {
             st.persistent_bytes = persistent;
-            st.peak_bytes = persistent + t.stats(false).1;
+            st.peak_bytes = persistent + per_op.iter().map(|x| x.1).max().unwrap_or(0).max(t.stats(false).1);
+            st.per_op = per_op.into_iter().map(|(c, p)| (c + persistent, p + persistent)).collect();
         }
     }
     r
@@ -256,6 +297,7 @@ fn run_step(
     cx: &OpCx,
     opt: &AdamW,
     spans: &mut Option<&mut Vec<(f64, f64)>>,
+    probe: &mut Option<(&MemTracker, &mut Vec<(u64, u64)>)>,
 ) -> Result<f64, RtError> {
     let t0 = std::time::Instant::now();
     let nu = plan.units.len();
@@ -319,6 +361,8 @@ fn run_step(
     let (mut fwd_left, mut rec_in_left, mut rec_int_left) = (HashMap::new(), HashMap::new(), HashMap::new());
     let mut losses = vec![];
     let mut mb = u32::MAX;
+    // this micro-batch's kernel context (its dropout noise key)
+    let mut cxm = *cx;
     let param = |params: &[HashMap<String, Tensor>], resident: &[bool], name: &str| -> Result<Tensor, RtError> {
         let prim = model.primary_of(name);
         let u = *owner.get(prim).ok_or_else(|| err(format!("param `{prim}` has no unit")))?;
@@ -328,6 +372,12 @@ fn run_step(
         }
     };
     for sop in &plan.schedule {
+        if let Some((t, v)) = probe.as_mut() {
+            if !v.is_empty() || sop.id.index() > 0 {
+                // closes the previous op
+                v.push(t.stats(true));
+            }
+        }
         let started = t0.elapsed().as_secs_f64();
         if let Some(sp) = spans.as_deref_mut() {
             // closes the previous op: ops run one after the other on this thread
@@ -338,6 +388,7 @@ fn run_step(
         }
         if sop.micro_batch != mb && matches!(sop.kind, OpKind::Forward { .. } | OpKind::AllGather { .. }) && sop.phase == fsdp_planner::Phase::Forward {
             mb = sop.micro_batch;
+            cxm.train = cx.train.map(|n| crate::ops::Noise { micro: mb as u64, ..n });
             env.clear();
             grads.clear();
             out_edge.clear();
@@ -366,18 +417,24 @@ fn run_step(
             OpKind::CopyOut { unit } => {
                 let u = unit.index();
                 let g = gathered[u].take().ok_or_else(|| err(format!("{}: copy-out without all-gather", sop.id)))?;
+                // straight from the all-gather output into each param's storage, rank piece
+                // by rank piece (FSDP2's split_with_sizes_copy): no temporaries
                 if params[u].is_empty() {
-                    for (n, v) in tch::no_grad(|| unsharded_views(plan, u, &g)) {
-                        let t = v.copy();
+                    for p in &plan.units[u].params {
+                        let shape: Vec<i64> = p.shape.iter().map(|&d| d as i64).collect();
+                        let t = Tensor::empty(shape.as_slice(), (g.kind(), g.device()));
+                        copy_param_into(plan, u, p, &g, &t, &mut |d, s| shim::copy_keep_version(d, s))?;
                         let t = if t.is_floating_point() { t.set_requires_grad(true) } else { t };
-                        params[u].insert(n, t);
+                        params[u].insert(p.name.clone(), t);
                     }
                 } else {
-                    for (n, v) in unsharded_views(plan, u, &g) {
-                        let t = params[u].get(&n).ok_or_else(|| err(format!("{}: unsharded param `{n}` missing", sop.id)))?;
-                        shim::refill(t, &v)?;
+                    for p in &plan.units[u].params {
+                        let t = params[u].get(&p.name).ok_or_else(|| err(format!("{}: unsharded param `{}` missing", sop.id, p.name)))?;
+                        shim::realloc_storage(t)?;
+                        copy_param_into(plan, u, p, &g, t, &mut |d, s| shim::copy_keep_version(d, s))?;
                     }
                 }
+                drop(g);
                 resident[u] = true;
             }
             OpKind::Reshard { unit } => {
@@ -409,9 +466,9 @@ fn run_step(
                     let ir: Vec<&Tensor> = ins.iter().collect();
                     let pr: Vec<&Tensor> = ps.iter().collect();
                     if grad_on {
-                        forward(cx, o, &ir, &pr)?
+                        forward(&cxm, o, &ir, &pr)?
                     } else {
-                        tch::no_grad(|| forward(cx, o, &ir, &pr))?
+                        tch::no_grad(|| forward(&cxm, o, &ir, &pr))?
                     }
                 };
                 if o.name == loss_op {
@@ -486,8 +543,7 @@ fn run_step(
                     continue;
                 }
                 let targets: Vec<&Edge> = ins.iter().chain(pes.iter()).map(|(_, e)| e).collect();
-                let gs = shim::backward(&root, &gout, &targets)?;
-                drop(gout);
+                let gs = shim::backward(&root, gout, &targets)?;
                 let mut gi = gs.into_iter();
                 for (n, _) in &ins {
                     if let Some(g) = gi.next().filter(|g| g.defined()) {
@@ -539,5 +595,31 @@ fn run_step(
             last.1 = t0.elapsed().as_secs_f64();
         }
     }
+    if let Some((t, v)) = probe.as_mut() {
+        v.push(t.stats(true));
+    }
     Ok(losses.iter().sum::<f64>() / losses.len().max(1) as f64)
+}
+
+/// Where a measured step departs from its plan: the `n` schedule ops with the highest
+/// measured in-op peak, one line each (op, planned and measured peak, the difference, and
+/// how the bytes live after the op compare).
+pub fn memory_report(plan: &Plan, stats: &StepStats, n: usize) -> String {
+    let planned = fsdp_planner::memory::per_op(&plan.schedule, &plan.buffers);
+    let mut rows: Vec<(u64, String)> = plan
+        .schedule
+        .iter()
+        .zip(planned.iter().zip(&stats.per_op))
+        .map(|(op, (&(pl, pp), &(ml, mp)))| {
+            let d = mp as i64 - pp as i64;
+            let line = format!(
+                "{:<48} peak planned {pp:>9} measured {mp:>9} ({d:+}), after: {:+}",
+                fsdp_planner::memory::describe(op, Some(&plan.units)),
+                ml as i64 - pl as i64
+            );
+            (mp, line)
+        })
+        .collect();
+    rows.sort_by_key(|r| std::cmp::Reverse(r.0));
+    rows.into_iter().take(n).map(|r| r.1 + "\n").collect()
 }

@@ -13,10 +13,79 @@ pub enum Attn {
 }
 
 /// Per-step context of the kernels.
+#[derive(Debug, Clone, Copy)]
 pub struct OpCx {
     pub attn: Attn,
     /// Compute dtype (the plan's param dtype).
     pub kind: Kind,
+    /// Training mode: dropout draws its noise from this key. `None` is eval mode (dropout is
+    /// the identity, as in HF's `model.eval()`).
+    pub train: Option<Noise>,
+}
+
+impl OpCx {
+    /// Eval mode (no dropout).
+    pub fn eval(attn: Attn, kind: Kind) -> OpCx {
+        OpCx { attn, kind, train: None }
+    }
+}
+
+/// Where a dropout's noise comes from. The noise of batch row `r` of op `o` is a pure
+/// function of (seed, step, micro-batch, `row0 + r`, o's name): every rank draws the rows of
+/// the global batch it holds exactly as single-device training on the global batch does, a
+/// recomputed (checkpointed) forward draws the same noise again, and a resumed run draws what
+/// the uninterrupted one would have. (torch's global generator is shared by every rank
+/// thread of the process, so it could give none of these.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Noise {
+    pub seed: u64,
+    /// Optimizer step, counted from 0 over the whole run (resumes included).
+    pub step: u64,
+    pub micro: u64,
+    /// Global batch row of this rank's first row.
+    pub row0: u64,
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// ATen's CPU dropout (`_dropout_impl`): `noise = bernoulli(1 - p) / (1 - p)` in the input's
+/// dtype, `out = x * noise` (autograd saves the noise), with the noise drawn from `key`.
+fn dropout(x: &Tensor, key: &Noise, op: &str, p: f64) -> Tensor {
+    let shape = x.size();
+    let rows = shape.first().copied().unwrap_or(1).max(1) as usize;
+    let numel = shape.iter().product::<i64>().max(0) as usize;
+    let per = numel / rows;
+    let keep = 1.0 - p;
+    // keep an element iff its 53-bit uniform draw is below keep
+    let thresh = (keep * (1u64 << 53) as f64) as u64;
+    let name = op.bytes().fold(0xCBF2_9CE4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01B3));
+    let base = mix(key.seed ^ mix(name ^ mix(key.step ^ mix(key.micro))));
+    let draw = |f: &mut dyn FnMut(usize, bool)| {
+        for r in 0..rows {
+            let mut s = mix(base ^ (key.row0 + r as u64));
+            for e in 0..per {
+                s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                f(r * per + e, (mix(s) >> 11) < thresh);
+            }
+        }
+    };
+    let noise = if x.kind() == Kind::Double {
+        let mut v = vec![0f64; numel];
+        let s = 1.0 / keep;
+        draw(&mut |i, k| v[i] = if k { s } else { 0.0 });
+        Tensor::from_slice(&v)
+    } else {
+        let mut v = vec![0f32; numel];
+        let s = (1.0 / keep) as f32;
+        draw(&mut |i, k| v[i] = if k { s } else { 0.0 });
+        Tensor::from_slice(&v).to_kind(x.kind())
+    };
+    x * noise.reshape(shape.as_slice()).to_device(x.device())
 }
 
 fn dims(t: &Tensor) -> Vec<i64> {
@@ -115,10 +184,12 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
                 }
             }
         }
-        // Dropout is run with p = 0 (deterministic training; see README).
-        OpKind::Dropout { .. } => {
+        OpKind::Dropout { p } => {
             need(1, 0)?;
-            inputs[0].shallow_clone()
+            match cx.train {
+                Some(key) if *p > 0.0 => dropout(inputs[0], &key, &op.name, *p),
+                _ => inputs[0].shallow_clone(),
+            }
         }
         OpKind::RotaryEmbedding { theta, head_dim } => {
             // HF default rope: inv_freq = 1 / theta^(arange(0, hd, 2) / hd); freqs = pos ⊗
@@ -154,8 +225,9 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
             kv_heads,
             head_dim,
             sliding_window,
+            dropout,
             ..
-        } => attention(cx, op, inputs, *heads as i64, *kv_heads as i64, *head_dim as i64, *sliding_window)?,
+        } => attention(cx, op, inputs, *heads as i64, *kv_heads as i64, *head_dim as i64, *sliding_window, *dropout)?,
         OpKind::Router { top_k, .. } => {
             // MixtralTopKRouter: softmax(linear(h).float()), top-k, renormalized. The output
             // packs the weights and the expert indices (as float): [tokens, 2k].
@@ -170,32 +242,38 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
             Tensor::cat(&[vals, idx.to_kind(k)], -1)
         }
         OpKind::Experts { experts, top_k, .. } => {
-            // out[t] = Σ_k w[t,k] · down_e(silu(gate_e x_t) · up_e x_t), e = idx[t,k].
+            // transformers 5.17 `grouped_mm_experts_forward`: the (token, expert) pairs sorted
+            // by expert, their inputs gathered, one grouped gate_up and one grouped down
+            // matmul, silu(gate) * up, scaled by the routing weight, put back in token order
+            // and summed over the k choices.
             need(2, 2)?;
             let h = inputs[0];
             let sh = dims(h);
             let hd = *sh.last().unwrap_or(&1);
             let x = h.reshape([-1, hd]);
-            let k = *top_k as i64;
-            let w = inputs[1].narrow(-1, 0, k);
-            let idx = inputs[1].narrow(-1, k, k).to_kind(Kind::Int64);
-            let mut out = x.zeros_like();
-            for e in 0..*experts as i64 {
-                let hit = idx.eq(e);
-                let pos = hit.nonzero();
-                if pos.size()[0] == 0 {
-                    continue;
-                }
-                let tok = pos.select(1, 0);
-                let slot = pos.select(1, 1);
-                let xs = x.index_select(0, &tok);
-                let gu = xs.matmul(&params[0].get(e).transpose(0, 1));
-                let parts = gu.chunk(2, -1);
-                let y = (parts[0].silu() * &parts[1]).matmul(&params[1].get(e).transpose(0, 1));
-                let ws = w.index_select(0, &tok).gather(1, &slot.unsqueeze(1), false);
-                out = out.index_add(0, &tok, &(y * ws.to_kind(cx.kind)));
-            }
-            out.reshape(sh.as_slice())
+            let tokens = x.size()[0];
+            let (k, ne) = (*top_k as i64, *experts as i64);
+            let weights = inputs[1].narrow(-1, 0, k).reshape([-1]);
+            let ids = inputs[1].narrow(-1, k, k).to_kind(Kind::Int64).reshape([-1]);
+            let (ids_g, perm) = ids.sort(0, false);
+            let xg = x.index_select(0, &perm.floor_divide_scalar(k));
+            let wg = weights.index_select(0, &perm);
+            let counts = ids_g.bincount(None::<Tensor>, ne);
+            let offs = counts.cumsum(0, Kind::Int);
+            // no expert parallelism here, so no sentinel rows: the masks are all false, but
+            // masked like HF (autograd saves the mask)
+            let sentinel = ids_g.ge(ne).unsqueeze(-1);
+            let mut xg = xg;
+            let _ = xg.masked_fill_(&sentinel, 0.0);
+            let gu = crate::shim::grouped_mm(&xg, &params[0].transpose(-2, -1), &offs)?.masked_fill(&sentinel, 0.0);
+            let parts = gu.chunk(2, -1);
+            let act = parts[0].silu() * &parts[1];
+            let down = crate::shim::grouped_mm(&act, &params[1].transpose(-2, -1), &offs)?.masked_fill(&sentinel, 0.0);
+            let weighted = down * wg.unsqueeze(-1);
+            let s_pairs = perm.size()[0];
+            let inv = tch::no_grad(|| perm.empty_like().scatter(0, &perm, &Tensor::arange(s_pairs, (Kind::Int64, perm.device()))));
+            let weighted = weighted.index_select(0, &inv);
+            weighted.view([tokens, k, hd]).sum_dim_intlist(1, false, None::<Kind>).to_kind(h.kind()).reshape(sh.as_slice())
         }
         OpKind::CrossEntropy { vocab } => {
             // HF ForCausalLMLoss: logits.float(); labels padded with -100 and shifted; mean CE.
@@ -211,7 +289,12 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
     })
 }
 
-fn attention(cx: &OpCx, op: &Op, inputs: &[&Tensor], h: i64, kv: i64, hd: i64, window: Option<u64>) -> Result<Tensor, RtError> {
+#[allow(clippy::too_many_arguments)]
+fn attention(cx: &OpCx, op: &Op, inputs: &[&Tensor], h: i64, kv: i64, hd: i64, window: Option<u64>, p: f64) -> Result<Tensor, RtError> {
+    // Attention dropout in training: SDPA on CPU takes the math path, which computes (and
+    // saves) what the eager path does, with the probabilities dropped before `@ v`.
+    let drop = cx.train.filter(|_| p > 0.0);
+    let attn = if drop.is_some() { Attn::Eager } else { cx.attn };
     let (q, k, v) = match inputs.len() {
         1 => {
             let parts = inputs[0].split(h * hd, -1);
@@ -240,14 +323,16 @@ fn attention(cx: &OpCx, op: &Op, inputs: &[&Tensor], h: i64, kv: i64, hd: i64, w
         let i = Tensor::arange(s, (Kind::Int64, q.device())).unsqueeze(1);
         let j = Tensor::arange(s, (Kind::Int64, q.device())).unsqueeze(0);
         let ok = j.le_tensor(&i).logical_and(&j.gt_tensor(&(&i - w as i64)));
-        Tensor::zeros([s, s], (cx.kind, q.device())).masked_fill(&ok.logical_not(), f64::NEG_INFINITY)
+        // HF's sdpa_attention_forward materializes the [b, 1, s, s] float mask per layer
+        // (and SDPA saves it)
+        Tensor::zeros([s, s], (cx.kind, q.device())).masked_fill(&ok.logical_not(), f64::NEG_INFINITY).expand([b, 1, s, s], false).contiguous()
     });
     let rep = h / kv;
-    if rep > 1 && (cx.attn == Attn::Eager || mask.is_some()) {
+    if rep > 1 && (attn == Attn::Eager || mask.is_some()) {
         k = k.repeat_interleave_self_int(rep, 1, None);
         v = v.repeat_interleave_self_int(rep, 1, None);
     }
-    let o = match cx.attn {
+    let o = match attn {
         Attn::Sdpa => {
             let gqa = rep > 1 && mask.is_none();
             let causal = mask.is_none();
@@ -264,7 +349,12 @@ fn attention(cx: &OpCx, op: &Op, inputs: &[&Tensor], h: i64, kv: i64, hd: i64, w
                 }
             };
             scores = scores + m;
-            up(&scores).softmax(-1, None::<Kind>).to_kind(cx.kind).matmul(&v)
+            let probs = up(&scores).softmax(-1, None::<Kind>).to_kind(cx.kind);
+            let probs = match &drop {
+                Some(key) => dropout(&probs, key, &op.name, p),
+                None => probs,
+            };
+            probs.matmul(&v)
         }
     };
     Ok(o.transpose(1, 2).reshape([b, s, h * hd]))

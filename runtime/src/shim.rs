@@ -17,9 +17,10 @@ extern "C" {
     fn fsdp_copy_keep_version(dst: *const c_void, src: *const c_void) -> c_int;
     fn fsdp_edge(t: *const c_void) -> *mut c_void;
     fn fsdp_boundary(t: *const c_void) -> *mut c_void;
+    fn fsdp_grouped_mm(input: *const c_void, weight: *const c_void, offs: *const c_void) -> *mut c_void;
     fn fsdp_edge_free(e: *mut c_void);
     fn fsdp_edge_same(a: *mut c_void, b: *mut c_void) -> c_int;
-    fn fsdp_backward(root: *mut c_void, grad: *const c_void, inputs: *const *mut c_void, n: i64, out: *mut *mut c_void) -> c_int;
+    fn fsdp_backward(root: *mut c_void, grad: *mut c_void, inputs: *const *mut c_void, n: i64, out: *mut *mut c_void) -> c_int;
 }
 
 fn last_error(what: &str) -> RtError {
@@ -78,20 +79,25 @@ pub fn free_storage(t: &Tensor) -> Result<(), RtError> {
     }
 }
 
-/// Re-allocates `t`'s storage (freed by [`free_storage`]) and copies `src` into it without
-/// bumping `t`'s version counter, so what autograd saved of `t` stays valid.
-pub fn refill(t: &Tensor, src: &Tensor) -> Result<(), RtError> {
+/// Re-allocates `t`'s storage (freed by [`free_storage`]), contents undefined until written
+/// with [`copy_keep_version`].
+pub fn realloc_storage(t: &Tensor) -> Result<(), RtError> {
     let nbytes = (t.numel() * t.kind().elt_size_in_bytes()) as i64;
-    // SAFETY: both are live tensor handles; the storage is re-allocated before the copy.
-    unsafe {
-        if fsdp_storage_resize(ptr(t), nbytes) != 0 {
-            return Err(last_error("re-allocating storage"));
-        }
-        if fsdp_copy_keep_version(ptr(t), ptr(src)) != 0 {
-            return Err(last_error("copying into unsharded param"));
-        }
+    // SAFETY: `t` is a live tensor handle.
+    match unsafe { fsdp_storage_resize(ptr(t), nbytes) } {
+        0 => Ok(()),
+        _ => Err(last_error("re-allocating storage")),
     }
-    Ok(())
+}
+
+/// `dst.copy_(src)` without autograd and without bumping the version counter `dst` shares
+/// with its base, so what autograd saved of an unsharded param stays valid after a refill.
+pub fn copy_keep_version(dst: &Tensor, src: &Tensor) -> Result<(), RtError> {
+    // SAFETY: both are live tensor handles with allocated storage.
+    match unsafe { fsdp_copy_keep_version(ptr(dst), ptr(src)) } {
+        0 => Ok(()),
+        _ => Err(last_error("copying into unsharded param")),
+    }
 }
 
 /// The autograd edge a tensor's gradient flows into (its grad_fn and output number, or a
@@ -131,14 +137,30 @@ pub fn boundary(t: &Tensor) -> Result<Tensor, RtError> {
     Ok(unsafe { Tensor::from_ptr(p.cast()) })
 }
 
+/// Grouped matmul with autograd: rows `[offs[i-1], offs[i])` of `input` [S, k] times
+/// `weight[i]` [k, n] → [S, n] (`offs`: cumulative rows per group, int32/int64). It saves
+/// input, weight and offsets for backward, like transformers' grouped-mm fallback.
+pub fn grouped_mm(input: &Tensor, weight: &Tensor, offs: &Tensor) -> Result<Tensor, RtError> {
+    // SAFETY: live handles; the shim returns a new heap tensor we own, or null.
+    let p = unsafe { fsdp_grouped_mm(ptr(input), ptr(weight), ptr(offs)) };
+    if p.is_null() {
+        return Err(last_error("grouped mm"));
+    }
+    // SAFETY: `p` is a heap at::Tensor created for us.
+    Ok(unsafe { Tensor::from_ptr(p.cast()) })
+}
+
 /// Backward of the graph behind `root` with upstream gradient `grad` (freeing what it runs
 /// through, as `retain_graph=False`): the gradient reaching each of `inputs` (undefined
-/// tensors where none reaches), like `torch.autograd.grad(out, inputs, grad)`.
-pub fn backward(root: &Edge, grad: &Tensor, inputs: &[&Edge]) -> Result<Vec<Tensor>, RtError> {
+/// tensors where none reaches), like `torch.autograd.grad(out, inputs, grad)`. `grad` is
+/// taken, so that (when nothing else holds it) it is freed once the first node has used it,
+/// as inside one whole-model backward.
+pub fn backward(root: &Edge, grad: Tensor, inputs: &[&Edge]) -> Result<Vec<Tensor>, RtError> {
+    let mut grad = grad;
     let ins: Vec<*mut c_void> = inputs.iter().map(|e| e.0).collect();
     let mut out: Vec<*mut c_void> = vec![std::ptr::null_mut(); ins.len()];
     // SAFETY: all boxes and the grad are live; the shim fills `out` with new tensor handles.
-    let rc = unsafe { fsdp_backward(root.0, ptr(grad), ins.as_ptr(), ins.len() as i64, out.as_mut_ptr()) };
+    let rc = unsafe { fsdp_backward(root.0, grad.as_mut_ptr().cast(), ins.as_ptr(), ins.len() as i64, out.as_mut_ptr()) };
     if rc != 0 {
         return Err(last_error("backward"));
     }

@@ -4,7 +4,7 @@
 use crate::comm::{Collective, CpuGroup};
 use crate::error::RtError;
 use crate::exec::Rank;
-use crate::ops::{Attn, OpCx};
+use crate::ops::{Attn, Noise, OpCx};
 use crate::optim::AdamW;
 use fsdp_ir::Model;
 use fsdp_planner::Plan;
@@ -59,6 +59,10 @@ pub struct StepReport {
     pub tokens_per_s: f64,
     /// Rank 0's measured peak ([`crate::exec::StepStats`]: persistent state + counted allocations).
     pub peak_bytes: u64,
+    /// Rank 0's memory by schedule op, on the last step's report only (for
+    /// [`crate::exec::memory_report`]).
+    #[serde(skip)]
+    pub memory: Option<crate::exec::StepStats>,
 }
 
 /// SplitMix64: a small deterministic generator owned by the run (the global torch RNG is
@@ -174,6 +178,8 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
         .collect();
     let last_spans: std::sync::Mutex<Vec<(f64, f64)>> = std::sync::Mutex::new(vec![]);
     let last_spans = &last_spans;
+    let last_mem: std::sync::Mutex<Option<crate::exec::StepStats>> = std::sync::Mutex::new(None);
+    let last_mem = &last_mem;
     let results: Vec<Result<Vec<(usize, f64, f64, u64)>, RtError>> = std::thread::scope(|sc| {
         let hs: Vec<_> = per_rank
             .into_iter()
@@ -192,9 +198,10 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
                         Ok(_) if ok < 1.0 => return Err(RtError::Plan("another rank failed to start".into())),
                         Ok(x) => x,
                     };
-                    let cx = OpCx {
+                    let cx0 = OpCx {
                         attn: if plan.attn_implementation == "eager" { Attn::Eager } else { Attn::Sdpa },
                         kind: plan.options.param_dtype.map(crate::exec::kind_of).unwrap_or(Kind::Float),
+                        train: Some(Noise { seed: cfg.seed as u64, step: 0, micro: 0, row0: (g.rank() as i64 * b) as u64 }),
                     };
                     let last = cfg.stop_after.unwrap_or(cfg.steps).min(cfg.steps);
                     let mut out = vec![];
@@ -203,12 +210,14 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
                             .iter()
                             .map(|ids| HashMap::from([("input_ids".to_string(), ids.shallow_clone()), ("labels".to_string(), ids.copy())]))
                             .collect();
+                        let cx = OpCx { train: cx0.train.map(|n| Noise { step: i as u64, ..n }), ..cx0 };
                         let mut spans = vec![];
                         let mut stats = crate::exec::StepStats::default();
                         let l = crate::exec::step_timed(plan, model, &g, &mut rank, &mine, &cx, &opt, Some(&mut spans), Some(&mut stats))?;
                         let peak = g.all_reduce_avg(&Tensor::from(if g.rank() == 0 { stats.peak_bytes as f64 * g.size() as f64 } else { 0.0 })).double_value(&[]) as u64;
                         if g.rank() == 0 {
                             *last_spans.lock().unwrap_or_else(|e| e.into_inner()) = spans;
+                            *last_mem.lock().unwrap_or_else(|e| e.into_inner()) = Some(stats);
                         }
                         let avg = g.all_reduce_avg(&Tensor::from(l)).double_value(&[]);
                         out.push((i + 1, avg, start.elapsed().as_secs_f64(), peak));
@@ -254,8 +263,11 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
         write_trace(plan, &spans, path)?;
     }
     let mut prev = 0.0;
-    for (n, loss, t, peak) in r0.into_iter() {
+    let steps = r0.len();
+    let mut mem = last_mem.lock().unwrap_or_else(|e| e.into_inner()).take();
+    for (i, (n, loss, t, peak)) in r0.into_iter().enumerate() {
         let rep = StepReport {
+            memory: if i + 1 == steps { mem.take() } else { None },
             peak_bytes: peak,
             step: n,
             loss,

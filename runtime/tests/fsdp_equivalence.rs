@@ -10,7 +10,7 @@
 use fsdp_planner::{Device, Layout, Options, Policy};
 use fsdp_runtime::comm::{Collective, CpuGroup};
 use fsdp_runtime::exec::{step, Rank};
-use fsdp_runtime::ops::{Attn, OpCx};
+use fsdp_runtime::ops::{Attn, Noise, OpCx};
 use fsdp_runtime::optim::{AdamW, State};
 use fsdp_runtime::reference::{forward_loss, Params};
 use std::collections::HashMap;
@@ -48,6 +48,11 @@ fn data(vocab: i64, ws: i64, k: usize) -> Vec<Vec<Tensor>> {
     (0..STEPS).map(|_| mbs.iter().map(|t| t.shallow_clone()).collect()).collect()
 }
 
+/// The dropout noise key of step `step` for a rank whose first row is global row `row0`.
+fn noise(step: usize, row0: u64) -> Noise {
+    Noise { seed: 11, step: step as u64, micro: 0, row0 }
+}
+
 fn batch(ids: &Tensor) -> HashMap<String, Tensor> {
     HashMap::from([("input_ids".to_string(), ids.shallow_clone()), ("labels".to_string(), ids.copy())])
 }
@@ -55,13 +60,13 @@ fn batch(ids: &Tensor) -> HashMap<String, Tensor> {
 /// Single-device training on the global batches: (losses per step, final params).
 fn reference(name: &str, m: &fsdp_ir::Model, data: &[Vec<Tensor>]) -> (Vec<f64>, HashMap<String, Tensor>) {
     let p = weights(m, name);
-    let cx = OpCx { attn: Attn::Sdpa, kind: KIND };
     let opt = AdamW::default();
     let mut st: HashMap<String, State> = p.tensors.iter().map(|(k, t)| (k.clone(), State::new(t))).collect();
     let mut losses = vec![];
-    for mbs in data {
+    for (si, mbs) in data.iter().enumerate() {
         let mut l = 0.0;
-        for ids in mbs {
+        for (mi, ids) in mbs.iter().enumerate() {
+            let cx = OpCx { attn: Attn::Sdpa, kind: KIND, train: Some(Noise { micro: mi as u64, ..noise(si, 0) }) };
             let loss = forward_loss(m, &p, &batch(ids), &cx).unwrap();
             l += loss.double_value(&[]);
             loss.backward();
@@ -94,9 +99,10 @@ fn sharded(name: &str, m: &fsdp_ir::Model, opts: &Options, data: &[Vec<Tensor>])
                     tch::set_num_threads(1);
                     let full = weights(m, name);
                     let mut rank = Rank::from_full(plan, &full.tensors, g.rank()).unwrap();
-                    let cx = OpCx { attn: Attn::Sdpa, kind: KIND };
                     let mut losses = vec![];
-                    for mbs in &mydata {
+                    for (si, mbs) in mydata.iter().enumerate() {
+                        // training mode: dropout (GPT-2's p = 0.1) draws the global batch's noise
+                        let cx = OpCx { attn: Attn::Sdpa, kind: KIND, train: Some(noise(si, g.rank() as u64 * B as u64)) };
                         let batches: Vec<HashMap<String, Tensor>> = mbs.iter().map(batch).collect();
                         losses.push(step(plan, m, &g, &mut rank, &batches, &cx, &AdamW::default()).unwrap());
                     }
@@ -159,7 +165,9 @@ fn sharded_training_equals_single_device() {
             check("tiny-llama", opts(3, layout, policy.clone()), &mut report);
         }
     }
+    // GPT-2 trains with its dropout (p = 0.1 on embeddings, attention probs, residuals)
     check("tiny-gpt2", opts(4, Layout::Fsdp2, Policy::Auto), &mut report);
+    check("tiny-gpt2", Options { grad_accum: 2, checkpoint: vec!["GPT2Block".into()], ..opts(3, Layout::Flat, Policy::Auto) }, &mut report);
     check("tiny-llama-tied", opts(2, Layout::Fsdp2, Policy::Auto), &mut report);
     check("tiny-mixtral", opts(2, Layout::Fsdp2, Policy::Auto), &mut report);
     check("tiny-qwen2", opts(3, Layout::Flat, Policy::Auto), &mut report);
@@ -178,7 +186,7 @@ fn mixed_precision_tracks_fp32() {
     let data = data(vocab, 2, 1);
     let (rl, _) = {
         let p = Params::from_safetensors(&m, &root().join("tests/fixtures/runtime/tiny-llama/weights.safetensors")).unwrap();
-        let cx = OpCx { attn: Attn::Sdpa, kind: Kind::Float };
+        let cx = OpCx::eval(Attn::Sdpa, Kind::Float);
         let opt = AdamW::default();
         let mut st: HashMap<String, State> = p.tensors.iter().map(|(k, t)| (k.clone(), State::new(t))).collect();
         let mut losses = vec![];
@@ -218,7 +226,7 @@ fn mixed_precision_tracks_fp32() {
                     tch::set_num_threads(1);
                     let full = Params::from_safetensors(m, &root().join("tests/fixtures/runtime/tiny-llama/weights.safetensors")).unwrap();
                     let mut rank = Rank::from_full(plan, &full.tensors, g.rank()).unwrap();
-                    let cx = OpCx { attn: Attn::Sdpa, kind: Kind::BFloat16 };
+                    let cx = OpCx::eval(Attn::Sdpa, Kind::BFloat16);
                     mine.iter().map(|ids| step(plan, m, &g, &mut rank, &[batch(ids)], &cx, &AdamW::default()).unwrap()).collect()
                 })
             })
@@ -235,4 +243,31 @@ fn mixed_precision_tracks_fp32() {
     assert!(got[0][STEPS - 1] < got[0][0]);
     assert!(worst > 0.0, "the bf16 run must differ from fp32 (did it run in bf16?)");
     eprintln!("bf16/f32-reduce vs fp32 single device: worst loss rel {worst:.1e} over {STEPS} steps");
+}
+
+/// Dropout really drops in training mode (so the GPT-2 rows above compare dropped runs): the
+/// training-mode loss differs from eval mode's, is reproducible from its key, changes with
+/// the step, and a row's noise does not depend on which other rows are in the batch.
+#[test]
+fn dropout_noise_is_real_and_keyed_by_global_row() {
+    let m = model("tiny-gpt2");
+    let p = weights(&m, "tiny-gpt2");
+    let vocab = m.params[0].shape[0] as i64;
+    let ids = data(vocab, 2, 1)[0][0].shallow_clone();
+    let loss = |cx: &OpCx, ids: &Tensor| forward_loss(&m, &p, &batch(ids), cx).unwrap().double_value(&[]);
+    let eval = loss(&OpCx::eval(Attn::Sdpa, KIND), &ids);
+    let train = |step, row0| OpCx { attn: Attn::Sdpa, kind: KIND, train: Some(noise(step, row0)) };
+    let a = loss(&train(0, 0), &ids);
+    assert_ne!(a, eval, "dropout changed nothing");
+    assert_eq!(a, loss(&train(0, 0), &ids), "same key, other noise");
+    assert_ne!(a, loss(&train(1, 0), &ids), "step 1 drew step 0's noise");
+    // rows 2..4 alone, keyed as global rows 2..4, equal the same rows inside the full batch
+    let tail = ids.narrow(0, B, B).copy();
+    let whole = {
+        let h = forward_loss(&m, &p, &batch(&ids), &train(0, 0)).unwrap();
+        h.double_value(&[])
+    };
+    let first = loss(&train(0, 0), &ids.narrow(0, 0, B).copy());
+    let second = loss(&train(0, B as u64), &tail);
+    assert!(((first + second) / 2.0 - whole).abs() < 1e-12 * whole.abs(), "per-rank noise differs from the global batch's: {first} {second} vs {whole}");
 }

@@ -36,7 +36,7 @@ fn loss_and_grads_equal_hf() {
         let model = fsdp_ir::hf::import_hf(&text, config, "m").unwrap();
         let params = Params::from_safetensors(&model, &d.join("weights.safetensors")).unwrap();
         let inputs: HashMap<String, Tensor> = Tensor::read_safetensors(d.join("inputs.safetensors")).unwrap().into_iter().collect();
-        let cx = OpCx { attn: Attn::Sdpa, kind: Kind::Float };
+        let cx = OpCx::eval(Attn::Sdpa, Kind::Float);
         let loss = forward_loss(&model, &params, &inputs, &cx).unwrap();
         let got = loss.double_value(&[]);
         let want = exp["loss"].as_f64().unwrap();
