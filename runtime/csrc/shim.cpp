@@ -49,47 +49,68 @@ std::atomic<int64_t> g_next{1};
 thread_local int64_t t_tracker = 0;
 thread_local std::string t_error;
 
-struct Ctx {
-  c10::DataPtr inner;
+// A counted allocation carries this header in the 64 bytes before its data (keeping the inner
+// allocator's 64-byte alignment), so that the DataPtr's context is its data pointer, as
+// `Allocator::raw_allocate` (used by oneDNN's bf16 kernels) requires.
+constexpr size_t kHeader = 64;
+
+struct Header {
+  void* inner_ctx;
+  c10::DeleterFnPtr inner_delete;
   int64_t tracker;
   int64_t bytes;
 };
+static_assert(sizeof(Header) <= kHeader, "header too large");
 
-void counted_delete(void* p) {
-  Ctx* c = static_cast<Ctx*>(p);
-  {
+void counted_delete(void* data) {
+  Header* h = reinterpret_cast<Header*>(static_cast<char*>(data) - kHeader);
+  if (h->tracker != 0) {
     std::lock_guard<std::mutex> g(g_mu);
-    auto it = g_trackers.find(c->tracker);
+    auto it = g_trackers.find(h->tracker);
     if (it != g_trackers.end()) {
-      it->second.cur -= c->bytes;
+      it->second.cur -= h->bytes;
     }
   }
-  delete c;  // frees the inner allocation
+  c10::DeleterFnPtr del = h->inner_delete;
+  void* ctx = h->inner_ctx;
+  if (del != nullptr) {
+    del(ctx);
+  }
 }
 
 struct Counting final : c10::Allocator {
   c10::Allocator* inner;
   explicit Counting(c10::Allocator* a) : inner(a) {}
   c10::DataPtr allocate(size_t n) override {
-    c10::DataPtr dp = inner->allocate(n);
+    // every allocation gets the header (raw_deallocate needs one deleter for all of them);
+    // only those of a tracked thread are counted
     int64_t t = t_tracker;
-    if (t == 0 || n == 0) {
-      return dp;
-    }
-    {
+    if (t != 0 && n != 0) {
       std::lock_guard<std::mutex> g(g_mu);
       auto it = g_trackers.find(t);
       if (it == g_trackers.end()) {
-        return dp;
+        t = 0;
+      } else {
+        it->second.cur += static_cast<int64_t>(n);
+        it->second.peak = std::max(it->second.peak, it->second.cur);
       }
-      it->second.cur += static_cast<int64_t>(n);
-      it->second.peak = std::max(it->second.peak, it->second.cur);
+    } else {
+      t = 0;
     }
-    void* data = dp.get();
+    c10::DataPtr dp = inner->allocate(n + kHeader);
+    char* base = static_cast<char*>(dp.get());
     c10::Device dev = dp.device();
-    Ctx* c = new Ctx{std::move(dp), t, static_cast<int64_t>(n)};
-    return c10::DataPtr(data, c, &counted_delete, dev);
+    c10::DeleterFnPtr del = dp.get_deleter();
+    void* ctx = dp.release_context();
+    Header* h = reinterpret_cast<Header*>(base);
+    h->inner_ctx = ctx;
+    h->inner_delete = del;
+    h->tracker = t;
+    h->bytes = static_cast<int64_t>(n);
+    void* data = base + kHeader;
+    return c10::DataPtr(data, data, &counted_delete, dev);
   }
+  c10::DeleterFnPtr raw_deleter() const override { return &counted_delete; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }

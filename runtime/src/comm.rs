@@ -56,6 +56,9 @@ impl CpuGroup {
             f(&all)
         };
         self.shared.barrier.wait();
+        // every rank has read every slot: let go of this rank's input (a collective must not
+        // keep its input alive, e.g. the cast copy of a mixed-precision shard)
+        self.shared.slots.lock().unwrap_or_else(|e| e.into_inner())[self.rank] = None;
         out
     }
 }
@@ -93,4 +96,66 @@ impl Collective for CpuGroup {
         let n = self.size as f64;
         tch::no_grad(|| self.exchange(input, |all| sum_in_rank_order(all) / n))
     }
+}
+
+/// A group of one rank (no-shard's shard group, full sharding's replicate group): every
+/// collective returns its input.
+pub struct Solo;
+
+impl Collective for Solo {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn size(&self) -> usize {
+        1
+    }
+    fn all_gather(&self, input: &Tensor) -> Tensor {
+        tch::no_grad(|| input.copy())
+    }
+    fn reduce_scatter_avg(&self, input: &Tensor) -> Tensor {
+        tch::no_grad(|| input.copy())
+    }
+    fn all_reduce_avg(&self, input: &Tensor) -> Tensor {
+        tch::no_grad(|| input.copy())
+    }
+}
+
+/// The process groups of one rank's step, as FSDP2's 2-D (replicate, shard) device mesh:
+/// world rank `w` is shard index `w % shard_size` of replica `w / shard_size`. Params are
+/// gathered and gradients reduce-scattered over `shard`; hybrid sharding then all-reduces the
+/// sharded gradients over `replicate`; no-shard all-reduces whole gradients over `world`.
+pub struct Groups<'a> {
+    pub world: &'a dyn Collective,
+    pub shard: &'a dyn Collective,
+    pub replicate: &'a dyn Collective,
+}
+
+static SOLO: Solo = Solo;
+
+impl<'a> Groups<'a> {
+    /// Full sharding (shard = world) or no-shard (shard = this rank alone): one group is
+    /// all they need. Hybrid sharding needs [`cpu_mesh`] (or the NCCL equivalent).
+    pub fn flat(world: &'a dyn Collective, no_shard: bool) -> Groups<'a> {
+        if no_shard {
+            Groups { world, shard: &SOLO, replicate: world }
+        } else {
+            Groups { world, shard: world, replicate: &SOLO }
+        }
+    }
+}
+
+/// CPU thread groups for `ws` ranks sharded in groups of `shard_size`: per world rank, its
+/// (world, shard, replicate) handles.
+pub fn cpu_mesh(ws: usize, shard_size: usize) -> Vec<(CpuGroup, CpuGroup, CpuGroup)> {
+    let s = shard_size.max(1);
+    let r = ws / s;
+    let mut world: Vec<Option<CpuGroup>> = CpuGroup::new(ws).into_iter().map(Some).collect();
+    let mut shard: Vec<Vec<Option<CpuGroup>>> = (0..r).map(|_| CpuGroup::new(s).into_iter().map(Some).collect()).collect();
+    let mut repl: Vec<Vec<Option<CpuGroup>>> = (0..s).map(|_| CpuGroup::new(r).into_iter().map(Some).collect()).collect();
+    (0..ws)
+        .filter_map(|w| {
+            let (rep, idx) = (w / s, w % s);
+            Some((world[w].take()?, shard[rep][idx].take()?, repl[idx][rep].take()?))
+        })
+        .collect()
 }

@@ -13,13 +13,13 @@
 //! graph from the region's inputs just before the region's backward.
 //! Memory is measured by a counting CPU allocator ([`crate::shim::MemTracker`]).
 
-use crate::comm::Collective;
+use crate::comm::{Collective, Groups};
 use crate::error::RtError;
 use crate::ops::{forward, OpCx};
 use crate::optim::{AdamW, State};
 use crate::shim::{self, Edge, MemTracker};
 use fsdp_ir::Model;
-use fsdp_planner::{Layout, OpKind, Plan};
+use fsdp_planner::{Group, Layout, OpKind, Plan};
 use std::collections::HashMap;
 use tch::{Kind, Tensor};
 
@@ -36,9 +36,10 @@ fn err(m: impl Into<String>) -> RtError {
 
 impl Rank {
     /// Cuts this rank's shards out of full (HF-named, primary) weights.
+    /// `rank` is the world rank; its shards are those of its index in its shard group.
     pub fn from_full(plan: &Plan, full: &HashMap<String, Tensor>, rank: usize) -> Result<Rank, RtError> {
         let ws = plan.options.shard_size() as i64;
-        let r = rank as i64;
+        let r = rank as i64 % ws.max(1);
         let mut shards = vec![];
         for u in &plan.units {
             let get = |n: &str| full.get(n).ok_or_else(|| err(format!("weights lack `{n}`")));
@@ -164,38 +165,36 @@ pub fn copy_out(plan: &Plan, u: usize, gathered: &Tensor) -> HashMap<String, Ten
 }
 
 /// The reduce-scatter input of a unit: its grads laid out like the all-gather output.
-fn rs_input(plan: &Plan, u: usize, grads: &HashMap<String, Tensor>, kind: Kind) -> Tensor {
+fn rs_input(plan: &Plan, u: usize, grads: &HashMap<String, Tensor>, kind: Kind) -> Result<Tensor, RtError> {
     let unit = &plan.units[u];
     let ws = plan.options.shard_size() as i64;
-    let g = |p: &fsdp_planner::units::UnitParam| -> Tensor {
-        let shape: Vec<i64> = p.shape.iter().map(|&d| d as i64).collect();
-        grads.get(&p.name).map(|t| t.shallow_clone()).unwrap_or_else(|| Tensor::zeros(shape.as_slice(), (kind, tch::Device::Cpu)))
+    let numel = match plan.options.layout {
+        Layout::Fsdp2 => ws * unit.shard_numel as i64,
+        Layout::Flat => unit.padded_numel as i64,
     };
-    match plan.options.layout {
-        Layout::Fsdp2 => {
-            let cols: Vec<Tensor> = unit
-                .params
-                .iter()
-                .map(|p| {
-                    let d0 = p.shape[0] as i64;
-                    let rest = (p.numel / p.shape[0]) as i64;
-                    let c = (d0 + ws - 1) / ws;
-                    g(p).reshape([d0, rest]).pad([0, 0, 0, c * ws - d0], "constant", 0.0).reshape([ws, c * rest])
-                })
-                .collect();
-            Tensor::cat(&cols, 1).reshape([-1])
-        }
-        Layout::Flat => {
-            let parts: Vec<Tensor> = unit.params.iter().map(|p| g(p).reshape([-1])).collect();
-            Tensor::cat(&parts, 0).pad([0, unit.padded_numel as i64 - unit.numel as i64], "constant", 0.0)
+    let device = grads.values().next().map(|t| t.device()).unwrap_or(tch::Device::Cpu);
+    // one buffer in the reduce dtype, each grad cast straight into its place (padding and
+    // params without a grad stay zero), as FSDP2's foreach copy into the reduce-scatter input
+    let buf = Tensor::zeros([numel], (kind, device));
+    for p in &unit.params {
+        if let Some(g) = grads.get(&p.name) {
+            let g = g.contiguous();
+            copy_param_into(plan, u, p, &buf, &g, &mut |grad_piece, buf_piece| {
+                let mut b = buf_piece.shallow_clone();
+                b.f_copy_(grad_piece).map_err(|e| err(format!("reduce-scatter input of `{}`: {e}", p.name)))
+            })?;
         }
     }
+    Ok(buf)
 }
 
 /// Runs one training step of `plan` on this rank. `batches[k]` holds micro-batch k's model
 /// inputs (`input_ids`, `labels`). Returns the mean loss of this rank's micro-batches.
+/// `comm` is the world group: fine for full sharding and no-shard; hybrid sharding needs
+/// [`step_timed`] with its shard and replicate groups.
 pub fn step(plan: &Plan, model: &Model, comm: &dyn Collective, rank: &mut Rank, batches: &[HashMap<String, Tensor>], cx: &OpCx, opt: &AdamW) -> Result<f64, RtError> {
-    step_timed(plan, model, comm, rank, batches, cx, opt, None, None)
+    let groups = Groups::flat(comm, plan.options.strategy == fsdp_planner::Strategy::NoShard);
+    step_timed(plan, model, &groups, rank, batches, cx, opt, None, None)
 }
 
 /// Measured memory of one step on this rank: bytes of the persistent state it starts with
@@ -259,7 +258,7 @@ fn add_grad(map: &mut HashMap<String, Tensor>, name: &str, g: Tensor) {
 pub fn step_timed(
     plan: &Plan,
     model: &Model,
-    comm: &dyn Collective,
+    comm: &Groups,
     rank: &mut Rank,
     batches: &[HashMap<String, Tensor>],
     cx: &OpCx,
@@ -291,7 +290,7 @@ pub fn step_timed(
 fn run_step(
     plan: &Plan,
     model: &Model,
-    comm: &dyn Collective,
+    comm: &Groups,
     rank: &mut Rank,
     batches: &[HashMap<String, Tensor>],
     cx: &OpCx,
@@ -346,11 +345,34 @@ fn run_step(
     }
     let model_inputs: std::collections::HashSet<&str> = model.inputs.iter().map(|i| i.name.as_str()).collect();
     let mut gathered: Vec<Option<Tensor>> = (0..nu).map(|_| None).collect();
+    // buffers FSDP2 holds past their use (see where they are set)
+    let mut last_fwd_ag: Option<Tensor> = None;
+    let mut last_rs_input: Option<Tensor> = None;
     // Unsharded params per unit (leaves; storage freed at reshard, refilled at copy-out).
     let mut params: Vec<HashMap<String, Tensor>> = (0..nu).map(|_| HashMap::new()).collect();
     let mut resident = vec![false; nu];
+    if plan.options.strategy == fsdp_planner::Strategy::NoShard {
+        // no-shard: the local "shard" is the whole unit and the params are views of it (a
+        // cast copy under mixed precision), as FSDP's NO_SHARD flat parameter; the optimizer
+        // updates them in place
+        for u in 0..nu {
+            let src = match param_kind {
+                Some(k) if k != rank.shards[u].kind() => rank.shards[u].to_kind(k),
+                _ => rank.shards[u].shallow_clone(),
+            };
+            for (n, v) in tch::no_grad(|| unsharded_views(plan, u, &src)) {
+                let t = v.detach();
+                let t = if t.is_floating_point() { t.set_requires_grad(true) } else { t };
+                params[u].insert(n, t);
+            }
+            resident[u] = true;
+        }
+    }
     let mut pgrads: Vec<HashMap<String, Tensor>> = (0..nu).map(|_| HashMap::new()).collect();
     let mut sgrads: Vec<Option<Tensor>> = (0..nu).map(|_| None).collect();
+    // hybrid sharding: reduce-scattered grads waiting for their all-reduce across replicas
+    let hybrid = matches!(plan.options.strategy, fsdp_planner::Strategy::HybridShard { .. }) && plan.options.replicate_size() > 1;
+    let mut pending: Vec<Option<Tensor>> = (0..nu).map(|_| None).collect();
     let mut env: HashMap<String, Tensor> = HashMap::new();
     let mut grads: HashMap<String, Tensor> = HashMap::new();
     let mut out_edge: HashMap<String, Edge> = HashMap::new();
@@ -404,7 +426,10 @@ fn run_step(
             }
         }
         match &sop.kind {
-            OpKind::Setup | OpKind::PhaseEnd | OpKind::KeepGrads { .. } => {}
+            OpKind::PhaseEnd => {
+                last_rs_input = None;
+            }
+            OpKind::Setup | OpKind::KeepGrads { .. } => {}
             OpKind::AllGather { unit, .. } => {
                 // mixed precision: the shard is cast to param_dtype, then gathered
                 let u = unit.index();
@@ -412,7 +437,7 @@ fn run_step(
                     Some(k) => rank.shards[u].to_kind(k),
                     None => rank.shards[u].shallow_clone(),
                 };
-                gathered[u] = Some(comm.all_gather(&s));
+                gathered[u] = Some(comm.shard.all_gather(&s));
             }
             OpKind::CopyOut { unit } => {
                 let u = unit.index();
@@ -434,7 +459,14 @@ fn run_step(
                         copy_param_into(plan, u, p, &g, t, &mut |d, s| shim::copy_keep_version(d, s))?;
                     }
                 }
-                drop(g);
+                if plan.options.layout == Layout::Fsdp2 && sop.phase == fsdp_planner::Phase::Forward {
+                    // FSDP2 keeps a forward all-gather's output until the next forward
+                    // all-gather is waited on (the last until the root's post-forward), as
+                    // the plan's buffers say
+                    last_fwd_ag = Some(g);
+                } else {
+                    drop(g);
+                }
                 resident[u] = true;
             }
             OpKind::Reshard { unit } => {
@@ -445,7 +477,12 @@ fn run_step(
                 resident[u] = false;
             }
             OpKind::Forward { op, .. } | OpKind::Recompute { op, .. } => {
-                let Some(o) = ops.get(op.as_str()) else { continue };
+                let Some(o) = ops.get(op.as_str()) else {
+                    if op == "post-forward" {
+                        last_fwd_ag = None;
+                    }
+                    continue;
+                };
                 let is_recompute = matches!(sop.kind, OpKind::Recompute { .. });
                 let grad_on = is_recompute || !recomputed.contains(op.as_str());
                 // inputs and params enter through boundaries, so this op's backward can run
@@ -557,30 +594,57 @@ fn run_step(
                     }
                 }
             }
-            OpKind::ReduceScatter { unit, .. } => {
+            OpKind::ReduceScatter { unit, .. } | OpKind::AllReduce { unit, group: Group::World, .. } => {
                 let u = unit.index();
                 // grads are reduced in reduce_dtype (else their own dtype), then kept in the
                 // shard's (master) dtype
                 let gk = reduce_kind.or(param_kind).unwrap_or(rank.shards[u].kind());
-                let input = tch::no_grad(|| {
-                    let grads: HashMap<String, Tensor> = pgrads[u].iter().map(|(n, g)| (n.clone(), g.to_kind(gk))).collect();
-                    rs_input(plan, u, &grads, gk)
-                });
+                let input = tch::no_grad(|| rs_input(plan, u, &pgrads[u], gk))?;
                 pgrads[u].clear();
-                let out = comm.reduce_scatter_avg(&input).to_kind(rank.shards[u].kind());
-                drop(input);
+                let out = match &sop.kind {
+                    // no-shard: the whole gradient, averaged over the world
+                    OpKind::AllReduce { .. } => comm.world.all_reduce_avg(&input),
+                    _ => comm.shard.reduce_scatter_avg(&input),
+                };
+                if plan.options.layout == Layout::Fsdp2 && matches!(sop.kind, OpKind::ReduceScatter { .. }) {
+                    // FSDP2 keeps a reduce-scatter's input until the next reduce-scatter (the
+                    // last until the end of backward), as the plan's buffers say
+                    last_rs_input = Some(input);
+                } else {
+                    drop(input);
+                }
+                if hybrid {
+                    // averaged over the replicas by the all-reduce that follows
+                    pending[u] = Some(out);
+                } else {
+                    let out = out.to_kind(rank.shards[u].kind());
+                    sgrads[u] = Some(match sgrads[u].take() {
+                        Some(acc) => acc + out,
+                        None => out,
+                    });
+                }
+            }
+            OpKind::AllReduce { unit, .. } => {
+                // hybrid sharding: this rank's reduce-scattered shard, averaged across replicas
+                let u = unit.index();
+                let part = pending[u].take().ok_or_else(|| err(format!("{}: all-reduce without a reduce-scatter", sop.id)))?;
+                let out = comm.replicate.all_reduce_avg(&part).to_kind(rank.shards[u].kind());
+                drop(part);
                 sgrads[u] = Some(match sgrads[u].take() {
                     Some(acc) => acc + out,
                     None => out,
                 });
             }
-            OpKind::AllReduce { .. } => {
-                return Err(err("all-reduce (no-shard / hybrid-shard) is not supported by the CPU runtime yet"));
-            }
             OpKind::OptimizerStep { unit } => {
                 let u = unit.index();
                 if let Some(g) = &sgrads[u] {
-                    opt.step(&rank.shards[u], g, &mut rank.opt[u]);
+                    // FSDP2's optimizer steps one sharded param at a time; FSDP1's flat
+                    // parameter is one tensor
+                    let pieces: Vec<(i64, i64)> = match plan.options.layout {
+                        Layout::Fsdp2 => plan.units[u].params.iter().map(|p| (p.offset as i64, p.shard_numel as i64)).collect(),
+                        Layout::Flat => vec![(0, rank.shards[u].numel() as i64)],
+                    };
+                    opt.step_pieces(&rank.shards[u], g, &mut rank.opt[u], &pieces);
                 }
             }
             OpKind::ZeroGrad => {
@@ -595,6 +659,8 @@ fn run_step(
             last.1 = t0.elapsed().as_secs_f64();
         }
     }
+    // (normally already released by the plan's post-forward and end of backward)
+    drop((last_fwd_ag, last_rs_input));
     if let Some((t, v)) = probe.as_mut() {
         v.push(t.stats(true));
     }

@@ -128,9 +128,6 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
         return Err(RtError::Plan(format!("plan {} was compiled for another model (hash mismatch)", plan.model_name)));
     }
     let ws = plan.options.world_size as usize;
-    if plan.options.shard_size() as usize != ws {
-        return Err(RtError::Plan("hybrid-shard / no-shard plans are not supported by the CPU runtime yet".into()));
-    }
     let (b, s) = (plan.options.batch as i64, plan.options.seq as i64);
     let k = plan.options.grad_accum as i64;
     let vocab = model.params.first().map(|p| p.shape[0] as i64).unwrap_or(2);
@@ -165,15 +162,18 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
         batches.push((0..ws as i64).map(|r| (0..k).map(|m| g.get(r).get(m).copy()).collect()).collect());
     }
     let opt = AdamW { lr: cfg.lr, ..AdamW::default() };
-    let groups = CpuGroup::new(ws);
+    // world, shard and replicate groups (the latter two differ from the world for hybrid
+    // sharding and no-shard)
+    let groups = crate::comm::cpu_mesh(ws, plan.options.shard_size() as usize);
     let start = Instant::now();
     // Tensors are Send but not Sync: each rank thread gets its own handles.
-    let per_rank: Vec<(CpuGroup, HashMap<String, Tensor>, Vec<Vec<Tensor>>)> = groups
+    type Mesh = (CpuGroup, CpuGroup, CpuGroup);
+    let per_rank: Vec<(Mesh, HashMap<String, Tensor>, Vec<Vec<Tensor>>)> = groups
         .into_iter()
-        .map(|g| {
+        .map(|m| {
             let w: HashMap<String, Tensor> = full.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
-            let mine: Vec<Vec<Tensor>> = batches.iter().map(|st| st[g.rank()].iter().map(|t| t.shallow_clone()).collect()).collect();
-            (g, w, mine)
+            let mine: Vec<Vec<Tensor>> = batches.iter().map(|st| st[m.0.rank()].iter().map(|t| t.shallow_clone()).collect()).collect();
+            (m, w, mine)
         })
         .collect();
     let last_spans: std::sync::Mutex<Vec<(f64, f64)>> = std::sync::Mutex::new(vec![]);
@@ -183,9 +183,10 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
     let results: Vec<Result<Vec<(usize, f64, f64, u64)>, RtError>> = std::thread::scope(|sc| {
         let hs: Vec<_> = per_rank
             .into_iter()
-            .map(|(g, full, mine_all)| {
+            .map(|((g, shard, replicate), full, mine_all)| {
                 sc.spawn(move || -> Result<Vec<(usize, f64, f64, u64)>, RtError> {
                     tch::set_num_threads(1);
+                    let mesh = crate::comm::Groups { world: &g, shard: &shard, replicate: &replicate };
                     let setup = match &cfg.resume {
                         Some(dir) => crate::checkpoint::latest(dir).and_then(|c| crate::checkpoint::load_rank(&c, plan, g.rank())),
                         None => Rank::from_full(plan, &full, g.rank()).map(|r| (r, 0)),
@@ -213,7 +214,7 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
                         let cx = OpCx { train: cx0.train.map(|n| Noise { step: i as u64, ..n }), ..cx0 };
                         let mut spans = vec![];
                         let mut stats = crate::exec::StepStats::default();
-                        let l = crate::exec::step_timed(plan, model, &g, &mut rank, &mine, &cx, &opt, Some(&mut spans), Some(&mut stats))?;
+                        let l = crate::exec::step_timed(plan, model, &mesh, &mut rank, &mine, &cx, &opt, Some(&mut spans), Some(&mut stats))?;
                         let peak = g.all_reduce_avg(&Tensor::from(if g.rank() == 0 { stats.peak_bytes as f64 * g.size() as f64 } else { 0.0 })).double_value(&[]) as u64;
                         if g.rank() == 0 {
                             *last_spans.lock().unwrap_or_else(|e| e.into_inner()) = spans;

@@ -7,9 +7,10 @@
 //! `backward`), whose kernels and AdamW are checked against HF transformers / torch in
 //! `hf_parity.rs`.
 
-use fsdp_planner::{Device, Layout, Options, Policy};
+use fsdp_planner::{Device, Layout, Options, Policy, Strategy};
 use fsdp_runtime::comm::{Collective, CpuGroup};
-use fsdp_runtime::exec::{step, Rank};
+use fsdp_runtime::comm::Groups;
+use fsdp_runtime::exec::{step, step_timed, Rank};
 use fsdp_runtime::ops::{Attn, Noise, OpCx};
 use fsdp_runtime::optim::{AdamW, State};
 use fsdp_runtime::reference::{forward_loss, Params};
@@ -85,7 +86,7 @@ fn reference(name: &str, m: &fsdp_ir::Model, data: &[Vec<Tensor>]) -> (Vec<f64>,
 fn sharded(name: &str, m: &fsdp_ir::Model, opts: &Options, data: &[Vec<Tensor>]) -> (Vec<f64>, HashMap<String, Tensor>) {
     let plan = fsdp_planner::plan(m, opts).unwrap();
     let ws = opts.world_size as usize;
-    let groups = CpuGroup::new(ws);
+    let groups = fsdp_runtime::comm::cpu_mesh(ws, opts.shard_size() as usize);
     let data: Vec<Vec<Vec<Tensor>>> = (0..ws)
         .map(|r| data.iter().map(|mbs| mbs.iter().map(|ids| ids.narrow(0, r as i64 * B, B).copy()).collect()).collect())
         .collect();
@@ -93,10 +94,11 @@ fn sharded(name: &str, m: &fsdp_ir::Model, opts: &Options, data: &[Vec<Tensor>])
         let hs: Vec<_> = groups
             .into_iter()
             .zip(data)
-            .map(|(g, mydata)| {
+            .map(|((g, shard, replicate), mydata)| {
                 let plan = &plan;
                 s.spawn(move || {
                     tch::set_num_threads(1);
+                    let mesh = Groups { world: &g, shard: &shard, replicate: &replicate };
                     let full = weights(m, name);
                     let mut rank = Rank::from_full(plan, &full.tensors, g.rank()).unwrap();
                     let mut losses = vec![];
@@ -104,12 +106,12 @@ fn sharded(name: &str, m: &fsdp_ir::Model, opts: &Options, data: &[Vec<Tensor>])
                         // training mode: dropout (GPT-2's p = 0.1) draws the global batch's noise
                         let cx = OpCx { attn: Attn::Sdpa, kind: KIND, train: Some(noise(si, g.rank() as u64 * B as u64)) };
                         let batches: Vec<HashMap<String, Tensor>> = mbs.iter().map(batch).collect();
-                        losses.push(step(plan, m, &g, &mut rank, &batches, &cx, &AdamW::default()).unwrap());
+                        losses.push(step_timed(plan, m, &mesh, &mut rank, &batches, &cx, &AdamW::default(), None, None).unwrap());
                     }
                     // gather the final full parameters
                     let mut params = HashMap::new();
                     for u in 0..plan.units.len() {
-                        let all = g.all_gather(&rank.shards[u]);
+                        let all = shard.all_gather(&rank.shards[u]);
                         params.extend(fsdp_runtime::exec::copy_out(plan, u, &all));
                     }
                     (losses, params)
@@ -130,7 +132,7 @@ fn check(name: &str, opts: Options, report: &mut String) {
     let data = data(vocab, opts.world_size as i64, k);
     let (rl, rp) = reference(name, &m, &data);
     let (sl, sp) = sharded(name, &m, &opts, &data);
-    let label = format!("{name} ws{} {:?} {} ga{} ckpt{}", opts.world_size, opts.layout, opts.policy, opts.grad_accum, !opts.checkpoint.is_empty());
+    let label = format!("{name} ws{} {:?} {:?} {} ga{} ckpt{}", opts.world_size, opts.strategy, opts.layout, opts.policy, opts.grad_accum, !opts.checkpoint.is_empty());
     let mut worst_l: f64 = 0.0;
     for (i, (a, b)) in sl.iter().zip(&rl).enumerate() {
         let e = (a - b).abs() / b.abs();
@@ -165,6 +167,10 @@ fn sharded_training_equals_single_device() {
             check("tiny-llama", opts(3, layout, policy.clone()), &mut report);
         }
     }
+    // hybrid sharding (2 replicas × 2 shards, 2 × 3) and no-shard (DDP-like)
+    check("tiny-llama", Options { strategy: Strategy::HybridShard { shard_size: 2 }, ..opts(4, Layout::Fsdp2, Policy::Auto) }, &mut report);
+    check("tiny-llama", Options { strategy: Strategy::HybridShard { shard_size: 3 }, grad_accum: 2, ..opts(6, Layout::Flat, Policy::Auto) }, &mut report);
+    check("tiny-llama", Options { strategy: Strategy::NoShard, ..opts(3, Layout::Fsdp2, Policy::Auto) }, &mut report);
     // GPT-2 trains with its dropout (p = 0.1 on embeddings, attention probs, residuals)
     check("tiny-gpt2", opts(4, Layout::Fsdp2, Policy::Auto), &mut report);
     check("tiny-gpt2", Options { grad_accum: 2, checkpoint: vec!["GPT2Block".into()], ..opts(3, Layout::Flat, Policy::Auto) }, &mut report);
