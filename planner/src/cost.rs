@@ -7,7 +7,9 @@
 //! t = max(flops / (peak(dtype) · eff), bytes / (hbm_bandwidth · eff_memory))
 //! ```
 //!
-//! and an op takes `Σ t + op_overhead_s`. `eff` is `efficiency.matmul` for GEMMs and
+//! and an op takes `Σ t + launches · op_overhead_s`, `launches` being the ATen kernels eager
+//! PyTorch dispatches for it (HF's implementation: an RMSNorm is six element-wise kernels in
+//! the forward, a Linear one; see [`launches`]). `eff` is `efficiency.matmul` for GEMMs and
 //! `efficiency.attention` for attention kernels. Element-wise ops, norms, embeddings,
 //! rotary, router and loss are memory-bound: their FLOPs are not counted, only bytes.
 //!
@@ -93,9 +95,58 @@ impl Kernel {
     }
 }
 
-/// Time of an op made of `kernels`: their times plus the fixed per-op overhead.
-pub fn op_time(hw: &Hardware, kernels: &[Kernel]) -> f64 {
-    kernels.iter().map(|k| k.time(hw)).sum::<f64>() + hw.op_overhead_s
+/// Time of an op made of `kernels`, dispatched as `launches` eager kernels: their times plus
+/// the per-dispatch overhead.
+pub fn op_time(hw: &Hardware, kernels: &[Kernel], launches: u32) -> f64 {
+    kernels.iter().map(|k| k.time(hw)).sum::<f64>() + launches.max(1) as f64 * hw.op_overhead_s
+}
+
+/// ATen kernels eager PyTorch dispatches for `op` (forward, backward), following HF
+/// transformers 5.17's implementations (views not counted). `cast` is whether the op upcasts
+/// low-precision activations to float32 on the way (RMSNorm, softmax, loss).
+pub fn launches(op: &Op, cast: bool) -> (u32, u32) {
+    let c = u32::from(cast);
+    match &op.kind {
+        OpKind::Embedding => (1, 2),
+        OpKind::PositionEmbedding => (2, 2),
+        OpKind::Linear { bias, .. } => (1, 2 + u32::from(*bias)),
+        OpKind::LayerNorm { .. } => (1, 1),
+        // pow, mean, add, rsqrt, mul, mul (+ two casts); backward ~ two kernels per node
+        OpKind::RmsNorm { .. } => (6 + 2 * c, 10 + 2 * c),
+        OpKind::Add => (1, 1),
+        OpKind::Mul => (1, 2),
+        OpKind::Activation { act } => match act {
+            // NewGELUActivation: 0.5·x·(1 + tanh(c·(x + 0.044715·x³))), eight kernels
+            fsdp_ir::Act::GeluTanh => (8, 14),
+            _ => (1, 1),
+        },
+        // ATen's CPU dropout: bernoulli, div, mul; backward a mul
+        OpKind::Dropout { p } => {
+            if *p > 0.0 {
+                (3, 1)
+            } else {
+                (1, 1)
+            }
+        }
+        OpKind::RotaryEmbedding { .. } => (10, 0),
+        // neg, cat, mul, mul, add (halves are views)
+        OpKind::Rope { .. } => (5, 8),
+        OpKind::Attention { dropout, .. } => {
+            // SDPA plus the output's transpose copy; eager: matmul, scale, mask, softmax,
+            // cast, matmul, copy
+            if *dropout > 0.0 {
+                (10, 12)
+            } else {
+                (3, 4)
+            }
+        }
+        OpKind::Router { .. } => (6 + c, 6 + c),
+        OpKind::Experts { experts, .. } => {
+            let e = *experts as u32;
+            (16 + 2 * e, 16 + 4 * e)
+        }
+        OpKind::CrossEntropy { .. } => (4 + c, 3 + c),
+    }
 }
 
 /// Which collective.
@@ -162,6 +213,8 @@ pub fn group_shape(opts: &Options, group: Group, gpus_per_node: u64) -> (u64, u6
 pub struct CostModel {
     fwd: HashMap<String, Vec<Kernel>>,
     bwd: HashMap<String, Vec<Kernel>>,
+    /// Eager kernel launches of each model op: (forward, backward).
+    launches: HashMap<String, (u32, u32)>,
     /// Model FLOPs of one micro-batch's training step (see [`model_flops`]).
     pub model_flops: f64,
     /// Compute dtype (the param dtype under mixed precision).
@@ -194,6 +247,7 @@ impl CostModel {
         let pnumel: HashMap<&str, u64> = model.params.iter().map(|p| (p.name.as_str(), p.numel())).collect();
         let mut fwd = HashMap::new();
         let mut bwd = HashMap::new();
+        let mut launch = HashMap::new();
         let mut flops = 0.0;
         for (op, m) in model.ops.iter().zip(&mems) {
             let ins: Vec<f64> = op.inputs.iter().map(|n| tensor.get(n.as_str()).copied().unwrap_or(0.0)).collect();
@@ -231,15 +285,25 @@ impl CostModel {
                 _ => (vec![k(0.0, f_bytes, cd, Work::Memory)], vec![k(0.0, b_bytes, cd, Work::Memory)]),
             };
             let b = if m.differentiable || !op.params.is_empty() { b } else { vec![] };
+            let (mut lf, mut lb) = launches(op, cd != DType::Float32);
+            if let (OpKind::Attention { .. }, AttnImpl::Eager) = (&op.kind, cx.attn) {
+                (lf, lb) = (lf.max(7), lb.max(8));
+            }
+            launch.insert(op.name.clone(), (lf, lb));
             fwd.insert(op.name.clone(), f);
             bwd.insert(op.name.clone(), b);
         }
-        CostModel { fwd, bwd, model_flops: flops, cd }
+        CostModel { fwd, bwd, launches: launch, model_flops: flops, cd }
     }
 
     /// Forward (and recompute) kernels of the model op named `name`.
     pub fn forward(&self, name: &str) -> Option<&[Kernel]> {
         self.fwd.get(name).map(|v| v.as_slice())
+    }
+
+    /// Eager kernel launches of the model op named `name`: (forward, backward).
+    pub fn launches(&self, name: &str) -> (u32, u32) {
+        self.launches.get(name).copied().unwrap_or((1, 1))
     }
 
     /// Backward kernels of the model op named `name` (empty when it has no gradient).
@@ -352,6 +416,16 @@ pub fn optimizer_kernels(unit: &Unit, opts: &Options) -> (Vec<Kernel>, u32) {
         Optimizer::Sgd => 3.0,
         Optimizer::None => 0.0,
     };
-    let launches = if opts.optimizer == Optimizer::None { 0 } else { 10 };
+    // CUDA: torch's foreach Adam, a handful of launches for all of the unit's tensors; CPU:
+    // the single-tensor path, ~8 kernels per parameter (FSDP2: one tensor per parameter)
+    let tensors = match opts.layout {
+        crate::options::Layout::Flat => 1,
+        crate::options::Layout::Fsdp2 => unit.params.iter().filter(|p| p.requires_grad).count() as u32,
+    };
+    let launches = match (opts.optimizer, opts.device) {
+        (Optimizer::None, _) => 0,
+        (_, crate::options::Device::Cuda) => 10,
+        (_, crate::options::Device::Cpu) => 8 * tensors.max(1),
+    };
     (vec![k(0.0, touches * bytes as f64, unit.dtype, Work::Memory)], launches)
 }

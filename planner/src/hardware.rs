@@ -99,10 +99,15 @@ pub struct Hardware {
     pub gpus_per_node: u64,
     #[serde(default)]
     pub efficiency: Efficiency,
-    /// Fixed time of every op (kernel launches and hooks not hidden behind the GPU), and
-    /// the whole time of FSDP bookkeeping ops (reshard, setup, phase end, zero_grad).
+    /// Fixed time of every eager kernel launch (an op costs its launches times this: see
+    /// `cost::launches`), and the whole time of FSDP bookkeeping ops (reshard, setup, phase
+    /// end, zero_grad).
     #[serde(default = "d_overhead", deserialize_with = "non_negative")]
     pub op_overhead_s: f64,
+    /// Fixed extra time of each backward op: what running the autograd engine once per op
+    /// costs our CPU runtime (0 where one backward call runs the whole graph).
+    #[serde(default, deserialize_with = "non_negative")]
+    pub backward_op_overhead_s: f64,
     /// Every op runs on one thread in schedule order (collectives block compute): our CPU
     /// runtime. GPUs overlap their streams.
     #[serde(default)]

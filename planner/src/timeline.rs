@@ -225,16 +225,27 @@ pub fn op_duration(plan: &Plan, model_cost: &CostModel, hw: &Hardware, op: &Sche
         let (n, per) = cost::group_shape(o, group, hw.gpus_per_node);
         cost::collective_time(hw, kind, (numel * dtype.size()) as f64, n, per)
     };
+    // FSDP2 copies the shards into the all-gather input (copy-in) and the gradients into the
+    // reduce-scatter input (chunk_cat) on the collective's stream: read + write, memory-bound
+    let copy = |bytes: u64| 2.0 * bytes as f64 / (hw.hbm_bandwidth * hw.efficiency.memory) + hw.op_overhead_s;
+    let flat = o.layout == Layout::Flat;
     match &op.kind {
-        OpKind::AllGather { numel, dtype, group, .. } => coll(Coll::AllGather, *numel, *dtype, *group),
-        OpKind::ReduceScatter { numel, dtype, group, .. } => coll(Coll::ReduceScatter, *numel, *dtype, *group),
+        OpKind::AllGather { numel, dtype, group, .. } => {
+            let (n, _) = cost::group_shape(o, *group, hw.gpus_per_node);
+            let copy_in = if flat { 0.0 } else { copy(numel * dtype.size() / n.max(1)) };
+            coll(Coll::AllGather, *numel, *dtype, *group) + copy_in
+        }
+        OpKind::ReduceScatter { numel, dtype, group, .. } => {
+            let chunk_cat = if flat { 0.0 } else { copy(numel * dtype.size()) };
+            coll(Coll::ReduceScatter, *numel, *dtype, *group) + chunk_cat
+        }
         OpKind::AllReduce { numel, dtype, group, .. } => coll(Coll::AllReduce, *numel, *dtype, *group),
         OpKind::Forward { op: name, .. } | OpKind::Recompute { op: name, .. } => match model_cost.forward(name) {
-            Some(k) => cost::op_time(hw, k),
+            Some(k) => cost::op_time(hw, k, model_cost.launches(name).0),
             None => hw.op_overhead_s,
         },
         OpKind::Backward { op: name, .. } => match model_cost.backward(name) {
-            Some(k) => cost::op_time(hw, k),
+            Some(k) => cost::op_time(hw, k, model_cost.launches(name).1) + hw.backward_op_overhead_s,
             None => hw.op_overhead_s,
         },
         OpKind::CopyOut { unit } => {

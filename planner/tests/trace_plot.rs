@@ -20,6 +20,7 @@ fn h100ish() -> Hardware {
         gpus_per_node: 8,
         efficiency: Efficiency::default(),
         op_overhead_s: 5e-6,
+        backward_op_overhead_s: 0.0,
         serial_streams: false,
     }
 }

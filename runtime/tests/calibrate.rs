@@ -37,9 +37,11 @@ fn calibrated_cpu_profile_predicts_the_measured_step() {
     );
     assert!(c.error_after().abs() < 0.10, "in-sample error {:+.1}%", 100.0 * c.error_after());
     assert!(c.hardware != cpu, "calibration must change the profile");
-    // out of sample: the fitted profile on another model and shape
-    let (m2, plan2, spans2) = measure("tiny-gpt2", 4, 32);
-    let pred = fsdp_planner::timeline::predict(&plan2, &m2, &c.hardware).step_time_s;
-    let meas = spans2.last().unwrap().1 - spans2[0].0;
-    eprintln!("tiny-gpt2 ws2 4x32 with the tiny-llama fit: measured {:.2} ms, predicted {:.2} ms ({:+.1}%)", meas * 1e3, pred * 1e3, 100.0 * (pred - meas) / meas);
+    // out of sample: the fitted profile on other models and shapes
+    for (name, b, s) in [("tiny-gpt2", 4, 32), ("tiny-qwen2", 2, 128), ("tiny-mixtral", 2, 64)] {
+        let (m2, plan2, spans2) = measure(name, b, s);
+        let pred = fsdp_planner::timeline::predict(&plan2, &m2, &c.hardware).step_time_s;
+        let meas = spans2.last().unwrap().1 - spans2[0].0;
+        eprintln!("{name} ws2 {b}x{s} with the tiny-llama fit: measured {:.2} ms, predicted {:.2} ms ({:+.1}%)", meas * 1e3, pred * 1e3, 100.0 * (pred - meas) / meas);
+    }
 }
