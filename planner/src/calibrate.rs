@@ -65,20 +65,45 @@ fn durations(plan: &Plan, model: &Model, hw: &Hardware) -> (Vec<f64>, f64) {
     (r.ops.iter().map(|s| s.end - s.start).collect(), r.step_time_s)
 }
 
+/// One measured step: one (start, end) per schedule op of `plan`, in seconds.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample<'a> {
+    pub plan: &'a Plan,
+    pub model: &'a Model,
+    pub measured: &'a [(f64, f64)],
+}
+
+impl Sample<'_> {
+    fn op_times(&self) -> Vec<f64> {
+        self.measured.iter().map(|(a, b)| (b - a).max(0.0)).collect()
+    }
+    fn step(&self) -> f64 {
+        self.measured.last().map(|x| x.1).unwrap_or(0.0) - self.measured.first().map(|x| x.0).unwrap_or(0.0)
+    }
+}
+
 /// Fits `hw` to `measured`: one (start, end) per schedule op of `plan`, in seconds.
 pub fn calibrate(plan: &Plan, model: &Model, hw: &Hardware, measured: &[(f64, f64)]) -> Calibration {
-    let cls = classes(plan, model);
-    let meas: Vec<f64> = measured.iter().map(|(a, b)| (b - a).max(0.0)).collect();
-    let measured_step = measured.last().map(|x| x.1).unwrap_or(0.0) - measured.first().map(|x| x.0).unwrap_or(0.0);
-    let (_, before) = durations(plan, model, hw);
+    calibrate_many(&[Sample { plan, model, measured }], hw)
+}
+
+/// Fits `hw` to several measured steps at once (e.g. two shapes of one model): the
+/// regression pools their ops, the factors their sums. The figures of the returned
+/// [`Calibration`] are sums over the samples.
+pub fn calibrate_many(samples: &[Sample], hw: &Hardware) -> Calibration {
+    let cls: Vec<Vec<Class>> = samples.iter().map(|s| classes(s.plan, s.model)).collect();
+    let meas: Vec<Vec<f64>> = samples.iter().map(Sample::op_times).collect();
+    let measured_step: f64 = samples.iter().map(Sample::step).sum();
+    let total = |h: &Hardware| -> f64 { samples.iter().map(|s| durations(s.plan, s.model, h).1).sum() };
+    let before = total(hw);
     let mut h = hw.clone();
     // compute: least squares of every compute op's measured time on its launches, memory
-    // bytes, matmul and attention FLOPs (each at the profile's peak), for the per-launch
-    // overhead and the three efficiencies
-    // (twice: which term bounds each kernel is decided with the profile of the pass before)
+    // bytes, matmul and attention FLOPs (each at the profile's peak) and whether it is a
+    // backward op (twice: which term bounds each kernel is decided with the profile of the
+    // pass before)
     let mut fitted = false;
     for _ in 0..2 {
-        if let Some([o, xm, xf, xa, ob]) = fit_compute(plan, model, &h, &meas, &cls) {
+        if let Some([o, xm, xf, xa, ob]) = fit_compute(samples, &h, &meas, &cls) {
             let peaks = h.clone();
             h.op_overhead_s = o;
             h.backward_op_overhead_s = ob;
@@ -90,35 +115,35 @@ pub fn calibrate(plan: &Plan, model: &Model, hw: &Hardware, measured: &[(f64, f6
         }
     }
     if !fitted {
-        let mut book: Vec<f64> = cls.iter().zip(&meas).filter(|(c, _)| **c == Class::Bookkeeping).map(|(_, m)| *m).collect();
+        let mut book: Vec<f64> = cls.iter().flatten().zip(meas.iter().flatten()).filter(|(c, _)| **c == Class::Bookkeeping).map(|(_, m)| *m).collect();
         book.sort_by(|a, b| a.total_cmp(b));
         if let Some(&m) = book.get(book.len() / 2) {
             h.op_overhead_s = m;
         }
     }
-    for _ in 0..4 {
-        let (pred, _) = durations(plan, model, &h);
-        let sum = |c: Class, v: &[f64]| -> f64 { cls.iter().zip(v).filter(|(x, _)| **x == c).map(|(_, t)| *t).sum() };
-        for c in [Class::Comm] {
-            let (m, p) = (sum(c, &meas), sum(c, &pred));
-            if m <= 0.0 || p <= 0.0 {
-                continue;
+    // collectives: one factor on the link efficiency (iterated: latency and the copies do
+    // not scale with it)
+    for _ in 0..50 {
+        let (mut m, mut p) = (0.0, 0.0);
+        for (i, s) in samples.iter().enumerate() {
+            let (pred, _) = durations(s.plan, s.model, &h);
+            for ((c, mt), pt) in cls[i].iter().zip(&meas[i]).zip(&pred) {
+                if *c == Class::Comm {
+                    m += mt;
+                    p += pt;
+                }
             }
-            let ratio = m / p;
-            let e = match c {
-                Class::Matmul => &mut h.efficiency.matmul,
-                Class::Attention => &mut h.efficiency.attention,
-                Class::Memory => &mut h.efficiency.memory,
-                _ => &mut h.efficiency.comm,
-            };
-            *e /= ratio;
         }
+        if m <= 0.0 || p <= 0.0 || (m / p - 1.0).abs() < 1e-9 {
+            break;
+        }
+        h.efficiency.comm /= m / p;
         normalize(&mut h);
     }
     // Then one overall factor on every rate and the overhead, so the step total matches too
-    // (the per-class fit leaves what the fixed overhead and latencies cannot absorb).
+    // (the fit leaves what the fixed overhead and latencies cannot absorb).
     for _ in 0..3 {
-        let (_, step) = durations(plan, model, &h);
+        let step = total(&h);
         if step <= 0.0 || measured_step <= 0.0 {
             break;
         }
@@ -133,7 +158,7 @@ pub fn calibrate(plan: &Plan, model: &Model, hw: &Hardware, measured: &[(f64, f6
         h.inter_node.latency *= r;
         normalize(&mut h);
     }
-    let (_, after) = durations(plan, model, &h);
+    let after = total(&h);
     h.name = format!("{} (calibrated)", hw.name);
     Calibration {
         hardware: h,
@@ -149,10 +174,20 @@ pub fn calibrate(plan: &Plan, model: &Model, hw: &Hardware, measured: &[(f64, f6
 /// unknowns the per-launch overhead `o`, seconds per byte `xm`, the inverse matmul/attention
 /// efficiencies and the per-backward-op overhead `ob`. A variable with no data or a negative solution is dropped and the rest
 /// refitted. `None` when fewer ops than unknowns were measured.
-fn fit_compute(plan: &Plan, model: &Model, hw: &Hardware, meas: &[f64], cls: &[Class]) -> Option<[f64; 5]> {
-    use crate::cost::{CostModel, Work};
-    let cm = CostModel::new(plan, model);
+fn fit_compute(samples: &[Sample], hw: &Hardware, meas: &[Vec<f64>], cls: &[Vec<Class>]) -> Option<[f64; 5]> {
+    use crate::cost::CostModel;
     let mut rows: Vec<([f64; 5], f64)> = vec![];
+    for (si, sample) in samples.iter().enumerate() {
+        let (plan, cls, meas) = (sample.plan, &cls[si], &meas[si]);
+        let cm = CostModel::new(plan, sample.model);
+        sample_rows(plan, &cm, hw, meas, cls, &mut rows);
+    }
+    solve_rows(&rows, hw)
+}
+
+/// One regression row per compute op of one sample.
+fn sample_rows(plan: &Plan, cm: &crate::cost::CostModel, hw: &Hardware, meas: &[f64], cls: &[Class], rows: &mut Vec<([f64; 5], f64)>) {
+    use crate::cost::Work;
     let mut add = |kernels: &[crate::cost::Kernel], launches: u32, backward: bool, t: f64| {
         let mut x = [launches.max(1) as f64, 0.0, 0.0, 0.0, if backward { 1.0 } else { 0.0 }];
         for k in kernels {
@@ -198,6 +233,10 @@ fn fit_compute(plan: &Plan, model: &Model, hw: &Hardware, meas: &[f64], cls: &[C
             _ => {}
         }
     }
+}
+
+/// Least squares over `rows`, dropping variables without data or with a negative solution.
+fn solve_rows(rows: &[([f64; 5], f64)], hw: &Hardware) -> Option<[f64; 5]> {
     let mut active = [true; 5];
     for v in 0..5 {
         active[v] = rows.iter().any(|(x, _)| x[v] > 0.0);
@@ -210,7 +249,7 @@ fn fit_compute(plan: &Plan, model: &Model, hw: &Hardware, meas: &[f64], cls: &[C
         }
         let n = idx.len();
         let mut a = vec![vec![0.0; n + 1]; n];
-        for (x, t) in &rows {
+        for (x, t) in rows {
             for (r, &i) in idx.iter().enumerate() {
                 for (c, &j) in idx.iter().enumerate() {
                     a[r][c] += x[i] * x[j];
@@ -265,11 +304,12 @@ fn solve(mut a: Vec<Vec<f64>>) -> Option<Vec<f64>> {
             return None;
         }
         a.swap(col, piv);
-        for r in 0..n {
+        let pivot = a[col].clone();
+        for (r, row) in a.iter_mut().enumerate() {
             if r != col {
-                let f = a[r][col] / a[col][col];
-                for c in col..=n {
-                    a[r][c] -= f * a[col][c];
+                let f = row[col] / pivot[col];
+                for (x, p) in row.iter_mut().zip(&pivot).skip(col) {
+                    *x -= f * p;
                 }
             }
         }

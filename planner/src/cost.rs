@@ -140,10 +140,15 @@ pub fn launches(op: &Op, cast: bool) -> (u32, u32) {
                 (3, 4)
             }
         }
-        OpKind::Router { .. } => (6 + c, 6 + c),
+        // linear, (cast), softmax, topk, sum, div, cast, cat
+        OpKind::Router { .. } => (7 + c, 7 + c),
+        // grouped_mm_experts_forward: sort, two gathers, histc, cumsum, three masks, two
+        // grouped matmuls (a zero fill and one GEMM per expert each), silu, mul, routing
+        // weights, inverse permutation, gather back, sum over k, cast; backward: the
+        // gathers' scatter-adds, the masks, two grouped matmuls (two GEMMs per expert each)
         OpKind::Experts { experts, .. } => {
             let e = *experts as u32;
-            (16 + 2 * e, 16 + 4 * e)
+            (22 + 2 * e, 20 + 4 * e)
         }
         OpKind::CrossEntropy { .. } => (4 + c, 3 + c),
     }
