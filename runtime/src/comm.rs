@@ -1,6 +1,7 @@
 //! Collectives. [`Collective`] is what the executor calls (the NCCL backend implements the
 //! same trait); [`CpuGroup`] runs it between rank threads of one process.
 
+use crate::error::RtError;
 use std::sync::{Arc, Barrier, Mutex};
 use tch::Tensor;
 
@@ -13,6 +14,13 @@ pub trait Collective: Send + Sync {
     fn reduce_scatter_avg(&self, input: &Tensor) -> Tensor;
     /// Element-wise average of every rank's `input`.
     fn all_reduce_avg(&self, input: &Tensor) -> Tensor;
+    /// [`Collective::all_gather`] into `out` (every rank's part written with
+    /// `copy(out_part, part)`), for a destination that must keep its storage (FSDP1's flat
+    /// parameter). The default goes through a temporary.
+    fn all_gather_into(&self, out: &Tensor, input: &Tensor, copy: &mut dyn FnMut(&Tensor, &Tensor) -> Result<(), RtError>) -> Result<(), RtError> {
+        let all = self.all_gather(input);
+        copy(out, &all)
+    }
 }
 
 struct Shared {
@@ -80,6 +88,20 @@ impl Collective for CpuGroup {
     }
     fn all_gather(&self, input: &Tensor) -> Tensor {
         tch::no_grad(|| self.exchange(input, |all| Tensor::cat(all, 0)))
+    }
+    fn all_gather_into(&self, out: &Tensor, input: &Tensor, copy: &mut dyn FnMut(&Tensor, &Tensor) -> Result<(), RtError>) -> Result<(), RtError> {
+        // straight from every rank's input into its part of `out`: no temporary
+        tch::no_grad(|| {
+            self.exchange(input, |all| {
+                let mut at = 0;
+                for t in all {
+                    let n = t.numel() as i64;
+                    copy(&out.narrow(0, at, n), t)?;
+                    at += n;
+                }
+                Ok(())
+            })
+        })
     }
     fn reduce_scatter_avg(&self, input: &Tensor) -> Tensor {
         let n = self.size as i64;

@@ -345,6 +345,11 @@ fn run_step(
     }
     let model_inputs: std::collections::HashSet<&str> = model.inputs.iter().map(|i| i.name.as_str()).collect();
     let mut gathered: Vec<Option<Tensor>> = (0..nu).map(|_| None).collect();
+    // flat layout: each unit's padded flat parameter (the all-gather output, kept)
+    let mut flat_full: Vec<Option<Tensor>> = (0..nu).map(|_| None).collect();
+    let mut flat_grad: Vec<Option<Tensor>> = (0..nu).map(|_| None).collect();
+    let flat_layout = plan.options.layout == Layout::Flat && plan.options.strategy != fsdp_planner::Strategy::NoShard;
+    let unit_param: HashMap<&str, &fsdp_planner::units::UnitParam> = plan.units.iter().flat_map(|u| u.params.iter().map(|p| (p.name.as_str(), p))).collect();
     // buffers FSDP2 holds past their use (see where they are set)
     let mut last_fwd_ag: Option<Tensor> = None;
     let mut last_rs_input: Option<Tensor> = None;
@@ -437,7 +442,33 @@ fn run_step(
                     Some(k) => rank.shards[u].to_kind(k),
                     None => rank.shards[u].shallow_clone(),
                 };
-                gathered[u] = Some(comm.shard.all_gather(&s));
+                if plan.options.layout == Layout::Flat {
+                    // FSDP1: gathered straight into the unit's padded flat parameter, whose
+                    // storage persists (freed at reshard, refilled here)
+                    match &flat_full[u] {
+                        Some(f) => {
+                            shim::realloc_storage(f)?;
+                            comm.shard.all_gather_into(f, &s, &mut |d, x| shim::copy_keep_version(d, x))?;
+                        }
+                        None => flat_full[u] = Some(comm.shard.all_gather(&s)),
+                    }
+                } else {
+                    gathered[u] = Some(comm.shard.all_gather(&s));
+                }
+            }
+            OpKind::CopyOut { unit } if plan.options.layout == Layout::Flat => {
+                // FSDP1: the params are views into the flat parameter (made once per step)
+                let u = unit.index();
+                let f = flat_full[u].as_ref().ok_or_else(|| err(format!("{}: copy-out without all-gather", sop.id)))?;
+                if params[u].is_empty() {
+                    for p in &plan.units[u].params {
+                        let shape: Vec<i64> = p.shape.iter().map(|&d| d as i64).collect();
+                        let v = f.narrow(0, p.offset as i64, p.numel as i64).view(shape.as_slice()).detach();
+                        let v = if v.is_floating_point() { v.set_requires_grad(true) } else { v };
+                        params[u].insert(p.name.clone(), v);
+                    }
+                }
+                resident[u] = true;
             }
             OpKind::CopyOut { unit } => {
                 let u = unit.index();
@@ -471,8 +502,14 @@ fn run_step(
             }
             OpKind::Reshard { unit } => {
                 let u = unit.index();
-                for t in params[u].values() {
-                    shim::free_storage(t)?;
+                match &flat_full[u] {
+                    // the params are views of it: one storage
+                    Some(f) => shim::free_storage(f)?,
+                    None => {
+                        for t in params[u].values() {
+                            shim::free_storage(t)?;
+                        }
+                    }
                 }
                 resident[u] = false;
             }
@@ -590,7 +627,15 @@ fn run_step(
                 for (prim, _) in &pes {
                     if let Some(g) = gi.next().filter(|g| g.defined()) {
                         let u = *owner.get(prim.as_str()).ok_or_else(|| err(format!("param `{prim}` has no unit")))?;
-                        add_grad(&mut pgrads[u], prim, g);
+                        match (flat_layout, unit_param.get(prim.as_str())) {
+                            // FSDP1: grads accumulate into the unit's padded flat gradient
+                            (true, Some(p)) => tch::no_grad(|| {
+                                let fg = flat_grad[u].get_or_insert_with(|| Tensor::zeros([plan.units[u].padded_numel as i64], (g.kind(), g.device())));
+                                let mut v = fg.narrow(0, p.offset as i64, p.numel as i64).view_as(&g);
+                                v += g;
+                            }),
+                            _ => add_grad(&mut pgrads[u], prim, g),
+                        }
                     }
                 }
             }
@@ -599,7 +644,13 @@ fn run_step(
                 // grads are reduced in reduce_dtype (else their own dtype), then kept in the
                 // shard's (master) dtype
                 let gk = reduce_kind.or(param_kind).unwrap_or(rank.shards[u].kind());
-                let input = tch::no_grad(|| rs_input(plan, u, &pgrads[u], gk))?;
+                let input = match flat_grad[u].take() {
+                    // FSDP1 reduce-scatters the flat gradient itself (cast when reduce_dtype
+                    // differs)
+                    Some(fg) if fg.kind() == gk => fg,
+                    Some(fg) => tch::no_grad(|| fg.to_kind(gk)),
+                    None => tch::no_grad(|| rs_input(plan, u, &pgrads[u], gk))?,
+                };
                 pgrads[u].clear();
                 let out = match &sop.kind {
                     // no-shard: the whole gradient, averaged over the world
