@@ -116,6 +116,10 @@ struct RunArgs {
     /// Write the measured timeline of the last step (Chrome/Perfetto JSON, as `trace`).
     #[arg(long)]
     trace: Option<PathBuf>,
+    /// Run each step in one block of the plan's arena size, placing each allocation the plan
+    /// has (same op, same size) at the plan's offset for it; reports what was placed.
+    #[arg(long)]
+    arena: bool,
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     format: String,
 }
@@ -453,6 +457,7 @@ fn train(r: RunArgs) -> Result<()> {
         save_every: r.save_every,
         resume: r.resume.clone(),
         trace: r.trace.clone(),
+        arena: r.arena,
         ..fsdp_runtime::train::RunConfig::new(r.steps)
     };
     let text = r.format == "text";
@@ -462,8 +467,21 @@ fn train(r: RunArgs) -> Result<()> {
         }
     })
     .map_err(user)?;
+    let arena = reports.last().and_then(|r| r.memory.as_ref()).and_then(|m| m.arena);
+    if let (Some(a), true) = (arena, text) {
+        eprintln!(
+            "arena {}: in the last step {} of allocations were placed at the plan's offsets ({} allocations), {} went to the heap ({} allocations, {} refused a planned offset still in use)",
+            fsdp_planner::print::bytes(plan.memory.arena_bytes),
+            fsdp_planner::print::bytes(a.placed_bytes),
+            a.placed,
+            fsdp_planner::print::bytes(a.heap_bytes),
+            a.heap,
+            a.overlaps
+        );
+    }
     if !text {
         let doc = serde_json::json!({
+            "arena": arena,
             "model": plan.model_name,
             "plan_hash": plan.plan_hash,
             "world_size": plan.options.world_size,

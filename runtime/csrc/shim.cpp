@@ -35,6 +35,9 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <map>
+#include <vector>
+#include <cstdlib>
 
 namespace {
 
@@ -62,7 +65,68 @@ struct Header {
 };
 static_assert(sizeof(Header) <= kHeader, "header too large");
 
+// A plan's arena: one block; while a thread has entered it, each allocation of the size of
+// one of the current schedule op's planned buffers is placed at that buffer's offset, unless
+// the region overlaps a placed allocation still alive (then, and for every allocation the
+// plan does not have, the heap serves it).
+struct Slot {
+  int64_t off;
+  int64_t size;
+  bool used;
+};
+
+struct Arena {
+  char* base = nullptr;
+  int64_t size = 0;
+  std::vector<Slot> expect;
+  std::map<int64_t, int64_t> live;  // offset -> bytes of placed allocations alive
+  int64_t stats[5] = {0, 0, 0, 0, 0};  // placed bytes, placed count, heap bytes, heap count, overlaps
+};
+
+struct Placed {
+  int64_t arena;
+  int64_t tracker;
+  int64_t off;
+  int64_t bytes;
+};
+
+std::unordered_map<int64_t, Arena> g_arenas;
+std::unordered_map<void*, Placed> g_placed;
+std::atomic<int64_t> g_arena_count{0};
+thread_local int64_t t_arena = 0;
+
+bool region_free(const Arena& a, int64_t off, int64_t n) {
+  auto it = a.live.lower_bound(off);
+  if (it != a.live.end() && it->first < off + n) {
+    return false;
+  }
+  if (it != a.live.begin()) {
+    --it;
+    if (it->first + it->second > off) {
+      return false;
+    }
+  }
+  return true;
+}
+
 void counted_delete(void* data) {
+  if (g_arena_count.load() > 0) {
+    std::lock_guard<std::mutex> g(g_mu);
+    auto p = g_placed.find(data);
+    if (p != g_placed.end()) {
+      Placed pl = p->second;
+      g_placed.erase(p);
+      auto t = g_trackers.find(pl.tracker);
+      if (t != g_trackers.end()) {
+        t->second.cur -= pl.bytes;
+      }
+      auto a = g_arenas.find(pl.arena);
+      if (a != g_arenas.end()) {
+        a->second.live.erase(pl.off);
+      }
+      return;
+    }
+  }
   Header* h = reinterpret_cast<Header*>(static_cast<char*>(data) - kHeader);
   if (h->tracker != 0) {
     std::lock_guard<std::mutex> g(g_mu);
@@ -93,6 +157,33 @@ struct Counting final : c10::Allocator {
       } else {
         it->second.cur += static_cast<int64_t>(n);
         it->second.peak = std::max(it->second.peak, it->second.cur);
+      }
+      if (t_arena != 0) {
+        auto a = g_arenas.find(t_arena);
+        if (a != g_arenas.end()) {
+          Arena& ar = a->second;
+          int64_t want = static_cast<int64_t>(n);
+          bool overlap = false;
+          for (Slot& sl : ar.expect) {
+            if (sl.used || sl.size != want) {
+              continue;
+            }
+            if (!region_free(ar, sl.off, want)) {
+              overlap = true;
+              continue;
+            }
+            sl.used = true;
+            ar.live[sl.off] = want;
+            ar.stats[0] += want;
+            ar.stats[1] += 1;
+            void* data = ar.base + sl.off;
+            g_placed[data] = Placed{t_arena, t, sl.off, want};
+            return c10::DataPtr(data, data, &counted_delete, c10::Device(c10::DeviceType::CPU));
+          }
+          ar.stats[2] += want;
+          ar.stats[3] += 1;
+          ar.stats[4] += overlap ? 1 : 0;
+        }
       }
     } else {
       t = 0;
@@ -229,6 +320,66 @@ at::Tensor* fsdp_grouped_mm(const at::Tensor* input, const at::Tensor* weight, c
 const char* fsdp_last_error() { return t_error.c_str(); }
 
 // Installs the counting allocator (once per process) and returns a new tracker id.
+// A new arena of `bytes` (64-byte aligned); its id, or 0 when the block cannot be allocated.
+int64_t fsdp_arena_new(int64_t bytes) {
+  size_t n = (static_cast<size_t>(bytes) + 63) / 64 * 64;
+  void* block = std::aligned_alloc(64, n == 0 ? 64 : n);
+  if (block == nullptr) {
+    return 0;
+  }
+  int64_t id = g_next.fetch_add(1);
+  std::lock_guard<std::mutex> g(g_mu);
+  Arena& a = g_arenas[id];
+  a.base = static_cast<char*>(block);
+  a.size = bytes;
+  g_arena_count.fetch_add(1);
+  return id;
+}
+
+// Places this thread's tracked allocations in arena `id` (0: none).
+void fsdp_arena_enter(int64_t id) { t_arena = id; }
+
+// The current op's planned buffers: `n` (offset, bytes) pairs.
+void fsdp_arena_expect(int64_t id, const int64_t* offs, const int64_t* sizes, int64_t n) {
+  std::lock_guard<std::mutex> g(g_mu);
+  auto a = g_arenas.find(id);
+  if (a == g_arenas.end()) {
+    return;
+  }
+  a->second.expect.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    if (offs[i] >= 0 && sizes[i] > 0 && offs[i] + sizes[i] <= a->second.size) {
+      a->second.expect.push_back(Slot{offs[i], sizes[i], false});
+    }
+  }
+}
+
+// placed bytes, placed count, heap bytes, heap count, allocations refused for overlap
+void fsdp_arena_stats(int64_t id, int64_t* out) {
+  std::lock_guard<std::mutex> g(g_mu);
+  auto a = g_arenas.find(id);
+  for (int i = 0; i < 5; ++i) {
+    out[i] = a == g_arenas.end() ? 0 : a->second.stats[i];
+  }
+}
+
+// Frees the arena's block; 1 (and the block is kept, leaked) while placed tensors are alive.
+int fsdp_arena_free(int64_t id) {
+  std::lock_guard<std::mutex> g(g_mu);
+  auto a = g_arenas.find(id);
+  if (a == g_arenas.end()) {
+    return 0;
+  }
+  if (!a->second.live.empty()) {
+    a->second.expect.clear();
+    return 1;
+  }
+  std::free(a->second.base);
+  g_arenas.erase(a);
+  g_arena_count.fetch_sub(1);
+  return 0;
+}
+
 int64_t fsdp_mem_tracker_new() {
   std::call_once(g_install, [] {
     static Counting counting(c10::GetCPUAllocator());

@@ -210,6 +210,10 @@ pub struct StepStats {
     /// included, the same quantities as the plan's [`fsdp_planner::memory::per_op`]; for
     /// finding the op where a run departs from its plan.
     pub per_op: Vec<(u64, u64)>,
+    /// Set to `Some` before the step to run it in the plan's arena ([`shim::Arena`]): the
+    /// step's allocations are placed at the plan's offsets where they match a planned
+    /// buffer; afterwards, what was placed.
+    pub arena: Option<shim::ArenaStats>,
 }
 
 fn held_bytes<'a>(ts: impl Iterator<Item = &'a Tensor>) -> u64 {
@@ -274,10 +278,24 @@ pub fn step_timed(
     let persistent = held_bytes(rank.shards.iter().chain(rank.opt.iter().flat_map(|o| [&o.m, &o.v])).chain(batches.iter().flat_map(|b| b.values())));
     let mut per_op = vec![];
     let mut probe = tracker.as_ref().map(|t| (t, &mut per_op));
-    let r = run_step(plan, model, comm, rank, batches, cx, opt, &mut spans, &mut probe);
+    let arena = match stats.as_ref().and_then(|s| s.arena) {
+        Some(_) => {
+            let a = shim::Arena::new(plan.memory.arena_bytes)?;
+            a.enter();
+            Some(a)
+        }
+        None => None,
+    };
+    let r = run_step(plan, model, comm, rank, batches, cx, opt, &mut spans, &mut probe, arena.as_ref());
+    let arena_stats = arena.as_ref().map(|a| a.stats());
+    if arena.is_some() {
+        shim::Arena::leave();
+    }
+    drop(arena);
     if let Some(t) = &tracker {
         MemTracker::leave();
         if let Some(st) = stats {
+            st.arena = arena_stats;
             st.persistent_bytes = persistent;
             st.peak_bytes = persistent + per_op.iter().map(|x| x.1).max().unwrap_or(0).max(t.stats(false).1);
             st.per_op = per_op.into_iter().map(|(c, p)| (c + persistent, p + persistent)).collect();
@@ -297,6 +315,7 @@ fn run_step(
     opt: &AdamW,
     spans: &mut Option<&mut Vec<(f64, f64)>>,
     probe: &mut Option<(&MemTracker, &mut Vec<(u64, u64)>)>,
+    arena: Option<&shim::Arena>,
 ) -> Result<f64, RtError> {
     let t0 = std::time::Instant::now();
     let nu = plan.units.len();
@@ -399,6 +418,17 @@ fn run_step(
         }
     };
     for sop in &plan.schedule {
+        if let Some(a) = arena {
+            let slots: Vec<(u64, u64)> = sop
+                .events
+                .iter()
+                .filter_map(|e| match e {
+                    fsdp_planner::Event::Alloc(b) => plan.buffers.get(b.index()).map(|x| (x.offset, x.bytes)),
+                    _ => None,
+                })
+                .collect();
+            a.expect(&slots);
+        }
         if let Some((t, v)) = probe.as_mut() {
             if !v.is_empty() || sop.id.index() > 0 {
                 // closes the previous op

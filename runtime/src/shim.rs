@@ -17,6 +17,11 @@ extern "C" {
     fn fsdp_copy_keep_version(dst: *const c_void, src: *const c_void) -> c_int;
     fn fsdp_edge(t: *const c_void) -> *mut c_void;
     fn fsdp_boundary(t: *const c_void) -> *mut c_void;
+    fn fsdp_arena_new(bytes: i64) -> i64;
+    fn fsdp_arena_enter(id: i64);
+    fn fsdp_arena_expect(id: i64, offs: *const i64, sizes: *const i64, n: i64);
+    fn fsdp_arena_stats(id: i64, out: *mut i64);
+    fn fsdp_arena_free(id: i64) -> c_int;
     fn fsdp_grouped_mm(input: *const c_void, weight: *const c_void, offs: *const c_void) -> *mut c_void;
     fn fsdp_edge_free(e: *mut c_void);
     fn fsdp_edge_same(a: *mut c_void, b: *mut c_void) -> c_int;
@@ -66,6 +71,74 @@ impl Drop for MemTracker {
     fn drop(&mut self) {
         // SAFETY: removes the id from the shim's table; later frees of its memory are ignored.
         unsafe { fsdp_mem_tracker_drop(self.0) }
+    }
+}
+
+/// A plan's arena: one block of the plan's arena size. While a thread that
+/// [`MemTracker::enter`]ed a tracker has also [`Arena::enter`]ed it, every allocation whose
+/// size equals one of the buffers the plan allocates in the current schedule op
+/// ([`Arena::expect`]) is placed at that buffer's offset in the block — unless the region
+/// overlaps a placed tensor still alive, or the plan has no such buffer: then the heap serves
+/// it. So the plan's offsets are used where the run allocates what the plan says, and checked
+/// (a live tensor is never overwritten) where it does not.
+pub struct Arena(i64);
+
+/// What an arena placed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ArenaStats {
+    /// Bytes and allocations placed at the plan's offsets.
+    pub placed_bytes: u64,
+    pub placed: u64,
+    /// Bytes and allocations the heap served (no planned buffer of that size in the op).
+    pub heap_bytes: u64,
+    pub heap: u64,
+    /// Allocations refused a planned offset because a placed tensor there was still alive.
+    pub overlaps: u64,
+}
+
+impl Arena {
+    pub fn new(bytes: u64) -> Result<Arena, RtError> {
+        // SAFETY: allocates a block owned by the shim.
+        match unsafe { fsdp_arena_new(bytes as i64) } {
+            0 => Err(RtError::Plan(format!("cannot allocate a {bytes}-byte arena"))),
+            id => Ok(Arena(id)),
+        }
+    }
+    /// Places this thread's (tracked) allocations in this arena.
+    pub fn enter(&self) {
+        // SAFETY: sets a thread-local id.
+        unsafe { fsdp_arena_enter(self.0) }
+    }
+    /// Stops placing this thread's allocations.
+    pub fn leave() {
+        // SAFETY: sets a thread-local id.
+        unsafe { fsdp_arena_enter(0) }
+    }
+    /// The (offset, bytes) of the buffers the plan allocates in the op about to run.
+    pub fn expect(&self, slots: &[(u64, u64)]) {
+        let offs: Vec<i64> = slots.iter().map(|s| s.0 as i64).collect();
+        let sizes: Vec<i64> = slots.iter().map(|s| s.1 as i64).collect();
+        // SAFETY: two arrays of `len` i64s.
+        unsafe { fsdp_arena_expect(self.0, offs.as_ptr(), sizes.as_ptr(), offs.len() as i64) }
+    }
+    pub fn stats(&self) -> ArenaStats {
+        let mut o = [0i64; 5];
+        // SAFETY: writes five i64s.
+        unsafe { fsdp_arena_stats(self.0, o.as_mut_ptr()) };
+        ArenaStats {
+            placed_bytes: o[0] as u64,
+            placed: o[1] as u64,
+            heap_bytes: o[2] as u64,
+            heap: o[3] as u64,
+            overlaps: o[4] as u64,
+        }
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // SAFETY: frees the block unless placed tensors are alive (then it stays allocated).
+        unsafe { fsdp_arena_free(self.0) };
     }
 }
 

@@ -31,6 +31,8 @@ pub struct RunConfig {
     /// Write rank 0's measured timeline of the last step here (Chrome/Perfetto JSON, the
     /// same format as `fsdp-plan trace`).
     pub trace: Option<PathBuf>,
+    /// Run every step in the plan's arena (`exec::StepStats::arena`).
+    pub arena: bool,
 }
 
 impl RunConfig {
@@ -46,6 +48,7 @@ impl RunConfig {
             resume: None,
             stop_after: None,
             trace: None,
+            arena: false,
         }
     }
 }
@@ -213,7 +216,7 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
                             .collect();
                         let cx = OpCx { train: cx0.train.map(|n| Noise { step: i as u64, ..n }), ..cx0 };
                         let mut spans = vec![];
-                        let mut stats = crate::exec::StepStats::default();
+                        let mut stats = crate::exec::StepStats { arena: cfg.arena.then(Default::default), ..Default::default() };
                         let l = crate::exec::step_timed(plan, model, &mesh, &mut rank, &mine, &cx, &opt, Some(&mut spans), Some(&mut stats))?;
                         let peak = g.all_reduce_avg(&Tensor::from(if g.rank() == 0 { stats.peak_bytes as f64 * g.size() as f64 } else { 0.0 })).double_value(&[]) as u64;
                         if g.rank() == 0 {
