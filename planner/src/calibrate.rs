@@ -1,42 +1,37 @@
-//! `fsdp-plan calibrate`: fits a hardware profile's efficiency factors (and per-op overhead)
-//! to a measured timeline of the same plan, so predictions match what the runtime does.
+//! `fsdp-plan calibrate`: fits a hardware profile to measured timelines of plans, so
+//! predictions match what the runtime does.
 //!
-//! Each schedule op falls in one class — matmul, attention or memory-bound compute (by the
-//! model op it runs), collective, or bookkeeping. For a few rounds, every class's
-//! efficiency is divided by `measured / predicted` summed over its ops; bookkeeping sets the
-//! per-op overhead (their median); a last overall factor on every rate, the overhead and the
-//! latencies matches the step total. Efficiencies above 1 are folded into the peak rates
-//! (FLOP/s, memory or link bandwidth), so the written profile stays loadable.
+//! Each schedule op is compute (a model op's forward, backward or recompute, a copy-out, an
+//! optimizer step), a collective, or bookkeeping. Compute ops are fitted together by least
+//! squares: measured time = eager kernel launches × per-launch overhead + bytes of their
+//! memory-bound kernels × seconds per byte + matmul and attention FLOPs ÷ (peak × efficiency),
+//! plus a per-op overhead for backward ops. Collectives get one factor on the link efficiency;
+//! a last overall factor on every rate, the overheads and the latencies matches the step
+//! total. Efficiencies above 1 are folded into the peak rates (FLOP/s, memory or link
+//! bandwidth), so the written profile stays loadable.
 
 use crate::hardware::Hardware;
 use crate::plan::{OpKind, Plan};
 use crate::timeline::predict;
 use fsdp_ir::Model;
-use std::collections::HashMap;
+use std::collections::HashSet;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Class {
-    Matmul,
-    Attention,
-    Memory,
+    Compute,
     Comm,
     Bookkeeping,
 }
 
 fn classes(plan: &Plan, model: &Model) -> Vec<Class> {
-    let kinds: HashMap<&str, &fsdp_ir::OpKind> = model.ops.iter().map(|o| (o.name.as_str(), &o.kind)).collect();
+    let ops: HashSet<&str> = model.ops.iter().map(|o| o.name.as_str()).collect();
     plan.schedule
         .iter()
         .map(|o| match &o.kind {
-            OpKind::Forward { op, .. } | OpKind::Backward { op, .. } | OpKind::Recompute { op, .. } => match kinds.get(op.as_str()) {
-                Some(fsdp_ir::OpKind::Linear { .. } | fsdp_ir::OpKind::Experts { .. }) => Class::Matmul,
-                Some(fsdp_ir::OpKind::Attention { .. }) => Class::Attention,
-                Some(_) => Class::Memory,
-                None => Class::Bookkeeping,
-            },
+            OpKind::Forward { op, .. } | OpKind::Backward { op, .. } | OpKind::Recompute { op, .. } if ops.contains(op.as_str()) => Class::Compute,
             OpKind::AllGather { .. } | OpKind::ReduceScatter { .. } | OpKind::AllReduce { .. } => Class::Comm,
             // memory copies: the optimizer's element-wise kernels, FSDP2's copy-out
-            OpKind::OptimizerStep { .. } | OpKind::CopyOut { .. } => Class::Memory,
+            OpKind::OptimizerStep { .. } | OpKind::CopyOut { .. } => Class::Compute,
             _ => Class::Bookkeeping,
         })
         .collect()
@@ -207,7 +202,7 @@ fn sample_rows(plan: &Plan, cm: &crate::cost::CostModel, hw: &Hardware, meas: &[
         rows.push((x, t));
     };
     for (i, op) in plan.schedule.iter().enumerate() {
-        if cls[i] == Class::Comm || cls[i] == Class::Bookkeeping {
+        if cls[i] != Class::Compute {
             continue;
         }
         let t = meas[i];

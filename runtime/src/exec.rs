@@ -270,34 +270,34 @@ pub fn step_timed(
     mut spans: Option<&mut Vec<(f64, f64)>>,
     stats: Option<&mut StepStats>,
 ) -> Result<f64, RtError> {
+    let arena = match stats.as_ref().and_then(|s| s.arena) {
+        Some(_) => Some(shim::Arena::new(plan.memory.arena_bytes)?),
+        None => None,
+    };
     let tracker = stats.is_some().then(|| {
         let t = MemTracker::new();
         t.enter();
         t
     });
+    if let Some(a) = &arena {
+        a.enter();
+    }
     let persistent = held_bytes(rank.shards.iter().chain(rank.opt.iter().flat_map(|o| [&o.m, &o.v])).chain(batches.iter().flat_map(|b| b.values())));
     let mut per_op = vec![];
     let mut probe = tracker.as_ref().map(|t| (t, &mut per_op));
-    let arena = match stats.as_ref().and_then(|s| s.arena) {
-        Some(_) => {
-            let a = shim::Arena::new(plan.memory.arena_bytes)?;
-            a.enter();
-            Some(a)
-        }
-        None => None,
-    };
     let r = run_step(plan, model, comm, rank, batches, cx, opt, &mut spans, &mut probe, arena.as_ref());
     let arena_stats = arena.as_ref().map(|a| a.stats());
     if arena.is_some() {
         shim::Arena::leave();
     }
     drop(arena);
-    if let Some(t) = &tracker {
+    if tracker.is_some() {
         MemTracker::leave();
         if let Some(st) = stats {
             st.arena = arena_stats;
             st.persistent_bytes = persistent;
-            st.peak_bytes = persistent + per_op.iter().map(|x| x.1).max().unwrap_or(0).max(t.stats(false).1);
+            // per_op covers the whole step (its last entry closes the last op)
+            st.peak_bytes = persistent + per_op.iter().map(|x| x.1).max().unwrap_or(0);
             st.per_op = per_op.into_iter().map(|(c, p)| (c + persistent, p + persistent)).collect();
         }
     }

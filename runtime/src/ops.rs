@@ -46,7 +46,10 @@ pub struct Noise {
     pub row0: u64,
 }
 
-fn mix(mut z: u64) -> u64 {
+/// SplitMix64's step: the mixed value of state `z` (the state then advances by the golden
+/// gamma). The runtime's one source of deterministic randomness (dropout noise, initial
+/// weights and synthetic data in `train`).
+pub(crate) fn mix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

@@ -1,7 +1,8 @@
 //! Safe wrappers over `csrc/shim.cpp`: what the executor needs from libtorch that tch does not
-//! expose — a counting CPU allocator ([`MemTracker`]), FSDP2's in-place storage free/refill of
-//! unsharded params, a version-preserving copy, and one op's backward from its autograd edge
-//! with an upstream gradient ([`backward`]).
+//! expose — a counting CPU allocator ([`MemTracker`]) and the plan arena on top of it
+//! ([`Arena`]), FSDP2's in-place storage free/refill of unsharded params, a version-preserving
+//! copy, one op's backward from its autograd edge with an upstream gradient ([`backward`]),
+//! and transformers' grouped matmul with autograd ([`grouped_mm`]).
 
 use crate::error::RtError;
 use std::ffi::{c_char, c_int, c_void, CStr};
