@@ -116,10 +116,12 @@ struct RunArgs {
     /// Write the measured timeline of the last step (Chrome/Perfetto JSON, as `trace`).
     #[arg(long)]
     trace: Option<PathBuf>,
-    /// Run each step in one block of the plan's arena size, placing each allocation the plan
-    /// has (same op, same size) at the plan's offset for it; reports what was placed.
+    /// Allocate from the heap instead of the plan's arena. By default each step runs in one
+    /// block of the plan's arena size: every allocation that is one of the plan's buffers at
+    /// that buffer's offset, kernel temporaries in the space the plan leaves free at their op
+    /// (the first step records what each op allocates; the next ones replay it).
     #[arg(long)]
-    arena: bool,
+    no_arena: bool,
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     format: String,
 }
@@ -457,7 +459,7 @@ fn train(r: RunArgs) -> Result<()> {
         save_every: r.save_every,
         resume: r.resume.clone(),
         trace: r.trace.clone(),
-        arena: r.arena,
+        arena: !r.no_arena,
         ..fsdp_runtime::train::RunConfig::new(r.steps)
     };
     let text = r.format == "text";
@@ -470,7 +472,7 @@ fn train(r: RunArgs) -> Result<()> {
     let arena = reports.last().and_then(|r| r.memory.as_ref()).and_then(|m| m.arena);
     if let (Some(a), true) = (arena, text) {
         eprintln!(
-            "arena {}: in the last step {} of allocations were placed at the plan's offsets ({} allocations), {} went to the heap ({} allocations, {} refused a planned offset still in use)",
+            "arena {}: in the last step {} of allocations were placed in the plan's arena ({} allocations), {} went to the heap ({} allocations, {} refused a region still in use)",
             fsdp_planner::print::bytes(plan.memory.arena_bytes),
             fsdp_planner::print::bytes(a.placed_bytes),
             a.placed,

@@ -62,17 +62,30 @@ struct Header {
   c10::DeleterFnPtr inner_delete;
   int64_t tracker;
   int64_t bytes;
+  int64_t arena;  // the arena that recorded it (0: none)
+  int64_t rec;    // its index in that arena's record
 };
 static_assert(sizeof(Header) <= kHeader, "header too large");
 
-// A plan's arena: one block; while a thread has entered it, each allocation of the size of
-// one of the current schedule op's planned buffers is placed at that buffer's offset, unless
-// the region overlaps a placed allocation still alive (then, and for every allocation the
-// plan does not have, the heap serves it).
+// A plan's arena: one block. While a thread has entered it, every allocation is recorded
+// (schedule op, ordinal in the op, size, when it is freed) and placed:
+// - replaying (an assignment was given, made from an earlier step's record): the allocation
+//   with this (op, ordinal) goes to its assigned offset if it has the assigned size;
+// - otherwise: at the offset of one of the current op's planned buffers of its size;
+// both unless the region overlaps a placed allocation still alive. The heap serves the rest.
 struct Slot {
   int64_t off;
   int64_t size;
   bool used;
+};
+
+struct Rec {
+  int64_t epoch;  // schedule op (number of expect calls so far)
+  int64_t ordinal;
+  int64_t bytes;
+  int64_t alloc_seq;
+  int64_t free_seq;  // -1: not freed
+  int64_t free_epoch;
 };
 
 struct Arena {
@@ -80,7 +93,15 @@ struct Arena {
   int64_t size = 0;
   std::vector<Slot> expect;
   std::map<int64_t, int64_t> live;  // offset -> bytes of placed allocations alive
-  int64_t stats[5] = {0, 0, 0, 0, 0};  // placed bytes, placed count, heap bytes, heap count, overlaps
+  // placed bytes, placed count, heap bytes, heap count, overlaps, replay mismatches
+  int64_t stats[6] = {0, 0, 0, 0, 0, 0};
+  int64_t epoch = 0;
+  int64_t ordinal = 0;
+  int64_t seq = 0;
+  std::vector<Rec> rec;
+  bool replay = false;
+  // [epoch][ordinal] -> (offset or -1 for the heap, bytes)
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> assign;
 };
 
 struct Placed {
@@ -88,12 +109,24 @@ struct Placed {
   int64_t tracker;
   int64_t off;
   int64_t bytes;
+  int64_t rec;
 };
 
 std::unordered_map<int64_t, Arena> g_arenas;
 std::unordered_map<void*, Placed> g_placed;
 std::atomic<int64_t> g_arena_count{0};
 thread_local int64_t t_arena = 0;
+
+// Marks record `ri` of arena `id` freed now (caller holds g_mu).
+void rec_free(int64_t id, int64_t ri) {
+  auto a = g_arenas.find(id);
+  if (a == g_arenas.end() || ri < 0 || ri >= static_cast<int64_t>(a->second.rec.size())) {
+    return;
+  }
+  Arena& ar = a->second;
+  ar.rec[ri].free_seq = ar.seq++;
+  ar.rec[ri].free_epoch = ar.epoch;
+}
 
 bool region_free(const Arena& a, int64_t off, int64_t n) {
   auto it = a.live.lower_bound(off);
@@ -124,6 +157,7 @@ void counted_delete(void* data) {
       if (a != g_arenas.end()) {
         a->second.live.erase(pl.off);
       }
+      rec_free(pl.arena, pl.rec);
       return;
     }
   }
@@ -133,6 +167,9 @@ void counted_delete(void* data) {
     auto it = g_trackers.find(h->tracker);
     if (it != g_trackers.end()) {
       it->second.cur -= h->bytes;
+    }
+    if (h->arena != 0) {
+      rec_free(h->arena, h->rec);
     }
   }
   c10::DeleterFnPtr del = h->inner_delete;
@@ -149,6 +186,8 @@ struct Counting final : c10::Allocator {
     // every allocation gets the header (raw_deallocate needs one deleter for all of them);
     // only those of a tracked thread are counted
     int64_t t = t_tracker;
+    int64_t rec_arena = 0;
+    int64_t ri = -1;
     if (t != 0 && n != 0) {
       std::lock_guard<std::mutex> g(g_mu);
       auto it = g_trackers.find(t);
@@ -163,21 +202,47 @@ struct Counting final : c10::Allocator {
         if (a != g_arenas.end()) {
           Arena& ar = a->second;
           int64_t want = static_cast<int64_t>(n);
+          ri = static_cast<int64_t>(ar.rec.size());
+          ar.rec.push_back(Rec{ar.epoch, ar.ordinal, want, ar.seq++, -1, -1});
+          int64_t ord = ar.ordinal++;
+          rec_arena = t_arena;
           bool overlap = false;
-          for (Slot& sl : ar.expect) {
-            if (sl.used || sl.size != want) {
-              continue;
+          int64_t at = -1;
+          if (ar.replay) {
+            const std::pair<int64_t, int64_t>* s = nullptr;
+            if (ar.epoch < static_cast<int64_t>(ar.assign.size()) &&
+                ord < static_cast<int64_t>(ar.assign[ar.epoch].size())) {
+              s = &ar.assign[ar.epoch][ord];
             }
-            if (!region_free(ar, sl.off, want)) {
-              overlap = true;
-              continue;
+            if (s == nullptr || s->second != want) {
+              ar.stats[5] += 1;  // not the allocation the assignment was made for
+            } else if (s->first >= 0) {
+              if (region_free(ar, s->first, want)) {
+                at = s->first;
+              } else {
+                overlap = true;
+              }
             }
-            sl.used = true;
-            ar.live[sl.off] = want;
+          } else {
+            for (Slot& sl : ar.expect) {
+              if (sl.used || sl.size != want) {
+                continue;
+              }
+              if (!region_free(ar, sl.off, want)) {
+                overlap = true;
+                continue;
+              }
+              sl.used = true;
+              at = sl.off;
+              break;
+            }
+          }
+          if (at >= 0) {
+            ar.live[at] = want;
             ar.stats[0] += want;
             ar.stats[1] += 1;
-            void* data = ar.base + sl.off;
-            g_placed[data] = Placed{t_arena, t, sl.off, want};
+            void* data = ar.base + at;
+            g_placed[data] = Placed{t_arena, t, at, want, ri};
             return c10::DataPtr(data, data, &counted_delete, c10::Device(c10::DeviceType::CPU));
           }
           ar.stats[2] += want;
@@ -198,6 +263,8 @@ struct Counting final : c10::Allocator {
     h->inner_delete = del;
     h->tracker = t;
     h->bytes = static_cast<int64_t>(n);
+    h->arena = rec_arena;
+    h->rec = ri;
     void* data = base + kHeader;
     return c10::DataPtr(data, data, &counted_delete, dev);
   }
@@ -347,6 +414,8 @@ void fsdp_arena_expect(int64_t id, const int64_t* offs, const int64_t* sizes, in
     return;
   }
   a->second.expect.clear();
+  a->second.epoch += 1;
+  a->second.ordinal = 0;
   for (int64_t i = 0; i < n; ++i) {
     if (offs[i] >= 0 && sizes[i] > 0 && offs[i] + sizes[i] <= a->second.size) {
       a->second.expect.push_back(Slot{offs[i], sizes[i], false});
@@ -354,11 +423,83 @@ void fsdp_arena_expect(int64_t id, const int64_t* offs, const int64_t* sizes, in
   }
 }
 
-// placed bytes, placed count, heap bytes, heap count, allocations refused for overlap
+// Starts the arena's next step: a new record and new statistics; the block, the assignment
+// and the placed tensors still alive are kept.
+void fsdp_arena_reset(int64_t id) {
+  std::lock_guard<std::mutex> g(g_mu);
+  auto a = g_arenas.find(id);
+  if (a == g_arenas.end()) {
+    return;
+  }
+  Arena& ar = a->second;
+  ar.rec.clear();
+  ar.expect.clear();
+  ar.epoch = 0;
+  ar.ordinal = 0;
+  ar.seq = 0;
+  for (int64_t& x : ar.stats) {
+    x = 0;
+  }
+}
+
+// Replays an assignment: `n` (epoch, ordinal, offset or -1 for the heap, bytes) quadruples.
+void fsdp_arena_assign(int64_t id, const int64_t* quads, int64_t n) {
+  std::lock_guard<std::mutex> g(g_mu);
+  auto a = g_arenas.find(id);
+  if (a == g_arenas.end()) {
+    return;
+  }
+  Arena& ar = a->second;
+  ar.replay = true;
+  ar.assign.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t e = quads[4 * i], o = quads[4 * i + 1], off = quads[4 * i + 2], b = quads[4 * i + 3];
+    if (e < 0 || o < 0 || b <= 0) {
+      continue;
+    }
+    if (off + b > ar.size) {
+      off = -1;  // the heap
+    }
+    if (static_cast<int64_t>(ar.assign.size()) <= e) {
+      ar.assign.resize(e + 1);
+    }
+    auto& v = ar.assign[e];
+    if (static_cast<int64_t>(v.size()) <= o) {
+      v.resize(o + 1, {-1, 0});
+    }
+    v[o] = {off, b};
+  }
+}
+
+// The arena's record so far: writes min(n, cap) records of six i64s (epoch, ordinal, bytes,
+// alloc seq, free seq or -1, free epoch or -1); returns n.
+int64_t fsdp_arena_log(int64_t id, int64_t* out, int64_t cap) {
+  std::lock_guard<std::mutex> g(g_mu);
+  auto a = g_arenas.find(id);
+  if (a == g_arenas.end()) {
+    return 0;
+  }
+  const auto& r = a->second.rec;
+  int64_t n = static_cast<int64_t>(r.size());
+  for (int64_t i = 0; i < std::min(n, cap); ++i) {
+    const Rec& x = r[i];
+    int64_t* o = out + 6 * i;
+    o[0] = x.epoch;
+    o[1] = x.ordinal;
+    o[2] = x.bytes;
+    o[3] = x.alloc_seq;
+    o[4] = x.free_seq;
+    o[5] = x.free_epoch;
+  }
+  return n;
+}
+
+// placed bytes, placed count, heap bytes, heap count, allocations refused for overlap,
+// replayed allocations that differed from the assignment
 void fsdp_arena_stats(int64_t id, int64_t* out) {
   std::lock_guard<std::mutex> g(g_mu);
   auto a = g_arenas.find(id);
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < 6; ++i) {
     out[i] = a == g_arenas.end() ? 0 : a->second.stats[i];
   }
 }

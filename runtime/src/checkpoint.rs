@@ -126,7 +126,7 @@ pub fn load_rank(ckpt: &Path, plan: &Plan, rank_idx: usize) -> Result<(Rank, usi
         });
         shards.push(s);
     }
-    Ok((Rank { shards, opt }, meta.step))
+    Ok((Rank { shards, opt, arena: None }, meta.step))
 }
 
 /// Reassembles full HF-named parameters from every rank's shards (`consolidate`).

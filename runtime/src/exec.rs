@@ -28,6 +28,10 @@ pub struct Rank {
     /// Per unit: the flat local shard (padded; fsdp2: per-param padded chunks back to back).
     pub shards: Vec<Tensor>,
     pub opt: Vec<State>,
+    /// The plan's arena (one block for the whole run) and where a step's allocations go in
+    /// it ([`crate::placement::assign`]), made from the first arena step's record and
+    /// replayed by the next ones.
+    pub arena: Option<(shim::Arena, Option<shim::Assignment>)>,
 }
 
 fn err(m: impl Into<String>) -> RtError {
@@ -80,7 +84,7 @@ impl Rank {
             shards.push(shard);
         }
         let opt = shards.iter().map(State::new).collect();
-        Ok(Rank { shards, opt })
+        Ok(Rank { shards, opt, arena: None })
     }
 }
 
@@ -270,27 +274,38 @@ pub fn step_timed(
     mut spans: Option<&mut Vec<(f64, f64)>>,
     stats: Option<&mut StepStats>,
 ) -> Result<f64, RtError> {
-    let arena = match stats.as_ref().and_then(|s| s.arena) {
-        Some(_) => Some(shim::Arena::new(plan.memory.arena_bytes)?),
-        None => None,
+    // the arena lives with the rank (one block for the run); taken out for the step
+    let mut arena = match (stats.as_ref().and_then(|s| s.arena), rank.arena.take()) {
+        (Some(_), Some(a)) => Some(a),
+        (Some(_), None) => Some((shim::Arena::new(plan.memory.arena_bytes)?, None)),
+        (None, _) => None,
     };
+    if let Some((a, _)) = &arena {
+        a.reset();
+    }
     let tracker = stats.is_some().then(|| {
         let t = MemTracker::new();
         t.enter();
         t
     });
-    if let Some(a) = &arena {
+    if let Some((a, _)) = &arena {
         a.enter();
     }
     let persistent = held_bytes(rank.shards.iter().chain(rank.opt.iter().flat_map(|o| [&o.m, &o.v])).chain(batches.iter().flat_map(|b| b.values())));
     let mut per_op = vec![];
     let mut probe = tracker.as_ref().map(|t| (t, &mut per_op));
-    let r = run_step(plan, model, comm, rank, batches, cx, opt, &mut spans, &mut probe, arena.as_ref());
-    let arena_stats = arena.as_ref().map(|a| a.stats());
-    if arena.is_some() {
+    let r = run_step(plan, model, comm, rank, batches, cx, opt, &mut spans, &mut probe, arena.as_ref().map(|a| &a.0));
+    let arena_stats = arena.as_ref().map(|a| a.0.stats());
+    if let Some((a, map)) = &mut arena {
         shim::Arena::leave();
+        // the first arena step (or one that allocated otherwise) is recorded for the next
+        if map.is_none() || arena_stats.is_some_and(|s| s.mismatched > 0) {
+            let m = crate::placement::assign(plan, &a.log());
+            a.assign(&m);
+            *map = Some(m);
+        }
     }
-    drop(arena);
+    rank.arena = arena;
     if tracker.is_some() {
         MemTracker::leave();
         if let Some(st) = stats {

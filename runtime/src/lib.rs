@@ -4,7 +4,8 @@
 //!
 //! [`ops`]: the op kernels (checked against HF transformers); [`reference`]: single-device
 //! autograd; [`exec`]: the sharded executor following a plan's schedule; [`comm`]: the
-//! collective trait and CPU rank threads; [`optim`]: AdamW on shards; [`train`]: `run`.
+//! collective trait and CPU rank threads; [`optim`]: AdamW on shards; [`placement`]: which plan buffer each allocation is (the
+//! arena); [`train`]: `run`.
 
 pub mod checkpoint;
 pub mod comm;
@@ -17,6 +18,7 @@ pub mod launch_env;
 pub mod nccl;
 pub mod ops;
 pub mod optim;
+pub mod placement;
 pub mod reference;
 pub mod rendezvous;
 pub mod selftest;

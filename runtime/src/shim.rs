@@ -22,6 +22,9 @@ extern "C" {
     fn fsdp_arena_enter(id: i64);
     fn fsdp_arena_expect(id: i64, offs: *const i64, sizes: *const i64, n: i64);
     fn fsdp_arena_stats(id: i64, out: *mut i64);
+    fn fsdp_arena_assign(id: i64, quads: *const i64, n: i64);
+    fn fsdp_arena_reset(id: i64);
+    fn fsdp_arena_log(id: i64, out: *mut i64, cap: i64) -> i64;
     fn fsdp_arena_free(id: i64) -> c_int;
     fn fsdp_grouped_mm(input: *const c_void, weight: *const c_void, offs: *const c_void) -> *mut c_void;
     fn fsdp_edge_free(e: *mut c_void);
@@ -76,13 +79,32 @@ impl Drop for MemTracker {
 }
 
 /// A plan's arena: one block of the plan's arena size. While a thread that
-/// [`MemTracker::enter`]ed a tracker has also [`Arena::enter`]ed it, every allocation whose
-/// size equals one of the buffers the plan allocates in the current schedule op
-/// ([`Arena::expect`]) is placed at that buffer's offset in the block — unless the region
-/// overlaps a placed tensor still alive, or the plan has no such buffer: then the heap serves
-/// it. So the plan's offsets are used where the run allocates what the plan says, and checked
-/// (a live tensor is never overwritten) where it does not.
+/// [`MemTracker::enter`]ed a tracker has also [`Arena::enter`]ed it, every allocation is
+/// recorded ([`Arena::log`]: schedule op, ordinal in the op, size, when freed) and placed:
+/// with an assignment ([`Arena::assign`], made by [`crate::placement`] from an earlier step's
+/// record) at the offset assigned to its (op, ordinal) when its size is the recorded one;
+/// without one, at the offset of a buffer of its size that the plan allocates in the current
+/// schedule op ([`Arena::expect`]). Never where a placed tensor is still alive: then, and for
+/// what has no place, the heap serves it. So the plan's offsets are used where the run
+/// allocates what the plan says, and checked (a live tensor is never overwritten) always.
 pub struct Arena(i64);
+
+/// Where a step's allocations go: `(epoch, ordinal, offset or None for the heap, bytes)`.
+pub type Assignment = Vec<(u32, u32, Option<u64>, u64)>;
+
+/// One allocation an arena saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocRec {
+    /// The schedule op it happened in (`index + 1`; 0 before the first op).
+    pub epoch: u32,
+    /// Its place among the op's allocations.
+    pub ordinal: u32,
+    pub bytes: u64,
+    /// Order of the arena's allocations and frees.
+    pub alloc_seq: u64,
+    /// When it was freed (sequence number and schedule op), if it was.
+    pub free: Option<(u64, u32)>,
+}
 
 /// What an arena placed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -95,6 +117,8 @@ pub struct ArenaStats {
     pub heap: u64,
     /// Allocations refused a planned offset because a placed tensor there was still alive.
     pub overlaps: u64,
+    /// Replayed allocations that were not the ones the assignment was made for.
+    pub mismatched: u64,
 }
 
 impl Arena {
@@ -122,9 +146,34 @@ impl Arena {
         // SAFETY: two arrays of `len` i64s.
         unsafe { fsdp_arena_expect(self.0, offs.as_ptr(), sizes.as_ptr(), offs.len() as i64) }
     }
+    /// From now on places the allocation `(epoch, ordinal)` at `offset` (`None`: the heap)
+    /// when it has `bytes`; another size, or an allocation not listed, counts as
+    /// [`ArenaStats::mismatched`] (replaces the per-op matching of [`Arena::expect`]).
+    pub fn assign(&self, quads: &[(u32, u32, Option<u64>, u64)]) {
+        let flat: Vec<i64> = quads.iter().flat_map(|q| [q.0 as i64, q.1 as i64, q.2.map_or(-1, |o| o as i64), q.3 as i64]).collect();
+        // SAFETY: 4·len i64s.
+        unsafe { fsdp_arena_assign(self.0, flat.as_ptr(), quads.len() as i64) }
+    }
+    /// Starts a new step: clears the record and the statistics (the block and the assignment
+    /// stay, so each step reuses the memory the previous one touched).
+    pub fn reset(&self) {
+        // SAFETY: only touches the shim's own table.
+        unsafe { fsdp_arena_reset(self.0) }
+    }
+    /// Every allocation since the last reset, in order.
+    pub fn log(&self) -> Vec<AllocRec> {
+        // SAFETY: cap 0 writes nothing; then a buffer of 6·n i64s.
+        let n = unsafe { fsdp_arena_log(self.0, std::ptr::null_mut(), 0) }.max(0) as usize;
+        let mut v = vec![0i64; 6 * n];
+        let m = unsafe { fsdp_arena_log(self.0, v.as_mut_ptr(), n as i64) }.max(0) as usize;
+        v.chunks_exact(6)
+            .take(m.min(n))
+            .map(|r| AllocRec { epoch: r[0] as u32, ordinal: r[1] as u32, bytes: r[2] as u64, alloc_seq: r[3] as u64, free: (r[4] >= 0).then_some((r[4] as u64, r[5] as u32)) })
+            .collect()
+    }
     pub fn stats(&self) -> ArenaStats {
-        let mut o = [0i64; 5];
-        // SAFETY: writes five i64s.
+        let mut o = [0i64; 6];
+        // SAFETY: writes six i64s.
         unsafe { fsdp_arena_stats(self.0, o.as_mut_ptr()) };
         ArenaStats {
             placed_bytes: o[0] as u64,
@@ -132,6 +181,7 @@ impl Arena {
             heap_bytes: o[2] as u64,
             heap: o[3] as u64,
             overlaps: o[4] as u64,
+            mismatched: o[5] as u64,
         }
     }
 }

@@ -31,7 +31,7 @@ pub struct RunConfig {
     /// Write rank 0's measured timeline of the last step here (Chrome/Perfetto JSON, the
     /// same format as `fsdp-plan trace`).
     pub trace: Option<PathBuf>,
-    /// Run every step in the plan's arena (`exec::StepStats::arena`).
+    /// Run every step in the plan's arena (`exec::StepStats::arena`); `false`: on the heap.
     pub arena: bool,
 }
 
@@ -48,7 +48,7 @@ impl RunConfig {
             resume: None,
             stop_after: None,
             trace: None,
-            arena: false,
+            arena: true,
         }
     }
 }

@@ -115,7 +115,9 @@ fn measured_peak_is_within_two_percent_of_the_plan() {
         // every step after the first (which also allocates the unsharded params' tensors)
         let measured = reports.iter().skip(1).map(|r| r.peak_bytes).max().unwrap();
         let err = measured as f64 / predicted as f64 - 1.0;
-        let row = format!("{:<16} {:<30} predicted {:>9} B  measured {:>9} B  {:+.2}%", c.name, c.what, predicted, measured, 100.0 * err);
+        // the run is in the plan's arena (the default): the share of the last step's bytes placed there
+        let placed = reports.last().and_then(|r| r.memory.as_ref()).and_then(|m| m.arena).map_or(0.0, |a| a.placed_bytes as f64 / (a.placed_bytes + a.heap_bytes).max(1) as f64);
+        let row = format!("{:<16} {:<30} predicted {:>9} B  measured {:>9} B  {:+.2}%  (in the arena: {:.1}% of bytes)", c.name, c.what, predicted, measured, 100.0 * err, 100.0 * placed);
         if err.abs() > c.tol {
             bad.push(row.clone());
         }
