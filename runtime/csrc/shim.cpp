@@ -375,6 +375,15 @@ struct GroupedMm : public torch::autograd::Function<GroupedMm> {
 
 extern "C" {
 
+// w.add_(g, alpha) without grad: torch.optim.SGD's single-tensor update (0 ok, 1 error).
+int fsdp_add_scaled_(const at::Tensor* w, const at::Tensor* g, double alpha) {
+  return guarded([&] {
+    at::NoGradGuard ng;
+    at::Tensor t = *w;
+    t.add_(*g, alpha);
+  });
+}
+
 // GroupedMm::apply(input, weight, offs) as a new tensor (null on error).
 at::Tensor* fsdp_grouped_mm(const at::Tensor* input, const at::Tensor* weight, const at::Tensor* offs) {
   at::Tensor* out = nullptr;

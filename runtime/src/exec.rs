@@ -16,7 +16,7 @@
 use crate::comm::{Collective, Groups};
 use crate::error::RtError;
 use crate::ops::{forward, OpCx};
-use crate::optim::{AdamW, State};
+use crate::optim::{Optim, State};
 use crate::shim::{self, Edge, MemTracker};
 use fsdp_ir::Model;
 use fsdp_planner::{Group, Layout, OpKind, Plan};
@@ -83,7 +83,9 @@ impl Rank {
             })?;
             shards.push(shard);
         }
-        let opt = shards.iter().map(State::new).collect();
+        // the state of the optimizer the plan names (none for SGD: the plan has none)
+        let o = Optim::of_plan(plan.options.optimizer, 1e-3);
+        let opt = shards.iter().map(|s| State::for_optim(&o, s)).collect();
         Ok(Rank { shards, opt, arena: None })
     }
 }
@@ -196,7 +198,7 @@ fn rs_input(plan: &Plan, u: usize, grads: &HashMap<String, Tensor>, kind: Kind) 
 /// inputs (`input_ids`, `labels`). Returns the mean loss of this rank's micro-batches.
 /// `comm` is the world group: fine for full sharding and no-shard; hybrid sharding needs
 /// [`step_timed`] with its shard and replicate groups.
-pub fn step(plan: &Plan, model: &Model, comm: &dyn Collective, rank: &mut Rank, batches: &[HashMap<String, Tensor>], cx: &OpCx, opt: &AdamW) -> Result<f64, RtError> {
+pub fn step(plan: &Plan, model: &Model, comm: &dyn Collective, rank: &mut Rank, batches: &[HashMap<String, Tensor>], cx: &OpCx, opt: impl Into<Optim>) -> Result<f64, RtError> {
     let groups = Groups::flat(comm, plan.options.strategy == fsdp_planner::Strategy::NoShard);
     step_timed(plan, model, &groups, rank, batches, cx, opt, None, None)
 }
@@ -270,7 +272,7 @@ pub fn step_timed(
     rank: &mut Rank,
     batches: &[HashMap<String, Tensor>],
     cx: &OpCx,
-    opt: &AdamW,
+    opt: impl Into<Optim>,
     mut spans: Option<&mut Vec<(f64, f64)>>,
     stats: Option<&mut StepStats>,
 ) -> Result<f64, RtError> {
@@ -294,7 +296,8 @@ pub fn step_timed(
     let persistent = held_bytes(rank.shards.iter().chain(rank.opt.iter().flat_map(|o| [&o.m, &o.v])).chain(batches.iter().flat_map(|b| b.values())));
     let mut per_op = vec![];
     let mut probe = tracker.as_ref().map(|t| (t, &mut per_op));
-    let r = run_step(plan, model, comm, rank, batches, cx, opt, &mut spans, &mut probe, arena.as_ref().map(|a| &a.0));
+    let opt: Optim = opt.into();
+    let r = run_step(plan, model, comm, rank, batches, cx, &opt, &mut spans, &mut probe, arena.as_ref().map(|a| &a.0));
     let arena_stats = arena.as_ref().map(|a| a.0.stats());
     if let Some((a, map)) = &mut arena {
         shim::Arena::leave();
@@ -327,7 +330,7 @@ fn run_step(
     rank: &mut Rank,
     batches: &[HashMap<String, Tensor>],
     cx: &OpCx,
-    opt: &AdamW,
+    opt: &Optim,
     spans: &mut Option<&mut Vec<(f64, f64)>>,
     probe: &mut Option<(&MemTracker, &mut Vec<(u64, u64)>)>,
     arena: Option<&shim::Arena>,
@@ -740,7 +743,7 @@ fn run_step(
                         Layout::Fsdp2 => plan.units[u].params.iter().map(|p| (p.offset as i64, p.shard_numel as i64)).collect(),
                         Layout::Flat => vec![(0, rank.shards[u].numel() as i64)],
                     };
-                    opt.step_pieces(&rank.shards[u], g, &mut rank.opt[u], &pieces);
+                    opt.step_pieces(&rank.shards[u], g, &mut rank.opt[u], &pieces)?;
                 }
             }
             OpKind::ZeroGrad => {

@@ -1,7 +1,69 @@
-//! AdamW (torch.optim.AdamW semantics, foreach=False) on flat tensors: the local shards in
-//! the sharded executor, whole parameters in the reference.
+//! The optimizers a plan can name, as torch's single-tensor (foreach=False) paths on flat
+//! tensors: AdamW / Adam (AdamW with weight decay 0, which is torch's Adam at its default
+//! weight decay 0) and SGD (no momentum: no state); the local shards in the sharded executor,
+//! whole parameters in the reference.
 
+use crate::error::RtError;
 use tch::Tensor;
+
+/// The optimizer a run steps its shards with.
+#[derive(Debug, Clone, Copy)]
+pub enum Optim {
+    Adam(AdamW),
+    /// torch.optim.SGD with its defaults (no momentum, no weight decay).
+    Sgd { lr: f64 },
+    /// No step (the plan's `--optimizer none`).
+    None,
+}
+
+impl Optim {
+    /// What the plan's `optimizer` option names, at learning rate `lr` and torch's defaults.
+    pub fn of_plan(o: fsdp_planner::Optimizer, lr: f64) -> Optim {
+        match o {
+            fsdp_planner::Optimizer::Adam => Optim::Adam(AdamW { lr, weight_decay: 0.0, ..AdamW::default() }),
+            fsdp_planner::Optimizer::AdamW => Optim::Adam(AdamW { lr, ..AdamW::default() }),
+            fsdp_planner::Optimizer::Sgd => Optim::Sgd { lr },
+            fsdp_planner::Optimizer::None => Optim::None,
+        }
+    }
+    /// Whether it keeps state (exp_avg, exp_avg_sq) per parameter.
+    pub fn keeps_state(&self) -> bool {
+        matches!(self, Optim::Adam(_))
+    }
+    /// One step on `w` over the flat `(offset, len)` ranges `pieces` (see [`AdamW::step_pieces`]).
+    pub fn step_pieces(&self, w: &Tensor, g: &Tensor, st: &mut State, pieces: &[(i64, i64)]) -> Result<(), RtError> {
+        match self {
+            Optim::Adam(a) => {
+                a.step_pieces(w, g, st, pieces);
+                Ok(())
+            }
+            Optim::Sgd { lr } => {
+                st.step += 1;
+                let (wf, gf) = (w.view([-1]), g.view([-1]));
+                for &(o, n) in pieces {
+                    if n > 0 {
+                        // torch.optim.sgd._single_tensor_sgd: param.add_(grad, alpha=-lr)
+                        crate::shim::add_scaled_(&wf.narrow(0, o, n), &gf.narrow(0, o, n), -lr)?;
+                    }
+                }
+                Ok(())
+            }
+            Optim::None => Ok(()),
+        }
+    }
+}
+
+impl From<AdamW> for Optim {
+    fn from(a: AdamW) -> Optim {
+        Optim::Adam(a)
+    }
+}
+
+impl From<&AdamW> for Optim {
+    fn from(a: &AdamW) -> Optim {
+        Optim::Adam(*a)
+    }
+}
 
 #[derive(Debug, Clone, Copy)]
 pub struct AdamW {
@@ -37,6 +99,19 @@ impl State {
             m: like.zeros_like(),
             v: like.zeros_like(),
             step: 0,
+        }
+    }
+    /// The state of an optimizer that keeps none (SGD, none): empty tensors, no bytes.
+    pub fn empty(like: &Tensor) -> State {
+        let e = Tensor::empty([0], (like.kind(), like.device()));
+        State { m: e.shallow_clone(), v: e, step: 0 }
+    }
+    /// The state `opt` starts with for the shard `like`.
+    pub fn for_optim(opt: &Optim, like: &Tensor) -> State {
+        if opt.keeps_state() {
+            State::new(like)
+        } else {
+            State::empty(like)
         }
     }
 }

@@ -26,6 +26,7 @@ extern "C" {
     fn fsdp_arena_reset(id: i64);
     fn fsdp_arena_log(id: i64, out: *mut i64, cap: i64) -> i64;
     fn fsdp_arena_free(id: i64) -> c_int;
+    fn fsdp_add_scaled_(w: *const c_void, g: *const c_void, alpha: f64) -> c_int;
     fn fsdp_grouped_mm(input: *const c_void, weight: *const c_void, offs: *const c_void) -> *mut c_void;
     fn fsdp_edge_free(e: *mut c_void);
     fn fsdp_edge_same(a: *mut c_void, b: *mut c_void) -> c_int;
@@ -40,6 +41,15 @@ fn last_error(what: &str) -> RtError {
 
 fn ptr(t: &Tensor) -> *const c_void {
     t.as_ptr().cast()
+}
+
+/// `w += alpha · g` in place, in one kernel (`Tensor::add_` with `alpha`, which tch lacks).
+pub fn add_scaled_(w: &Tensor, g: &Tensor, alpha: f64) -> Result<(), RtError> {
+    // SAFETY: two live tensors.
+    match unsafe { fsdp_add_scaled_(ptr(w), ptr(g), alpha) } {
+        0 => Ok(()),
+        _ => Err(last_error("add_")),
+    }
 }
 
 /// Counts the CPU bytes libtorch allocates on the threads that [`MemTracker::enter`]ed it,

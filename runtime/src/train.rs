@@ -5,7 +5,7 @@ use crate::comm::{Collective, CpuGroup};
 use crate::error::RtError;
 use crate::exec::Rank;
 use crate::ops::{Attn, Noise, OpCx};
-use crate::optim::AdamW;
+use crate::optim::Optim;
 use fsdp_ir::Model;
 use fsdp_planner::Plan;
 use std::collections::HashMap;
@@ -162,7 +162,8 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
         let g = global.reshape([ws as i64, k, b, s]);
         batches.push((0..ws as i64).map(|r| (0..k).map(|m| g.get(r).get(m).copy()).collect()).collect());
     }
-    let opt = AdamW { lr: cfg.lr, ..AdamW::default() };
+    // the optimizer the plan names (its state is in the plan's memory)
+    let opt = Optim::of_plan(plan.options.optimizer, cfg.lr);
     // world, shard and replicate groups (the latter two differ from the world for hybrid
     // sharding and no-shard)
     let groups = crate::comm::cpu_mesh(ws, plan.options.shard_size() as usize);
@@ -215,7 +216,7 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
                         let cx = OpCx { train: cx0.train.map(|n| Noise { step: i as u64, ..n }), ..cx0 };
                         let mut spans = vec![];
                         let mut stats = crate::exec::StepStats { arena: cfg.arena.then(Default::default), ..Default::default() };
-                        let l = crate::exec::step_timed(plan, model, &mesh, &mut rank, &mine, &cx, &opt, Some(&mut spans), Some(&mut stats))?;
+                        let l = crate::exec::step_timed(plan, model, &mesh, &mut rank, &mine, &cx, opt, Some(&mut spans), Some(&mut stats))?;
                         let peak = g.all_reduce_avg(&Tensor::from(if g.rank() == 0 { stats.peak_bytes as f64 * g.size() as f64 } else { 0.0 })).double_value(&[]) as u64;
                         if g.rank() == 0 {
                             *last_spans.lock().unwrap_or_else(|e| e.into_inner()) = spans;

@@ -53,6 +53,21 @@ fn resume_is_bit_identical_and_kill_loses_nothing() {
 }
 
 #[test]
+fn sgd_resume_is_bit_identical() {
+    // SGD keeps no optimizer state: the checkpoint holds the shards only
+    let cfg = "models/tiny-llama.config.json";
+    let m = fsdp_ir::hf::import_hf(&std::fs::read_to_string(root().join(cfg)).unwrap(), cfg, "tiny-llama").unwrap();
+    let opts = Options { world_size: 3, batch: 2, seq: 8, device: Device::Cpu, optimizer: fsdp_planner::Optimizer::Sgd, ..Options::default() };
+    let plan = fsdp_planner::plan(&m, &opts).unwrap();
+    let run = |c: RunConfig| losses(&plan, &m, &RunConfig { lr: 0.1, ..c });
+    let full = run(RunConfig::new(4));
+    let dir = tmp("sgd");
+    assert_eq!(run(RunConfig { save: Some(dir.clone()), ..RunConfig::new(2) }), full[..2].to_vec());
+    assert_eq!(run(RunConfig { resume: Some(dir.clone()), ..RunConfig::new(4) }), full[2..].to_vec());
+    assert!(full[3].1 < full[0].1, "SGD at lr 0.1 lowers the loss: {full:?}");
+}
+
+#[test]
 fn other_plan_and_corruption_are_refused() {
     let (m, plan) = setup(2);
     let dir = tmp("refuse");

@@ -7,12 +7,12 @@
 //! `backward`), whose kernels and AdamW are checked against HF transformers / torch in
 //! `hf_parity.rs`.
 
-use fsdp_planner::{Device, Layout, Options, Policy, Strategy};
+use fsdp_planner::{Device, Layout, Optimizer, Options, Policy, Strategy};
 use fsdp_runtime::comm::{Collective, CpuGroup};
 use fsdp_runtime::comm::Groups;
 use fsdp_runtime::exec::{step, step_timed, Rank};
 use fsdp_runtime::ops::{Attn, Noise, OpCx};
-use fsdp_runtime::optim::{AdamW, State};
+use fsdp_runtime::optim::{AdamW, Optim, State};
 use fsdp_runtime::reference::{forward_loss, Params};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -59,10 +59,11 @@ fn batch(ids: &Tensor) -> HashMap<String, Tensor> {
 }
 
 /// Single-device training on the global batches: (losses per step, final params).
-fn reference(name: &str, m: &fsdp_ir::Model, data: &[Vec<Tensor>]) -> (Vec<f64>, HashMap<String, Tensor>) {
+/// The optimizer is the one the options name (lr 1e-3, torch's defaults).
+fn reference(name: &str, m: &fsdp_ir::Model, opts: &Options, data: &[Vec<Tensor>]) -> (Vec<f64>, HashMap<String, Tensor>) {
     let p = weights(m, name);
-    let opt = AdamW::default();
-    let mut st: HashMap<String, State> = p.tensors.iter().map(|(k, t)| (k.clone(), State::new(t))).collect();
+    let opt = Optim::of_plan(opts.optimizer, 1e-3);
+    let mut st: HashMap<String, State> = p.tensors.iter().map(|(k, t)| (k.clone(), State::for_optim(&opt, t))).collect();
     let mut losses = vec![];
     for (si, mbs) in data.iter().enumerate() {
         let mut l = 0.0;
@@ -75,7 +76,7 @@ fn reference(name: &str, m: &fsdp_ir::Model, data: &[Vec<Tensor>]) -> (Vec<f64>,
         losses.push(l / mbs.len() as f64);
         for (k, t) in &p.tensors {
             let g = t.grad();
-            opt.step(t, &g, st.get_mut(k).unwrap());
+            opt.step_pieces(t, &g, st.get_mut(k).unwrap(), &[(0, t.numel() as i64)]).unwrap();
             let mut g = g;
             let _ = g.zero_();
         }
@@ -106,7 +107,7 @@ fn sharded(name: &str, m: &fsdp_ir::Model, opts: &Options, data: &[Vec<Tensor>])
                         // training mode: dropout (GPT-2's p = 0.1) draws the global batch's noise
                         let cx = OpCx { attn: Attn::Sdpa, kind: KIND, train: Some(noise(si, g.rank() as u64 * B as u64)) };
                         let batches: Vec<HashMap<String, Tensor>> = mbs.iter().map(batch).collect();
-                        losses.push(step_timed(plan, m, &mesh, &mut rank, &batches, &cx, &AdamW::default(), None, None).unwrap());
+                        losses.push(step_timed(plan, m, &mesh, &mut rank, &batches, &cx, Optim::of_plan(plan.options.optimizer, 1e-3), None, None).unwrap());
                     }
                     // gather the final full parameters
                     let mut params = HashMap::new();
@@ -130,9 +131,9 @@ fn check(name: &str, opts: Options, report: &mut String) {
     let vocab = m.params[0].shape[0] as i64;
     let k = opts.grad_accum as usize;
     let data = data(vocab, opts.world_size as i64, k);
-    let (rl, rp) = reference(name, &m, &data);
+    let (rl, rp) = reference(name, &m, &opts, &data);
     let (sl, sp) = sharded(name, &m, &opts, &data);
-    let label = format!("{name} ws{} {:?} {:?} {} ga{} ckpt{}", opts.world_size, opts.strategy, opts.layout, opts.policy, opts.grad_accum, !opts.checkpoint.is_empty());
+    let label = format!("{name} ws{} {:?} {:?} {} ga{} ckpt{} {:?}", opts.world_size, opts.strategy, opts.layout, opts.policy, opts.grad_accum, !opts.checkpoint.is_empty(), opts.optimizer);
     let mut worst_l: f64 = 0.0;
     for (i, (a, b)) in sl.iter().zip(&rl).enumerate() {
         let e = (a - b).abs() / b.abs();
@@ -151,7 +152,7 @@ fn check(name: &str, opts: Options, report: &mut String) {
 }
 
 fn opts(ws: u64, layout: Layout, policy: Policy) -> Options {
-    Options { world_size: ws, layout, policy, batch: B as u64, seq: S as u64, device: Device::Cpu, ..Options::default() }
+    Options { world_size: ws, layout, policy, batch: B as u64, seq: S as u64, device: Device::Cpu, optimizer: Optimizer::AdamW, ..Options::default() }
 }
 
 #[test]
@@ -179,6 +180,10 @@ fn sharded_training_equals_single_device() {
     check("tiny-qwen2", opts(3, Layout::Flat, Policy::Auto), &mut report);
     check("tiny-llama", Options { grad_accum: 2, ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);
     check("tiny-llama", Options { checkpoint: vec!["LlamaDecoderLayer".into()], ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);
+    // the optimizer the plan names: SGD (no state), Adam (weight decay 0)
+    check("tiny-llama", Options { optimizer: Optimizer::Sgd, ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);
+    check("tiny-llama", Options { optimizer: Optimizer::Sgd, grad_accum: 2, ..opts(3, Layout::Flat, Policy::Auto) }, &mut report);
+    check("tiny-llama", Options { optimizer: Optimizer::Adam, ..opts(4, Layout::Fsdp2, Policy::Auto) }, &mut report);
     eprintln!("{report}");
 }
 

@@ -88,6 +88,11 @@ fn measured_peak_is_within_two_percent_of_the_plan() {
             o.reduce_dtype = fsdp_ir::DType::parse("f32");
         }),
         case("tiny-llama", "eager attention", |o| o.attn_implementation = Some(fsdp_planner::AttnImpl::Eager)),
+        case("tiny-llama", "SGD (no optimizer state)", |o| o.optimizer = fsdp_planner::Optimizer::Sgd),
+        case("tiny-llama", "AdamW, ws 3", |o| {
+            o.world_size = 3;
+            o.optimizer = fsdp_planner::Optimizer::AdamW;
+        }),
         case("tiny-llama-gqa", "GQA, ws 2", |_| {}),
         case("tiny-llama-tied", "tied embeddings", |_| {}),
         case("tiny-qwen2", "q/k/v bias, ws 4", |o| o.world_size = 4),
