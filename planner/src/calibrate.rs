@@ -5,7 +5,7 @@
 //! optimizer step), a collective, or bookkeeping. Compute ops are fitted together by least
 //! squares: measured time = eager kernel launches × per-launch overhead + bytes of their
 //! memory-bound kernels × seconds per byte + matmul and attention FLOPs ÷ (peak × efficiency),
-//! plus a per-op overhead for backward ops. Collectives get one factor on the link efficiency;
+//! plus a per-op overhead for forward and one for backward model ops. Collectives get one factor on the link efficiency;
 //! a last overall factor on every rate, the overheads and the latencies matches the step
 //! total. Efficiencies above 1 are folded into the peak rates (FLOP/s, memory or link
 //! bandwidth), so the written profile stays loadable.
@@ -15,6 +15,15 @@ use crate::plan::{OpKind, Plan};
 use crate::timeline::predict;
 use fsdp_ir::Model;
 use std::collections::HashSet;
+
+/// Unknowns of the compute regression (see [`fit_compute`]).
+const N: usize = 6;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    Forward,
+    Backward,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Class {
@@ -98,10 +107,11 @@ pub fn calibrate_many(samples: &[Sample], hw: &Hardware) -> Calibration {
     // pass before)
     let mut fitted = false;
     for _ in 0..2 {
-        if let Some([o, xm, xf, xa, ob]) = fit_compute(samples, &h, &meas, &cls) {
+        if let Some([o, xm, xf, xa, ob, of]) = fit_compute(samples, &h, &meas, &cls) {
             let peaks = h.clone();
             h.op_overhead_s = o;
             h.backward_op_overhead_s = ob;
+            h.forward_op_overhead_s = of;
             h.efficiency.memory = 1.0 / (xm * peaks.hbm_bandwidth);
             h.efficiency.matmul = 1.0 / xf;
             h.efficiency.attention = 1.0 / xa;
@@ -145,6 +155,7 @@ pub fn calibrate_many(samples: &[Sample], hw: &Hardware) -> Calibration {
         let r = measured_step / step;
         h.op_overhead_s *= r;
         h.backward_op_overhead_s *= r;
+        h.forward_op_overhead_s *= r;
         h.efficiency.matmul /= r;
         h.efficiency.attention /= r;
         h.efficiency.memory /= r;
@@ -164,14 +175,15 @@ pub fn calibrate_many(samples: &[Sample], hw: &Hardware) -> Calibration {
 }
 
 /// The compute regression: per compute op `i` (model ops, copy-out, optimizer), measured
-/// `t_i ≈ L_i·o + B_i·xm + F_i·xf + A_i·xa + [backward]·ob` with `L` launches, `B` bytes of
-/// its memory-bound kernels, `F`/`A` its matmul/attention FLOPs divided by the profile's peak;
-/// unknowns the per-launch overhead `o`, seconds per byte `xm`, the inverse matmul/attention
-/// efficiencies and the per-backward-op overhead `ob`. A variable with no data or a negative solution is dropped and the rest
+/// `t_i ≈ L_i·o + B_i·xm + F_i·xf + A_i·xa + [backward]·ob + [forward]·of` with `L` launches,
+/// `B` bytes of its memory-bound kernels, `F`/`A` its matmul/attention FLOPs divided by the
+/// profile's peak; unknowns the per-launch overhead `o`, seconds per byte `xm`, the inverse
+/// matmul/attention efficiencies and the per-op overheads of backward (`ob`) and forward or
+/// recompute (`of`) model ops. A variable with no data or a negative solution is dropped and the rest
 /// refitted. `None` when fewer ops than unknowns were measured.
-fn fit_compute(samples: &[Sample], hw: &Hardware, meas: &[Vec<f64>], cls: &[Vec<Class>]) -> Option<[f64; 5]> {
+fn fit_compute(samples: &[Sample], hw: &Hardware, meas: &[Vec<f64>], cls: &[Vec<Class>]) -> Option<[f64; N]> {
     use crate::cost::CostModel;
-    let mut rows: Vec<([f64; 5], f64)> = vec![];
+    let mut rows: Vec<([f64; N], f64)> = vec![];
     for (si, sample) in samples.iter().enumerate() {
         let (plan, cls, meas) = (sample.plan, &cls[si], &meas[si]);
         let cm = CostModel::new(plan, sample.model);
@@ -181,10 +193,11 @@ fn fit_compute(samples: &[Sample], hw: &Hardware, meas: &[Vec<f64>], cls: &[Vec<
 }
 
 /// One regression row per compute op of one sample.
-fn sample_rows(plan: &Plan, cm: &crate::cost::CostModel, hw: &Hardware, meas: &[f64], cls: &[Class], rows: &mut Vec<([f64; 5], f64)>) {
+fn sample_rows(plan: &Plan, cm: &crate::cost::CostModel, hw: &Hardware, meas: &[f64], cls: &[Class], rows: &mut Vec<([f64; N], f64)>) {
     use crate::cost::Work;
-    let mut add = |kernels: &[crate::cost::Kernel], launches: u32, backward: bool, t: f64| {
-        let mut x = [launches.max(1) as f64, 0.0, 0.0, 0.0, if backward { 1.0 } else { 0.0 }];
+    // `pass`: the model op's pass (None: copy-out, optimizer)
+    let mut add = |kernels: &[crate::cost::Kernel], launches: u32, pass: Option<Pass>, t: f64| {
+        let mut x = [launches.max(1) as f64, 0.0, 0.0, 0.0, (pass == Some(Pass::Backward)) as u8 as f64, (pass == Some(Pass::Forward)) as u8 as f64];
         for k in kernels {
             // the term that bounds the kernel under `hw` (see `Kernel::time`)
             let eff = match k.work {
@@ -209,21 +222,21 @@ fn sample_rows(plan: &Plan, cm: &crate::cost::CostModel, hw: &Hardware, meas: &[
         match &op.kind {
             OpKind::Forward { op: n, .. } | OpKind::Recompute { op: n, .. } => {
                 if let Some(k) = cm.forward(n) {
-                    add(k, cm.launches(n).0, false, t);
+                    add(k, cm.launches(n).0, Some(Pass::Forward), t);
                 }
             }
             OpKind::Backward { op: n, .. } => {
                 if let Some(k) = cm.backward(n) {
-                    add(k, cm.launches(n).1, true, t);
+                    add(k, cm.launches(n).1, Some(Pass::Backward), t);
                 }
             }
             OpKind::OptimizerStep { unit } => {
                 let (k, l) = crate::cost::optimizer_kernels(plan.unit(*unit), &plan.options);
-                add(&k, l, false, t);
+                add(&k, l, None, t);
             }
             OpKind::CopyOut { unit } if plan.options.layout == crate::options::Layout::Fsdp2 => {
                 let b = crate::cost::unsharded_bytes(plan.unit(*unit), &plan.options) as f64;
-                add(&[crate::cost::Kernel { flops: 0.0, bytes: 2.0 * b, dtype: fsdp_ir::DType::Float32, work: Work::Memory }], 1, false, t);
+                add(&[crate::cost::Kernel { flops: 0.0, bytes: 2.0 * b, dtype: fsdp_ir::DType::Float32, work: Work::Memory }], 1, None, t);
             }
             _ => {}
         }
@@ -231,14 +244,14 @@ fn sample_rows(plan: &Plan, cm: &crate::cost::CostModel, hw: &Hardware, meas: &[
 }
 
 /// Least squares over `rows`, dropping variables without data or with a negative solution.
-fn solve_rows(rows: &[([f64; 5], f64)], hw: &Hardware) -> Option<[f64; 5]> {
-    let mut active = [true; 5];
-    for v in 0..5 {
+fn solve_rows(rows: &[([f64; N], f64)], hw: &Hardware) -> Option<[f64; N]> {
+    let mut active = [true; N];
+    for v in 0..N {
         active[v] = rows.iter().any(|(x, _)| x[v] > 0.0);
     }
     // the regression has no intercept; refit without any variable that comes out negative
-    for _ in 0..5 {
-        let idx: Vec<usize> = (0..5).filter(|&v| active[v]).collect();
+    for _ in 0..N {
+        let idx: Vec<usize> = (0..N).filter(|&v| active[v]).collect();
         if idx.is_empty() || rows.len() < idx.len() {
             return None;
         }
@@ -257,7 +270,7 @@ fn solve_rows(rows: &[([f64; 5], f64)], hw: &Hardware) -> Option<[f64; 5]> {
             active[idx[r]] = false;
             continue;
         }
-        let mut out = [0.0; 5];
+        let mut out = [0.0; N];
         for (r, &i) in idx.iter().enumerate() {
             out[i] = sol[r];
         }
@@ -276,6 +289,9 @@ fn solve_rows(rows: &[([f64; 5], f64)], hw: &Hardware) -> Option<[f64; 5]> {
         }
         if !active[4] {
             out[4] = hw.backward_op_overhead_s;
+        }
+        if !active[5] {
+            out[5] = hw.forward_op_overhead_s;
         }
         return Some(out);
     }

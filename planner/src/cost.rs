@@ -140,15 +140,21 @@ pub fn launches(op: &Op, cast: bool) -> (u32, u32) {
                 (3, 4)
             }
         }
-        // linear, (cast), softmax, topk, sum, div, cast, cat
-        OpKind::Router { .. } => (7 + c, 7 + c),
-        // grouped_mm_experts_forward: sort, two gathers, histc, cumsum, three masks, two
-        // grouped matmuls (a zero fill and one GEMM per expert each), silu, mul, routing
-        // weights, inverse permutation, gather back, sum over k, cast; backward: the
-        // gathers' scatter-adds, the masks, two grouped matmuls (two GEMMs per expert each)
+        // linear, (cast), softmax, topk, sum, div, cast, cat; backward: the two GEMMs of the
+        // linear, softmax backward, topk's zero fill + scatter, div's two-sided backward (4),
+        // sum's expand-add, the add of the two uses
+        OpKind::Router { .. } => (7 + c, 12 + c),
+        // grouped_mm_experts_forward: cast, sort (copy + sort), two gathers, bincount (min,
+        // max, fill, count), cumsum, three masks, two grouped matmuls (an offsets cast, a
+        // zero fill and one GEMM per expert each), silu, mul, routing weights, arange +
+        // scatter for the inverse permutation, gather back, sum over k; backward: each
+        // gather's zero fill + index_add (4 gathers), the masks, two grouped matmuls (two
+        // zero fills, an offsets cast and two GEMMs per expert each), silu's and the two
+        // muls' backward, chunk's cat, the weight slice's fill + copy, sum's expand, the
+        // transposed weights' grads made contiguous
         OpKind::Experts { experts, .. } => {
             let e = *experts as u32;
-            (22 + 2 * e, 20 + 4 * e)
+            (26 + 2 * e, 30 + 4 * e)
         }
         OpKind::CrossEntropy { .. } => (4 + c, 3 + c),
     }

@@ -108,6 +108,11 @@ pub struct Hardware {
     /// costs our CPU runtime (0 where one backward call runs the whole graph).
     #[serde(default, deserialize_with = "non_negative")]
     pub backward_op_overhead_s: f64,
+    /// Fixed extra time of each forward (or recompute) model op: what dispatching one op
+    /// costs the runtime beyond its kernel launches (Python module call in eager PyTorch; our
+    /// CPU runtime's per-op bookkeeping). 0 unless calibrated.
+    #[serde(default, deserialize_with = "non_negative")]
+    pub forward_op_overhead_s: f64,
     /// Every op runs on one thread in schedule order (collectives block compute): our CPU
     /// runtime. GPUs overlap their streams.
     #[serde(default)]

@@ -241,7 +241,7 @@ pub fn op_duration(plan: &Plan, model_cost: &CostModel, hw: &Hardware, op: &Sche
         }
         OpKind::AllReduce { numel, dtype, group, .. } => coll(Coll::AllReduce, *numel, *dtype, *group),
         OpKind::Forward { op: name, .. } | OpKind::Recompute { op: name, .. } => match model_cost.forward(name) {
-            Some(k) => cost::op_time(hw, k, model_cost.launches(name).0),
+            Some(k) => cost::op_time(hw, k, model_cost.launches(name).0) + hw.forward_op_overhead_s,
             None => hw.op_overhead_s,
         },
         OpKind::Backward { op: name, .. } => match model_cost.backward(name) {

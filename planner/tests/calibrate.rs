@@ -26,6 +26,7 @@ fn truth() -> Hardware {
     let mut t = cpu();
     t.op_overhead_s = 7e-6;
     t.backward_op_overhead_s = 20e-6;
+    t.forward_op_overhead_s = 4e-6;
     t.efficiency.memory = 0.4;
     t.efficiency.matmul = 0.6;
     t.efficiency.attention = 0.3;
@@ -49,6 +50,7 @@ fn recovers_a_known_profile() {
     let h = &c.hardware;
     assert!(rel(h.op_overhead_s, t.op_overhead_s) < 1e-3, "launch overhead {:e}", h.op_overhead_s);
     assert!(rel(h.backward_op_overhead_s, t.backward_op_overhead_s) < 1e-3, "backward overhead {:e}", h.backward_op_overhead_s);
+    assert!(rel(h.forward_op_overhead_s, t.forward_op_overhead_s) < 1e-3, "forward overhead {:e}", h.forward_op_overhead_s);
     assert!(rel(h.hbm_bandwidth * h.efficiency.memory, t.hbm_bandwidth * t.efficiency.memory) < 1e-3, "bandwidth");
     let fitted = fsdp_planner::timeline::predict(&plan, &m, h);
     for (i, (f, w)) in fitted.ops.iter().zip(&measured).enumerate() {

@@ -37,6 +37,7 @@ fn hw() -> Hardware {
         efficiency: Efficiency { matmul: 1.0, attention: 1.0, memory: 1.0, comm: 1.0 },
         op_overhead_s: 0.0,
         backward_op_overhead_s: 0.0,
+        forward_op_overhead_s: 0.0,
         serial_streams: false,
     }
 }

@@ -21,6 +21,7 @@ fn h100ish() -> Hardware {
         efficiency: Efficiency::default(),
         op_overhead_s: 5e-6,
         backward_op_overhead_s: 0.0,
+        forward_op_overhead_s: 0.0,
         serial_streams: false,
     }
 }

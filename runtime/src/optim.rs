@@ -143,7 +143,10 @@ impl AdamW {
                 // torch.optim.adamw._single_tensor_adam, step by step (tch's addcmul_ and
                 // addcdiv_ take no `value`: v.mul_(b2).addcmul_(g, g, 1 - b2) is written as a
                 // lerp towards g², and the -step_size folded into denom, in place)
-                let _ = w.g_mul_scalar_(1.0 - self.lr * self.weight_decay);
+                if self.weight_decay != 0.0 {
+                    // decoupled weight decay (torch skips it at 0: plain Adam)
+                    let _ = w.g_mul_scalar_(1.0 - self.lr * self.weight_decay);
+                }
                 let _ = m.lerp_(&g, 1.0 - self.beta1);
                 let _ = v.lerp_(&(&g * &g), 1.0 - self.beta2);
                 let mut denom = v.sqrt() / bc2_sqrt;
