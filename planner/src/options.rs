@@ -100,6 +100,14 @@ pub enum Optimizer {
     None,
 }
 
+impl Optimizer {
+    /// Whether it keeps per-parameter state (Adam's exp_avg and exp_avg_sq; torch's SGD
+    /// without momentum keeps none).
+    pub fn keeps_state(self) -> bool {
+        matches!(self, Optimizer::Adam | Optimizer::AdamW)
+    }
+}
+
 /// HF `attn_implementation`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AttnImpl {

@@ -518,7 +518,7 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
             continue;
         }
         b.op(OpKind::OptimizerStep { unit: u.id }, Stream::Compute, vec![]);
-        if matches!(opts.optimizer, Optimizer::Adam | Optimizer::AdamW) {
+        if opts.optimizer.keeps_state() {
             // Single-tensor Adam: denom = exp_avg_sq.sqrt() / bc2 makes two shard-sized temps.
             let ws = opts.shard_size();
             let big = u.params.iter().map(|p| p.local_numel(ws, 0) * p.dtype.size()).max().unwrap_or(0);
@@ -560,7 +560,7 @@ fn setup(b: &mut B, cx: &Ctx) {
             }
             b.state[u.id.index()] = PState::Unsharded;
         }
-        if matches!(opts.optimizer, Optimizer::Adam | Optimizer::AdamW) {
+        if opts.optimizer.keeps_state() {
             // exp_avg + exp_avg_sq: zeros_like(unpadded local shard); plus a float32 `step` per param.
             let local: u64 = match opts.layout {
                 Layout::Fsdp2 => u.params.iter().filter(|p| p.requires_grad).map(|p| p.local_numel(ws, 0) * p.dtype.size()).sum(),

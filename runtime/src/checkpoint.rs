@@ -54,7 +54,7 @@ pub fn save_rank(dir: &Path, plan: &Plan, rank_idx: usize, rank: &Rank, step: us
     let mut named: Vec<(String, Tensor)> = vec![];
     for (u, s) in rank.shards.iter().enumerate() {
         named.push((format!("shard.{u}"), s.shallow_clone()));
-        if rank.opt[u].m.numel() > 0 || s.numel() == 0 {
+        if plan.options.optimizer.keeps_state() {
             named.push((format!("exp_avg.{u}"), rank.opt[u].m.shallow_clone()));
             named.push((format!("exp_avg_sq.{u}"), rank.opt[u].v.shallow_clone()));
         }
@@ -122,8 +122,7 @@ pub fn load_rank(ckpt: &Path, plan: &Plan, rank_idx: usize) -> Result<(Rank, usi
             return Err(io(&sp, format!("shard.{u} has {:?} elements, the plan says {}", s.size(), plan.units[u].shard_numel)));
         }
         let steps = meta.adam_steps.get(u).copied().unwrap_or(0);
-        let o = crate::optim::Optim::of_plan(plan.options.optimizer, 1e-3);
-        opt.push(if o.keeps_state() {
+        opt.push(if plan.options.optimizer.keeps_state() {
             State { m: get(&format!("exp_avg.{u}"))?, v: get(&format!("exp_avg_sq.{u}"))?, step: steps }
         } else {
             State { step: steps, ..State::empty(&s) }

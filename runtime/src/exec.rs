@@ -84,8 +84,7 @@ impl Rank {
             shards.push(shard);
         }
         // the state of the optimizer the plan names (none for SGD: the plan has none)
-        let o = Optim::of_plan(plan.options.optimizer, 1e-3);
-        let opt = shards.iter().map(|s| State::for_optim(&o, s)).collect();
+        let opt = shards.iter().map(|s| if plan.options.optimizer.keeps_state() { State::new(s) } else { State::empty(s) }).collect();
         Ok(Rank { shards, opt, arena: None })
     }
 }

@@ -53,12 +53,6 @@ impl Optim {
     }
 }
 
-impl From<AdamW> for Optim {
-    fn from(a: AdamW) -> Optim {
-        Optim::Adam(a)
-    }
-}
-
 impl From<&AdamW> for Optim {
     fn from(a: &AdamW) -> Optim {
         Optim::Adam(*a)

@@ -1,9 +1,10 @@
 //! Placement: which of the plan's buffers each allocation of a step is, so that the next
 //! steps run at the plan's arena offsets. The arena ([`crate::shim::Arena`]) records one
 //! step's allocations (schedule op, ordinal in the op, size, lifetime); [`assign`] gives each
-//! one a buffer the plan allocates in the same op with the same size — the one whose planned
-//! free op is nearest the recorded one — and never gives two allocations whose recorded
-//! lifetimes overlap overlapping bytes. A unit's unsharded params, one planned buffer, are
+//! one a buffer the plan allocates in the same op with the same size (paired in order of the
+//! op that frees them), puts the rest (kernel temporaries) first-fit where nothing lives over
+//! their lifetime, and never gives two allocations whose recorded lifetimes overlap
+//! overlapping bytes. A unit's unsharded params, one planned buffer, are
 //! allocated one storage per param (FSDP2's layout): the buffer is cut into them, in the
 //! unit's param order. Execution is deterministic, so the replayed step allocates what was
 //! recorded; the arena still checks size and liveness on every placement.
