@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
-from torch.distributed.fsdp import fully_shard  # noqa: E402
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
 
 
 def main():
@@ -38,6 +38,9 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--out", default=None, help="default: target/side-by-side/<model>")
+    ap.add_argument("--json", default=None, help="rank 0 also writes its JSON summary here")
+    ap.add_argument("--param-dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="MixedPrecisionPolicy(param_dtype=..., reduce_dtype=float32); shards stay float32")
     a = ap.parse_args()
 
     rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -71,10 +74,11 @@ def main():
         raise SystemExit(f"{weights}: missing {sorted(set(missing) - set(aliases))}, unexpected {unexpected}")
     model.to(dev)
     classes = set(getattr(model, "_no_split_modules", None) or [])
+    mp = MixedPrecisionPolicy(param_dtype=getattr(torch, a.param_dtype), reduce_dtype=torch.float32)
     for m in model.modules():
         if type(m).__name__ in classes:
-            fully_shard(m)
-    fully_shard(model)
+            fully_shard(m, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, foreach=False)
     ids = torch.from_numpy(np.fromfile(tokens, dtype="<u4").astype(np.int64))
     n = ids.numel()
@@ -102,13 +106,20 @@ def main():
             print(f"step {s + 1:>4}  loss {avg:.6f}  {rows[-1]['tokens_per_s']:>10.1f} tokens/s", flush=True)
     peak = torch.cuda.max_memory_allocated(dev) if a.device == "cuda" else None
     if rank == 0:
-        print(json.dumps({"model": a.model, "world_size": ws, "device": a.device, "steps": rows,
-                          "peak_allocated_bytes_rank0": peak}, indent=1))
+        doc = {"model": a.model, "world_size": ws, "device": a.device, "batch": a.batch, "seq": a.seq,
+               "param_dtype": a.param_dtype, "torch": torch.__version__,
+               "gpu": torch.cuda.get_device_name(dev) if a.device == "cuda" else None,
+               "steps": rows, "peak_allocated_bytes_rank0": peak}
+        print(json.dumps(doc, indent=1))
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(doc, f, indent=1)
         rel = os.path.relpath(out, common.REPO)
         print(f"\nsame run with fsdp-plan (loss should match step by step):\n"
               f"  fsdp-plan run models/{a.model}.ron --world-size {ws} --batch {a.batch} --seq {a.seq} "
               f"--steps {a.steps} --lr {a.lr} --policy auto --weights {rel}/init.safetensors "
-              f"--data {rel}/tokens.u32 --backend {'cuda' if a.device == 'cuda' else 'cpu'}")
+              f"--data {rel}/tokens.u32 --backend {'cuda' if a.device == 'cuda' else 'cpu'}"
+              + (f" --param-dtype bf16 --reduce-dtype f32" if a.param_dtype == "bfloat16" else ""))
     dist.destroy_process_group()
 
 

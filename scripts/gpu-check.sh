@@ -1,39 +1,58 @@
 #!/usr/bin/env bash
-# GPU checks of the CUDA/NCCL backend, for a machine with NVIDIA GPU(s) and a driver for
-# CUDA 13 (>= 580; the venv's PyTorch is 2.11.0+cu130, NCCL 2.28). Without a GPU it prints
-# SKIPPED and exits 0.
+# GPU checks of the CUDA/NCCL runtime, side by side with PyTorch FSDP2, in one command. For a
+# machine with NVIDIA GPU(s), a driver for CUDA 13 and PyTorch 2.11 (+ transformers 5.17):
+# the project venv (scripts/setup-venv.sh), or, on a machine without Rust or network (the
+# device machine), the system python3's torch with binaries built elsewhere by
+# `bash scripts/gpu-bundle.sh` (target/gpu-bin/). Without a GPU it prints SKIPPED and exits 0.
 #
-# STATUS: written without a GPU; NOT RUN YET. Nothing here has been seen to pass on a GPU.
+# STATUS: written without a GPU; NOT RUN ON ONE YET (no session so far was lent a device).
 #
-#   bash scripts/gpu-check.sh            # all steps; logs in target/gpu-check/
+#   bash scripts/gpu-check.sh            # logs and JSON in $OUT, else target/gpu-check/
 #
 # Steps:
-#   1. build the binary with --features runtime,cuda and the NCCL test;
-#   2. the NCCL collective test (one rank per GPU, up to 4, ranks as threads, id over the TCP
-#      rendezvous): all-gather / reduce-scatter avg / all-reduce avg in f32 and bf16;
-#   3. the same check across processes: fsdp-plan launch --nproc-per-node NGPU
-#      rendezvous-selftest --collectives nccl;
-#   4. a world-size-1 training run with --backend cuda (the executor does not run on CUDA
-#      devices yet: this step reports that message until it does), and the CPU run of the
-#      same configuration for its losses;
-#   5. PyTorch FSDP2 side by side: torchrun scripts/fsdp2_side_by_side.py on NCCL with the
-#      same weights/tokens, fsdp-plan's CPU runtime on the same weights/tokens (losses side by
-#      side) and fsdp-plan's prediction for the same configuration.
+#   1. the NCCL collective test (one rank per GPU, up to 4), if its binary is at hand;
+#   2. the same across processes: fsdp-plan launch --nproc-per-node NGPU rendezvous-selftest
+#      --collectives nccl;
+#   3. per model (gpt2 124M; llama-1b: Llama-3.2-1B's shapes, 1.24B parameters), world size 1:
+#      a. PyTorch FSDP2 (`fully_shard` per decoder block + root, AdamW, fp32) trains B×S for
+#         10 steps and writes the initial weights and tokens;
+#      b. fsdp-plan run --backend cuda on the same weights, tokens, optimizer, batch, seq;
+#      c. the CUDA run's losses against the CPU runtime's (a short run, same weights/tokens);
+#      d. fsdp-plan's prediction (plan --hardware h100);
+#      e. scripts/gpu_report.py: tokens/s and peak memory of both, the predicted peak, the
+#         loss checks -> RESULTS-gpu.md (rows for bench/RESULTS.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-echo "gpu-check: NOTE: this script was written in a session without a GPU and has not been run on one yet"
+echo "gpu-check: NOTE: written in a session without a GPU; not yet seen to pass on one"
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
   echo "SKIPPED: no CUDA device (nvidia-smi finds no GPU)"
   exit 0
 fi
 NGPU=$(nvidia-smi -L | grep -c '^GPU')
 NP=$(( NGPU < 4 ? NGPU : 4 ))
-LOG=target/gpu-check
+LOG=${OUT:-target/gpu-check}
 mkdir -p "$LOG"
 nvidia-smi -L
-bash scripts/setup-venv.sh
-source scripts/cuda-env.sh
-.venv/bin/python -c 'import torch; assert torch.cuda.is_available(), "the venv torch sees no GPU"; print("torch", torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count())' || exit 1
+
+# python with torch: the project venv, else the system's
+if [ -x .venv/bin/python ]; then PY=.venv/bin/python
+elif command -v cargo >/dev/null; then bash scripts/setup-venv.sh && PY=.venv/bin/python
+else PY=python3; fi
+$PY -c 'import torch, transformers; assert torch.cuda.is_available(), "torch sees no GPU"; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__, "devices", torch.cuda.device_count())' || exit 1
+TORCHLIB=$($PY -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+# cudarc dlopens libnccl.so; the wheels ship libnccl.so.2
+NCCL=$($PY -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null || true)
+mkdir -p target/nccl-lib
+[ -n "$NCCL" ] && [ -e "$NCCL" ] && ln -sf "$NCCL" target/nccl-lib/libnccl.so
+export LD_LIBRARY_PATH="$PWD/target/nccl-lib:$TORCHLIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+TORCHRUN=("$PY" -m torch.distributed.run)
+
+# the binaries: prebuilt (gpu-bundle.sh), else built here
+B=${FSDP_PLAN_BIN:-target/gpu-bin/fsdp-plan}
+if [ ! -x "$B" ]; then
+  if command -v cargo >/dev/null; then bash scripts/gpu-bundle.sh || exit 1
+  else echo "gpu-check: no $B and no cargo: run scripts/gpu-bundle.sh on a machine with Rust and carry target/gpu-bin"; exit 1; fi
+fi
 
 fail=0
 step() { # step NAME CMD...: run, log, record failure
@@ -41,23 +60,33 @@ step() { # step NAME CMD...: run, log, record failure
   echo "== $name: $*"
   if "$@" > >(tee "$LOG/$name.log") 2>&1; then echo "== $name: ok"; else echo "== $name: FAILED (log: $LOG/$name.log)"; fail=1; fi
 }
+json() { # json FILE CMD...: stdout to FILE, stderr to the log
+  local f=$1; shift
+  echo "== $(basename "$f"): $*"
+  if "$@" > "$f" 2> >(tee "$f.err" >&2); then echo "== ok"; else echo "== FAILED ($f.err)"; fail=1; fi
+}
 
-step build cargo build --locked --features runtime,cuda
-step build-test cargo test --locked -p fsdp-runtime --features cuda --no-run --test nccl_gpu
-step nccl-test cargo test --locked -p fsdp-runtime --features cuda --test nccl_gpu -- --nocapture --test-threads=1
-if grep -q "SKIPPED: no CUDA device" "$LOG/nccl-test.log"; then echo "== nccl-test: the GPU test SKIPPED itself on a GPU machine"; fail=1; fi
-B=target/debug/fsdp-plan
+if [ -x target/gpu-bin/nccl_gpu ]; then
+  step nccl-test target/gpu-bin/nccl_gpu --nocapture --test-threads=1
+  grep -q "SKIPPED: no CUDA device" "$LOG/nccl-test.log" && { echo "== nccl-test SKIPPED itself on a GPU machine"; fail=1; }
+fi
 step nccl-launch "$B" launch --nproc-per-node "$NP" --master-port 0 rendezvous-selftest --collectives nccl --timeout-s 120
 
-ARGS=(models/tiny-llama.ron --world-size 1 --batch 2 --seq 32 --steps 10 --format json)
-step train-cuda-ws1 "$B" run "${ARGS[@]}" --backend cuda
-step train-cpu-ws1 "$B" run "${ARGS[@]}" --backend cpu --device cpu
-
-step fsdp2-side-by-side .venv/bin/torchrun --standalone --nproc-per-node "$NP" scripts/fsdp2_side_by_side.py \
-  --model tiny-llama --batch 2 --seq 32 --steps 10 --device cuda --out "$LOG/side-by-side"
-step fsdp-plan-same-run "$B" run models/tiny-llama.ron --world-size "$NP" --batch 2 --seq 32 --steps 10 --policy auto \
-  --weights "$LOG/side-by-side/init.safetensors" --data "$LOG/side-by-side/tokens.u32" --backend cpu --device cpu
-step fsdp-plan-predict "$B" plan models/tiny-llama.ron --world-size "$NP" --batch 2 --seq 32 --hardware h100
+# model, batch × seq of the side by side (fp32, AdamW as FSDP2's script)
+for spec in "gpt2 8 1024" "llama-1b 4 1024"; do
+  set -- $spec; M=$1; BS=$2; SEQ=$3
+  W=target/side-by-side/$M
+  step "$M-fsdp2" "${TORCHRUN[@]}" --standalone --nproc-per-node 1 scripts/fsdp2_side_by_side.py \
+    --model "$M" --batch "$BS" --seq "$SEQ" --steps 10 --device cuda --out "$W" --json "$LOG/$M-fsdp2.json"
+  COMMON=(models/$M.ron --world-size 1 --policy auto --optimizer adamw --lr 1e-3 --weights "$W/init.safetensors" --data "$W/tokens.u32" --format json)
+  json "$LOG/$M-cuda.json" "$B" run "${COMMON[@]}" --batch "$BS" --seq "$SEQ" --steps 10 --backend cuda
+  # losses: CUDA vs the CPU runtime on a short run of the same weights and tokens
+  json "$LOG/$M-cuda-short.json" "$B" run "${COMMON[@]}" --batch 1 --seq 128 --steps 3 --backend cuda
+  json "$LOG/$M-cpu-short.json" "$B" run "${COMMON[@]}" --batch 1 --seq 128 --steps 3 --backend cpu
+  json "$LOG/$M-plan.json" "$B" plan models/$M.ron --world-size 1 --policy auto --optimizer adamw --batch "$BS" --seq "$SEQ" --hardware h100 --format json
+  step "$M-report" "$PY" scripts/gpu_report.py --name "$M" --ours-cuda "$LOG/$M-cuda.json" --loss-cuda "$LOG/$M-cuda-short.json" \
+    --ours-cpu "$LOG/$M-cpu-short.json" --fsdp2 "$LOG/$M-fsdp2.json" --plan "$LOG/$M-plan.json" --rtol 1e-4 --out "$LOG/RESULTS-gpu.md"
+done
 
 if [ "$fail" = 0 ]; then echo "gpu-check: all steps passed"; else echo "gpu-check: some steps FAILED (logs in $LOG/)"; fi
 exit "$fail"

@@ -89,6 +89,10 @@ struct RunArgs {
     /// The model a compiled plan was made for (checked against the plan's model hash).
     #[arg(long)]
     model: Option<PathBuf>,
+    /// `cpu`: every rank a thread of this process, or under a launcher (WORLD_SIZE > 1) this
+    /// process is one rank and collectives go over the rendezvous sockets. `cuda`: this
+    /// process is one rank on GPU LOCAL_RANK, NCCL collectives (feature `cuda`); run one per
+    /// GPU with `fsdp-plan launch`, torchrun or srun.
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
     backend: String,
     #[arg(long, default_value_t = 10)]
@@ -122,6 +126,10 @@ struct RunArgs {
     /// (the first step records what each op allocates; the next ones replay it).
     #[arg(long)]
     no_arena: bool,
+    /// Seconds a rank waits for a peer (the rendezvous, each collective between processes)
+    /// before it ends the run with an error naming the peer.
+    #[arg(long, default_value_t = 600.0)]
+    timeout_s: f64,
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     format: String,
 }
@@ -426,27 +434,24 @@ fn load_plan(path: &Path) -> Result<Plan> {
 
 #[cfg(feature = "runtime")]
 fn train(r: RunArgs) -> Result<()> {
-    if r.backend != "cpu" {
-        bail!(UserError(if cfg!(feature = "cuda") {
-            "--backend cuda: the NCCL collectives are built (check them with `fsdp-plan launch --nproc-per-node N rendezvous-selftest --collectives nccl`), but the executor does not run on CUDA devices yet; use --backend cpu".into()
-        } else {
-            format!("--backend cuda: {}", fsdp_runtime::cuda::CudaError::NotBuilt)
-        }));
+    use fsdp_runtime::launch_env;
+    if !(r.timeout_s > 0.0 && r.timeout_s.is_finite()) {
+        bail!(UserError(format!("--timeout-s {}: expected a positive number of seconds", r.timeout_s)));
     }
-    // the CPU backend runs every rank as a thread of this process: one process per job
-    match fsdp_runtime::launch_env::from_process_env() {
-        Ok(e) if e.world_size > 1 => bail!(UserError(format!(
-            "--backend cpu runs all --world-size ranks as threads of one process, but this is rank {} of {} started by {} (WORLD_SIZE>1): run `fsdp-plan run` once, without a launcher",
-            e.rank, e.world_size, e.launcher
-        ))),
-        _ => {}
+    // Under a launcher (WORLD_SIZE > 1), or on a GPU, this process is one rank of the job;
+    // otherwise every rank is a thread of this process.
+    let env = launch_env::from_process_env_or_single().map_err(user)?;
+    let cuda = r.backend == "cuda";
+    if cuda && !cfg!(feature = "cuda") {
+        bail!(UserError(format!("--backend cuda: {}", fsdp_runtime::cuda::CudaError::NotBuilt)));
     }
+    let per_process = cuda || env.world_size > 1;
     let (plan, model) = match &r.model {
         Some(m) => (load_plan(&r.file)?, load_model(m)?),
         None => {
             let model = load_model(&r.file)?;
             let mut opts = options(&r.o, &r.o.policy).map_err(user)?;
-            opts.device = Device::Cpu;
+            opts.device = if cuda { Device::Cuda } else { Device::Cpu };
             (fsdp_planner::plan(&model, &opts).map_err(user)?, model)
         }
     };
@@ -460,15 +465,34 @@ fn train(r: RunArgs) -> Result<()> {
         resume: r.resume.clone(),
         trace: r.trace.clone(),
         arena: !r.no_arena,
+        exit_after: test_exit_after()?,
         ..fsdp_runtime::train::RunConfig::new(r.steps)
     };
-    let text = r.format == "text";
-    let reports = fsdp_runtime::train::run_cpu(&plan, &model, &cfg, |s| {
+    // every rank computes the same reports: rank 0 prints them
+    let text = r.format == "text" && env.rank == 0;
+    let print = |s: &fsdp_runtime::train::StepReport| {
         if text {
             eprintln!("step {:>4}  loss {:.6}  {:>10.1} tokens/s  peak {} (rank 0, measured)", s.step, s.loss, s.tokens_per_s, fsdp_planner::print::bytes(s.peak_bytes));
         }
-    })
-    .map_err(user)?;
+    };
+    let reports = if per_process {
+        let backend = if cuda { fsdp_runtime::train::Backend::Cuda } else { fsdp_runtime::train::Backend::Cpu };
+        let mut env = env.clone();
+        if env.launcher == launch_env::Launcher::Single {
+            env.master_port = 0; // a job of one: any free port
+        }
+        fsdp_runtime::train::run_process(&plan, &model, &cfg, &env, backend, std::time::Duration::from_secs_f64(r.timeout_s), print).map_err(|e| match e {
+            // a peer that died or hung is not bad input: exit 1, not 2
+            fsdp_runtime::RtError::Comm(m) => anyhow!(m),
+            e => user(e),
+        })?
+    } else {
+        fsdp_runtime::train::run_cpu(&plan, &model, &cfg, print).map_err(user)?
+    };
+    if env.rank != 0 {
+        return Ok(());
+    }
+    let text = r.format == "text";
     let arena = reports.last().and_then(|r| r.memory.as_ref()).and_then(|m| m.arena);
     if let (Some(a), true) = (arena, text) {
         eprintln!(
@@ -487,13 +511,26 @@ fn train(r: RunArgs) -> Result<()> {
             "model": plan.model_name,
             "plan_hash": plan.plan_hash,
             "world_size": plan.options.world_size,
-            "backend": "cpu",
+            "backend": r.backend,
+            "processes": if per_process { env.world_size } else { 1 },
             "steps": reports,
             "predicted_peak_bytes": plan.memory.peak_bytes,
         });
         println!("{}", serde_json::to_string_pretty(&doc)?);
     }
     Ok(())
+}
+
+/// `FSDP_PLAN_TEST_EXIT_AFTER=RANK:STEP`: that rank aborts after that step (fault injection
+/// for the failure tests).
+#[cfg(feature = "runtime")]
+fn test_exit_after() -> Result<Option<(usize, usize)>> {
+    let Ok(v) = std::env::var("FSDP_PLAN_TEST_EXIT_AFTER") else { return Ok(None) };
+    let parsed = v.split_once(':').and_then(|(r, s)| Some((r.trim().parse().ok()?, s.trim().parse().ok()?)));
+    match parsed {
+        Some(x) => Ok(Some(x)),
+        None => bail!(UserError(format!("FSDP_PLAN_TEST_EXIT_AFTER={v}: expected RANK:STEP"))),
+    }
 }
 
 #[cfg(feature = "runtime")]
@@ -534,7 +571,8 @@ fn launch(a: LaunchArgs) -> Result<()> {
         master_port: a.master_port,
         program: std::env::current_exe().context("finding this executable")?,
         args,
-        env: vec![],
+        // as torchrun: one intra-op thread per rank unless the user says otherwise
+        env: if a.nproc_per_node > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() { vec![("OMP_NUM_THREADS".into(), "1".into())] } else { vec![] },
     };
     fsdp_runtime::launch::launch(&spec).map_err(|e| match e {
         fsdp_runtime::launch::LaunchError::NoProcs => user(e),

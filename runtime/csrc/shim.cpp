@@ -15,6 +15,8 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/StorageImpl.h>
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/engine.h>
@@ -395,6 +397,25 @@ at::Tensor* fsdp_grouped_mm(const at::Tensor* input, const at::Tensor* weight, c
 
 const char* fsdp_last_error() { return t_error.c_str(); }
 
+// libtorch's CUDA caching allocator on `device`: bytes allocated now and at most since the
+// last reset (allocated_bytes, all pools: torch.cuda.memory_allocated /
+// max_memory_allocated), through c10's device-allocator interface (what torch.accelerator's
+// memory functions use), so no CUDA header is needed; then resets the peak when asked
+// (reset_peak_memory_stats). Non-zero when libtorch has no CUDA allocator.
+int fsdp_cuda_mem(int device, int reset_peak, int64_t* current, int64_t* peak) {
+  return guarded([&] {
+    c10::DeviceAllocator* a = c10::getDeviceAllocator(c10::DeviceType::CUDA);
+    auto d = static_cast<c10::DeviceIndex>(device);
+    auto stats = a->getDeviceStats(d);
+    const auto& s = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+    *current = s.current;
+    *peak = s.peak;
+    if (reset_peak != 0) {
+      a->resetPeakStats(d);
+    }
+  });
+}
+
 // Installs the counting allocator (once per process) and returns a new tracker id.
 // A new arena of `bytes` (64-byte aligned); its id, or 0 when the block cannot be allocated.
 int64_t fsdp_arena_new(int64_t bytes) {
@@ -577,6 +598,11 @@ int fsdp_storage_resize(const at::Tensor* t, int64_t nbytes) {
       c10::Allocator* a = s->allocator();
       if (a == nullptr) {
         a = c10::GetCPUAllocator();
+      }
+      // a device allocator allocates on the current device: make it the storage's
+      c10::OptionalDeviceGuard dg;
+      if (!s->device().is_cpu()) {
+        dg.reset_device(s->device());
       }
       s->set_data_ptr_noswap(a->allocate(static_cast<size_t>(nbytes)));
       s->set_nbytes(static_cast<size_t>(nbytes));

@@ -53,10 +53,12 @@ pub fn save_rank(dir: &Path, plan: &Plan, rank_idx: usize, rank: &Rank, step: us
     std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
     let mut named: Vec<(String, Tensor)> = vec![];
     for (u, s) in rank.shards.iter().enumerate() {
-        named.push((format!("shard.{u}"), s.shallow_clone()));
+        // (a GPU rank's state is copied to the host to be written)
+        let host = |t: &Tensor| t.to_device(tch::Device::Cpu);
+        named.push((format!("shard.{u}"), host(s)));
         if plan.options.optimizer.keeps_state() {
-            named.push((format!("exp_avg.{u}"), rank.opt[u].m.shallow_clone()));
-            named.push((format!("exp_avg_sq.{u}"), rank.opt[u].v.shallow_clone()));
+            named.push((format!("exp_avg.{u}"), host(&rank.opt[u].m)));
+            named.push((format!("exp_avg_sq.{u}"), host(&rank.opt[u].v)));
         }
     }
     let st = tmp.join(format!("rank-{rank_idx}.safetensors"));

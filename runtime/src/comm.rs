@@ -1,5 +1,6 @@
-//! Collectives. [`Collective`] is what the executor calls (the NCCL backend implements the
-//! same trait); [`CpuGroup`] runs it between rank threads of one process.
+//! Collectives. [`Collective`] is what the executor calls (the NCCL backend and the TCP one
+//! between CPU processes implement the same trait); [`CpuGroup`] runs it between rank threads
+//! of one process; [`SubGroup`] makes a mesh's shard and replicate groups out of a world group.
 
 use crate::error::RtError;
 use std::sync::{Arc, Barrier, Mutex};
@@ -9,16 +10,16 @@ pub trait Collective: Send + Sync {
     fn rank(&self) -> usize;
     fn size(&self) -> usize;
     /// Concatenation of every rank's `input` (equal sizes), in rank order.
-    fn all_gather(&self, input: &Tensor) -> Tensor;
+    fn all_gather(&self, input: &Tensor) -> Result<Tensor, RtError>;
     /// This rank's chunk of the element-wise average of every rank's `input`.
-    fn reduce_scatter_avg(&self, input: &Tensor) -> Tensor;
+    fn reduce_scatter_avg(&self, input: &Tensor) -> Result<Tensor, RtError>;
     /// Element-wise average of every rank's `input`.
-    fn all_reduce_avg(&self, input: &Tensor) -> Tensor;
+    fn all_reduce_avg(&self, input: &Tensor) -> Result<Tensor, RtError>;
     /// [`Collective::all_gather`] into `out` (every rank's part written with
     /// `copy(out_part, part)`), for a destination that must keep its storage (FSDP1's flat
     /// parameter). The default goes through a temporary.
     fn all_gather_into(&self, out: &Tensor, input: &Tensor, copy: &mut dyn FnMut(&Tensor, &Tensor) -> Result<(), RtError>) -> Result<(), RtError> {
-        let all = self.all_gather(input);
+        let all = self.all_gather(input)?;
         copy(out, &all)
     }
 }
@@ -86,8 +87,8 @@ impl Collective for CpuGroup {
     fn size(&self) -> usize {
         self.size
     }
-    fn all_gather(&self, input: &Tensor) -> Tensor {
-        tch::no_grad(|| self.exchange(input, |all| Tensor::cat(all, 0)))
+    fn all_gather(&self, input: &Tensor) -> Result<Tensor, RtError> {
+        Ok(tch::no_grad(|| self.exchange(input, |all| Tensor::cat(all, 0))))
     }
     fn all_gather_into(&self, out: &Tensor, input: &Tensor, copy: &mut dyn FnMut(&Tensor, &Tensor) -> Result<(), RtError>) -> Result<(), RtError> {
         // straight from every rank's input into its part of `out`: no temporary
@@ -103,20 +104,20 @@ impl Collective for CpuGroup {
             })
         })
     }
-    fn reduce_scatter_avg(&self, input: &Tensor) -> Tensor {
+    fn reduce_scatter_avg(&self, input: &Tensor) -> Result<Tensor, RtError> {
         let n = self.size as i64;
         let r = self.rank as i64;
-        tch::no_grad(|| {
+        Ok(tch::no_grad(|| {
             self.exchange(input, |all| {
                 let chunk = input.size()[0] / n;
                 let parts: Vec<Tensor> = all.iter().map(|t| t.narrow(0, r * chunk, chunk)).collect();
                 sum_in_rank_order(&parts) / (n as f64)
             })
-        })
+        }))
     }
-    fn all_reduce_avg(&self, input: &Tensor) -> Tensor {
+    fn all_reduce_avg(&self, input: &Tensor) -> Result<Tensor, RtError> {
         let n = self.size as f64;
-        tch::no_grad(|| self.exchange(input, |all| sum_in_rank_order(all) / n))
+        Ok(tch::no_grad(|| self.exchange(input, |all| sum_in_rank_order(all) / n)))
     }
 }
 
@@ -131,14 +132,14 @@ impl Collective for Solo {
     fn size(&self) -> usize {
         1
     }
-    fn all_gather(&self, input: &Tensor) -> Tensor {
-        tch::no_grad(|| input.copy())
+    fn all_gather(&self, input: &Tensor) -> Result<Tensor, RtError> {
+        Ok(tch::no_grad(|| input.copy()))
     }
-    fn reduce_scatter_avg(&self, input: &Tensor) -> Tensor {
-        tch::no_grad(|| input.copy())
+    fn reduce_scatter_avg(&self, input: &Tensor) -> Result<Tensor, RtError> {
+        Ok(tch::no_grad(|| input.copy()))
     }
-    fn all_reduce_avg(&self, input: &Tensor) -> Tensor {
-        tch::no_grad(|| input.copy())
+    fn all_reduce_avg(&self, input: &Tensor) -> Result<Tensor, RtError> {
+        Ok(tch::no_grad(|| input.copy()))
     }
 }
 
@@ -162,6 +163,76 @@ impl<'a> Groups<'a> {
             Groups { world, shard: &SOLO, replicate: world }
         } else {
             Groups { world, shard: world, replicate: &SOLO }
+        }
+    }
+}
+
+/// A subgroup of a world group, made of world collectives: every rank of the world takes part
+/// in each one (every rank runs the same schedule, so all reach the same collective together)
+/// and keeps its members' parts, with [`CpuGroup`]'s arithmetic (so results are bit-identical
+/// to it). What a job of processes uses for hybrid sharding's shard and replicate groups; a
+/// group of the whole world is the world itself, a group of one needs no collective.
+pub struct SubGroup<'a> {
+    world: &'a dyn Collective,
+    /// World ranks, in group order.
+    members: Vec<usize>,
+    /// This rank's place in `members`.
+    index: usize,
+}
+
+impl<'a> SubGroup<'a> {
+    /// This rank's (shard, replicate) groups of the mesh [`cpu_mesh`] makes: world rank `w` is
+    /// shard index `w % shard_size` of replica `w / shard_size`.
+    pub fn mesh(world: &'a dyn Collective, shard_size: usize) -> (SubGroup<'a>, SubGroup<'a>) {
+        let (ws, w, s) = (world.size(), world.rank(), shard_size.clamp(1, world.size().max(1)));
+        let (rep, idx) = (w / s, w % s);
+        let shard = SubGroup { world, members: (rep * s..rep * s + s).collect(), index: idx };
+        let replicate = SubGroup { world, members: (idx..ws).step_by(s).collect(), index: rep };
+        (shard, replicate)
+    }
+    fn whole(&self) -> bool {
+        self.members.len() == self.world.size()
+    }
+    /// Every member's tensor, in group order (one world all-gather).
+    fn members_inputs(&self, input: &Tensor) -> Result<Vec<Tensor>, RtError> {
+        let all = self.world.all_gather(&input.reshape([1, -1]))?;
+        Ok(self.members.iter().map(|&m| all.get(m as i64).view(input.size().as_slice())).collect())
+    }
+}
+
+impl Collective for SubGroup<'_> {
+    fn rank(&self) -> usize {
+        self.index
+    }
+    fn size(&self) -> usize {
+        self.members.len()
+    }
+    fn all_gather(&self, input: &Tensor) -> Result<Tensor, RtError> {
+        match self.members.len() {
+            1 => Ok(tch::no_grad(|| input.copy())),
+            _ if self.whole() => self.world.all_gather(input),
+            _ => tch::no_grad(|| Ok(Tensor::cat(&self.members_inputs(input)?, 0))),
+        }
+    }
+    fn reduce_scatter_avg(&self, input: &Tensor) -> Result<Tensor, RtError> {
+        let n = self.members.len() as i64;
+        match n {
+            1 => Ok(tch::no_grad(|| input.copy())),
+            _ if self.whole() => self.world.reduce_scatter_avg(input),
+            _ => tch::no_grad(|| {
+                let chunk = input.size()[0] / n;
+                let r = self.index as i64;
+                let parts: Vec<Tensor> = self.members_inputs(input)?.iter().map(|t| t.narrow(0, r * chunk, chunk)).collect();
+                Ok(sum_in_rank_order(&parts) / (n as f64))
+            }),
+        }
+    }
+    fn all_reduce_avg(&self, input: &Tensor) -> Result<Tensor, RtError> {
+        let n = self.members.len();
+        match n {
+            1 => Ok(tch::no_grad(|| input.copy())),
+            _ if self.whole() => self.world.all_reduce_avg(input),
+            _ => tch::no_grad(|| Ok(sum_in_rank_order(&self.members_inputs(input)?) / (n as f64))),
         }
     }
 }

@@ -5,6 +5,7 @@
 //! `fsdp-plan launch`, not for speed. Results are bit-identical to `CpuGroup`'s.
 
 use crate::comm::Collective;
+use crate::error::RtError;
 use crate::rendezvous::{RdzvError, Rendezvous};
 use std::time::Duration;
 use tch::{Device, Kind, Tensor};
@@ -102,14 +103,14 @@ impl Collective for TcpGroup {
     fn size(&self) -> usize {
         self.rz.world_size
     }
-    fn all_gather(&self, input: &Tensor) -> Tensor {
-        self.try_all_gather(input).unwrap_or_else(|e| panic!("all-gather: {e}"))
+    fn all_gather(&self, input: &Tensor) -> Result<Tensor, RtError> {
+        self.try_all_gather(input).map_err(|e| RtError::Comm(format!("all-gather: {e}")))
     }
-    fn reduce_scatter_avg(&self, input: &Tensor) -> Tensor {
-        self.try_reduce_scatter_avg(input).unwrap_or_else(|e| panic!("reduce-scatter: {e}"))
+    fn reduce_scatter_avg(&self, input: &Tensor) -> Result<Tensor, RtError> {
+        self.try_reduce_scatter_avg(input).map_err(|e| RtError::Comm(format!("reduce-scatter: {e}")))
     }
-    fn all_reduce_avg(&self, input: &Tensor) -> Tensor {
-        self.try_all_reduce_avg(input).unwrap_or_else(|e| panic!("all-reduce: {e}"))
+    fn all_reduce_avg(&self, input: &Tensor) -> Result<Tensor, RtError> {
+        self.try_all_reduce_avg(input).map_err(|e| RtError::Comm(format!("all-reduce: {e}")))
     }
 }
 
@@ -150,7 +151,7 @@ mod tests {
             let hs: Vec<_> = gs
                 .into_iter()
                 .zip(inputs.iter().map(|t| t.copy()))
-                .map(|(g, x)| std::thread::spawn(move || (g.all_gather(&x), g.reduce_scatter_avg(&x), g.all_reduce_avg(&x))))
+                .map(|(g, x)| std::thread::spawn(move || (g.all_gather(&x).unwrap(), g.reduce_scatter_avg(&x).unwrap(), g.all_reduce_avg(&x).unwrap())))
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         };

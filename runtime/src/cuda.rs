@@ -44,6 +44,28 @@ mod imp {
         result::init().map_err(drv("cuInit"))
     }
 
+    /// Loads libtorch_cuda (once), so that libtorch has its CUDA kernels and allocator: the
+    /// linker drops it from our binaries (`--as-needed`; nothing of ours names one of its
+    /// symbols), and tch would then see no CUDA. It is found beside the libtorch_cpu this
+    /// process runs (`/proc/self/maps`), else on the loader's path.
+    pub fn load_torch_cuda() -> Result<(), CudaError> {
+        static LOADED: std::sync::OnceLock<Result<(), CudaError>> = std::sync::OnceLock::new();
+        LOADED
+            .get_or_init(|| {
+                let beside = std::fs::read_to_string("/proc/self/maps").ok().and_then(|m| {
+                    m.lines().filter_map(|l| l.split_whitespace().nth(5)).find(|p| p.ends_with("/libtorch_cpu.so")).map(|p| std::path::Path::new(p).with_file_name("libtorch_cuda.so"))
+                });
+                let path = beside.filter(|p| p.is_file()).map(|p| p.into_os_string()).unwrap_or_else(|| "libtorch_cuda.so".into());
+                // SAFETY: loading libtorch's own CUDA library runs its static initializers
+                // (kernel and allocator registration), as `import torch` does.
+                let lib = unsafe { libloading::os::unix::Library::open(Some(&path), libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL) }
+                    .map_err(|e| CudaError::NoDevice(format!(": cannot load {} ({e}); is the venv's PyTorch a CUDA build?", std::path::Path::new(&path).display())))?;
+                std::mem::forget(lib); // kept for the life of the process
+                Ok(())
+            })
+            .clone()
+    }
+
     /// Number of CUDA devices (0 when the driver finds none).
     pub fn device_count() -> Result<usize, CudaError> {
         init()?;
@@ -187,6 +209,9 @@ mod imp {
     pub fn device_count() -> Result<usize, CudaError> {
         Err(CudaError::NotBuilt)
     }
+    pub fn load_torch_cuda() -> Result<(), CudaError> {
+        Err(CudaError::NotBuilt)
+    }
 
     #[derive(Debug)]
     pub struct Device {
@@ -253,6 +278,31 @@ mod imp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn libtorch_cuda_loads_with_the_cuda_feature() {
+        match load_torch_cuda() {
+            Ok(()) => {
+                // libtorch now has its CUDA backend: it answers (false without a GPU) instead
+                // of lacking CUDA altogether
+                let n = tch::Cuda::device_count();
+                eprintln!("libtorch_cuda loaded; tch sees {n} CUDA device(s)");
+                match crate::shim::cuda_allocator_bytes(0, false) {
+                    Ok(x) => eprintln!("CUDA allocator on device 0: {x:?}"),
+                    Err(e) => {
+                        assert_eq!(n, 0, "{e}");
+                        eprintln!("SKIPPED: no CUDA device ({e})");
+                    }
+                }
+            }
+            Err(e) => {
+                #[cfg(feature = "cuda")]
+                panic!("{e}");
+                #[cfg(not(feature = "cuda"))]
+                assert_eq!(e, CudaError::NotBuilt);
+            }
+        }
+    }
 
     #[test]
     fn without_a_gpu_the_api_reports_why() {

@@ -12,4 +12,7 @@ pub enum RtError {
     Torch(#[from] tch::TchError),
     #[error("{0}")]
     Plan(String),
+    /// A collective failed: a peer left or did not answer in time, an NCCL error.
+    #[error("{0}")]
+    Comm(String),
 }

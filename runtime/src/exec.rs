@@ -11,7 +11,8 @@
 //! copy-out (FSDP2's `resize_(0)`), so the weights autograd saved see the re-gathered data.
 //! Ops in checkpointed modules run without grad in forward; their `Recompute` ops rebuild the
 //! graph from the region's inputs just before the region's backward.
-//! Memory is measured by a counting CPU allocator ([`crate::shim::MemTracker`]).
+//! Memory is measured by a counting CPU allocator ([`crate::shim::MemTracker`]), or on a GPU
+//! by libtorch's CUDA caching allocator's counters.
 
 use crate::comm::{Collective, Groups};
 use crate::error::RtError;
@@ -63,7 +64,7 @@ impl Rank {
                             parts.push(Tensor::cat(&[mine, pad], 0).reshape([-1]));
                         }
                         if parts.is_empty() {
-                            Tensor::zeros([0], tch::kind::FLOAT_CPU)
+                            Tensor::zeros([0], tch::kind::FLOAT_CPU) // a unit without params
                         } else {
                             Tensor::cat(&parts, 0)
                         }
@@ -86,6 +87,19 @@ impl Rank {
         // the state of the optimizer the plan names (none for SGD: the plan has none)
         let opt = shards.iter().map(|s| if plan.options.optimizer.keeps_state() { State::new(s) } else { State::empty(s) }).collect();
         Ok(Rank { shards, opt, arena: None })
+    }
+
+    /// The same state on `device` (shards, optimizer state), for a rank that runs on a GPU.
+    pub fn to_device(self, device: tch::Device) -> Rank {
+        if self.shards.iter().all(|s| s.device() == device) {
+            return self;
+        }
+        let mv = |t: &Tensor| tch::no_grad(|| t.to_device(device));
+        Rank {
+            shards: self.shards.iter().map(mv).collect(),
+            opt: self.opt.iter().map(|o| State { m: mv(&o.m), v: mv(&o.v), step: o.step }).collect(),
+            arena: None,
+        }
     }
 }
 
@@ -221,6 +235,45 @@ pub struct StepStats {
     pub arena: Option<shim::ArenaStats>,
 }
 
+/// Counts the bytes a step allocates: libtorch's CPU allocations on this thread (the shim's
+/// counting allocator, [`MemTracker`]), or on a GPU the CUDA caching allocator of the rank's
+/// device (`torch.cuda.memory_allocated` / `max_memory_allocated`, less what was allocated
+/// when the step began).
+enum Probe {
+    Cpu(MemTracker),
+    Cuda { ordinal: usize, base: u64 },
+}
+
+impl Probe {
+    fn start(device: tch::Device) -> Result<Probe, RtError> {
+        match device {
+            tch::Device::Cuda(i) => {
+                let (cur, _) = shim::cuda_allocator_bytes(i, true)?;
+                Ok(Probe::Cuda { ordinal: i, base: cur })
+            }
+            _ => {
+                let t = MemTracker::new();
+                t.enter();
+                Ok(Probe::Cpu(t))
+            }
+        }
+    }
+    /// (bytes allocated now, the most allocated since the last call), both counted from the
+    /// start of the step.
+    fn stats(&self) -> (u64, u64) {
+        match self {
+            Probe::Cpu(t) => t.stats(true),
+            Probe::Cuda { ordinal, base } => {
+                let (c, p) = shim::cuda_allocator_bytes(*ordinal, true).unwrap_or((*base, *base));
+                (c.saturating_sub(*base), p.saturating_sub(*base))
+            }
+        }
+    }
+    fn leave() {
+        MemTracker::leave();
+    }
+}
+
 fn held_bytes<'a>(ts: impl Iterator<Item = &'a Tensor>) -> u64 {
     let mut seen = std::collections::HashSet::new();
     let mut total = 0u64;
@@ -284,11 +337,14 @@ pub fn step_timed(
     if let Some((a, _)) = &arena {
         a.reset();
     }
-    let tracker = stats.is_some().then(|| {
-        let t = MemTracker::new();
-        t.enter();
-        t
-    });
+    let device = rank.shards.first().map(|s| s.device()).unwrap_or(tch::Device::Cpu);
+    if arena.is_some() && device != tch::Device::Cpu {
+        return Err(err(format!("the plan's arena is placed by the CPU allocator; a step on {device:?} runs in libtorch's CUDA caching allocator (leave StepStats::arena None)")));
+    }
+    let tracker = match stats.is_some() {
+        true => Some(Probe::start(device)?),
+        false => None,
+    };
     if let Some((a, _)) = &arena {
         a.enter();
     }
@@ -309,7 +365,7 @@ pub fn step_timed(
     }
     rank.arena = arena;
     if tracker.is_some() {
-        MemTracker::leave();
+        Probe::leave();
         if let Some(st) = stats {
             st.arena = arena_stats;
             st.persistent_bytes = persistent;
@@ -331,7 +387,7 @@ fn run_step(
     cx: &OpCx,
     opt: &Optim,
     spans: &mut Option<&mut Vec<(f64, f64)>>,
-    probe: &mut Option<(&MemTracker, &mut Vec<(u64, u64)>)>,
+    probe: &mut Option<(&Probe, &mut Vec<(u64, u64)>)>,
     arena: Option<&shim::Arena>,
 ) -> Result<f64, RtError> {
     let t0 = std::time::Instant::now();
@@ -449,7 +505,7 @@ fn run_step(
         if let Some((t, v)) = probe.as_mut() {
             if !v.is_empty() || sop.id.index() > 0 {
                 // closes the previous op
-                v.push(t.stats(true));
+                v.push(t.stats());
             }
         }
         let started = t0.elapsed().as_secs_f64();
@@ -497,10 +553,10 @@ fn run_step(
                             shim::realloc_storage(f)?;
                             comm.shard.all_gather_into(f, &s, &mut |d, x| shim::copy_keep_version(d, x))?;
                         }
-                        None => flat_full[u] = Some(comm.shard.all_gather(&s)),
+                        None => flat_full[u] = Some(comm.shard.all_gather(&s)?),
                     }
                 } else {
-                    gathered[u] = Some(comm.shard.all_gather(&s));
+                    gathered[u] = Some(comm.shard.all_gather(&s)?);
                 }
             }
             OpKind::CopyOut { unit } if plan.options.layout == Layout::Flat => {
@@ -701,8 +757,8 @@ fn run_step(
                 pgrads[u].clear();
                 let out = match &sop.kind {
                     // no-shard: the whole gradient, averaged over the world
-                    OpKind::AllReduce { .. } => comm.world.all_reduce_avg(&input),
-                    _ => comm.shard.reduce_scatter_avg(&input),
+                    OpKind::AllReduce { .. } => comm.world.all_reduce_avg(&input)?,
+                    _ => comm.shard.reduce_scatter_avg(&input)?,
                 };
                 if plan.options.layout == Layout::Fsdp2 && matches!(sop.kind, OpKind::ReduceScatter { .. }) {
                     // FSDP2 keeps a reduce-scatter's input until the next reduce-scatter (the
@@ -726,7 +782,7 @@ fn run_step(
                 // hybrid sharding: this rank's reduce-scattered shard, averaged across replicas
                 let u = unit.index();
                 let part = pending[u].take().ok_or_else(|| err(format!("{}: all-reduce without a reduce-scatter", sop.id)))?;
-                let out = comm.replicate.all_reduce_avg(&part).to_kind(rank.shards[u].kind());
+                let out = comm.replicate.all_reduce_avg(&part)?.to_kind(rank.shards[u].kind());
                 drop(part);
                 sgrads[u] = Some(match sgrads[u].take() {
                     Some(acc) => acc + out,
@@ -760,7 +816,7 @@ fn run_step(
     // (normally already released by the plan's post-forward and end of backward)
     drop((last_fwd_ag, last_rs_input));
     if let Some((t, v)) = probe.as_mut() {
-        v.push(t.stats(true));
+        v.push(t.stats());
     }
     Ok(losses.iter().sum::<f64>() / losses.len().max(1) as f64)
 }

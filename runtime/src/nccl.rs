@@ -6,10 +6,9 @@
 //! on the group's device; averages use NCCL's `ncclAvg`.
 //!
 //! Without the `cuda` feature the same API exists and returns [`CudaError::NotBuilt`].
-//! The `Collective` methods cannot return errors, so an NCCL failure there panics with the
-//! NCCL message; use the `try_*` methods to handle them.
 
 use crate::comm::Collective;
+use crate::error::RtError;
 pub use crate::cuda::CudaError;
 use crate::rendezvous::{self, Rendezvous, UniqueId};
 use tch::Tensor;
@@ -28,14 +27,14 @@ impl Collective for NcclGroup {
     fn size(&self) -> usize {
         self.size
     }
-    fn all_gather(&self, input: &Tensor) -> Tensor {
-        self.try_all_gather(input).unwrap_or_else(|e| panic!("rank {}: all-gather: {e}", self.rank))
+    fn all_gather(&self, input: &Tensor) -> Result<Tensor, RtError> {
+        self.try_all_gather(input).map_err(|e| RtError::Comm(format!("rank {}: all-gather: {e}", self.rank)))
     }
-    fn reduce_scatter_avg(&self, input: &Tensor) -> Tensor {
-        self.try_reduce_scatter_avg(input).unwrap_or_else(|e| panic!("rank {}: reduce-scatter: {e}", self.rank))
+    fn reduce_scatter_avg(&self, input: &Tensor) -> Result<Tensor, RtError> {
+        self.try_reduce_scatter_avg(input).map_err(|e| RtError::Comm(format!("rank {}: reduce-scatter: {e}", self.rank)))
     }
-    fn all_reduce_avg(&self, input: &Tensor) -> Tensor {
-        self.try_all_reduce_avg(input).unwrap_or_else(|e| panic!("rank {}: all-reduce: {e}", self.rank))
+    fn all_reduce_avg(&self, input: &Tensor) -> Result<Tensor, RtError> {
+        self.try_all_reduce_avg(input).map_err(|e| RtError::Comm(format!("rank {}: all-reduce: {e}", self.rank)))
     }
 }
 
@@ -132,6 +131,8 @@ mod imp {
         /// (collective: every rank must call it).
         pub fn new(rank: usize, size: usize, id: &UniqueId, ordinal: usize) -> Result<NcclGroup, CudaError> {
             load()?;
+            // tch's CUDA tensors need libtorch_cuda in the process
+            crate::cuda::load_torch_cuda()?;
             let device = Device::new(ordinal)?;
             let stream = Stream::new(&device)?;
             let ready = Event::new(&device, false)?;

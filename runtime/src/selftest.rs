@@ -39,12 +39,12 @@ pub fn check_collectives(comm: &dyn Collective, dev: Device) -> Result<String, S
     for kind in [Kind::Float, Kind::BFloat16] {
         let x = input(n, r, kind, dev);
         let base = input(n, 0, Kind::Float, Device::Cpu);
-        let ag = comm.all_gather(&x);
+        let ag = comm.all_gather(&x).map_err(|e| e.to_string())?;
         let want: Vec<Tensor> = (0..n).map(|k| input(n, k, Kind::Float, Device::Cpu)).collect();
         same("all-gather", kind, &ag, &Tensor::cat(&want, 0))?;
-        let rs = comm.reduce_scatter_avg(&x);
+        let rs = comm.reduce_scatter_avg(&x).map_err(|e| e.to_string())?;
         same("reduce-scatter avg", kind, &rs, &(base.narrow(0, 2 * r, 2) + mean_shift))?;
-        let ar = comm.all_reduce_avg(&x);
+        let ar = comm.all_reduce_avg(&x).map_err(|e| e.to_string())?;
         same("all-reduce avg", kind, &ar, &(&base + mean_shift))?;
     }
     Ok(format!("rank {r}/{n}: collectives ok on {dev:?} (all-gather, reduce-scatter avg, all-reduce avg; f32, bf16)"))
@@ -75,13 +75,13 @@ mod tests {
         fn size(&self) -> usize {
             self.0.size()
         }
-        fn all_gather(&self, input: &Tensor) -> Tensor {
+        fn all_gather(&self, input: &Tensor) -> Result<Tensor, crate::error::RtError> {
             self.0.all_gather(input)
         }
-        fn reduce_scatter_avg(&self, input: &Tensor) -> Tensor {
-            self.0.reduce_scatter_avg(input) * self.0.size() as f64
+        fn reduce_scatter_avg(&self, input: &Tensor) -> Result<Tensor, crate::error::RtError> {
+            Ok(self.0.reduce_scatter_avg(input)? * self.0.size() as f64)
         }
-        fn all_reduce_avg(&self, input: &Tensor) -> Tensor {
+        fn all_reduce_avg(&self, input: &Tensor) -> Result<Tensor, crate::error::RtError> {
             self.0.all_reduce_avg(input)
         }
     }

@@ -27,6 +27,7 @@ extern "C" {
     fn fsdp_arena_log(id: i64, out: *mut i64, cap: i64) -> i64;
     fn fsdp_arena_free(id: i64) -> c_int;
     fn fsdp_add_scaled_(w: *const c_void, g: *const c_void, alpha: f64) -> c_int;
+    fn fsdp_cuda_mem(device: c_int, reset_peak: c_int, current: *mut i64, peak: *mut i64) -> c_int;
     fn fsdp_grouped_mm(input: *const c_void, weight: *const c_void, offs: *const c_void) -> *mut c_void;
     fn fsdp_edge_free(e: *mut c_void);
     fn fsdp_edge_same(a: *mut c_void, b: *mut c_void) -> c_int;
@@ -49,6 +50,19 @@ pub fn add_scaled_(w: &Tensor, g: &Tensor, alpha: f64) -> Result<(), RtError> {
     match unsafe { fsdp_add_scaled_(ptr(w), ptr(g), alpha) } {
         0 => Ok(()),
         _ => Err(last_error("add_")),
+    }
+}
+
+/// libtorch's CUDA caching allocator on device `ordinal`: (bytes allocated now, the most
+/// allocated since the last reset), as `torch.cuda.memory_allocated` /
+/// `max_memory_allocated`; `reset_peak` then starts a new peak (`reset_peak_memory_stats`).
+/// An error where libtorch has no CUDA allocator (a CPU-only build or machine).
+pub fn cuda_allocator_bytes(ordinal: usize, reset_peak: bool) -> Result<(u64, u64), RtError> {
+    let (mut cur, mut peak) = (0i64, 0i64);
+    // SAFETY: writes two i64s through valid pointers.
+    match unsafe { fsdp_cuda_mem(ordinal as c_int, c_int::from(reset_peak), &mut cur, &mut peak) } {
+        0 => Ok((cur.max(0) as u64, peak.max(0) as u64)),
+        _ => Err(last_error("CUDA allocator stats")),
     }
 }
 
@@ -300,4 +314,22 @@ pub fn backward(root: &Edge, grad: Tensor, inputs: &[&Edge]) -> Result<Vec<Tenso
     }
     // SAFETY: each pointer is a heap at::Tensor the shim created for us to own.
     Ok(out.into_iter().map(|p| unsafe { Tensor::from_ptr(p.cast()) }).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_allocator_stats_report_why_without_a_gpu() {
+        match cuda_allocator_bytes(0, false) {
+            // a GPU machine: the counters of device 0
+            Ok((cur, peak)) => assert!(peak >= cur, "{cur} {peak}"),
+            Err(e) => {
+                let m = e.to_string();
+                assert!(m.starts_with("CUDA allocator stats: "), "{m}");
+                eprintln!("SKIPPED on this machine (no CUDA device): {m}");
+            }
+        }
+    }
 }

@@ -1,5 +1,7 @@
-//! `fsdp-plan run`: trains a compiled plan for N steps on CPU rank threads (one thread per
-//! rank, collectives through [`crate::comm::CpuGroup`]).
+//! `fsdp-plan run`: trains a compiled plan for N steps, every rank a thread of one process
+//! ([`run_cpu`]: CPU, collectives through [`crate::comm::CpuGroup`]), or one rank per process
+//! under a launcher ([`run_process`]: CPU over the rendezvous sockets, or a GPU with NCCL).
+//! Both run the same per-rank loop.
 
 use crate::comm::{Collective, CpuGroup};
 use crate::error::RtError;
@@ -13,6 +15,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 use tch::{Kind, Tensor};
 
+#[derive(Debug, Clone)]
 pub struct RunConfig {
     pub steps: usize,
     pub lr: f64,
@@ -32,7 +35,11 @@ pub struct RunConfig {
     /// same format as `fsdp-plan trace`).
     pub trace: Option<PathBuf>,
     /// Run every step in the plan's arena (`exec::StepStats::arena`); `false`: on the heap.
+    /// (CPU only: a GPU rank runs in libtorch's CUDA caching allocator.)
     pub arena: bool,
+    /// Fault injection for the failure tests: (rank, step) — that rank aborts right after
+    /// finishing that step (and its checkpoint), as a crashed process.
+    pub exit_after: Option<(usize, usize)>,
 }
 
 impl RunConfig {
@@ -49,6 +56,7 @@ impl RunConfig {
             stop_after: None,
             trace: None,
             arena: true,
+            exit_after: None,
         }
     }
 }
@@ -123,25 +131,18 @@ fn load_tokens(path: &PathBuf) -> Result<Tensor, RtError> {
     Ok(Tensor::from_slice(&ids))
 }
 
-/// Trains; returns one report per step.
-pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl FnMut(&StepReport)) -> Result<Vec<StepReport>, RtError> {
-    if fsdp_planner::model_hash(model) != plan.model_hash {
-        return Err(RtError::Plan(format!("plan {} was compiled for another model (hash mismatch)", plan.model_name)));
-    }
+/// Every rank's data for the run: step → rank → micro-batch → token ids `[batch, seq]` (the
+/// labels are the ids: the model shifts them), the same in every process of a job.
+fn all_batches(plan: &Plan, model: &Model, cfg: &RunConfig) -> Result<Vec<Vec<Vec<Tensor>>>, RtError> {
     let ws = plan.options.world_size as usize;
     let (b, s) = (plan.options.batch as i64, plan.options.seq as i64);
     let k = plan.options.grad_accum as i64;
     let vocab = model.params.first().map(|p| p.shape[0] as i64).unwrap_or(2);
-    let full = match &cfg.weights {
-        Some(w) => crate::reference::Params::from_safetensors(model, w)?.tensors.into_iter().map(|(n, t)| (n, t.detach())).collect(),
-        None => init(model, cfg.seed),
-    };
     let tokens = match &cfg.data {
         Some(p) => Some(load_tokens(p)?),
         None => None,
     };
     let per_step = ws as i64 * k * b * s;
-    // step -> rank -> micro-batch -> ids [b, s]
     let mut rng = Rng(cfg.seed as u64 ^ 0xDA7A);
     let mut batches: Vec<Vec<Vec<Tensor>>> = vec![];
     for st in 0..cfg.steps as i64 {
@@ -162,8 +163,167 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
         let g = global.reshape([ws as i64, k, b, s]);
         batches.push((0..ws as i64).map(|r| (0..k).map(|m| g.get(r).get(m).copy()).collect()).collect());
     }
-    // the optimizer the plan names (its state is in the plan's memory)
+    Ok(batches)
+}
+
+/// The run's initial full weights (HF names, on the host).
+fn initial_weights(model: &Model, cfg: &RunConfig) -> Result<HashMap<String, Tensor>, RtError> {
+    Ok(match &cfg.weights {
+        Some(w) => crate::reference::Params::from_safetensors(model, w)?.tensors.into_iter().map(|(n, t)| (n, t.detach())).collect(),
+        None => init(model, cfg.seed),
+    })
+}
+
+fn check_model(plan: &Plan, model: &Model) -> Result<(), RtError> {
+    if fsdp_planner::model_hash(model) != plan.model_hash {
+        return Err(RtError::Plan(format!("plan {} was compiled for another model (hash mismatch)", plan.model_name)));
+    }
+    Ok(())
+}
+
+/// One finished step of one rank: (step number, loss averaged over the world, seconds since
+/// the run began, rank 0's measured peak bytes).
+type StepRow = (usize, f64, f64, u64);
+
+/// Rank 0's last step (its timeline and memory), for the trace and the memory report.
+#[derive(Default)]
+struct LastStep {
+    spans: Vec<(f64, f64)>,
+    mem: Option<crate::exec::StepStats>,
+}
+
+const OTHER_FAILED: &str = "another rank failed to start";
+
+/// The average over the world of one number per rank (on the rank's device: NCCL reduces
+/// device memory).
+fn world_avg(g: &dyn Collective, x: f64, device: tch::Device) -> Result<f64, RtError> {
+    Ok(g.all_reduce_avg(&Tensor::from(x).to_device(device))?.double_value(&[]))
+}
+
+/// One rank's training loop, on its thread (CPU rank threads) or in its own process (a job
+/// under `fsdp-plan launch`, torchrun or SLURM): start from the full weights or the latest
+/// checkpoint, run the steps on `device`, checkpoint, and agree with every rank on the loss
+/// and rank 0's peak.
+/// `progress`, when given, hears each step as it ends (without its memory breakdown).
+#[allow(clippy::too_many_arguments)]
+fn rank_loop(
+    plan: &Plan,
+    model: &Model,
+    cfg: &RunConfig,
+    mesh: &crate::comm::Groups,
+    device: tch::Device,
+    full: &HashMap<String, Tensor>,
+    mine_all: &[Vec<Tensor>],
+    start: Instant,
+    last: &std::sync::Mutex<LastStep>,
+    mut progress: Option<&mut dyn FnMut(&StepReport)>,
+) -> Result<Vec<StepRow>, RtError> {
+    let g = mesh.world;
+    let b = plan.options.batch as i64;
     let opt = Optim::of_plan(plan.options.optimizer, cfg.lr);
+    let setup = match &cfg.resume {
+        Some(dir) => crate::checkpoint::latest(dir).and_then(|c| crate::checkpoint::load_rank(&c, plan, g.rank())),
+        None => Rank::from_full(plan, full, g.rank()).map(|r| (r, 0)),
+    };
+    // Every rank learns whether every rank could start, so that one rank's bad checkpoint
+    // ends all of them instead of leaving them in a collective.
+    let ok = world_avg(g, if setup.is_ok() { 1.0 } else { 0.0 }, device)?;
+    let (rank, done) = match setup {
+        Err(e) => return Err(e),
+        Ok(_) if ok < 1.0 => return Err(RtError::Plan(OTHER_FAILED.into())),
+        Ok(x) => x,
+    };
+    let mut rank = rank.to_device(device);
+    let cx0 = OpCx {
+        attn: if plan.attn_implementation == "eager" { Attn::Eager } else { Attn::Sdpa },
+        kind: plan.options.param_dtype.map(crate::exec::kind_of).unwrap_or(Kind::Float),
+        train: Some(Noise { seed: cfg.seed as u64, step: 0, micro: 0, row0: (g.rank() as i64 * b) as u64 }),
+    };
+    // the plan's arena is placed by the CPU allocator; on a GPU the CUDA caching allocator serves
+    let arena = cfg.arena && device == tch::Device::Cpu;
+    let last_step = cfg.stop_after.unwrap_or(cfg.steps).min(cfg.steps);
+    let mut out = vec![];
+    for (i, st) in mine_all.iter().enumerate().take(last_step).skip(done) {
+        let mine: Vec<HashMap<String, Tensor>> = st
+            .iter()
+            .map(|ids| {
+                let ids = ids.to_device(device);
+                HashMap::from([("input_ids".to_string(), ids.shallow_clone()), ("labels".to_string(), ids.copy())])
+            })
+            .collect();
+        let cx = OpCx { train: cx0.train.map(|n| Noise { step: i as u64, ..n }), ..cx0 };
+        let mut spans = vec![];
+        let mut stats = crate::exec::StepStats { arena: arena.then(Default::default), ..Default::default() };
+        let l = crate::exec::step_timed(plan, model, mesh, &mut rank, &mine, &cx, opt, Some(&mut spans), Some(&mut stats))?;
+        let peak = world_avg(g, if g.rank() == 0 { stats.peak_bytes as f64 * g.size() as f64 } else { 0.0 }, device)? as u64;
+        if g.rank() == 0 {
+            *last.lock().unwrap_or_else(|e| e.into_inner()) = LastStep { spans, mem: Some(stats) };
+        }
+        let avg = world_avg(g, l, device)?;
+        let now = start.elapsed().as_secs_f64();
+        if let Some(p) = progress.as_mut() {
+            let prev = out.last().map(|r: &StepRow| r.2).unwrap_or(0.0);
+            p(&StepReport { step: i + 1, loss: avg, tokens_per_s: tokens_per_step(plan) / (now - prev).max(1e-9), peak_bytes: peak, memory: None });
+        }
+        out.push((i + 1, avg, now, peak));
+        let n = i + 1;
+        if let Some(dir) = &cfg.save {
+            if (cfg.save_every > 0 && n % cfg.save_every == 0) || n == cfg.steps {
+                crate::checkpoint::save_rank(dir, plan, g.rank(), &rank, n)?;
+                world_avg(g, 0.0, device)?; // every rank has written
+                if g.rank() == 0 {
+                    crate::checkpoint::commit(dir, plan, n)?;
+                }
+                world_avg(g, 0.0, device)?;
+            }
+        }
+        if cfg.exit_after == Some((g.rank(), n)) {
+            // fault injection for the failure tests: this rank dies here, as a crashed one
+            eprintln!("rank {}: exiting after step {n} (FSDP_PLAN_TEST_EXIT_AFTER)", g.rank());
+            std::process::abort();
+        }
+    }
+    Ok(out)
+}
+
+/// Tokens of the global batch of one step.
+fn tokens_per_step(plan: &Plan) -> f64 {
+    let o = &plan.options;
+    (o.world_size * o.grad_accum as u64 * o.batch * o.seq) as f64
+}
+
+/// Reports from rank 0's rows; writes the trace of the last step.
+fn reports(plan: &Plan, cfg: &RunConfig, rows: Vec<StepRow>, last: LastStep, mut on_step: impl FnMut(&StepReport)) -> Result<Vec<StepReport>, RtError> {
+    let per_step = tokens_per_step(plan);
+    if let Some(path) = &cfg.trace {
+        write_trace(plan, &last.spans, path)?;
+    }
+    let mut mem = last.mem;
+    let mut prev = 0.0;
+    let steps = rows.len();
+    let mut out = vec![];
+    for (i, (n, loss, t, peak)) in rows.into_iter().enumerate() {
+        let rep = StepReport {
+            memory: if i + 1 == steps { mem.take() } else { None },
+            peak_bytes: peak,
+            step: n,
+            loss,
+            tokens_per_s: per_step / (t - prev).max(1e-9),
+        };
+        prev = t;
+        on_step(&rep);
+        out.push(rep);
+    }
+    Ok(out)
+}
+
+/// Trains with every rank a thread of this process (collectives through
+/// [`crate::comm::CpuGroup`]); returns one report per step.
+pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, on_step: impl FnMut(&StepReport)) -> Result<Vec<StepReport>, RtError> {
+    check_model(plan, model)?;
+    let ws = plan.options.world_size as usize;
+    let full = initial_weights(model, cfg)?;
+    let batches = all_batches(plan, model, cfg)?;
     // world, shard and replicate groups (the latter two differ from the world for hybrid
     // sharding and no-shard)
     let groups = crate::comm::cpu_mesh(ws, plan.options.shard_size() as usize);
@@ -178,71 +338,21 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
             (m, w, mine)
         })
         .collect();
-    let last_spans: std::sync::Mutex<Vec<(f64, f64)>> = std::sync::Mutex::new(vec![]);
-    let last_spans = &last_spans;
-    let last_mem: std::sync::Mutex<Option<crate::exec::StepStats>> = std::sync::Mutex::new(None);
-    let last_mem = &last_mem;
-    let results: Vec<Result<Vec<(usize, f64, f64, u64)>, RtError>> = std::thread::scope(|sc| {
+    let last = std::sync::Mutex::new(LastStep::default());
+    let last = &last;
+    let results: Vec<Result<Vec<StepRow>, RtError>> = std::thread::scope(|sc| {
         let hs: Vec<_> = per_rank
             .into_iter()
             .map(|((g, shard, replicate), full, mine_all)| {
-                sc.spawn(move || -> Result<Vec<(usize, f64, f64, u64)>, RtError> {
+                sc.spawn(move || -> Result<Vec<StepRow>, RtError> {
                     tch::set_num_threads(1);
                     let mesh = crate::comm::Groups { world: &g, shard: &shard, replicate: &replicate };
-                    let setup = match &cfg.resume {
-                        Some(dir) => crate::checkpoint::latest(dir).and_then(|c| crate::checkpoint::load_rank(&c, plan, g.rank())),
-                        None => Rank::from_full(plan, &full, g.rank()).map(|r| (r, 0)),
-                    };
-                    // Every rank learns whether every rank could start, so that one rank's
-                    // bad checkpoint ends all of them instead of leaving them in a collective.
-                    let ok = g.all_reduce_avg(&Tensor::from(if setup.is_ok() { 1.0 } else { 0.0 })).double_value(&[]);
-                    let (mut rank, done) = match setup {
-                        Err(e) => return Err(e),
-                        Ok(_) if ok < 1.0 => return Err(RtError::Plan("another rank failed to start".into())),
-                        Ok(x) => x,
-                    };
-                    let cx0 = OpCx {
-                        attn: if plan.attn_implementation == "eager" { Attn::Eager } else { Attn::Sdpa },
-                        kind: plan.options.param_dtype.map(crate::exec::kind_of).unwrap_or(Kind::Float),
-                        train: Some(Noise { seed: cfg.seed as u64, step: 0, micro: 0, row0: (g.rank() as i64 * b) as u64 }),
-                    };
-                    let last = cfg.stop_after.unwrap_or(cfg.steps).min(cfg.steps);
-                    let mut out = vec![];
-                    for (i, st) in mine_all.iter().enumerate().take(last).skip(done) {
-                        let mine: Vec<HashMap<String, Tensor>> = st
-                            .iter()
-                            .map(|ids| HashMap::from([("input_ids".to_string(), ids.shallow_clone()), ("labels".to_string(), ids.copy())]))
-                            .collect();
-                        let cx = OpCx { train: cx0.train.map(|n| Noise { step: i as u64, ..n }), ..cx0 };
-                        let mut spans = vec![];
-                        let mut stats = crate::exec::StepStats { arena: cfg.arena.then(Default::default), ..Default::default() };
-                        let l = crate::exec::step_timed(plan, model, &mesh, &mut rank, &mine, &cx, opt, Some(&mut spans), Some(&mut stats))?;
-                        let peak = g.all_reduce_avg(&Tensor::from(if g.rank() == 0 { stats.peak_bytes as f64 * g.size() as f64 } else { 0.0 })).double_value(&[]) as u64;
-                        if g.rank() == 0 {
-                            *last_spans.lock().unwrap_or_else(|e| e.into_inner()) = spans;
-                            *last_mem.lock().unwrap_or_else(|e| e.into_inner()) = Some(stats);
-                        }
-                        let avg = g.all_reduce_avg(&Tensor::from(l)).double_value(&[]);
-                        out.push((i + 1, avg, start.elapsed().as_secs_f64(), peak));
-                        let n = i + 1;
-                        if let Some(dir) = &cfg.save {
-                            if (cfg.save_every > 0 && n % cfg.save_every == 0) || n == cfg.steps {
-                                crate::checkpoint::save_rank(dir, plan, g.rank(), &rank, n)?;
-                                let _ = g.all_reduce_avg(&Tensor::from(0.0)); // every rank has written
-                                if g.rank() == 0 {
-                                    crate::checkpoint::commit(dir, plan, n)?;
-                                }
-                                let _ = g.all_reduce_avg(&Tensor::from(0.0));
-                            }
-                        }
-                    }
-                    Ok(out)
+                    rank_loop(plan, model, cfg, &mesh, tch::Device::Cpu, &full, &mine_all, start, last, None)
                 })
             })
             .collect();
         hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(RtError::Plan("a rank thread panicked".into())))).collect()
     });
-    let mut reports = vec![];
     // report the root cause, not a rank that only heard another one failed
     let mut oks = vec![];
     let mut first_err = None;
@@ -250,8 +360,8 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
         match r {
             Ok(v) => oks.push(v),
             Err(e) => {
-                let secondary = matches!(&e, RtError::Plan(m) if m == "another rank failed to start");
-                if first_err.is_none() || (!secondary && matches!(&first_err, Some(RtError::Plan(m)) if m == "another rank failed to start")) {
+                let secondary = matches!(&e, RtError::Plan(m) if m == OTHER_FAILED);
+                if first_err.is_none() || (!secondary && matches!(&first_err, Some(RtError::Plan(m)) if m == OTHER_FAILED)) {
                     first_err = Some(e);
                 }
             }
@@ -261,26 +371,68 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
         return Err(e);
     }
     let r0 = oks.into_iter().next().unwrap_or_default();
-    if let Some(path) = &cfg.trace {
-        let spans = std::mem::take(&mut *last_spans.lock().unwrap_or_else(|e| e.into_inner()));
-        write_trace(plan, &spans, path)?;
+    let last = std::mem::take(&mut *last.lock().unwrap_or_else(|e| e.into_inner()));
+    reports(plan, cfg, r0, last, on_step)
+}
+
+/// The device and collectives of a rank that runs in its own process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// CPU tensors, collectives over the rendezvous sockets ([`crate::comm_tcp::TcpGroup`]).
+    Cpu,
+    /// GPU `LOCAL_RANK`, NCCL collectives ([`crate::nccl::NcclGroup`]; feature `cuda`).
+    Cuda,
+}
+
+/// Trains as rank `env.rank` of a job whose other ranks are other processes (started by
+/// `fsdp-plan launch`, torchrun, SLURM or mpirun: `env` is what they set): rendezvous at
+/// MASTER_ADDR:MASTER_PORT, then the same loop as [`run_cpu`]'s rank threads, on the CPU with
+/// collectives over the rendezvous sockets, or on GPU `LOCAL_RANK` with NCCL. Every rank
+/// returns the same reports (losses averaged over the world; rank 0's peak and timeline) and
+/// hands each to `on_step` as its step ends.
+/// A collective that fails — a rank that died, a peer silent for `timeout` — ends this rank
+/// with an error naming the peer.
+pub fn run_process(plan: &Plan, model: &Model, cfg: &RunConfig, env: &crate::launch_env::LaunchEnv, backend: Backend, timeout: std::time::Duration, mut on_step: impl FnMut(&StepReport)) -> Result<Vec<StepReport>, RtError> {
+    check_model(plan, model)?;
+    let ws = plan.options.world_size as usize;
+    if ws != env.world_size {
+        return Err(RtError::Plan(format!(
+            "the plan is for world size {ws}, but {} started {} ranks (WORLD_SIZE={}): plan with --world-size {}",
+            env.launcher, env.world_size, env.world_size, env.world_size
+        )));
     }
-    let mut prev = 0.0;
-    let steps = r0.len();
-    let mut mem = last_mem.lock().unwrap_or_else(|e| e.into_inner()).take();
-    for (i, (n, loss, t, peak)) in r0.into_iter().enumerate() {
-        let rep = StepReport {
-            memory: if i + 1 == steps { mem.take() } else { None },
-            peak_bytes: peak,
-            step: n,
-            loss,
-            tokens_per_s: per_step as f64 / (t - prev).max(1e-9),
-        };
-        prev = t;
-        on_step(&rep);
-        reports.push(rep);
-    }
-    Ok(reports)
+    let full = initial_weights(model, cfg)?;
+    let batches = all_batches(plan, model, cfg)?;
+    let mine_all: Vec<Vec<Tensor>> = batches.iter().map(|st| st[env.rank].iter().map(|t| t.shallow_clone()).collect()).collect();
+    drop(batches);
+    let rcfg = crate::rendezvous::Config::from_env(env, timeout);
+    let last = std::sync::Mutex::new(LastStep::default());
+    let start = Instant::now();
+    let shard_size = plan.options.shard_size() as usize;
+    let rows = match backend {
+        Backend::Cpu => {
+            let rz = crate::rendezvous::rendezvous(&rcfg, || Ok(crate::rendezvous::random_id())).map_err(|e| RtError::Comm(e.to_string()))?;
+            let world = crate::comm_tcp::TcpGroup::new(rz, Some(timeout));
+            let (shard, replicate) = crate::comm::SubGroup::mesh(&world, shard_size);
+            let mesh = crate::comm::Groups { world: &world, shard: &shard, replicate: &replicate };
+            rank_loop(plan, model, cfg, &mesh, tch::Device::Cpu, &full, &mine_all, start, &last, Some(&mut on_step))?
+        }
+        Backend::Cuda => {
+            let rz = crate::nccl::rendezvous(&rcfg).map_err(RtError::Comm)?;
+            let world = crate::nccl::NcclGroup::from_rendezvous(&rz, env.local_rank).map_err(|e| RtError::Comm(format!("rank {}: {e}", env.rank)))?;
+            let device = world.device();
+            let (shard, replicate) = crate::comm::SubGroup::mesh(&world, shard_size);
+            let mesh = crate::comm::Groups { world: &world, shard: &shard, replicate: &replicate };
+            let rows = rank_loop(plan, model, cfg, &mesh, device, &full, &mine_all, start, &last, Some(&mut on_step))?;
+            drop(rz);
+            rows
+        }
+    };
+    let last = last.into_inner().unwrap_or_else(|e| e.into_inner());
+    let last = if env.rank == 0 { last } else { LastStep::default() };
+    let cfg_trace = RunConfig { trace: if env.rank == 0 { cfg.trace.clone() } else { None }, ..cfg.clone() };
+    // (each step was reported as it ended)
+    reports(plan, &cfg_trace, rows, last, |_| {})
 }
 
 /// The measured timeline of rank 0's last step as a [`fsdp_planner::timeline::TimeReport`]

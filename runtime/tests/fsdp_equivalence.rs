@@ -112,7 +112,7 @@ fn sharded(name: &str, m: &fsdp_ir::Model, opts: &Options, data: &[Vec<Tensor>])
                     // gather the final full parameters
                     let mut params = HashMap::new();
                     for u in 0..plan.units.len() {
-                        let all = shard.all_gather(&rank.shards[u]);
+                        let all = shard.all_gather(&rank.shards[u]).unwrap();
                         params.extend(fsdp_runtime::exec::copy_out(plan, u, &all));
                     }
                     (losses, params)
