@@ -9,7 +9,8 @@ PyTorch FSDP2's on the same model, batch and sequence, with the planner's predic
 A.json / B.json: `fsdp-plan run … --format json` (CUDA run, and the CPU run of the same
 configuration); C.json: `scripts/fsdp2_side_by_side.py --json`; D.json: `fsdp-plan plan
 --format json` of the same configuration. tokens/s: the median over steps after the first two
-(warm-up). Exit code 1 when the losses differ by more than --rtol.
+(warm-up). Exit code 1 when the losses differ by more than --rtol (CUDA vs CPU) or
+--fsdp2-rtol (fsdp-plan vs FSDP2).
 """
 import argparse
 import json
@@ -33,7 +34,9 @@ def tokens_per_s(steps):
 
 
 def gib(b):
-    return f"{b / 2**30:.2f} GiB" if b is not None else "n/a"
+    if b is None:
+        return "n/a"
+    return f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.2f} MiB"
 
 
 def main():
@@ -45,6 +48,7 @@ def main():
     ap.add_argument("--fsdp2", required=True)
     ap.add_argument("--plan", required=True)
     ap.add_argument("--rtol", type=float, default=1e-4)
+    ap.add_argument("--fsdp2-rtol", type=float, default=1e-4, help="fsdp-plan vs FSDP2 losses")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
 
@@ -56,12 +60,15 @@ def main():
         for g, c in zip(gpu["steps"], cpu["steps"]):
             worst = max(worst, abs(g["loss"] - c["loss"]) / max(abs(c["loss"]), 1e-12))
         ok = worst <= a.rtol
-        rows.append(f"- {a.name}: CUDA vs CPU runtime losses over {min(len(gpu['steps']), len(cpu['steps']))} steps, "
+        rows.append(f"- {a.name}: {gpu.get('backend', 'cuda').upper()} vs CPU runtime losses over {min(len(gpu['steps']), len(cpu['steps']))} steps, "
                     f"same weights and tokens: max relative difference {worst:.2e} "
                     f"(tolerance {a.rtol:g}: {'ok' if ok else 'FAILED'})")
     # FSDP2 vs fsdp-plan on the same weights/tokens: losses side by side
     lw = max(abs(x["loss"] - y["loss"]) / max(abs(y["loss"]), 1e-12) for x, y in zip(ours["steps"], f2["steps"]))
-    rows.append(f"- {a.name}: fsdp-plan vs FSDP2 losses on the same weights and tokens: max relative difference {lw:.2e}")
+    ok2 = lw <= a.fsdp2_rtol
+    rows.append(f"- {a.name}: fsdp-plan vs FSDP2 losses over {min(len(ours['steps']), len(f2['steps']))} steps on the same weights "
+                f"and tokens: max relative difference {lw:.2e} (tolerance {a.fsdp2_rtol:g}: {'ok' if ok2 else 'FAILED'})")
+    ok = ok and ok2
     ot, ft = tokens_per_s(ours["steps"]), tokens_per_s(f2["steps"])
     op, fp = ours["steps"][-1].get("peak_bytes"), f2.get("peak_allocated_bytes_rank0")
     pp = plan["memory"]["peak_bytes"]

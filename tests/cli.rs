@@ -27,6 +27,7 @@ fn bad_flags_exit_2_with_a_clear_message() {
         (&["models/tiny-llama.ron", "--policy", "modules:model.embed_tokens"], "tied"),
         (&["models/does-not-exist.ron"], "does-not-exist.ron"),
         (&["models/tiny-llama.ron", "--attn-implementation", "magic"], "magic"),
+        (&["models/tiny-gpt2.ron", "--seq", "65"], "--seq: 65 exceeds the model's 64 learned positions (`transformer.wpe.weight`, n_positions)"),
     ];
     for (args, want) in cases {
         let (code, _, err) = run(args);

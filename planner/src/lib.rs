@@ -67,6 +67,13 @@ pub fn plan(model: &Model, opts: &Options) -> Result<Plan, PlanError> {
 }
 
 fn plan_with_hash(model: &Model, opts: &Options, model_hash: impl FnOnce() -> String) -> Result<Plan, PlanError> {
+    // learned positions (GPT-2's wpe) bound the sequence length
+    for op in model.ops.iter().filter(|o| matches!(o.kind, fsdp_ir::OpKind::PositionEmbedding)) {
+        let table = op.params.first().and_then(|n| model.params.iter().find(|p| &p.name == n));
+        if let Some(p) = table.filter(|p| p.shape.first().is_some_and(|&n| opts.seq > n)) {
+            return Err(error::opt_err("--seq", format!("{} exceeds the model's {} learned positions (`{}`, n_positions)", opts.seq, p.shape[0], p.name)));
+        }
+    }
     let attn = match opts.attn_implementation {
         Some(a) => a,
         None => match model.attn_implementation.as_deref() {

@@ -34,7 +34,7 @@ fn event_op(p: &Plan, ev: Event) -> usize {
 fn accepts_what_the_planner_emits() {
     for layout in [fsdp_planner::Layout::Fsdp2, fsdp_planner::Layout::Flat] {
         for name in ["tiny-llama", "tiny-gpt2", "tiny-mixtral", "tiny-llama-tied"] {
-            let (m, p) = planned(name, Options { world_size: 3, layout, grad_accum: 2, ..Options::default() });
+            let (m, p) = planned(name, Options { world_size: 3, layout, grad_accum: 2, seq: 64, ..Options::default() });
             checker::check(&m, &p).unwrap();
         }
     }

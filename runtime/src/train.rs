@@ -351,7 +351,14 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, on_step: impl FnMut(
                 })
             })
             .collect();
-        hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(RtError::Plan("a rank thread panicked".into())))).collect()
+        hs.into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|p| {
+                    let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
+                    Err(RtError::Plan(format!("a rank thread panicked: {}", msg.lines().next().unwrap_or(""))))
+                })
+            })
+            .collect()
     });
     // report the root cause, not a rank that only heard another one failed
     let mut oks = vec![];
