@@ -6,6 +6,46 @@ use crate::error::RtError;
 use std::sync::{Arc, Barrier, Mutex};
 use tch::Tensor;
 
+/// A collective's result, possibly still in flight on a communication stream (NCCL): the
+/// compute stream waits for it only in [`Pending::wait`], where the result is first needed,
+/// so the compute issued before that overlaps it — FSDP2's all-gather stream with prefetch.
+/// Until then it keeps the collective's input alive, so that its memory is not reused while
+/// the collective still reads it.
+pub struct Pending {
+    out: Option<Tensor>,
+    keep: Option<Tensor>,
+    done: Option<crate::cuda::Event>,
+}
+
+impl Pending {
+    /// A result that is already there (the CPU collectives).
+    pub fn ready(out: Tensor) -> Pending {
+        Pending { out: Some(out), keep: None, done: None }
+    }
+    /// `out`, written by work that `done` marks the end of; `keep` stays alive until then.
+    pub fn in_flight(out: Tensor, keep: Tensor, done: crate::cuda::Event) -> Pending {
+        Pending { out: Some(out), keep: Some(keep), done: Some(done) }
+    }
+    /// The result, once the compute stream is ordered after the collective.
+    pub fn wait(mut self) -> Result<Tensor, RtError> {
+        if let Some(ev) = self.done.take() {
+            crate::cuda::Stream::legacy_default().and_then(|s| s.wait(&ev)).map_err(|e| RtError::Comm(format!("waiting for a collective: {e}")))?;
+        }
+        // the compute stream now runs after the collective: the input's memory may be reused
+        self.keep = None;
+        self.out.take().ok_or_else(|| RtError::Comm("a collective's result was taken twice".into()))
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        // dropped unwaited (an error elsewhere): let the collective finish before its buffers go
+        if let Some(ev) = self.done.take() {
+            let _ = ev.synchronize();
+        }
+    }
+}
+
 pub trait Collective: Send + Sync {
     fn rank(&self) -> usize;
     fn size(&self) -> usize;
@@ -15,6 +55,11 @@ pub trait Collective: Send + Sync {
     fn reduce_scatter_avg(&self, input: &Tensor) -> Result<Tensor, RtError>;
     /// Element-wise average of every rank's `input`.
     fn all_reduce_avg(&self, input: &Tensor) -> Result<Tensor, RtError>;
+    /// [`Collective::all_gather`], waited for when its result is needed ([`Pending::wait`]).
+    /// By default it is done at once; NCCL leaves it in flight on its stream.
+    fn all_gather_start(&self, input: &Tensor) -> Result<Pending, RtError> {
+        Ok(Pending::ready(self.all_gather(input)?))
+    }
     /// [`Collective::all_gather`] into `out` (every rank's part written with
     /// `copy(out_part, part)`), for a destination that must keep its storage (FSDP1's flat
     /// parameter). The default goes through a temporary.
@@ -206,6 +251,12 @@ impl Collective for SubGroup<'_> {
     }
     fn size(&self) -> usize {
         self.members.len()
+    }
+    fn all_gather_start(&self, input: &Tensor) -> Result<Pending, RtError> {
+        match self.whole() && self.members.len() > 1 {
+            true => self.world.all_gather_start(input),
+            false => Ok(Pending::ready(self.all_gather(input)?)),
+        }
     }
     fn all_gather(&self, input: &Tensor) -> Result<Tensor, RtError> {
         match self.members.len() {

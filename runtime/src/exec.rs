@@ -436,7 +436,7 @@ fn run_step(
         }
     }
     let model_inputs: std::collections::HashSet<&str> = model.inputs.iter().map(|i| i.name.as_str()).collect();
-    let mut gathered: Vec<Option<Tensor>> = (0..nu).map(|_| None).collect();
+    let mut gathered: Vec<Option<crate::comm::Pending>> = (0..nu).map(|_| None).collect();
     // flat layout: each unit's padded flat parameter (the all-gather output, kept)
     let mut flat_full: Vec<Option<Tensor>> = (0..nu).map(|_| None).collect();
     let mut flat_grad: Vec<Option<Tensor>> = (0..nu).map(|_| None).collect();
@@ -556,7 +556,8 @@ fn run_step(
                         None => flat_full[u] = Some(comm.shard.all_gather(&s)?),
                     }
                 } else {
-                    gathered[u] = Some(comm.shard.all_gather(&s)?);
+                    // in flight until the copy-out needs it (prefetch overlaps compute on GPUs)
+                    gathered[u] = Some(comm.shard.all_gather_start(&s)?);
                 }
             }
             OpKind::CopyOut { unit } if plan.options.layout == Layout::Flat => {
@@ -575,7 +576,7 @@ fn run_step(
             }
             OpKind::CopyOut { unit } => {
                 let u = unit.index();
-                let g = gathered[u].take().ok_or_else(|| err(format!("{}: copy-out without all-gather", sop.id)))?;
+                let g = gathered[u].take().ok_or_else(|| err(format!("{}: copy-out without all-gather", sop.id)))?.wait()?;
                 // straight from the all-gather output into each param's storage, rank piece
                 // by rank piece (FSDP2's split_with_sizes_copy): no temporaries
                 if params[u].is_empty() {

@@ -2,7 +2,9 @@
 //! communicator made from the rendezvous id (rank 0 calls `ncclGetUniqueId` and the
 //! rendezvous sends the 128 bytes to every rank). Collectives run on the group's own stream:
 //! it waits (event) for libtorch's compute stream, runs the NCCL call, and the compute stream
-//! waits for it, as FSDP2's all-gather / reduce-scatter streams do. Inputs are CUDA tensors
+//! waits for it, as FSDP2's all-gather / reduce-scatter streams do — at once, or for an
+//! all-gather started with `all_gather_start`, only where its result is first used (the
+//! copy-out), so a prefetched all-gather overlaps the compute issued before that. Inputs are CUDA tensors
 //! on the group's device; averages use NCCL's `ncclAvg`.
 //!
 //! Without the `cuda` feature the same API exists and returns [`CudaError::NotBuilt`].
@@ -29,6 +31,9 @@ impl Collective for NcclGroup {
     }
     fn all_gather(&self, input: &Tensor) -> Result<Tensor, RtError> {
         self.try_all_gather(input).map_err(|e| RtError::Comm(format!("rank {}: all-gather: {e}", self.rank)))
+    }
+    fn all_gather_start(&self, input: &Tensor) -> Result<crate::comm::Pending, RtError> {
+        self.try_all_gather_start(input).map_err(|e| RtError::Comm(format!("rank {}: all-gather: {e}", self.rank)))
     }
     fn reduce_scatter_avg(&self, input: &Tensor) -> Result<Tensor, RtError> {
         self.try_reduce_scatter_avg(input).map_err(|e| RtError::Comm(format!("rank {}: reduce-scatter: {e}", self.rank)))
@@ -173,6 +178,30 @@ mod imp {
             Ok(())
         }
 
+        /// An all-gather left in flight: it starts after the compute stream's work so far and
+        /// the compute stream waits for it only in [`crate::comm::Pending::wait`]; the input
+        /// is kept alive until then (the caching allocator would otherwise hand its memory to
+        /// a compute kernel while NCCL still reads it).
+        pub fn try_all_gather_start(&self, input: &Tensor) -> Result<crate::comm::Pending, CudaError> {
+            let x = self.input(input)?;
+            let ty = dtype(x.kind())?;
+            let mut shape = x.size();
+            if shape.is_empty() {
+                shape.push(1);
+            }
+            shape[0] *= self.size as i64;
+            let out = Tensor::empty(shape.as_slice(), (x.kind(), self.device()));
+            let n = x.numel();
+            let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            self.device.bind()?;
+            let done = Event::new(&self.device, false)?;
+            g.ready.record(&g.compute)?;
+            g.stream.wait(&g.ready)?;
+            unsafe { result::all_gather(x.data_ptr() as *const _, out.data_ptr(), n, ty, g.comm, g.stream.raw() as sys::cudaStream_t) }.map_err(nccl_err("ncclAllGather"))?;
+            done.record(&g.stream)?;
+            Ok(crate::comm::Pending::in_flight(out, x, done))
+        }
+
         pub fn try_all_gather(&self, input: &Tensor) -> Result<Tensor, CudaError> {
             let x = self.input(input)?;
             let ty = dtype(x.kind())?;
@@ -249,6 +278,9 @@ mod imp {
             Err(CudaError::NotBuilt)
         }
         pub fn device(&self) -> tch::Device {
+            match self.never {}
+        }
+        pub fn try_all_gather_start(&self, _input: &Tensor) -> Result<crate::comm::Pending, CudaError> {
             match self.never {}
         }
         pub fn try_all_gather(&self, _input: &Tensor) -> Result<Tensor, CudaError> {
