@@ -183,26 +183,20 @@ mod imp {
         /// is kept alive until then (the caching allocator would otherwise hand its memory to
         /// a compute kernel while NCCL still reads it).
         pub fn try_all_gather_start(&self, input: &Tensor) -> Result<crate::comm::Pending, CudaError> {
-            let x = self.input(input)?;
-            let ty = dtype(x.kind())?;
-            let mut shape = x.size();
-            if shape.is_empty() {
-                shape.push(1);
-            }
-            shape[0] *= self.size as i64;
-            let out = Tensor::empty(shape.as_slice(), (x.kind(), self.device()));
-            let n = x.numel();
+            let (x, out, ty) = self.gather_buffers(input)?;
             let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             self.device.bind()?;
             let done = Event::new(&self.device, false)?;
             g.ready.record(&g.compute)?;
             g.stream.wait(&g.ready)?;
-            unsafe { result::all_gather(x.data_ptr() as *const _, out.data_ptr(), n, ty, g.comm, g.stream.raw() as sys::cudaStream_t) }.map_err(nccl_err("ncclAllGather"))?;
+            unsafe { result::all_gather(x.data_ptr() as *const _, out.data_ptr(), x.numel(), ty, g.comm, g.stream.raw() as sys::cudaStream_t) }.map_err(nccl_err("ncclAllGather"))?;
             done.record(&g.stream)?;
             Ok(crate::comm::Pending::in_flight(out, x, done))
         }
 
-        pub fn try_all_gather(&self, input: &Tensor) -> Result<Tensor, CudaError> {
+        /// An all-gather's contiguous input, its output (world size × the input along dim 0)
+        /// and NCCL's type.
+        fn gather_buffers(&self, input: &Tensor) -> Result<(Tensor, Tensor, sys::ncclDataType_t), CudaError> {
             let x = self.input(input)?;
             let ty = dtype(x.kind())?;
             let mut shape = x.size();
@@ -211,6 +205,11 @@ mod imp {
             }
             shape[0] *= self.size as i64;
             let out = Tensor::empty(shape.as_slice(), (x.kind(), self.device()));
+            Ok((x, out, ty))
+        }
+
+        pub fn try_all_gather(&self, input: &Tensor) -> Result<Tensor, CudaError> {
+            let (x, out, ty) = self.gather_buffers(input)?;
             let n = x.numel();
             self.run(&x, &out, "ncclAllGather", |s, r, c, st| unsafe { result::all_gather(s, r, n, ty, c, st) })?;
             Ok(out)
