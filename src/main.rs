@@ -468,10 +468,10 @@ fn train(r: RunArgs) -> Result<()> {
         exit_after: test_exit_after()?,
         ..fsdp_runtime::train::RunConfig::new(r.steps)
     };
+    let text = r.format == "text";
     // every rank computes the same reports: rank 0 prints them
-    let text = r.format == "text" && env.rank == 0;
     let print = |s: &fsdp_runtime::train::StepReport| {
-        if text {
+        if text && env.rank == 0 {
             eprintln!("step {:>4}  loss {:.6}  {:>10.1} tokens/s  peak {} (rank 0, measured)", s.step, s.loss, s.tokens_per_s, fsdp_planner::print::bytes(s.peak_bytes));
         }
     };
@@ -492,7 +492,6 @@ fn train(r: RunArgs) -> Result<()> {
     if env.rank != 0 {
         return Ok(());
     }
-    let text = r.format == "text";
     let arena = reports.last().and_then(|r| r.memory.as_ref()).and_then(|m| m.arena);
     if let (Some(a), true) = (arena, text) {
         eprintln!(

@@ -328,6 +328,10 @@ pub fn step_timed(
     mut spans: Option<&mut Vec<(f64, f64)>>,
     stats: Option<&mut StepStats>,
 ) -> Result<f64, RtError> {
+    let device = rank.shards.first().map(|s| s.device()).unwrap_or(tch::Device::Cpu);
+    if stats.as_ref().is_some_and(|s| s.arena.is_some()) && device != tch::Device::Cpu {
+        return Err(err(format!("the plan's arena is placed by the CPU allocator; a step on {device:?} runs in libtorch's CUDA caching allocator (leave StepStats::arena None)")));
+    }
     // the arena lives with the rank (one block for the run); taken out for the step
     let mut arena = match (stats.as_ref().and_then(|s| s.arena), rank.arena.take()) {
         (Some(_), Some(a)) => Some(a),
@@ -336,10 +340,6 @@ pub fn step_timed(
     };
     if let Some((a, _)) = &arena {
         a.reset();
-    }
-    let device = rank.shards.first().map(|s| s.device()).unwrap_or(tch::Device::Cpu);
-    if arena.is_some() && device != tch::Device::Cpu {
-        return Err(err(format!("the plan's arena is placed by the CPU allocator; a step on {device:?} runs in libtorch's CUDA caching allocator (leave StepStats::arena None)")));
     }
     let tracker = match stats.is_some() {
         true => Some(Probe::start(device)?),

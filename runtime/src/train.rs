@@ -292,10 +292,10 @@ fn tokens_per_step(plan: &Plan) -> f64 {
     (o.world_size * o.grad_accum as u64 * o.batch * o.seq) as f64
 }
 
-/// Reports from rank 0's rows; writes the trace of the last step.
-fn reports(plan: &Plan, cfg: &RunConfig, rows: Vec<StepRow>, last: LastStep, mut on_step: impl FnMut(&StepReport)) -> Result<Vec<StepReport>, RtError> {
+/// Reports from rank 0's rows; writes the trace of the last step to `trace`.
+fn reports(plan: &Plan, trace: Option<&std::path::Path>, rows: Vec<StepRow>, last: LastStep, mut on_step: impl FnMut(&StepReport)) -> Result<Vec<StepReport>, RtError> {
     let per_step = tokens_per_step(plan);
-    if let Some(path) = &cfg.trace {
+    if let Some(path) = trace {
         write_trace(plan, &last.spans, path)?;
     }
     let mut mem = last.mem;
@@ -379,7 +379,7 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, on_step: impl FnMut(
     }
     let r0 = oks.into_iter().next().unwrap_or_default();
     let last = std::mem::take(&mut *last.lock().unwrap_or_else(|e| e.into_inner()));
-    reports(plan, cfg, r0, last, on_step)
+    reports(plan, cfg.trace.as_deref(), r0, last, on_step)
 }
 
 /// The device and collectives of a rank that runs in its own process.
@@ -430,16 +430,12 @@ pub fn run_process(plan: &Plan, model: &Model, cfg: &RunConfig, env: &crate::lau
             let device = world.device();
             let (shard, replicate) = crate::comm::SubGroup::mesh(&world, shard_size);
             let mesh = crate::comm::Groups { world: &world, shard: &shard, replicate: &replicate };
-            let rows = rank_loop(plan, model, cfg, &mesh, device, &full, &mine_all, start, &last, Some(&mut on_step))?;
-            drop(rz);
-            rows
+            rank_loop(plan, model, cfg, &mesh, device, &full, &mine_all, start, &last, Some(&mut on_step))?
         }
     };
     let last = last.into_inner().unwrap_or_else(|e| e.into_inner());
-    let last = if env.rank == 0 { last } else { LastStep::default() };
-    let cfg_trace = RunConfig { trace: if env.rank == 0 { cfg.trace.clone() } else { None }, ..cfg.clone() };
-    // (each step was reported as it ended)
-    reports(plan, &cfg_trace, rows, last, |_| {})
+    // (only rank 0 wrote `last`; each step was reported as it ended)
+    reports(plan, cfg.trace.as_deref().filter(|_| env.rank == 0), rows, last, |_| {})
 }
 
 /// The measured timeline of rank 0's last step as a [`fsdp_planner::timeline::TimeReport`]
