@@ -15,16 +15,27 @@ pub struct Pending {
     out: Option<Tensor>,
     keep: Option<Tensor>,
     done: Option<crate::cuda::Event>,
+    held: bool,
 }
 
 impl Pending {
     /// A result that is already there (the CPU collectives).
     pub fn ready(out: Tensor) -> Pending {
-        Pending { out: Some(out), keep: None, done: None }
+        Pending { out: Some(out), keep: None, done: None, held: false }
     }
     /// `out`, written by work that `done` marks the end of; `keep` stays alive until then.
     pub fn in_flight(out: Tensor, keep: Tensor, done: crate::cuda::Event) -> Pending {
-        Pending { out: Some(out), keep: Some(keep), done: Some(done) }
+        Pending { out: Some(out), keep: Some(keep), done: Some(done), held: false }
+    }
+    /// A result that is there but treated as in flight ([`Pending::is_ready`] is false): the
+    /// executor then defers its use as it does for NCCL's, so CPU tests check that ordering
+    /// ([`Deferred`]).
+    pub fn held(out: Tensor) -> Pending {
+        Pending { out: Some(out), keep: None, done: None, held: true }
+    }
+    /// Whether the result can be used without waiting (the collective ran synchronously).
+    pub fn is_ready(&self) -> bool {
+        self.done.is_none() && !self.held
     }
     /// The result, once the compute stream is ordered after the collective.
     pub fn wait(mut self) -> Result<Tensor, RtError> {
@@ -59,6 +70,17 @@ pub trait Collective: Send + Sync {
     /// By default it is done at once; NCCL leaves it in flight on its stream.
     fn all_gather_start(&self, input: &Tensor) -> Result<Pending, RtError> {
         Ok(Pending::ready(self.all_gather(input)?))
+    }
+    /// [`Collective::reduce_scatter_avg`], waited for when its result is needed: NCCL leaves it
+    /// in flight on its stream (the input kept alive) while the next unit's backward runs, as
+    /// FSDP2's reduce-scatter stream. By default it is done at once.
+    fn reduce_scatter_start(&self, input: &Tensor) -> Result<Pending, RtError> {
+        Ok(Pending::ready(self.reduce_scatter_avg(input)?))
+    }
+    /// [`Collective::all_reduce_avg`], waited for when its result is needed (no-shard's
+    /// gradient all-reduce, as a reduce-scatter). By default it is done at once.
+    fn all_reduce_start(&self, input: &Tensor) -> Result<Pending, RtError> {
+        Ok(Pending::ready(self.all_reduce_avg(input)?))
     }
     /// [`Collective::all_gather`] into `out` (every rank's part written with
     /// `copy(out_part, part)`), for a destination that must keep its storage (FSDP1's flat
@@ -258,6 +280,18 @@ impl Collective for SubGroup<'_> {
             false => Ok(Pending::ready(self.all_gather(input)?)),
         }
     }
+    fn reduce_scatter_start(&self, input: &Tensor) -> Result<Pending, RtError> {
+        match self.whole() && self.members.len() > 1 {
+            true => self.world.reduce_scatter_start(input),
+            false => Ok(Pending::ready(self.reduce_scatter_avg(input)?)),
+        }
+    }
+    fn all_reduce_start(&self, input: &Tensor) -> Result<Pending, RtError> {
+        match self.whole() && self.members.len() > 1 {
+            true => self.world.all_reduce_start(input),
+            false => Ok(Pending::ready(self.all_reduce_avg(input)?)),
+        }
+    }
     fn all_gather(&self, input: &Tensor) -> Result<Tensor, RtError> {
         match self.members.len() {
             1 => Ok(tch::no_grad(|| input.copy())),
@@ -285,6 +319,42 @@ impl Collective for SubGroup<'_> {
             _ if self.whole() => self.world.all_reduce_avg(input),
             _ => tch::no_grad(|| Ok(sum_in_rank_order(&self.members_inputs(input)?) / (n as f64))),
         }
+    }
+}
+
+/// A collective whose `*_start` results are [`Pending::held`]: the executor treats them as in
+/// flight (a reduce-scatter finished at the next reduction or where its result is needed),
+/// exactly as with NCCL, while the arithmetic stays the wrapped group's. For testing that
+/// ordering on the CPU.
+pub struct Deferred<'a>(pub &'a dyn Collective);
+
+impl Collective for Deferred<'_> {
+    fn rank(&self) -> usize {
+        self.0.rank()
+    }
+    fn size(&self) -> usize {
+        self.0.size()
+    }
+    fn all_gather(&self, input: &Tensor) -> Result<Tensor, RtError> {
+        self.0.all_gather(input)
+    }
+    fn reduce_scatter_avg(&self, input: &Tensor) -> Result<Tensor, RtError> {
+        self.0.reduce_scatter_avg(input)
+    }
+    fn all_reduce_avg(&self, input: &Tensor) -> Result<Tensor, RtError> {
+        self.0.all_reduce_avg(input)
+    }
+    fn all_gather_start(&self, input: &Tensor) -> Result<Pending, RtError> {
+        Ok(Pending::held(self.0.all_gather(input)?))
+    }
+    fn reduce_scatter_start(&self, input: &Tensor) -> Result<Pending, RtError> {
+        Ok(Pending::held(self.0.reduce_scatter_avg(input)?))
+    }
+    fn all_reduce_start(&self, input: &Tensor) -> Result<Pending, RtError> {
+        Ok(Pending::held(self.0.all_reduce_avg(input)?))
+    }
+    fn all_gather_into(&self, out: &Tensor, input: &Tensor, copy: &mut dyn FnMut(&Tensor, &Tensor) -> Result<(), RtError>) -> Result<(), RtError> {
+        self.0.all_gather_into(out, input, copy)
     }
 }
 

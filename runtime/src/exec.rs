@@ -470,6 +470,8 @@ fn run_step(
     // hybrid sharding: reduce-scattered grads waiting for their all-reduce across replicas
     let hybrid = matches!(plan.options.strategy, fsdp_planner::Strategy::HybridShard { .. }) && plan.options.replicate_size() > 1;
     let mut pending: Vec<Option<Tensor>> = (0..nu).map(|_| None).collect();
+    // the gradient reduction in flight (unit, result), FSDP2's reduce_scatter_state
+    let mut rs_flight: Option<(usize, crate::comm::Pending)> = None;
     let mut env: HashMap<String, Tensor> = HashMap::new();
     let mut grads: HashMap<String, Tensor> = HashMap::new();
     let mut out_edge: HashMap<String, Edge> = HashMap::new();
@@ -531,6 +533,13 @@ fn run_step(
             let b = batches.get(mb as usize).ok_or_else(|| err(format!("no data for micro-batch {mb}")))?;
             for (k, v) in b {
                 env.insert(k.clone(), v.shallow_clone());
+            }
+        }
+        if !matches!(sop.kind, OpKind::Backward { .. } | OpKind::Recompute { .. } | OpKind::AllGather { .. } | OpKind::CopyOut { .. } | OpKind::Reshard { .. } | OpKind::KeepGrads { .. } | OpKind::ReduceScatter { .. } | OpKind::AllReduce { group: Group::World, .. }) {
+            // anything else may need the reduced gradient (the replicas' all-reduce, the
+            // optimizer) or ends the backward: the reduction in flight is finished first
+            if let Some((v, p)) = rs_flight.take() {
+                finish_reduction(v, p.wait()?, hybrid, &mut pending, &mut sgrads, &rank.shards)?;
             }
         }
         match &sop.kind {
@@ -745,6 +754,11 @@ fn run_step(
             }
             OpKind::ReduceScatter { unit, .. } | OpKind::AllReduce { unit, group: Group::World, .. } => {
                 let u = unit.index();
+                // FSDP2's post-backward: the compute stream waits for the previous reduction
+                // before the next one is issued (one in flight at a time)
+                if let Some((v, p)) = rs_flight.take() {
+                    finish_reduction(v, p.wait()?, hybrid, &mut pending, &mut sgrads, &rank.shards)?;
+                }
                 // grads are reduced in reduce_dtype (else their own dtype), then kept in the
                 // shard's (master) dtype
                 let gk = reduce_kind.or(param_kind).unwrap_or(rank.shards[u].kind());
@@ -756,10 +770,10 @@ fn run_step(
                     None => tch::no_grad(|| rs_input(plan, u, &pgrads[u], gk))?,
                 };
                 pgrads[u].clear();
-                let out = match &sop.kind {
+                let started = match &sop.kind {
                     // no-shard: the whole gradient, averaged over the world
-                    OpKind::AllReduce { .. } => comm.world.all_reduce_avg(&input)?,
-                    _ => comm.shard.reduce_scatter_avg(&input)?,
+                    OpKind::AllReduce { .. } => comm.world.all_reduce_start(&input)?,
+                    _ => comm.shard.reduce_scatter_start(&input)?,
                 };
                 if plan.options.layout == Layout::Fsdp2 && matches!(sop.kind, OpKind::ReduceScatter { .. }) {
                     // FSDP2 keeps a reduce-scatter's input until the next reduce-scatter (the
@@ -768,15 +782,12 @@ fn run_step(
                 } else {
                     drop(input);
                 }
-                if hybrid {
-                    // averaged over the replicas by the all-reduce that follows
-                    pending[u] = Some(out);
+                if started.is_ready() {
+                    finish_reduction(u, started.wait()?, hybrid, &mut pending, &mut sgrads, &rank.shards)?;
                 } else {
-                    let out = out.to_kind(rank.shards[u].kind());
-                    sgrads[u] = Some(match sgrads[u].take() {
-                        Some(acc) => acc + out,
-                        None => out,
-                    });
+                    // in flight (NCCL) while the next unit's backward runs; finished at the
+                    // next reduction or where its result is needed
+                    rs_flight = Some((u, started));
                 }
             }
             OpKind::AllReduce { unit, .. } => {
@@ -809,6 +820,10 @@ fn run_step(
             }
         }
     }
+    if let Some((v, p)) = rs_flight.take() {
+        // (a schedule that ends with its last reduction)
+        finish_reduction(v, p.wait()?, hybrid, &mut pending, &mut sgrads, &rank.shards)?;
+    }
     if let Some(sp) = spans.as_deref_mut() {
         if let Some(last) = sp.last_mut() {
             last.1 = t0.elapsed().as_secs_f64();
@@ -820,6 +835,22 @@ fn run_step(
         v.push(t.stats());
     }
     Ok(losses.iter().sum::<f64>() / losses.len().max(1) as f64)
+}
+
+/// A unit's reduced gradient, once its reduction is done: hybrid sharding's waits for the
+/// all-reduce across replicas that follows; otherwise it is cast to the shard's (master)
+/// dtype and accumulated into the unit's sharded gradient.
+fn finish_reduction(u: usize, out: Tensor, hybrid: bool, pending: &mut [Option<Tensor>], sgrads: &mut [Option<Tensor>], shards: &[Tensor]) -> Result<(), RtError> {
+    if hybrid {
+        pending[u] = Some(out);
+        return Ok(());
+    }
+    let out = tch::no_grad(|| out.to_kind(shards[u].kind()));
+    sgrads[u] = Some(match sgrads[u].take() {
+        Some(acc) => tch::no_grad(|| acc + out),
+        None => out,
+    });
+    Ok(())
 }
 
 /// Where a measured step departs from its plan: the `n` schedule ops with the highest

@@ -2,9 +2,10 @@
 //! communicator made from the rendezvous id (rank 0 calls `ncclGetUniqueId` and the
 //! rendezvous sends the 128 bytes to every rank). Collectives run on the group's own stream:
 //! it waits (event) for libtorch's compute stream, runs the NCCL call, and the compute stream
-//! waits for it, as FSDP2's all-gather / reduce-scatter streams do — at once, or for an
-//! all-gather started with `all_gather_start`, only where its result is first used (the
-//! copy-out), so a prefetched all-gather overlaps the compute issued before that. Inputs are CUDA tensors
+//! waits for it, as FSDP2's all-gather / reduce-scatter streams do — at once, or for a
+//! collective started with `*_start`, only where its result is first used (an all-gather at
+//! its copy-out, a reduce-scatter at the next one or the end of backward), so prefetch and
+//! gradient reduction overlap the compute issued meanwhile. Inputs are CUDA tensors
 //! on the group's device; averages use NCCL's `ncclAvg`.
 //!
 //! Without the `cuda` feature the same API exists and returns [`CudaError::NotBuilt`].
@@ -34,6 +35,12 @@ impl Collective for NcclGroup {
     }
     fn all_gather_start(&self, input: &Tensor) -> Result<crate::comm::Pending, RtError> {
         self.try_all_gather_start(input).map_err(|e| RtError::Comm(format!("rank {}: all-gather: {e}", self.rank)))
+    }
+    fn reduce_scatter_start(&self, input: &Tensor) -> Result<crate::comm::Pending, RtError> {
+        self.try_reduce_scatter_start(input).map_err(|e| RtError::Comm(format!("rank {}: reduce-scatter: {e}", self.rank)))
+    }
+    fn all_reduce_start(&self, input: &Tensor) -> Result<crate::comm::Pending, RtError> {
+        self.try_all_reduce_start(input).map_err(|e| RtError::Comm(format!("rank {}: all-reduce: {e}", self.rank)))
     }
     fn reduce_scatter_avg(&self, input: &Tensor) -> Result<Tensor, RtError> {
         self.try_reduce_scatter_avg(input).map_err(|e| RtError::Comm(format!("rank {}: reduce-scatter: {e}", self.rank)))
@@ -178,20 +185,56 @@ mod imp {
             Ok(())
         }
 
-        /// An all-gather left in flight: it starts after the compute stream's work so far and
-        /// the compute stream waits for it only in [`crate::comm::Pending::wait`]; the input
-        /// is kept alive until then (the caching allocator would otherwise hand its memory to
-        /// a compute kernel while NCCL still reads it).
-        pub fn try_all_gather_start(&self, input: &Tensor) -> Result<crate::comm::Pending, CudaError> {
-            let (x, out, ty) = self.gather_buffers(input)?;
+        /// `op(send, recv, comm, stream)` left in flight on the group's stream: it starts after
+        /// the compute stream's work so far, and the compute stream waits for it only in
+        /// [`crate::comm::Pending::wait`]; `send` is kept alive until then (the caching
+        /// allocator would otherwise hand its memory to a compute kernel while NCCL still
+        /// reads it). `recv` was allocated on the compute stream before the launch, so no
+        /// compute kernel still uses its memory when NCCL writes it.
+        fn run_in_flight(&self, send: Tensor, recv: Tensor, what: &str, op: impl FnOnce(*const std::ffi::c_void, *mut std::ffi::c_void, sys::ncclComm_t, sys::cudaStream_t) -> Result<result::NcclStatus, result::NcclError>) -> Result<crate::comm::Pending, CudaError> {
             let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             self.device.bind()?;
             let done = Event::new(&self.device, false)?;
             g.ready.record(&g.compute)?;
             g.stream.wait(&g.ready)?;
-            unsafe { result::all_gather(x.data_ptr() as *const _, out.data_ptr(), x.numel(), ty, g.comm, g.stream.raw() as sys::cudaStream_t) }.map_err(nccl_err("ncclAllGather"))?;
+            op(send.data_ptr() as *const _, recv.data_ptr(), g.comm, g.stream.raw() as sys::cudaStream_t).map_err(nccl_err(what))?;
             done.record(&g.stream)?;
-            Ok(crate::comm::Pending::in_flight(out, x, done))
+            Ok(crate::comm::Pending::in_flight(recv, send, done))
+        }
+
+        /// An all-gather left in flight until the copy-out that needs it.
+        pub fn try_all_gather_start(&self, input: &Tensor) -> Result<crate::comm::Pending, CudaError> {
+            let (x, out, ty) = self.gather_buffers(input)?;
+            let n = x.numel();
+            self.run_in_flight(x, out, "ncclAllGather", |s, r, c, st| unsafe { result::all_gather(s, r, n, ty, c, st) })
+        }
+
+        /// A reduce-scatter left in flight while the next unit's backward runs.
+        pub fn try_reduce_scatter_start(&self, input: &Tensor) -> Result<crate::comm::Pending, CudaError> {
+            let (x, out, ty) = self.scatter_buffers(input)?;
+            let n = out.numel();
+            self.run_in_flight(x, out, "ncclReduceScatter", |s, r, c, st| unsafe { result::reduce_scatter(s, r, n, ty, sys::ncclRedOp_t::ncclAvg, c, st) })
+        }
+
+        /// An all-reduce left in flight (no-shard's gradients).
+        pub fn try_all_reduce_start(&self, input: &Tensor) -> Result<crate::comm::Pending, CudaError> {
+            let x = self.input(input)?;
+            let ty = dtype(x.kind())?;
+            let out = Tensor::empty(x.size().as_slice(), (x.kind(), self.device()));
+            let n = x.numel();
+            self.run_in_flight(x, out, "ncclAllReduce", |s, r, c, st| unsafe { result::all_reduce(s, r, n, ty, sys::ncclRedOp_t::ncclAvg, c, st) })
+        }
+
+        /// A reduce-scatter's contiguous input, its output (the input's dim 0 ÷ the group
+        /// size) and NCCL's type.
+        fn scatter_buffers(&self, input: &Tensor) -> Result<(Tensor, Tensor, sys::ncclDataType_t), CudaError> {
+            check_split(input, self.size, "reduce-scatter")?;
+            let x = self.input(input)?;
+            let ty = dtype(x.kind())?;
+            let mut shape = x.size();
+            shape[0] /= self.size as i64;
+            let out = Tensor::empty(shape.as_slice(), (x.kind(), self.device()));
+            Ok((x, out, ty))
         }
 
         /// An all-gather's contiguous input, its output (world size × the input along dim 0)
@@ -216,12 +259,7 @@ mod imp {
         }
 
         pub fn try_reduce_scatter_avg(&self, input: &Tensor) -> Result<Tensor, CudaError> {
-            check_split(input, self.size, "reduce-scatter")?;
-            let x = self.input(input)?;
-            let ty = dtype(x.kind())?;
-            let mut shape = x.size();
-            shape[0] /= self.size as i64;
-            let out = Tensor::empty(shape.as_slice(), (x.kind(), self.device()));
+            let (x, out, ty) = self.scatter_buffers(input)?;
             let n = out.numel();
             self.run(&x, &out, "ncclReduceScatter", |s, r, c, st| unsafe { result::reduce_scatter(s, r, n, ty, sys::ncclRedOp_t::ncclAvg, c, st) })?;
             Ok(out)
@@ -283,6 +321,12 @@ mod imp {
             match self.never {}
         }
         pub fn try_all_gather(&self, _input: &Tensor) -> Result<Tensor, CudaError> {
+            match self.never {}
+        }
+        pub fn try_reduce_scatter_start(&self, _input: &Tensor) -> Result<crate::comm::Pending, CudaError> {
+            match self.never {}
+        }
+        pub fn try_all_reduce_start(&self, _input: &Tensor) -> Result<crate::comm::Pending, CudaError> {
             match self.never {}
         }
         pub fn try_reduce_scatter_avg(&self, input: &Tensor) -> Result<Tensor, CudaError> {
