@@ -26,6 +26,13 @@ pub enum CudaError {
 
 pub use imp::*;
 
+impl crate::watchdog::Mark for Event {
+    /// (the device's context must be current on the watchdog's thread)
+    fn done(&self) -> Result<bool, String> {
+        self.query().map_err(|e| e.to_string())
+    }
+}
+
 #[cfg(feature = "cuda")]
 mod imp {
     use super::CudaError;
@@ -187,6 +194,15 @@ mod imp {
         pub fn elapsed_ms(&self, end: &Event) -> Result<f32, CudaError> {
             unsafe { result::event::elapsed(self.raw, end.raw) }.map_err(drv("cuEventElapsedTime"))
         }
+        /// Whether the work before the last record has completed (`cuEventQuery`; the
+        /// context must be current on the calling thread).
+        pub fn query(&self) -> Result<bool, CudaError> {
+            match unsafe { result::event::query(self.raw) } {
+                Ok(()) => Ok(true),
+                Err(result::DriverError(sys::cudaError_enum::CUDA_ERROR_NOT_READY)) => Ok(false),
+                Err(e) => Err(drv("cuEventQuery")(e)),
+            }
+        }
     }
 
     impl Drop for Event {
@@ -270,6 +286,9 @@ mod imp {
             match self.never {}
         }
         pub fn elapsed_ms(&self, _end: &Event) -> Result<f32, CudaError> {
+            match self.never {}
+        }
+        pub fn query(&self) -> Result<bool, CudaError> {
             match self.never {}
         }
     }

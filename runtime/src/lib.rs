@@ -24,5 +24,6 @@ pub mod rendezvous;
 pub mod selftest;
 pub mod shim;
 pub mod train;
+pub mod watchdog;
 
 pub use error::RtError;

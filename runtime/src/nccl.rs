@@ -64,8 +64,11 @@ mod imp {
     use super::{check_split, CudaError, UniqueId};
     use crate::cuda::{Device, Event, Stream};
     use crate::rendezvous::Rendezvous;
+    use crate::watchdog::{Ledger, Watchdog};
     use cudarc::nccl::{result, sys};
-    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
     use tch::{Kind, Tensor};
 
     fn nccl_err(what: &str) -> impl FnOnce(result::NcclError) -> CudaError + '_ {
@@ -103,6 +106,20 @@ mod imp {
         Ok(id.internal.map(|c| c as u8))
     }
 
+    /// What the watchdog sees of a group: its communicator, the collectives in flight on its
+    /// stream, and whether it was aborted (then no call may use it again).
+    struct Watched {
+        comm: sys::ncclComm_t,
+        aborted: AtomicBool,
+        ledger: Ledger<Event>,
+        label: String,
+    }
+
+    // The watchdog only reads the handle and calls ncclCommGetAsyncError / ncclCommAbort,
+    // which NCCL allows from another thread.
+    unsafe impl Send for Watched {}
+    unsafe impl Sync for Watched {}
+
     struct Inner {
         comm: sys::ncclComm_t,
         stream: Stream,
@@ -117,6 +134,7 @@ mod imp {
         pub(super) size: usize,
         device: Device,
         inner: Mutex<Inner>,
+        watched: Arc<Watched>,
     }
 
     // The communicator is used under the mutex, from one thread at a time.
@@ -153,7 +171,48 @@ mod imp {
             let nid = sys::ncclUniqueId { internal: id.map(|b| b as std::ffi::c_char) };
             let mut comm: sys::ncclComm_t = std::ptr::null_mut();
             unsafe { result::comm_init_rank(&mut comm, size as i32, nid, rank as i32) }.map_err(nccl_err("ncclCommInitRank"))?;
-            Ok(NcclGroup { rank, size, device, inner: Mutex::new(Inner { comm, stream, ready, done, compute }) })
+            Ok(NcclGroup::assemble(rank, size, device, comm, stream, ready, done, compute))
+        }
+
+        /// This rank's communicator among the ranks that pass the same `color`, ordered by
+        /// `key` (`ncclCommSplit`, the new communicator inherits this one's config): hybrid
+        /// sharding's shard and replicate groups, as FSDP2's 2-D device mesh makes them.
+        /// Collective over this group: every rank calls it, with splits in the same order.
+        /// The new group has its own stream.
+        pub fn split(&self, color: usize, key: usize) -> Result<NcclGroup, CudaError> {
+            let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            let device = Device::new(self.device.ordinal)?;
+            let stream = Stream::new(&device)?;
+            let ready = Event::new(&device, false)?;
+            let done = Event::new(&device, false)?;
+            let compute = Stream::legacy_default()?;
+            let mut comm: sys::ncclComm_t = std::ptr::null_mut();
+            unsafe { sys::ncclCommSplit(g.comm, color as i32, key as i32, &mut comm, std::ptr::null_mut()) }.result().map_err(nccl_err("ncclCommSplit"))?;
+            let (rank, size) = unsafe { (result::comm_user_rank(comm), result::comm_count(comm)) };
+            let (rank, size) = (rank.map_err(nccl_err("ncclCommUserRank"))? as usize, size.map_err(nccl_err("ncclCommCount"))? as usize);
+            Ok(NcclGroup::assemble(rank, size, device, comm, stream, ready, done, compute))
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        fn assemble(rank: usize, size: usize, device: Device, comm: sys::ncclComm_t, stream: Stream, ready: Event, done: Event, compute: Stream) -> NcclGroup {
+            let watched = Arc::new(Watched { comm, aborted: AtomicBool::new(false), ledger: Ledger::default(), label: format!("NCCL group of {size} (here rank {rank}) on cuda:{}", device.ordinal) });
+            NcclGroup { rank, size, device, inner: Mutex::new(Inner { comm, stream, ready, done, compute }), watched }
+        }
+
+        /// Refuses a communicator the watchdog aborted.
+        fn usable(&self, what: &str) -> Result<(), CudaError> {
+            match self.watched.aborted.load(Ordering::Acquire) {
+                true => Err(CudaError::Nccl { what: what.to_string(), error: "the communicator was aborted by the watchdog".into() }),
+                false => Ok(()),
+            }
+        }
+
+        /// Records a collective just issued on the group's stream for the watchdog.
+        fn issued(&self, g: &Inner, what: &str, numel: i64) -> Result<(), CudaError> {
+            let mark = Event::new(&self.device, false)?;
+            mark.record(&g.stream)?;
+            self.watched.ledger.push(format!("{what} of {numel} elements"), mark);
+            Ok(())
         }
 
         /// [`NcclGroup::new`] with a rendezvous' rank, size and id.
@@ -175,11 +234,13 @@ mod imp {
         /// Runs `op(send, recv, comm, stream)` on the group's stream, ordered after and
         /// before the compute stream's work.
         fn run(&self, send: &Tensor, recv: &Tensor, what: &str, op: impl FnOnce(*const std::ffi::c_void, *mut std::ffi::c_void, sys::ncclComm_t, sys::cudaStream_t) -> Result<result::NcclStatus, result::NcclError>) -> Result<(), CudaError> {
+            self.usable(what)?;
             let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             self.device.bind()?;
             g.ready.record(&g.compute)?;
             g.stream.wait(&g.ready)?;
             op(send.data_ptr() as *const _, recv.data_ptr(), g.comm, g.stream.raw() as sys::cudaStream_t).map_err(nccl_err(what))?;
+            self.issued(&g, what, send.numel().max(recv.numel()) as i64)?;
             g.done.record(&g.stream)?;
             g.compute.wait(&g.done)?;
             Ok(())
@@ -192,12 +253,14 @@ mod imp {
         /// reads it). `recv` was allocated on the compute stream before the launch, so no
         /// compute kernel still uses its memory when NCCL writes it.
         fn run_in_flight(&self, send: Tensor, recv: Tensor, what: &str, op: impl FnOnce(*const std::ffi::c_void, *mut std::ffi::c_void, sys::ncclComm_t, sys::cudaStream_t) -> Result<result::NcclStatus, result::NcclError>) -> Result<crate::comm::Pending, CudaError> {
+            self.usable(what)?;
             let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             self.device.bind()?;
             let done = Event::new(&self.device, false)?;
             g.ready.record(&g.compute)?;
             g.stream.wait(&g.ready)?;
             op(send.data_ptr() as *const _, recv.data_ptr(), g.comm, g.stream.raw() as sys::cudaStream_t).map_err(nccl_err(what))?;
+            self.issued(&g, what, send.numel().max(recv.numel()) as i64)?;
             done.record(&g.stream)?;
             Ok(crate::comm::Pending::in_flight(recv, send, done))
         }
@@ -275,8 +338,49 @@ mod imp {
         }
     }
 
+    /// Watches `groups` (all on one device) every half second: a collective that has not
+    /// completed within `timeout`, or an asynchronous NCCL error, aborts every one of them
+    /// (`ncclCommAbort`, which also ends the kernels that wait for a dead peer) and hands the
+    /// message to `on_fail`, which is expected to end the process. Stops when dropped.
+    pub fn watchdog(groups: &[&NcclGroup], timeout: Duration, on_fail: impl FnOnce(String) + Send + 'static) -> Result<Watchdog, CudaError> {
+        let watched: Vec<Arc<Watched>> = groups.iter().map(|g| g.watched.clone()).collect();
+        let Some(first) = groups.first() else {
+            return Ok(Watchdog::start(Duration::from_secs(3600), || Ok(()), |_| {}));
+        };
+        let device = Device::new(first.device.ordinal)?;
+        let seen = watched.clone();
+        let check = move || -> Result<(), String> {
+            device.bind().map_err(|e| e.to_string())?;
+            for w in &seen {
+                let mut r = sys::ncclResult_t::ncclSuccess;
+                unsafe { sys::ncclCommGetAsyncError(w.comm, &mut r) }.result().map_err(|e| format!("{}: ncclCommGetAsyncError: {:?}", w.label, e.0))?;
+                if !matches!(r, sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress) {
+                    let why = nccl_err("asynchronous error")(result::NcclError(r));
+                    return Err(format!("{}: {why}", w.label));
+                }
+                w.ledger.check(Instant::now(), timeout).map_err(|e| format!("{}: {e}", w.label))?;
+            }
+            Ok(())
+        };
+        let fail = move |msg: String| {
+            for w in &watched {
+                if !w.aborted.swap(true, Ordering::AcqRel) {
+                    unsafe {
+                        let _ = sys::ncclCommAbort(w.comm);
+                    }
+                }
+            }
+            on_fail(msg)
+        };
+        Ok(Watchdog::start(Duration::from_millis(500), check, fail))
+    }
+
     impl Drop for NcclGroup {
         fn drop(&mut self) {
+            if self.watched.aborted.load(Ordering::Acquire) {
+                // aborted by the watchdog: the communicator is gone, the stream may never finish
+                return;
+            }
             let g = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
             let _ = self.device.bind();
             let _ = g.stream.synchronize();
@@ -300,6 +404,9 @@ mod imp {
     pub fn unique_id() -> Result<UniqueId, CudaError> {
         Err(CudaError::NotBuilt)
     }
+    pub fn watchdog(_groups: &[&NcclGroup], _timeout: std::time::Duration, _on_fail: impl FnOnce(String) + Send + 'static) -> Result<crate::watchdog::Watchdog, CudaError> {
+        Err(CudaError::NotBuilt)
+    }
 
     pub struct NcclGroup {
         pub(super) rank: usize,
@@ -313,6 +420,9 @@ mod imp {
         }
         pub fn from_rendezvous(_rz: &Rendezvous, _ordinal: usize) -> Result<NcclGroup, CudaError> {
             Err(CudaError::NotBuilt)
+        }
+        pub fn split(&self, _color: usize, _key: usize) -> Result<NcclGroup, CudaError> {
+            match self.never {}
         }
         pub fn device(&self) -> tch::Device {
             match self.never {}

@@ -46,8 +46,17 @@ pub fn check_collectives(comm: &dyn Collective, dev: Device) -> Result<String, S
         same("reduce-scatter avg", kind, &rs, &(base.narrow(0, 2 * r, 2) + mean_shift))?;
         let ar = comm.all_reduce_avg(&x).map_err(|e| e.to_string())?;
         same("all-reduce avg", kind, &ar, &(&base + mean_shift))?;
+        // the same, left in flight (NCCL: on its stream) and waited for; the input dropped
+        // before the wait must stay valid until the collective has read it
+        let e = |e: crate::RtError| e.to_string();
+        let ag = comm.all_gather_start(&input(n, r, kind, dev)).map_err(e)?;
+        let rs = comm.reduce_scatter_start(&input(n, r, kind, dev)).map_err(e)?;
+        let ar = comm.all_reduce_start(&input(n, r, kind, dev)).map_err(e)?;
+        same("all-gather (started)", kind, &ag.wait().map_err(e)?, &Tensor::cat(&want, 0))?;
+        same("reduce-scatter avg (started)", kind, &rs.wait().map_err(e)?, &(base.narrow(0, 2 * r, 2) + mean_shift))?;
+        same("all-reduce avg (started)", kind, &ar.wait().map_err(e)?, &(&base + mean_shift))?;
     }
-    Ok(format!("rank {r}/{n}: collectives ok on {dev:?} (all-gather, reduce-scatter avg, all-reduce avg; f32, bf16)"))
+    Ok(format!("rank {r}/{n}: collectives ok on {dev:?} (all-gather, reduce-scatter avg, all-reduce avg; at once and left in flight; f32, bf16)"))
 }
 
 #[cfg(test)]

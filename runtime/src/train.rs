@@ -428,8 +428,30 @@ pub fn run_process(plan: &Plan, model: &Model, cfg: &RunConfig, env: &crate::lau
             let rz = crate::nccl::rendezvous(&rcfg).map_err(RtError::Comm)?;
             let world = crate::nccl::NcclGroup::from_rendezvous(&rz, env.local_rank).map_err(|e| RtError::Comm(format!("rank {}: {e}", env.rank)))?;
             let device = world.device();
-            let (shard, replicate) = crate::comm::SubGroup::mesh(&world, shard_size);
-            let mesh = crate::comm::Groups { world: &world, shard: &shard, replicate: &replicate };
+            let s = shard_size.clamp(1, ws);
+            let split = |color, key| world.split(color, key).map_err(|e| RtError::Comm(format!("rank {}: {e}", env.rank)));
+            // hybrid sharding: the mesh's shard and replicate groups are communicators of their
+            // own, split off the world's (world rank w: replica w / s, shard index w % s)
+            let hybrid = match s > 1 && s < ws {
+                true => Some((split(env.rank / s, env.rank % s)?, split(s + env.rank % s, env.rank / s)?)),
+                false => None,
+            };
+            let (sub_shard, sub_replicate) = crate::comm::SubGroup::mesh(&world, shard_size);
+            let (shard, replicate): (&dyn crate::comm::Collective, &dyn crate::comm::Collective) = match &hybrid {
+                Some((a, b)) => (a, b),
+                None => (&sub_shard, &sub_replicate),
+            };
+            let mut watched = vec![&world];
+            watched.extend(hybrid.iter().flat_map(|(a, b)| [a, b]));
+            // a collective stuck on a dead or hung peer, or an NCCL error, ends this process
+            // (the launcher then stops the others; checkpoints are whole files)
+            let r = env.rank;
+            let _watchdog = crate::nccl::watchdog(&watched, timeout, move |msg| {
+                eprintln!("error: rank {r}: {msg}; aborted the NCCL communicators");
+                std::process::exit(1);
+            })
+            .map_err(|e| RtError::Comm(format!("rank {}: {e}", env.rank)))?;
+            let mesh = crate::comm::Groups { world: &world, shard, replicate };
             rank_loop(plan, model, cfg, &mesh, device, &full, &mine_all, start, &last, Some(&mut on_step))?
         }
     };

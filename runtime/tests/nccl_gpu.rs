@@ -3,6 +3,7 @@
 //! `--features cuda`, a CUDA libtorch (the venv's 2.11.0+cu130) and a GPU; otherwise it
 //! prints why it is SKIPPED and passes. `bash scripts/gpu-check.sh` runs it on a GPU machine.
 
+use fsdp_runtime::comm::Collective;
 use fsdp_runtime::{cuda, launch::free_port, nccl, rendezvous, selftest};
 use std::io::Write;
 use std::time::Duration;
@@ -44,7 +45,19 @@ fn nccl_collectives_on_every_visible_gpu() {
                 let cfg = rendezvous::Config { master_addr: "127.0.0.1".into(), master_port: port, rank: r, world_size: n, timeout: Duration::from_secs(60) };
                 let rz = nccl::rendezvous(&cfg)?;
                 let g = nccl::NcclGroup::from_rendezvous(&rz, r).map_err(|e| e.to_string())?;
-                let line = selftest::check_collectives(&g, tch::Device::Cuda(r))?;
+                // a healthy run must not trip the watchdog
+                let wd = nccl::watchdog(&[&g], Duration::from_secs(60), |m| panic!("watchdog: {m}")).map_err(|e| e.to_string())?;
+                let mut line = selftest::check_collectives(&g, tch::Device::Cuda(r))?;
+                // communicators split off the world (hybrid sharding's groups): all of it as
+                // one new communicator, and even / odd ranks
+                let whole = g.split(0, r).map_err(|e| e.to_string())?;
+                let parity = g.split(r % 2, r).map_err(|e| e.to_string())?;
+                if (whole.size(), whole.rank(), parity.size(), parity.rank()) != (n, r, n / 2 + (n % 2) * (1 - r % 2), r / 2) {
+                    return Err(format!("rank {r}: split sizes/ranks ({}, {}), ({}, {})", whole.size(), whole.rank(), parity.size(), parity.rank()));
+                }
+                line += &format!("\n  split whole: {}", selftest::check_collectives(&whole, tch::Device::Cuda(r))?);
+                line += &format!("\n  split parity: {}", selftest::check_collectives(&parity, tch::Device::Cuda(r))?);
+                drop(wd);
                 rz.barrier(Some(Duration::from_secs(60))).map_err(|e| e.to_string())?;
                 Ok(line)
             })
