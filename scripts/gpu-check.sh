@@ -20,7 +20,10 @@
 #      c. the CUDA run's losses against the CPU runtime's (a short run, same weights/tokens);
 #      d. fsdp-plan's prediction (plan --hardware h100);
 #      e. scripts/gpu_report.py: tokens/s and peak memory of both, the predicted peak, the
-#         loss checks -> RESULTS-gpu.md (rows for bench/RESULTS.md).
+#         loss checks -> RESULTS-gpu.md (rows for bench/RESULTS.md);
+#      f. fsdp-plan calibrate on the CUDA run's measured timeline (`run --trace`: device
+#         timestamps, collectives on NCCL's stream) -> a fitted profile;
+#   4. the profile fitted on gpt2 predicts llama-1b's measured step (the time model's error).
 #
 # GPU_CHECK_DRY=cpu runs step 3 on the CPU instead (tiny models, gloo, --backend cpu): a check
 # of this script's plumbing (and of FSDP2-vs-fsdp-plan losses) on a machine without a GPU.
@@ -30,7 +33,7 @@ LOG=${OUT:-target/gpu-check}
 mkdir -p "$LOG"
 if [ "${GPU_CHECK_DRY:-}" = cpu ]; then
   echo "gpu-check: dry run on the CPU (GPU_CHECK_DRY=cpu)"
-  DEV=cpu; SPECS=("tiny-gpt2 2 32" "tiny-llama 2 32"); SHORT=(1 32); RTOL=1e-12; F2RTOL=1e-6; NP=0
+  DEV=cpu; SPECS=("tiny-gpt2 2 32" "tiny-llama 2 32"); SHORT=(1 32); RTOL=1e-12; F2RTOL=1e-6; NP=0; HW=cpu
 else
   echo "gpu-check: NOTE: written in a session without a GPU; not yet seen to pass on one"
   if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
@@ -42,7 +45,7 @@ else
   nvidia-smi -L
   # model, batch, seq of the side by side (fp32, AdamW as FSDP2's script); fp32 matmuls are
   # full fp32 on both sides (PyTorch's default: no TF32), hence the tight loss tolerance
-  DEV=cuda; SPECS=("gpt2 8 1024" "llama-1b 4 1024"); SHORT=(1 128); RTOL=1e-4; F2RTOL=1e-4
+  DEV=cuda; SPECS=("gpt2 8 1024" "llama-1b 4 1024"); SHORT=(1 128); RTOL=1e-4; F2RTOL=1e-4; HW=h100
 fi
 
 # python with torch: the project venv, else the system's
@@ -99,14 +102,27 @@ for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout", "summa
 json.dump(d, open(sys.argv[2], "w"), indent=1)' "models/$M.config.json" "$W/model.config.json"
   step "$M-import" "$B" import hf "$W/model.config.json" -o "$W/model.ron" --name "$M"
   COMMON=("$W/model.ron" --world-size 1 --policy auto --optimizer adamw --lr 1e-3 --weights "$W/init.safetensors" --data "$W/tokens.u32" --format json)
-  json "$LOG/$M-cuda.json" "$B" run "${COMMON[@]}" --batch "$BS" --seq "$SEQ" --steps 10 --backend "$DEV"
+  json "$LOG/$M-cuda.json" "$B" run "${COMMON[@]}" --batch "$BS" --seq "$SEQ" --steps 10 --backend "$DEV" --trace "$LOG/$M-trace.json"
   # losses: CUDA vs the CPU runtime on a short run of the same weights and tokens
   json "$LOG/$M-cuda-short.json" "$B" run "${COMMON[@]}" --batch "${SHORT[0]}" --seq "${SHORT[1]}" --steps 3 --backend "$DEV"
   json "$LOG/$M-cpu-short.json" "$B" run "${COMMON[@]}" --batch "${SHORT[0]}" --seq "${SHORT[1]}" --steps 3 --backend cpu
   json "$LOG/$M-plan.json" "$B" plan "$W/model.ron" --world-size 1 --policy auto --optimizer adamw --batch "$BS" --seq "$SEQ" --hardware h100 --device "$DEV" --format json
   step "$M-report" "$PY" scripts/gpu_report.py --name "$M" --ours-cuda "$LOG/$M-cuda.json" --loss-cuda "$LOG/$M-cuda-short.json" \
     --ours-cpu "$LOG/$M-cpu-short.json" --fsdp2 "$LOG/$M-fsdp2.json" --plan "$LOG/$M-plan.json" --rtol "$RTOL" --fsdp2-rtol "$F2RTOL" --out "$LOG/RESULTS-gpu.md"
+  # the time model: the hardware profile fitted to this run's measured timeline (device
+  # timestamps on a GPU), and its step-time error before and after
+  PLANOPTS=("$W/model.ron" --world-size 1 --policy auto --optimizer adamw --batch "$BS" --seq "$SEQ")
+  step "$M-calibrate" "$B" calibrate "${PLANOPTS[@]}" --trace "$LOG/$M-trace.json" --hardware "$HW" -o "$LOG/$M-calibrated.ron"
+  echo "- $M: \`fsdp-plan calibrate\` on its own measured step: $(grep -h 'measured step' "$LOG/$M-calibrate.log")" >> "$LOG/RESULTS-gpu.md"
 done
+
+# the calibrated time model predicts the other architecture: the profile fitted on the first
+# model's run, the second model's measured step (goal: within 10%)
+set -- ${SPECS[0]}; M1=$1
+set -- ${SPECS[1]}; M2=$1; BS=$2; SEQ=$3
+step cross-calibration "$B" calibrate "target/side-by-side/$M2/model.ron" --world-size 1 --policy auto --optimizer adamw --batch "$BS" --seq "$SEQ" \
+  --trace "$LOG/$M2-trace.json" --hardware "$LOG/$M1-calibrated.ron" -o "$LOG/$M2-from-$M1.ron"
+echo "- $M2 predicted with the profile calibrated on $M1: $(grep -h 'measured step' "$LOG/cross-calibration.log")" >> "$LOG/RESULTS-gpu.md"
 
 if [ "$fail" = 0 ]; then echo "gpu-check: all steps passed"; else echo "gpu-check: some steps FAILED (logs in $LOG/)"; fi
 exit "$fail"

@@ -623,11 +623,22 @@ fn rendezvous_selftest(_: SelftestArgs) -> Result<()> {
 #[cfg(not(feature = "runtime"))]
 const NO_RUNTIME: &str = "this fsdp-plan was built without the runtime: build with `cargo build --features runtime` after `bash scripts/setup-venv.sh && source scripts/env.sh` (libtorch from the project venv)";
 
-/// (start, end) in seconds per schedule op, from a measured Chrome trace (`run --trace`).
-fn read_measured(path: &Path, plan: &Plan) -> Result<Vec<(f64, f64)>> {
+/// A measured Chrome trace (`run --trace`) and the device it was measured on (its
+/// `otherData.device`; traces written before that field were all of the CPU runtime).
+fn read_trace(path: &Path) -> Result<(serde_json::Value, Device)> {
     let text = read(path)?;
     let doc: serde_json::Value = serde_json::from_str(&text).map_err(|e| user(format!("{}:{}:{}: {e}", path.display(), e.line(), e.column())))?;
-    fsdp_planner::trace::spans_from_trace(&doc, plan).map_err(|e| user(format!("{}: {e}", path.display())))
+    let device = match doc["otherData"]["device"].as_str() {
+        None | Some("cpu") => Device::Cpu,
+        Some("cuda") => Device::Cuda,
+        Some(d) => bail!(UserError(format!("{}: otherData.device: unknown device `{d}` (cpu or cuda)", path.display()))),
+    };
+    Ok((doc, device))
+}
+
+/// (start, end) in seconds per schedule op of `plan`, from a trace [`read_trace`] read.
+fn read_measured(path: &Path, doc: &serde_json::Value, plan: &Plan) -> Result<Vec<(f64, f64)>> {
+    fsdp_planner::trace::spans_from_trace(doc, plan).map_err(|e| user(format!("{}: {e}", path.display())))
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -639,10 +650,12 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Calibrate { p, trace, hardware, output } => {
             let model = load_model(&p.model)?;
             let mut opts = options(&p.o, &p.o.policy).map_err(user)?;
-            opts.device = Device::Cpu;
+            // the plan the run executed: on the device the trace was measured on
+            let (doc, device) = read_trace(&trace)?;
+            opts.device = device;
             let plan = fsdp_planner::plan(&model, &opts).map_err(user)?;
             let hw = load_hardware(&hardware)?;
-            let measured = read_measured(&trace, &plan)?;
+            let measured = read_measured(&trace, &doc, &plan)?;
             let c = fsdp_planner::calibrate::calibrate(&plan, &model, &hw, &measured);
             let cfg = ron::ser::PrettyConfig::new().struct_names(false);
             let text = ron::ser::to_string_pretty(&c.hardware, cfg).context("serializing the profile")?;

@@ -57,6 +57,9 @@ impl Drop for Pending {
     }
 }
 
+/// Start and end of a collective on a device stream (NCCL's), as timing events.
+pub type DeviceSpan = (Arc<crate::cuda::Event>, Arc<crate::cuda::Event>);
+
 pub trait Collective: Send + Sync {
     fn rank(&self) -> usize;
     fn size(&self) -> usize;
@@ -81,6 +84,11 @@ pub trait Collective: Send + Sync {
     /// gradient all-reduce, as a reduce-scatter). By default it is done at once.
     fn all_reduce_start(&self, input: &Tensor) -> Result<Pending, RtError> {
         Ok(Pending::ready(self.all_reduce_avg(input)?))
+    }
+    /// Where the last collective of this group ran on the device (events on its stream,
+    /// timing enabled), for measured GPU timelines; `None` where it ran on the host.
+    fn last_span(&self) -> Option<DeviceSpan> {
+        None
     }
     /// [`Collective::all_gather`] into `out` (every rank's part written with
     /// `copy(out_part, part)`), for a destination that must keep its storage (FSDP1's flat
@@ -280,6 +288,12 @@ impl Collective for SubGroup<'_> {
             false => Ok(Pending::ready(self.all_gather(input)?)),
         }
     }
+    fn last_span(&self) -> Option<DeviceSpan> {
+        match self.whole() && self.members.len() > 1 {
+            true => self.world.last_span(),
+            false => None,
+        }
+    }
     fn reduce_scatter_start(&self, input: &Tensor) -> Result<Pending, RtError> {
         match self.whole() && self.members.len() > 1 {
             true => self.world.reduce_scatter_start(input),
@@ -352,6 +366,9 @@ impl Collective for Deferred<'_> {
     }
     fn all_reduce_start(&self, input: &Tensor) -> Result<Pending, RtError> {
         Ok(Pending::held(self.0.all_reduce_avg(input)?))
+    }
+    fn last_span(&self) -> Option<DeviceSpan> {
+        self.0.last_span()
     }
     fn all_gather_into(&self, out: &Tensor, input: &Tensor, copy: &mut dyn FnMut(&Tensor, &Tensor) -> Result<(), RtError>) -> Result<(), RtError> {
         self.0.all_gather_into(out, input, copy)

@@ -472,6 +472,11 @@ fn run_step(
     let mut pending: Vec<Option<Tensor>> = (0..nu).map(|_| None).collect();
     // the gradient reduction in flight (unit, result), FSDP2's reduce_scatter_state
     let mut rs_flight: Option<(usize, crate::comm::Pending)> = None;
+    // a GPU step's timeline is read from the device (see DeviceClock)
+    let mut clock = match (spans.is_some(), rank.shards.first().map(|s| s.device())) {
+        (true, Some(tch::Device::Cuda(i))) => Some(DeviceClock::new(i)?),
+        _ => None,
+    };
     let mut env: HashMap<String, Tensor> = HashMap::new();
     let mut grads: HashMap<String, Tensor> = HashMap::new();
     let mut out_edge: HashMap<String, Edge> = HashMap::new();
@@ -509,6 +514,9 @@ fn run_step(
                 // closes the previous op
                 v.push(t.stats());
             }
+        }
+        if let Some(c) = clock.as_mut() {
+            c.mark()?;
         }
         let started = t0.elapsed().as_secs_f64();
         if let Some(sp) = spans.as_deref_mut() {
@@ -819,6 +827,16 @@ fn run_step(
                 }
             }
         }
+        if let Some(c) = clock.as_mut() {
+            // a collective's span is where it ran on its own stream
+            let group = match &sop.kind {
+                OpKind::AllGather { .. } | OpKind::ReduceScatter { .. } => Some(comm.shard),
+                OpKind::AllReduce { group: Group::World, .. } => Some(comm.world),
+                OpKind::AllReduce { .. } => Some(comm.replicate),
+                _ => None,
+            };
+            c.comm.push(group.and_then(|g| g.last_span()));
+        }
     }
     if let Some((v, p)) = rs_flight.take() {
         // (a schedule that ends with its last reduction)
@@ -828,6 +846,10 @@ fn run_step(
         if let Some(last) = sp.last_mut() {
             last.1 = t0.elapsed().as_secs_f64();
         }
+        if let Some(mut c) = clock.take() {
+            c.mark()?;
+            *sp = c.spans()?;
+        }
     }
     // (normally already released by the plan's post-forward and end of backward)
     drop((last_fwd_ag, last_rs_input));
@@ -835,6 +857,49 @@ fn run_step(
         v.push(t.stats());
     }
     Ok(losses.iter().sum::<f64>() / losses.len().max(1) as f64)
+}
+
+/// Device timestamps of a step on a GPU, for its measured timeline: a timing event on the
+/// compute stream where each schedule op starts (and one where the step ends), and for a
+/// collective the events around it on NCCL's stream ([`Collective::last_span`]). Kernels run
+/// after the host launches them, so host clocks would time launches, not work.
+struct DeviceClock {
+    device: crate::cuda::Device,
+    stream: crate::cuda::Stream,
+    marks: Vec<crate::cuda::Event>,
+    comm: Vec<Option<crate::comm::DeviceSpan>>,
+}
+
+impl DeviceClock {
+    fn new(ordinal: usize) -> Result<DeviceClock, RtError> {
+        let c = |e: crate::cuda::CudaError| err(format!("timing the step on cuda:{ordinal}: {e}"));
+        let device = crate::cuda::Device::new(ordinal).map_err(c)?;
+        let stream = crate::cuda::Stream::legacy_default().map_err(c)?;
+        Ok(DeviceClock { device, stream, marks: vec![], comm: vec![] })
+    }
+    /// Marks where the next op (or the end of the step) starts on the compute stream.
+    fn mark(&mut self) -> Result<(), RtError> {
+        let e = crate::cuda::Event::new(&self.device, true).map_err(|e| err(e.to_string()))?;
+        e.record(&self.stream).map_err(|e| err(e.to_string()))?;
+        self.marks.push(e);
+        Ok(())
+    }
+    /// (start, end) of each op in seconds from the step's first mark, once the device is done.
+    fn spans(self) -> Result<Vec<(f64, f64)>, RtError> {
+        let e = |e: crate::cuda::CudaError| err(format!("reading the step's device timestamps: {e}"));
+        let (Some(t0), Some(last)) = (self.marks.first(), self.marks.last()) else { return Ok(vec![]) };
+        last.synchronize().map_err(e)?;
+        let at = |ev: &crate::cuda::Event| -> Result<f64, RtError> {
+            ev.synchronize().map_err(e)?;
+            Ok(t0.elapsed_ms(ev).map_err(e)? as f64 * 1e-3)
+        };
+        (0..self.marks.len() - 1)
+            .map(|i| match self.comm.get(i).and_then(|c| c.as_ref()) {
+                Some((s, t)) => Ok((at(s)?, at(t)?)),
+                None => Ok((at(&self.marks[i])?, at(&self.marks[i + 1])?)),
+            })
+            .collect()
+    }
 }
 
 /// A unit's reduced gradient, once its reduction is done: hybrid sharding's waits for the

@@ -36,6 +36,9 @@ impl Collective for NcclGroup {
     fn all_gather_start(&self, input: &Tensor) -> Result<crate::comm::Pending, RtError> {
         self.try_all_gather_start(input).map_err(|e| RtError::Comm(format!("rank {}: all-gather: {e}", self.rank)))
     }
+    fn last_span(&self) -> Option<crate::comm::DeviceSpan> {
+        NcclGroup::last_span(self)
+    }
     fn reduce_scatter_start(&self, input: &Tensor) -> Result<crate::comm::Pending, RtError> {
         self.try_reduce_scatter_start(input).map_err(|e| RtError::Comm(format!("rank {}: reduce-scatter: {e}", self.rank)))
     }
@@ -111,7 +114,7 @@ mod imp {
     struct Watched {
         comm: sys::ncclComm_t,
         aborted: AtomicBool,
-        ledger: Ledger<Event>,
+        ledger: Ledger<Arc<Event>>,
         label: String,
     }
 
@@ -135,6 +138,8 @@ mod imp {
         device: Device,
         inner: Mutex<Inner>,
         watched: Arc<Watched>,
+        /// The last collective's start and end on the group's stream.
+        last: Mutex<Option<crate::comm::DeviceSpan>>,
     }
 
     // The communicator is used under the mutex, from one thread at a time.
@@ -196,7 +201,7 @@ mod imp {
         #[allow(clippy::too_many_arguments)]
         fn assemble(rank: usize, size: usize, device: Device, comm: sys::ncclComm_t, stream: Stream, ready: Event, done: Event, compute: Stream) -> NcclGroup {
             let watched = Arc::new(Watched { comm, aborted: AtomicBool::new(false), ledger: Ledger::default(), label: format!("NCCL group of {size} (here rank {rank}) on cuda:{}", device.ordinal) });
-            NcclGroup { rank, size, device, inner: Mutex::new(Inner { comm, stream, ready, done, compute }), watched }
+            NcclGroup { rank, size, device, inner: Mutex::new(Inner { comm, stream, ready, done, compute }), watched, last: Mutex::new(None) }
         }
 
         /// Refuses a communicator the watchdog aborted.
@@ -207,12 +212,26 @@ mod imp {
             }
         }
 
-        /// Records a collective just issued on the group's stream for the watchdog.
-        fn issued(&self, g: &Inner, what: &str, numel: i64) -> Result<(), CudaError> {
-            let mark = Event::new(&self.device, false)?;
-            mark.record(&g.stream)?;
-            self.watched.ledger.push(format!("{what} of {numel} elements"), mark);
+        /// A timing event where the next collective starts on the group's stream.
+        fn starting(&self, g: &Inner) -> Result<Arc<Event>, CudaError> {
+            let start = Arc::new(Event::new(&self.device, true)?);
+            start.record(&g.stream)?;
+            Ok(start)
+        }
+
+        /// Records a collective just issued on the group's stream (after `start`): its end
+        /// for the watchdog, its span for a measured timeline.
+        fn issued(&self, g: &Inner, start: Arc<Event>, what: &str, numel: i64) -> Result<(), CudaError> {
+            let end = Arc::new(Event::new(&self.device, true)?);
+            end.record(&g.stream)?;
+            self.watched.ledger.push(format!("{what} of {numel} elements"), end.clone());
+            *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((start, end));
             Ok(())
+        }
+
+        /// See [`crate::comm::Collective::last_span`].
+        pub fn last_span(&self) -> Option<crate::comm::DeviceSpan> {
+            self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()
         }
 
         /// [`NcclGroup::new`] with a rendezvous' rank, size and id.
@@ -239,8 +258,9 @@ mod imp {
             self.device.bind()?;
             g.ready.record(&g.compute)?;
             g.stream.wait(&g.ready)?;
+            let start = self.starting(&g)?;
             op(send.data_ptr() as *const _, recv.data_ptr(), g.comm, g.stream.raw() as sys::cudaStream_t).map_err(nccl_err(what))?;
-            self.issued(&g, what, send.numel().max(recv.numel()) as i64)?;
+            self.issued(&g, start, what, send.numel().max(recv.numel()) as i64)?;
             g.done.record(&g.stream)?;
             g.compute.wait(&g.done)?;
             Ok(())
@@ -259,8 +279,9 @@ mod imp {
             let done = Event::new(&self.device, false)?;
             g.ready.record(&g.compute)?;
             g.stream.wait(&g.ready)?;
+            let start = self.starting(&g)?;
             op(send.data_ptr() as *const _, recv.data_ptr(), g.comm, g.stream.raw() as sys::cudaStream_t).map_err(nccl_err(what))?;
-            self.issued(&g, what, send.numel().max(recv.numel()) as i64)?;
+            self.issued(&g, start, what, send.numel().max(recv.numel()) as i64)?;
             done.record(&g.stream)?;
             Ok(crate::comm::Pending::in_flight(recv, send, done))
         }
@@ -422,6 +443,9 @@ mod imp {
             Err(CudaError::NotBuilt)
         }
         pub fn split(&self, _color: usize, _key: usize) -> Result<NcclGroup, CudaError> {
+            match self.never {}
+        }
+        pub fn last_span(&self) -> Option<crate::comm::DeviceSpan> {
             match self.never {}
         }
         pub fn device(&self) -> tch::Device {

@@ -19,6 +19,12 @@ pub trait Mark: Send {
     fn done(&self) -> Result<bool, String>;
 }
 
+impl<M: Mark + Sync> Mark for Arc<M> {
+    fn done(&self) -> Result<bool, String> {
+        (**self).done()
+    }
+}
+
 struct Issued<M> {
     at: Instant,
     what: String,
