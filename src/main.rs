@@ -590,8 +590,9 @@ fn rendezvous_selftest(a: SelftestArgs) -> Result<()> {
     match a.collectives.as_str() {
         "nccl" => {
             let rz = nccl::rendezvous(&cfg).map_err(|e| anyhow!(e))?;
-            let group = nccl::NcclGroup::from_rendezvous(&rz, env.local_rank).map_err(|e| anyhow!("rank {}: {e}", env.rank))?;
-            println!("rank {}/{}: NCCL communicator on cuda:{}", rz.rank, rz.world_size, env.local_rank);
+            let ordinal = fsdp_runtime::train::gpu_ordinal(env.local_rank, std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref());
+            let group = nccl::NcclGroup::from_rendezvous(&rz, ordinal).map_err(|e| anyhow!("rank {}: {e}", env.rank))?;
+            println!("rank {}/{}: NCCL communicator on cuda:{ordinal}", rz.rank, rz.world_size);
             println!("{}", selftest::check_collectives(&group, group.device()).map_err(|e| anyhow!("rank {}: {e}", env.rank))?);
             rz.barrier(Some(cfg.timeout)).map_err(|e| anyhow!(e))?;
         }

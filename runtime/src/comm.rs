@@ -15,23 +15,26 @@ pub struct Pending {
     out: Option<Tensor>,
     keep: Option<Tensor>,
     done: Option<crate::cuda::Event>,
+    /// The device whose context `done` belongs to (made current before waiting).
+    device: Option<Arc<crate::cuda::Device>>,
     held: bool,
 }
 
 impl Pending {
     /// A result that is already there (the CPU collectives).
     pub fn ready(out: Tensor) -> Pending {
-        Pending { out: Some(out), keep: None, done: None, held: false }
+        Pending { out: Some(out), keep: None, done: None, device: None, held: false }
     }
-    /// `out`, written by work that `done` marks the end of; `keep` stays alive until then.
-    pub fn in_flight(out: Tensor, keep: Tensor, done: crate::cuda::Event) -> Pending {
-        Pending { out: Some(out), keep: Some(keep), done: Some(done), held: false }
+    /// `out`, written by work on `device` that `done` marks the end of; `keep` stays alive
+    /// until then.
+    pub fn in_flight(out: Tensor, keep: Tensor, done: crate::cuda::Event, device: Arc<crate::cuda::Device>) -> Pending {
+        Pending { out: Some(out), keep: Some(keep), done: Some(done), device: Some(device), held: false }
     }
     /// A result that is there but treated as in flight ([`Pending::is_ready`] is false): the
     /// executor then defers its use as it does for NCCL's, so CPU tests check that ordering
     /// ([`Deferred`]).
     pub fn held(out: Tensor) -> Pending {
-        Pending { out: Some(out), keep: None, done: None, held: true }
+        Pending { out: Some(out), keep: None, done: None, device: None, held: true }
     }
     /// Whether the result can be used without waiting (the collective ran synchronously).
     pub fn is_ready(&self) -> bool {
@@ -39,8 +42,11 @@ impl Pending {
     }
     /// The result, once the compute stream is ordered after the collective.
     pub fn wait(mut self) -> Result<Tensor, RtError> {
-        if let Some(ev) = self.done.take() {
-            crate::cuda::Stream::legacy_default().and_then(|s| s.wait(&ev)).map_err(|e| RtError::Comm(format!("waiting for a collective: {e}")))?;
+        if let Some(ev) = &self.done {
+            let bound = self.device.as_ref().map_or(Ok(()), |d| d.bind());
+            bound.and_then(|_| crate::cuda::Stream::legacy_default()).and_then(|s| s.wait(ev)).map_err(|e| RtError::Comm(format!("waiting for a collective: {e}")))?;
+            // (on an error `done` stays, and dropping waits for the collective on the host)
+            self.done = None;
         }
         // the compute stream now runs after the collective: the input's memory may be reused
         self.keep = None;
@@ -52,6 +58,9 @@ impl Drop for Pending {
     fn drop(&mut self) {
         // dropped unwaited (an error elsewhere): let the collective finish before its buffers go
         if let Some(ev) = self.done.take() {
+            if let Some(d) = &self.device {
+                let _ = d.bind();
+            }
             let _ = ev.synchronize();
         }
     }

@@ -828,14 +828,17 @@ fn run_step(
             }
         }
         if let Some(c) = clock.as_mut() {
-            // a collective's span is where it ran on its own stream
+            // a collective's span is where it ran on its own stream (the arms above that
+            // `continue` are compute ops, whose span stays the compute stream's)
             let group = match &sop.kind {
                 OpKind::AllGather { .. } | OpKind::ReduceScatter { .. } => Some(comm.shard),
                 OpKind::AllReduce { group: Group::World, .. } => Some(comm.world),
                 OpKind::AllReduce { .. } => Some(comm.replicate),
                 _ => None,
             };
-            c.comm.push(group.and_then(|g| g.last_span()));
+            if let Some(slot) = c.comm.last_mut() {
+                *slot = group.and_then(|g| g.last_span());
+            }
         }
     }
     if let Some((v, p)) = rs_flight.take() {
@@ -864,10 +867,11 @@ fn run_step(
 /// collective the events around it on NCCL's stream ([`Collective::last_span`]). Kernels run
 /// after the host launches them, so host clocks would time launches, not work.
 struct DeviceClock {
-    device: crate::cuda::Device,
     stream: crate::cuda::Stream,
     marks: Vec<crate::cuda::Event>,
     comm: Vec<Option<crate::comm::DeviceSpan>>,
+    // last: the events above go before the context is released
+    device: crate::cuda::Device,
 }
 
 impl DeviceClock {
@@ -875,13 +879,15 @@ impl DeviceClock {
         let c = |e: crate::cuda::CudaError| err(format!("timing the step on cuda:{ordinal}: {e}"));
         let device = crate::cuda::Device::new(ordinal).map_err(c)?;
         let stream = crate::cuda::Stream::legacy_default().map_err(c)?;
-        Ok(DeviceClock { device, stream, marks: vec![], comm: vec![] })
+        Ok(DeviceClock { stream, marks: vec![], comm: vec![], device })
     }
     /// Marks where the next op (or the end of the step) starts on the compute stream.
     fn mark(&mut self) -> Result<(), RtError> {
         let e = crate::cuda::Event::new(&self.device, true).map_err(|e| err(e.to_string()))?;
         e.record(&self.stream).map_err(|e| err(e.to_string()))?;
         self.marks.push(e);
+        // the op's collective span, if it turns out to be one (set after it ran)
+        self.comm.push(None);
         Ok(())
     }
     /// (start, end) of each op in seconds from the step's first mark, once the device is done.

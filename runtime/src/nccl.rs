@@ -135,11 +135,12 @@ mod imp {
     pub struct NcclGroup {
         pub(super) rank: usize,
         pub(super) size: usize,
-        device: Device,
         inner: Mutex<Inner>,
         watched: Arc<Watched>,
         /// The last collective's start and end on the group's stream.
         last: Mutex<Option<crate::comm::DeviceSpan>>,
+        /// (last: the streams and events above go before the context is released)
+        device: Arc<Device>,
     }
 
     // The communicator is used under the mutex, from one thread at a time.
@@ -201,7 +202,7 @@ mod imp {
         #[allow(clippy::too_many_arguments)]
         fn assemble(rank: usize, size: usize, device: Device, comm: sys::ncclComm_t, stream: Stream, ready: Event, done: Event, compute: Stream) -> NcclGroup {
             let watched = Arc::new(Watched { comm, aborted: AtomicBool::new(false), ledger: Ledger::default(), label: format!("NCCL group of {size} (here rank {rank}) on cuda:{}", device.ordinal) });
-            NcclGroup { rank, size, device, inner: Mutex::new(Inner { comm, stream, ready, done, compute }), watched, last: Mutex::new(None) }
+            NcclGroup { rank, size, inner: Mutex::new(Inner { comm, stream, ready, done, compute }), watched, last: Mutex::new(None), device: Arc::new(device) }
         }
 
         /// Refuses a communicator the watchdog aborted.
@@ -224,7 +225,7 @@ mod imp {
         fn issued(&self, g: &Inner, start: Arc<Event>, what: &str, numel: i64) -> Result<(), CudaError> {
             let end = Arc::new(Event::new(&self.device, true)?);
             end.record(&g.stream)?;
-            self.watched.ledger.push(format!("{what} of {numel} elements"), end.clone());
+            self.watched.ledger.push(format!("{what} of {numel} elements"), start.clone(), end.clone());
             *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((start, end));
             Ok(())
         }
@@ -250,40 +251,47 @@ mod imp {
             Ok(t.detach().contiguous())
         }
 
-        /// Runs `op(send, recv, comm, stream)` on the group's stream, ordered after and
-        /// before the compute stream's work.
-        fn run(&self, send: &Tensor, recv: &Tensor, what: &str, op: impl FnOnce(*const std::ffi::c_void, *mut std::ffi::c_void, sys::ncclComm_t, sys::cudaStream_t) -> Result<result::NcclStatus, result::NcclError>) -> Result<(), CudaError> {
+        /// Enqueues `op(send, recv, comm, stream)` on the group's stream after the compute
+        /// stream's work so far, between timing events, then `after`. Should anything fail
+        /// once NCCL may have the buffers, the group's stream is synchronized before the
+        /// error returns, so that no buffer is freed (and reused) under NCCL.
+        fn enqueue(&self, g: &Inner, send: &Tensor, recv: &Tensor, what: &str, op: impl FnOnce(*const std::ffi::c_void, *mut std::ffi::c_void, sys::ncclComm_t, sys::cudaStream_t) -> Result<result::NcclStatus, result::NcclError>, after: impl FnOnce(&Inner) -> Result<(), CudaError>) -> Result<(), CudaError> {
             self.usable(what)?;
-            let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             self.device.bind()?;
             g.ready.record(&g.compute)?;
             g.stream.wait(&g.ready)?;
-            let start = self.starting(&g)?;
-            op(send.data_ptr() as *const _, recv.data_ptr(), g.comm, g.stream.raw() as sys::cudaStream_t).map_err(nccl_err(what))?;
-            self.issued(&g, start, what, send.numel().max(recv.numel()) as i64)?;
-            g.done.record(&g.stream)?;
-            g.compute.wait(&g.done)?;
-            Ok(())
+            let start = self.starting(g)?;
+            let r = op(send.data_ptr() as *const _, recv.data_ptr(), g.comm, g.stream.raw() as sys::cudaStream_t)
+                .map_err(nccl_err(what))
+                .and_then(|_| self.issued(g, start, what, send.numel().max(recv.numel()) as i64))
+                .and_then(|_| after(g));
+            if r.is_err() {
+                let _ = g.stream.synchronize();
+            }
+            r
         }
 
-        /// `op(send, recv, comm, stream)` left in flight on the group's stream: it starts after
-        /// the compute stream's work so far, and the compute stream waits for it only in
+        /// Runs `op` on the group's stream, ordered after and before the compute stream's work.
+        fn run(&self, send: &Tensor, recv: &Tensor, what: &str, op: impl FnOnce(*const std::ffi::c_void, *mut std::ffi::c_void, sys::ncclComm_t, sys::cudaStream_t) -> Result<result::NcclStatus, result::NcclError>) -> Result<(), CudaError> {
+            let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            self.enqueue(&g, send, recv, what, op, |g| {
+                g.done.record(&g.stream)?;
+                g.compute.wait(&g.done)
+            })
+        }
+
+        /// `op` left in flight on the group's stream: it starts after the compute stream's
+        /// work so far, and the compute stream waits for it only in
         /// [`crate::comm::Pending::wait`]; `send` is kept alive until then (the caching
         /// allocator would otherwise hand its memory to a compute kernel while NCCL still
         /// reads it). `recv` was allocated on the compute stream before the launch, so no
         /// compute kernel still uses its memory when NCCL writes it.
         fn run_in_flight(&self, send: Tensor, recv: Tensor, what: &str, op: impl FnOnce(*const std::ffi::c_void, *mut std::ffi::c_void, sys::ncclComm_t, sys::cudaStream_t) -> Result<result::NcclStatus, result::NcclError>) -> Result<crate::comm::Pending, CudaError> {
-            self.usable(what)?;
             let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             self.device.bind()?;
             let done = Event::new(&self.device, false)?;
-            g.ready.record(&g.compute)?;
-            g.stream.wait(&g.ready)?;
-            let start = self.starting(&g)?;
-            op(send.data_ptr() as *const _, recv.data_ptr(), g.comm, g.stream.raw() as sys::cudaStream_t).map_err(nccl_err(what))?;
-            self.issued(&g, start, what, send.numel().max(recv.numel()) as i64)?;
-            done.record(&g.stream)?;
-            Ok(crate::comm::Pending::in_flight(recv, send, done))
+            self.enqueue(&g, &send, &recv, what, op, |g| done.record(&g.stream))?;
+            Ok(crate::comm::Pending::in_flight(recv, send, done, self.device.clone()))
         }
 
         /// An all-gather left in flight until the copy-out that needs it.
@@ -359,6 +367,9 @@ mod imp {
         }
     }
 
+    /// How long dropping a group waits for its collectives in flight before aborting it.
+    const DRAIN: Duration = Duration::from_secs(30);
+
     /// Watches `groups` (all on one device) every half second: a collective that has not
     /// completed within `timeout`, or an asynchronous NCCL error, aborts every one of them
     /// (`ncclCommAbort`, which also ends the kernels that wait for a dead peer) and hands the
@@ -372,7 +383,7 @@ mod imp {
         let seen = watched.clone();
         let check = move || -> Result<(), String> {
             device.bind().map_err(|e| e.to_string())?;
-            for w in &seen {
+            for w in seen.iter().filter(|w| !w.aborted.load(Ordering::Acquire)) {
                 let mut r = sys::ncclResult_t::ncclSuccess;
                 unsafe { sys::ncclCommGetAsyncError(w.comm, &mut r) }.result().map_err(|e| format!("{}: ncclCommGetAsyncError: {:?}", w.label, e.0))?;
                 if !matches!(r, sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress) {
@@ -398,15 +409,20 @@ mod imp {
 
     impl Drop for NcclGroup {
         fn drop(&mut self) {
-            if self.watched.aborted.load(Ordering::Acquire) {
-                // aborted by the watchdog: the communicator is gone, the stream may never finish
+            if self.watched.aborted.swap(true, Ordering::AcqRel) {
+                // aborted by the watchdog: the communicator is gone
                 return;
             }
-            let g = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
             let _ = self.device.bind();
-            let _ = g.stream.synchronize();
+            let g = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
+            // ncclCommDestroy waits for the communicator's pending work: when that does not
+            // finish (an error path with a peer gone), abort instead of hanging
             unsafe {
-                let _ = result::comm_destroy(g.comm);
+                if self.watched.ledger.drain(DRAIN) {
+                    let _ = result::comm_destroy(g.comm);
+                } else {
+                    let _ = sys::ncclCommAbort(g.comm);
+                }
             }
         }
     }

@@ -426,7 +426,8 @@ pub fn run_process(plan: &Plan, model: &Model, cfg: &RunConfig, env: &crate::lau
         }
         Backend::Cuda => {
             let rz = crate::nccl::rendezvous(&rcfg).map_err(RtError::Comm)?;
-            let world = crate::nccl::NcclGroup::from_rendezvous(&rz, env.local_rank).map_err(|e| RtError::Comm(format!("rank {}: {e}", env.rank)))?;
+            let ordinal = gpu_ordinal(env.local_rank, std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref());
+            let world = crate::nccl::NcclGroup::from_rendezvous(&rz, ordinal).map_err(|e| RtError::Comm(format!("rank {}: {e}", env.rank)))?;
             let device = world.device();
             let s = shard_size.clamp(1, ws);
             let split = |color, key| world.split(color, key).map_err(|e| RtError::Comm(format!("rank {}: {e}", env.rank)));
@@ -448,7 +449,12 @@ pub fn run_process(plan: &Plan, model: &Model, cfg: &RunConfig, env: &crate::lau
             let r = env.rank;
             let _watchdog = crate::nccl::watchdog(&watched, timeout, move |msg| {
                 eprintln!("error: rank {r}: {msg}; aborted the NCCL communicators");
-                std::process::exit(1);
+                // at once, as torch's watchdog: no exit handlers or destructors while the main
+                // thread may still be inside CUDA
+                extern "C" {
+                    fn _exit(code: i32) -> !;
+                }
+                unsafe { _exit(1) }
             })
             .map_err(|e| RtError::Comm(format!("rank {}: {e}", env.rank)))?;
             let mesh = crate::comm::Groups { world: &world, shard, replicate };
@@ -458,6 +464,16 @@ pub fn run_process(plan: &Plan, model: &Model, cfg: &RunConfig, env: &crate::lau
     let last = last.into_inner().unwrap_or_else(|e| e.into_inner());
     // (only rank 0 wrote `last`; each step was reported as it ended)
     reports(plan, cfg.trace.as_deref().filter(|_| env.rank == 0), rows, last, |_| {})
+}
+
+/// The GPU of a rank: `LOCAL_RANK` among the visible devices (torchrun, `launch`), or device 0
+/// when the launcher made a single device visible to each task (SLURM's
+/// `--gpus-per-task=1`: CUDA_VISIBLE_DEVICES names one device per task).
+pub fn gpu_ordinal(local_rank: usize, cuda_visible_devices: Option<&str>) -> usize {
+    match cuda_visible_devices.map(|v| v.split(',').filter(|d| !d.trim().is_empty()).count()) {
+        Some(1) => 0,
+        _ => local_rank,
+    }
 }
 
 /// The measured timeline of rank 0's last step as a [`fsdp_planner::timeline::TimeReport`].
@@ -532,6 +548,17 @@ fn write_trace(plan: &Plan, spans: &[(f64, f64)], path: &std::path::Path) -> Res
 #[cfg(test)]
 mod tests {
     use super::uncovered;
+
+    #[test]
+    fn a_rank_uses_its_local_gpu_or_the_only_one_it_sees() {
+        use super::gpu_ordinal;
+        assert_eq!(gpu_ordinal(3, None), 3);
+        assert_eq!(gpu_ordinal(3, Some("0,1,2,3")), 3);
+        // one device per task (SLURM --gpus-per-task=1)
+        assert_eq!(gpu_ordinal(3, Some("5")), 0);
+        // more ranks than devices: LOCAL_RANK is kept, and Device::new names the mismatch
+        assert_eq!(gpu_ordinal(5, Some("0,1")), 5);
+    }
 
     #[test]
     fn exposed_communication_is_what_compute_does_not_cover() {

@@ -26,9 +26,12 @@ impl<M: Mark + Sync> Mark for Arc<M> {
 }
 
 struct Issued<M> {
-    at: Instant,
     what: String,
-    mark: M,
+    start: M,
+    end: M,
+    /// When the watchdog first saw `start` complete: the collective runs from then on (before,
+    /// it waits for the compute stream, which may be far behind the host).
+    started: Option<Instant>,
 }
 
 /// The collectives issued on one stream and not yet seen complete, oldest first (a stream
@@ -44,15 +47,13 @@ impl<M: Mark> Default for Ledger<M> {
 }
 
 impl<M: Mark> Ledger<M> {
-    /// Records a collective `what`, issued now, whose end `mark` marks; retires the ones
-    /// already complete (so the ledger stays short without a watchdog).
-    pub fn push(&self, what: impl Into<String>, mark: M) {
-        self.push_at(Instant::now(), what, mark)
-    }
-    fn push_at(&self, at: Instant, what: impl Into<String>, mark: M) {
+    /// Records a collective `what` just issued, whose start and end on its stream `start` and
+    /// `end` mark; retires the ones already complete (so the ledger stays short without a
+    /// watchdog).
+    pub fn push(&self, what: impl Into<String>, start: M, end: M) {
         let mut q = self.q.lock().unwrap_or_else(|e| e.into_inner());
         retire(&mut q);
-        q.push_back(Issued { at, what: what.into(), mark });
+        q.push_back(Issued { what: what.into(), start, end, started: None });
     }
     /// Collectives not yet seen complete.
     pub fn len(&self) -> usize {
@@ -61,33 +62,55 @@ impl<M: Mark> Ledger<M> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    /// Retires completed collectives; the oldest still running after `timeout` (at `now`) is
-    /// an error naming it and how long it has run.
+    /// Retires completed collectives; the oldest one still running `timeout` after it was
+    /// first seen started (at a check up to `now`) is an error naming it and how long it ran.
     pub fn check(&self, now: Instant, timeout: Duration) -> Result<(), String> {
         let mut q = self.q.lock().unwrap_or_else(|e| e.into_inner());
-        while let Some(first) = q.front() {
-            if first.mark.done()? {
+        loop {
+            let queued = q.len().saturating_sub(1);
+            let Some(first) = q.front_mut() else { break };
+            if first.end.done()? {
                 q.pop_front();
                 continue;
             }
-            let ran = now.saturating_duration_since(first.at);
+            if first.started.is_none() && first.start.done()? {
+                first.started = Some(now);
+            }
+            let ran = first.started.map(|t| now.saturating_duration_since(t)).unwrap_or_default();
             if ran > timeout {
                 return Err(format!(
-                    "{} has not completed after {:.1} s (timeout {:.1} s; {} collective(s) queued behind it): a peer rank died or hangs",
+                    "{} has not completed {:.1} s after it started (timeout {:.1} s; {} collective(s) queued behind it): a peer rank died or hangs",
                     first.what,
                     ran.as_secs_f64(),
                     timeout.as_secs_f64(),
-                    q.len() - 1
+                    queued
                 ));
             }
             break;
         }
         Ok(())
     }
+    /// Waits up to `limit` for every collective to complete (true), polling.
+    pub fn drain(&self, limit: Duration) -> bool {
+        let t = Instant::now();
+        loop {
+            {
+                let mut q = self.q.lock().unwrap_or_else(|e| e.into_inner());
+                retire(&mut q);
+                if q.is_empty() {
+                    return true;
+                }
+            }
+            if t.elapsed() > limit {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
 }
 
 fn retire<M: Mark>(q: &mut VecDeque<Issued<M>>) {
-    while q.front().is_some_and(|f| f.mark.done().unwrap_or(false)) {
+    while q.front().is_some_and(|f| f.end.done().unwrap_or(false)) {
         q.pop_front();
     }
 }
@@ -155,50 +178,60 @@ mod tests {
     fn a_collective_past_its_timeout_is_named() {
         let l = Ledger::default();
         let t0 = Instant::now();
-        let (a, sa) = fake();
-        let (b, _sb) = fake();
-        l.push_at(t0, "all-gather of u3 (rank 1 of 4)", a);
-        l.push_at(t0 + Duration::from_secs(1), "reduce-scatter of u3", b);
+        let s = |n| t0 + Duration::from_secs(n);
+        let ((a0, sa0), (a1, sa1)) = (fake(), fake());
+        let ((b0, sb0), (b1, _sb1)) = (fake(), fake());
+        l.push("all-gather of 1024 elements", a0, a1);
+        l.push("reduce-scatter of 1024 elements", b0, b1);
         let to = Duration::from_secs(10);
-        assert_eq!(l.check(t0 + Duration::from_secs(5), to), Ok(()));
-        let e = l.check(t0 + Duration::from_secs(11), to).unwrap_err();
-        assert!(e.starts_with("all-gather of u3 (rank 1 of 4) has not completed after 11.0 s (timeout 10.0 s; 1 collective(s) queued behind it)"), "{e}");
-        // the first completes: the second is judged from its own start
-        sa.store(1, Ordering::SeqCst);
-        assert_eq!(l.check(t0 + Duration::from_secs(11), to), Ok(()));
+        // not started yet (its stream waits for compute): never judged, however long
+        assert_eq!(l.check(s(100), to), Ok(()));
+        sa0.store(1, Ordering::SeqCst);
+        assert_eq!(l.check(s(101), to), Ok(()));
+        assert_eq!(l.check(s(111), to), Ok(()));
+        let e = l.check(s(112), to).unwrap_err();
+        assert!(e.starts_with("all-gather of 1024 elements has not completed 11.0 s after it started (timeout 10.0 s; 1 collective(s) queued behind it)"), "{e}");
+        // the first completes: the second is judged from when it is seen started
+        sa1.store(1, Ordering::SeqCst);
+        sb0.store(1, Ordering::SeqCst);
+        assert_eq!(l.check(s(112), to), Ok(()));
         assert_eq!(l.len(), 1);
-        let e = l.check(t0 + Duration::from_secs(12), to).unwrap_err();
-        assert!(e.starts_with("reduce-scatter of u3 has not completed after 11.0 s"), "{e}");
+        assert_eq!(l.check(s(122), to), Ok(()));
+        let e = l.check(s(123), to).unwrap_err();
+        assert!(e.starts_with("reduce-scatter of 1024 elements has not completed 11.0 s after it started"), "{e}");
+        assert!(!l.drain(Duration::from_millis(20)), "one still running");
     }
 
     #[test]
     fn completed_collectives_are_retired_and_errors_reported() {
         let l = Ledger::default();
         for _ in 0..100 {
-            let (m, s) = fake();
-            s.store(1, Ordering::SeqCst);
-            l.push("all-reduce", m);
+            let ((a, sa), (b, sb)) = (fake(), fake());
+            sa.store(1, Ordering::SeqCst);
+            sb.store(1, Ordering::SeqCst);
+            l.push("all-reduce", a, b);
         }
         // retired as new ones come, without a watchdog
         assert_eq!(l.len(), 1);
         assert_eq!(l.check(Instant::now(), Duration::ZERO), Ok(()));
-        assert!(l.is_empty());
-        let (m, s) = fake();
-        l.push("all-gather", m);
-        s.store(2, Ordering::SeqCst);
+        assert!(l.is_empty() && l.drain(Duration::ZERO));
+        let ((a, _sa), (b, sb)) = (fake(), fake());
+        l.push("all-gather", a, b);
+        sb.store(2, Ordering::SeqCst);
         assert_eq!(l.check(Instant::now(), Duration::from_secs(600)), Err("device lost".to_string()));
     }
 
     #[test]
     fn the_watchdog_reports_the_first_failure_once_and_stops_when_dropped() {
         let l = Arc::new(Ledger::default());
-        let (m, _s) = fake();
-        l.push("all-gather", m);
+        let ((a, sa), (b, _sb)) = (fake(), fake());
+        sa.store(1, Ordering::SeqCst);
+        l.push("all-gather", a, b);
         let (tx, rx) = std::sync::mpsc::channel();
         let l2 = l.clone();
         let wd = Watchdog::start(Duration::from_millis(5), move || l2.check(Instant::now(), Duration::from_millis(50)), move |e| tx.send(e).unwrap_or(()));
         let e = rx.recv_timeout(Duration::from_secs(10)).expect("the watchdog fired");
-        assert!(e.starts_with("all-gather has not completed after"), "{e}");
+        assert!(e.starts_with("all-gather has not completed"), "{e}");
         drop(wd);
         assert!(rx.recv_timeout(Duration::from_millis(50)).is_err(), "reported once");
         // a healthy ledger: no report, and dropping the watchdog ends its thread promptly

@@ -21,6 +21,9 @@ fn gpus() -> Result<usize, String> {
     if n == 0 {
         return Err("the driver sees no device".into());
     }
+    // libtorch's CUDA backend is a library the linker drops from test binaries too: load it
+    // before asking tch
+    cuda::load_torch_cuda().map_err(|e| e.to_string())?;
     if !tch::Cuda::is_available() {
         return Err(format!("{n} device(s), but this libtorch has no CUDA"));
     }
@@ -46,7 +49,8 @@ fn nccl_collectives_on_every_visible_gpu() {
                 let rz = nccl::rendezvous(&cfg)?;
                 let g = nccl::NcclGroup::from_rendezvous(&rz, r).map_err(|e| e.to_string())?;
                 // a healthy run must not trip the watchdog
-                let wd = nccl::watchdog(&[&g], Duration::from_secs(60), |m| panic!("watchdog: {m}")).map_err(|e| e.to_string())?;
+                let (tripped_tx, tripped) = std::sync::mpsc::channel::<String>();
+                let wd = nccl::watchdog(&[&g], Duration::from_secs(60), move |m| tripped_tx.send(m).unwrap_or(())).map_err(|e| e.to_string())?;
                 let mut line = selftest::check_collectives(&g, tch::Device::Cuda(r))?;
                 // communicators split off the world (hybrid sharding's groups): all of it as
                 // one new communicator, and even / odd ranks
@@ -58,6 +62,9 @@ fn nccl_collectives_on_every_visible_gpu() {
                 line += &format!("\n  split whole: {}", selftest::check_collectives(&whole, tch::Device::Cuda(r))?);
                 line += &format!("\n  split parity: {}", selftest::check_collectives(&parity, tch::Device::Cuda(r))?);
                 drop(wd);
+                if let Ok(m) = tripped.try_recv() {
+                    return Err(format!("rank {r}: the watchdog tripped on a healthy run: {m}"));
+                }
                 rz.barrier(Some(Duration::from_secs(60))).map_err(|e| e.to_string())?;
                 Ok(line)
             })
