@@ -543,9 +543,11 @@ fn run_step(
                 env.insert(k.clone(), v.shallow_clone());
             }
         }
-        if !matches!(sop.kind, OpKind::Backward { .. } | OpKind::Recompute { .. } | OpKind::AllGather { .. } | OpKind::CopyOut { .. } | OpKind::Reshard { .. } | OpKind::KeepGrads { .. } | OpKind::ReduceScatter { .. } | OpKind::AllReduce { group: Group::World, .. }) {
-            // anything else may need the reduced gradient (the replicas' all-reduce, the
-            // optimizer) or ends the backward: the reduction in flight is finished first
+        if !matches!(sop.kind, OpKind::Backward { .. } | OpKind::Recompute { .. } | OpKind::AllGather { .. } | OpKind::CopyOut { .. } | OpKind::Reshard { .. } | OpKind::KeepGrads { .. }) {
+            // the next reduction (FSDP2's post-backward: the compute stream waits for the
+            // previous one before the next is issued, one in flight at a time), or anything
+            // that may need the reduced gradient (the replicas' all-reduce, the optimizer) or
+            // ends the backward: the reduction in flight is finished first
             if let Some((v, p)) = rs_flight.take() {
                 finish_reduction(v, p.wait()?, hybrid, &mut pending, &mut sgrads, &rank.shards)?;
             }
@@ -762,11 +764,6 @@ fn run_step(
             }
             OpKind::ReduceScatter { unit, .. } | OpKind::AllReduce { unit, group: Group::World, .. } => {
                 let u = unit.index();
-                // FSDP2's post-backward: the compute stream waits for the previous reduction
-                // before the next one is issued (one in flight at a time)
-                if let Some((v, p)) = rs_flight.take() {
-                    finish_reduction(v, p.wait()?, hybrid, &mut pending, &mut sgrads, &rank.shards)?;
-                }
                 // grads are reduced in reduce_dtype (else their own dtype), then kept in the
                 // shard's (master) dtype
                 let gk = reduce_kind.or(param_kind).unwrap_or(rank.shards[u].kind());

@@ -170,14 +170,10 @@ mod imp {
             // tch's CUDA tensors need libtorch_cuda in the process
             crate::cuda::load_torch_cuda()?;
             let device = Device::new(ordinal)?;
-            let stream = Stream::new(&device)?;
-            let ready = Event::new(&device, false)?;
-            let done = Event::new(&device, false)?;
-            let compute = Stream::legacy_default()?;
             let nid = sys::ncclUniqueId { internal: id.map(|b| b as std::ffi::c_char) };
             let mut comm: sys::ncclComm_t = std::ptr::null_mut();
             unsafe { result::comm_init_rank(&mut comm, size as i32, nid, rank as i32) }.map_err(nccl_err("ncclCommInitRank"))?;
-            Ok(NcclGroup::assemble(rank, size, device, comm, stream, ready, done, compute))
+            NcclGroup::assemble(rank, size, device, comm)
         }
 
         /// This rank's communicator among the ranks that pass the same `color`, ordered by
@@ -188,21 +184,22 @@ mod imp {
         pub fn split(&self, color: usize, key: usize) -> Result<NcclGroup, CudaError> {
             let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             let device = Device::new(self.device.ordinal)?;
-            let stream = Stream::new(&device)?;
-            let ready = Event::new(&device, false)?;
-            let done = Event::new(&device, false)?;
-            let compute = Stream::legacy_default()?;
             let mut comm: sys::ncclComm_t = std::ptr::null_mut();
             unsafe { sys::ncclCommSplit(g.comm, color as i32, key as i32, &mut comm, std::ptr::null_mut()) }.result().map_err(nccl_err("ncclCommSplit"))?;
             let (rank, size) = unsafe { (result::comm_user_rank(comm), result::comm_count(comm)) };
             let (rank, size) = (rank.map_err(nccl_err("ncclCommUserRank"))? as usize, size.map_err(nccl_err("ncclCommCount"))? as usize);
-            Ok(NcclGroup::assemble(rank, size, device, comm, stream, ready, done, compute))
+            NcclGroup::assemble(rank, size, device, comm)
         }
 
-        #[allow(clippy::too_many_arguments)]
-        fn assemble(rank: usize, size: usize, device: Device, comm: sys::ncclComm_t, stream: Stream, ready: Event, done: Event, compute: Stream) -> NcclGroup {
+        /// A group around communicator `comm` on `device`: its own stream and the events that
+        /// order it with libtorch's compute stream.
+        fn assemble(rank: usize, size: usize, device: Device, comm: sys::ncclComm_t) -> Result<NcclGroup, CudaError> {
+            let stream = Stream::new(&device)?;
+            let ready = Event::new(&device, false)?;
+            let done = Event::new(&device, false)?;
+            let compute = Stream::legacy_default()?;
             let watched = Arc::new(Watched { comm, aborted: AtomicBool::new(false), ledger: Ledger::default(), label: format!("NCCL group of {size} (here rank {rank}) on cuda:{}", device.ordinal) });
-            NcclGroup { rank, size, inner: Mutex::new(Inner { comm, stream, ready, done, compute }), watched, last: Mutex::new(None), device: Arc::new(device) }
+            Ok(NcclGroup { rank, size, inner: Mutex::new(Inner { comm, stream, ready, done, compute }), watched, last: Mutex::new(None), device: Arc::new(device) })
         }
 
         /// Refuses a communicator the watchdog aborted.
