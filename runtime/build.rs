@@ -15,7 +15,19 @@ fn main() {
         Ok(x) => x,
         Err(e) => panic!("fsdp-runtime: cannot find libtorch's headers ({e}); run `bash scripts/setup-venv.sh && source scripts/env.sh` first"),
     };
-    cc::Build::new()
+    let mut build = cc::Build::new();
+    // The GPU arena's allocator wraps libtorch's CUDA allocator: it needs c10/cuda's headers,
+    // which need the CUDA runtime's (the venv's nvidia-cuda-runtime wheel has them). Only
+    // headers: nothing links CUDA (the allocator object is looked up when libtorch_cuda loads).
+    if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
+        match cuda_include() {
+            Some(dir) => {
+                build.include(dir).define("FSDP_CUDA", None);
+            }
+            None => println!("cargo:warning=fsdp-runtime: no CUDA runtime headers (cuda_runtime_api.h) found beside the venv's PyTorch; the GPU arena is left out (GPU runs allocate from libtorch's caching allocator)"),
+        }
+    }
+    build
         .cpp(true)
         .file("csrc/shim.cpp")
         .includes(&includes)
@@ -25,6 +37,24 @@ fn main() {
         .flag_if_supported("-Wno-deprecated-declarations")
         .warnings(false)
         .compile("fsdp_shim");
+}
+
+/// The directory with `cuda_runtime_api.h`: `CUDA_INCLUDE`, else the venv's `nvidia/*/include`
+/// (pip's CUDA runtime wheel), else `/usr/local/cuda/include`.
+fn cuda_include() -> Option<PathBuf> {
+    println!("cargo:rerun-if-env-changed=CUDA_INCLUDE");
+    let has = |d: &PathBuf| d.join("cuda_runtime_api.h").is_file();
+    if let Some(d) = std::env::var_os("CUDA_INCLUDE").map(PathBuf::from) {
+        return has(&d).then_some(d);
+    }
+    let python = std::env::var("PYTHON_SYS_EXECUTABLE").unwrap_or_else(|_| "python".into());
+    let found = Command::new(&python)
+        .args(["-c", "import glob, os, nvidia\nfor p in nvidia.__path__:\n    for h in sorted(glob.glob(os.path.join(p, '*', 'include', 'cuda_runtime_api.h'))): print(os.path.dirname(h))"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).lines().map(|l| PathBuf::from(l.trim())).find(|d| has(d)));
+    found.or_else(|| Some(PathBuf::from("/usr/local/cuda/include")).filter(has))
 }
 
 fn torch_paths() -> Result<(Vec<PathBuf>, String), String> {

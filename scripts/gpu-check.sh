@@ -16,7 +16,8 @@
 #   3. per model (gpt2 124M; llama-1b: Llama-3.2-1B's shapes, 1.24B parameters), world size 1:
 #      a. PyTorch FSDP2 (`fully_shard` per decoder block + root, AdamW, fp32) trains B×S for
 #         10 steps and writes the initial weights and tokens;
-#      b. fsdp-plan run --backend cuda on the same weights, tokens, optimizer, batch, seq;
+#      b. fsdp-plan run --backend cuda on the same weights, tokens, optimizer, batch, seq: in
+#         the plan's arena (the default), then with --no-arena (libtorch's caching allocator);
 #      c. the CUDA run's losses against the CPU runtime's (a short run, same weights/tokens);
 #      d. fsdp-plan's prediction (plan --hardware h100);
 #      e. scripts/gpu_report.py: tokens/s and peak memory of both, the predicted peak, the
@@ -103,11 +104,13 @@ json.dump(d, open(sys.argv[2], "w"), indent=1)' "models/$M.config.json" "$W/mode
   step "$M-import" "$B" import hf "$W/model.config.json" -o "$W/model.ron" --name "$M"
   COMMON=("$W/model.ron" --world-size 1 --policy auto --optimizer adamw --lr 1e-3 --weights "$W/init.safetensors" --data "$W/tokens.u32" --format json)
   json "$LOG/$M-cuda.json" "$B" run "${COMMON[@]}" --batch "$BS" --seq "$SEQ" --steps 10 --backend "$DEV" --trace "$LOG/$M-trace.json"
+  # the same in libtorch's caching allocator instead of the plan's arena
+  json "$LOG/$M-cuda-heap.json" "$B" run "${COMMON[@]}" --batch "$BS" --seq "$SEQ" --steps 10 --backend "$DEV" --no-arena
   # losses: CUDA vs the CPU runtime on a short run of the same weights and tokens
   json "$LOG/$M-cuda-short.json" "$B" run "${COMMON[@]}" --batch "${SHORT[0]}" --seq "${SHORT[1]}" --steps 3 --backend "$DEV"
   json "$LOG/$M-cpu-short.json" "$B" run "${COMMON[@]}" --batch "${SHORT[0]}" --seq "${SHORT[1]}" --steps 3 --backend cpu
   json "$LOG/$M-plan.json" "$B" plan "$W/model.ron" --world-size 1 --policy auto --optimizer adamw --batch "$BS" --seq "$SEQ" --hardware h100 --device "$DEV" --format json
-  step "$M-report" "$PY" scripts/gpu_report.py --name "$M" --ours-cuda "$LOG/$M-cuda.json" --loss-cuda "$LOG/$M-cuda-short.json" \
+  step "$M-report" "$PY" scripts/gpu_report.py --name "$M" --ours-cuda "$LOG/$M-cuda.json" --ours-heap "$LOG/$M-cuda-heap.json" --loss-cuda "$LOG/$M-cuda-short.json" \
     --ours-cpu "$LOG/$M-cpu-short.json" --fsdp2 "$LOG/$M-fsdp2.json" --plan "$LOG/$M-plan.json" --rtol "$RTOL" --fsdp2-rtol "$F2RTOL" --out "$LOG/RESULTS-gpu.md"
   # the time model: the hardware profile fitted to this run's measured timeline (device
   # timestamps on a GPU), and its step-time error before and after

@@ -45,6 +45,7 @@ def main():
     ap.add_argument("--ours-cuda", required=True)
     ap.add_argument("--ours-cpu", default=None, help="the CPU run of the --loss-cuda configuration")
     ap.add_argument("--loss-cuda", default=None, help="the CUDA run compared with --ours-cpu (default: --ours-cuda)")
+    ap.add_argument("--ours-heap", default=None, help="the --ours-cuda run with --no-arena (libtorch's caching allocator)")
     ap.add_argument("--fsdp2", required=True)
     ap.add_argument("--plan", required=True)
     ap.add_argument("--rtol", type=float, default=1e-4)
@@ -78,6 +79,14 @@ def main():
         f"| {a.name} | {f2.get('gpu')} | {f2.get('batch')} × {f2.get('seq')} | {f2.get('param_dtype')} | {ot:,.0f} | {ft:,.0f} | "
         f"{ot / ft:.2f}× | {gib(op)} | {gib(fp)} | {gib(pp)} | {plan['time']['tokens_per_s_per_gpu']:,.0f} |",
     ]
+    if ours.get("arena"):
+        ar = ours["arena"]
+        rows.append(f"- {a.name}: fsdp-plan in the plan's arena (last step): {gib(ar['placed_bytes'])} in {ar['placed']} allocations placed at the plan's offsets, "
+                    f"{gib(ar['heap_bytes'])} in {ar['heap']} from the caching allocator ({ar['overlaps']} refused a region still in use)")
+    if a.ours_heap:
+        h = load(a.ours_heap)
+        ht, hp = tokens_per_s(h["steps"]), h["steps"][-1].get("peak_bytes")
+        rows.append(f"- {a.name}: fsdp-plan with `--no-arena` (libtorch's caching allocator): {ht:,.0f} tokens/s ({ht / ft:.2f}× FSDP2), peak {gib(hp)}")
     text = "\n".join(table + [""] + rows) + "\n"
     print(text)
     if a.out:

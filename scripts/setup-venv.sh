@@ -9,3 +9,8 @@ if ! .venv/bin/python -c 'import torch, transformers, safetensors, sys; sys.exit
   "$PY" -m venv .venv
   .venv/bin/pip install --quiet --disable-pip-version-check torch==2.11.0 transformers==5.17.0 safetensors
 fi
+# the CUDA runtime headers' crt/ part (134 kB), which pip's nvidia-cuda-runtime wheel leaves
+# out: the `cuda` build compiles the GPU arena's allocator against c10/cuda's headers
+if ! ls .venv/lib/python3*/site-packages/nvidia/cu13/include/crt/host_defines.h >/dev/null 2>&1; then
+  .venv/bin/pip install --quiet --disable-pip-version-check --no-deps nvidia-cuda-crt==13.0.88
+fi

@@ -8,6 +8,9 @@ bash scripts/setup-venv.sh
 source scripts/env.sh
 cargo test --workspace --all-targets --locked
 cargo build --features cuda --locked   # the binary with the runtime and the GPU backend compiles (cudarc loads CUDA/NCCL at run time)
+# the runtime's unit tests in the cuda build: the GPU arena's allocator over a fake caching
+# allocator, and its installation in front of libtorch's (GPU tests print SKIPPED without one)
+cargo test -p fsdp-runtime --features cuda --lib --locked
 # the GPU side by side's plumbing, on the CPU: PyTorch FSDP2 (gloo) and fsdp-plan on the same
 # weights and tokens, the loss comparison and the report (scripts/gpu-check.sh on a GPU)
 GPU_CHECK_DRY=cpu FSDP_PLAN_BIN=target/debug/fsdp-plan bash scripts/gpu-check.sh

@@ -40,6 +40,22 @@
 #include <map>
 #include <vector>
 #include <cstdlib>
+#include <stdexcept>
+#include <unordered_set>
+#include <functional>
+#include <dlfcn.h>
+
+#ifdef FSDP_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+// The only functions of CUDA and libc10_cuda the headers make us name (CUDAAllocator's inline
+// getMemoryInfo, which the wrapper overrides and never calls): weak, so that the binaries
+// neither link libcudart/libc10_cuda nor fail to load without them.
+#pragma weak cudaMemGetInfo
+namespace c10::cuda {
+void c10_cuda_check_implementation(const int32_t err, const char* filename, const char* function_name,
+                                   const uint32_t line_number, const bool include_device_assertions) __attribute__((weak));
+}
+#endif
 
 namespace {
 
@@ -69,12 +85,10 @@ struct Header {
 };
 static_assert(sizeof(Header) <= kHeader, "header too large");
 
-// A plan's arena: one block. While a thread has entered it, every allocation is recorded
-// (schedule op, ordinal in the op, size, when it is freed) and placed:
-// - replaying (an assignment was given, made from an earlier step's record): the allocation
-//   with this (op, ordinal) goes to its assigned offset if it has the assigned size;
-// - otherwise: at the offset of one of the current op's planned buffers of its size;
-// both unless the region overlaps a placed allocation still alive. The heap serves the rest.
+// A plan's arena: one block. While a thread has entered a CPU arena (or, for a GPU arena, while
+// the process has: the autograd engine runs a CUDA backward on its own device thread), every
+// allocation is recorded (schedule op, ordinal in the op, size, when it is freed) and placed
+// (`arena_place`); the heap (the inner allocator) serves the rest.
 struct Slot {
   int64_t off;
   int64_t size;
@@ -93,6 +107,8 @@ struct Rec {
 struct Arena {
   char* base = nullptr;
   int64_t size = 0;
+  int device = -1;       // the CUDA device of a GPU arena; -1: a CPU block (std::aligned_alloc)
+  c10::DataPtr block;    // a GPU arena's block, from libtorch's CUDA caching allocator
   std::vector<Slot> expect;
   std::map<int64_t, int64_t> live;  // offset -> bytes of placed allocations alive
   // placed bytes, placed count, heap bytes, heap count, overlaps, replay mismatches
@@ -144,22 +160,83 @@ bool region_free(const Arena& a, int64_t off, int64_t n) {
   return true;
 }
 
+// Returns a placed allocation's region to its arena (caller holds g_mu); false when `data`
+// was not placed.
+bool unplace_locked(void* data) {
+  auto p = g_placed.find(data);
+  if (p == g_placed.end()) {
+    return false;
+  }
+  Placed pl = p->second;
+  g_placed.erase(p);
+  auto t = g_trackers.find(pl.tracker);
+  if (t != g_trackers.end()) {
+    t->second.cur -= pl.bytes;
+  }
+  auto a = g_arenas.find(pl.arena);
+  if (a != g_arenas.end()) {
+    a->second.live.erase(pl.off);
+  }
+  rec_free(pl.arena, pl.rec);
+  return true;
+}
+
+// Records an allocation of `want` bytes in arena `id` and places it: the offset, or -1 when
+// the heap is to serve it; `*ri` gets its index in the record (caller holds g_mu).
+// - replaying (an assignment was given, made from an earlier step's record): the allocation
+//   with this (op, ordinal) goes to its assigned offset if it has the assigned size;
+// - otherwise: at the offset of one of the current op's planned buffers of its size;
+// both unless the region overlaps a placed allocation still alive.
+int64_t arena_place(Arena& ar, int64_t want, int64_t* ri) {
+  *ri = static_cast<int64_t>(ar.rec.size());
+  ar.rec.push_back(Rec{ar.epoch, ar.ordinal, want, ar.seq++, -1, -1});
+  int64_t ord = ar.ordinal++;
+  bool overlap = false;
+  int64_t at = -1;
+  if (ar.replay) {
+    const std::pair<int64_t, int64_t>* s = nullptr;
+    if (ar.epoch < static_cast<int64_t>(ar.assign.size()) && ord < static_cast<int64_t>(ar.assign[ar.epoch].size())) {
+      s = &ar.assign[ar.epoch][ord];
+    }
+    if (s == nullptr || s->second != want) {
+      ar.stats[5] += 1;  // not the allocation the assignment was made for
+    } else if (s->first >= 0) {
+      if (region_free(ar, s->first, want)) {
+        at = s->first;
+      } else {
+        overlap = true;
+      }
+    }
+  } else {
+    for (Slot& sl : ar.expect) {
+      if (sl.used || sl.size != want) {
+        continue;
+      }
+      if (!region_free(ar, sl.off, want)) {
+        overlap = true;
+        continue;
+      }
+      sl.used = true;
+      at = sl.off;
+      break;
+    }
+  }
+  if (at >= 0) {
+    ar.live[at] = want;
+    ar.stats[0] += want;
+    ar.stats[1] += 1;
+  } else {
+    ar.stats[2] += want;
+    ar.stats[3] += 1;
+    ar.stats[4] += overlap ? 1 : 0;
+  }
+  return at;
+}
+
 void counted_delete(void* data) {
   if (g_arena_count.load() > 0) {
     std::lock_guard<std::mutex> g(g_mu);
-    auto p = g_placed.find(data);
-    if (p != g_placed.end()) {
-      Placed pl = p->second;
-      g_placed.erase(p);
-      auto t = g_trackers.find(pl.tracker);
-      if (t != g_trackers.end()) {
-        t->second.cur -= pl.bytes;
-      }
-      auto a = g_arenas.find(pl.arena);
-      if (a != g_arenas.end()) {
-        a->second.live.erase(pl.off);
-      }
-      rec_free(pl.arena, pl.rec);
+    if (unplace_locked(data)) {
       return;
     }
   }
@@ -201,55 +278,16 @@ struct Counting final : c10::Allocator {
       }
       if (t_arena != 0) {
         auto a = g_arenas.find(t_arena);
-        if (a != g_arenas.end()) {
+        if (a != g_arenas.end() && a->second.device < 0) {
           Arena& ar = a->second;
           int64_t want = static_cast<int64_t>(n);
-          ri = static_cast<int64_t>(ar.rec.size());
-          ar.rec.push_back(Rec{ar.epoch, ar.ordinal, want, ar.seq++, -1, -1});
-          int64_t ord = ar.ordinal++;
           rec_arena = t_arena;
-          bool overlap = false;
-          int64_t at = -1;
-          if (ar.replay) {
-            const std::pair<int64_t, int64_t>* s = nullptr;
-            if (ar.epoch < static_cast<int64_t>(ar.assign.size()) &&
-                ord < static_cast<int64_t>(ar.assign[ar.epoch].size())) {
-              s = &ar.assign[ar.epoch][ord];
-            }
-            if (s == nullptr || s->second != want) {
-              ar.stats[5] += 1;  // not the allocation the assignment was made for
-            } else if (s->first >= 0) {
-              if (region_free(ar, s->first, want)) {
-                at = s->first;
-              } else {
-                overlap = true;
-              }
-            }
-          } else {
-            for (Slot& sl : ar.expect) {
-              if (sl.used || sl.size != want) {
-                continue;
-              }
-              if (!region_free(ar, sl.off, want)) {
-                overlap = true;
-                continue;
-              }
-              sl.used = true;
-              at = sl.off;
-              break;
-            }
-          }
+          int64_t at = arena_place(ar, want, &ri);
           if (at >= 0) {
-            ar.live[at] = want;
-            ar.stats[0] += want;
-            ar.stats[1] += 1;
             void* data = ar.base + at;
             g_placed[data] = Placed{t_arena, t, at, want, ri};
             return c10::DataPtr(data, data, &counted_delete, c10::Device(c10::DeviceType::CPU));
           }
-          ar.stats[2] += want;
-          ar.stats[3] += 1;
-          ar.stats[4] += overlap ? 1 : 0;
         }
       }
     } else {
@@ -275,6 +313,236 @@ struct Counting final : c10::Allocator {
     default_copy_data(dest, src, count);
   }
 };
+
+// The GPU arena's allocator: wraps libtorch's CUDA caching allocator (the object behind
+// `c10::cuda::CUDACachingAllocator::get()`, which every CUDA tensor allocation goes through)
+// and, while the process has entered a GPU arena, records every allocation and places it at
+// the plan's offset in the arena's block (`arena_place`), as the counting allocator does on
+// the CPU. What it does not place, and every allocation outside an arena step, the caching
+// allocator serves; the heap ones of an arena step get a deleter that records their free (the
+// record is what the next step's assignment is made from). Everything else (statistics,
+// streams, pools, IPC) is the caching allocator's: the arena block is one of its allocations,
+// so `torch.cuda.max_memory_allocated` counts the block plus what was not placed.
+//
+// Streams: a placed region is reused as soon as its tensor is freed on the host, which is the
+// caching allocator's own rule for memory used on one stream; the NCCL code keeps what its
+// stream reads or writes alive until the compute stream has waited for it.
+std::atomic<int64_t> g_cuda_arena{0};
+
+#ifdef FSDP_CUDA
+namespace cca = c10::cuda::CUDACachingAllocator;
+
+cca::CUDAAllocator* g_cuda_inner = nullptr;
+
+struct HeapRec {
+  int64_t arena;
+  int64_t rec;
+  c10::DeleterFnPtr del;
+};
+std::unordered_map<void*, HeapRec> g_cuda_heap;  // heap allocations of an arena step
+
+// The deleter of every DataPtr the wrapper made: a placed region goes back to its arena, a
+// recorded heap allocation is recorded freed and handed to its own deleter; anything else is
+// the caching allocator's (`raw_deleter`, so `Allocator::raw_deallocate` works too).
+void cuda_arena_delete(void* data) {
+  if (data == nullptr) {
+    return;
+  }
+  c10::DeleterFnPtr del = nullptr;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    if (unplace_locked(data)) {
+      return;
+    }
+    auto h = g_cuda_heap.find(data);
+    if (h != g_cuda_heap.end()) {
+      rec_free(h->second.arena, h->second.rec);
+      del = h->second.del;
+      g_cuda_heap.erase(h);
+    }
+  }
+  if (del == nullptr) {
+    del = g_cuda_inner->raw_deleter();
+  }
+  del(data);
+}
+
+struct ArenaCuda final : cca::CUDAAllocator {
+  cca::CUDAAllocator* inner;
+  // the caching allocator's allocate, and the device libtorch allocates on now (at::empty sets
+  // it to the tensor's); replaced by fakes in fsdp_cuda_arena_selftest
+  std::function<c10::DataPtr(size_t)> heap;
+  std::function<int()> device_now;
+  explicit ArenaCuda(cca::CUDAAllocator* a)
+      : inner(a),
+        heap([a](size_t n) { return a->allocate(n); }),
+        device_now([] { return static_cast<int>(c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index()); }) {}
+
+  c10::DataPtr allocate(size_t n) override {
+    int64_t id = g_cuda_arena.load();
+    if (id == 0 || n == 0) {
+      return heap(n);
+    }
+    int dev_now = device_now();
+    int64_t ri = -1;
+    {
+      std::lock_guard<std::mutex> g(g_mu);
+      auto a = g_arenas.find(id);
+      if (a == g_arenas.end() || a->second.device != dev_now) {
+        ri = -2;
+      } else {
+        Arena& ar = a->second;
+        int64_t want = static_cast<int64_t>(n);
+        int64_t at = arena_place(ar, want, &ri);
+        if (at >= 0) {
+          void* data = ar.base + at;
+          g_placed[data] = Placed{id, 0, at, want, ri};
+          return c10::DataPtr(data, data, &cuda_arena_delete, c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(ar.device)));
+        }
+      }
+    }
+    c10::DataPtr dp = heap(n);
+    if (ri < 0 || dp.get() == nullptr || dp.get() != dp.get_context()) {
+      return dp;  // not an arena step's, or not a plain pointer: left to its own deleter
+    }
+    c10::Device dev = dp.device();
+    c10::DeleterFnPtr del = dp.get_deleter();
+    void* data = dp.release_context();
+    {
+      std::lock_guard<std::mutex> g(g_mu);
+      g_cuda_heap[data] = HeapRec{id, ri, del};
+    }
+    return c10::DataPtr(data, data, &cuda_arena_delete, dev);
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &cuda_arena_delete; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { inner->copy_data(dest, src, count); }
+
+  // a DataPtr as the caching allocator made it (for the calls that look its block up), or
+  // null for a placed one; the caller releases it unowned
+  c10::DataPtr as_inner(const c10::DataPtr& p, bool* placed) {
+    std::lock_guard<std::mutex> g(g_mu);
+    *placed = g_placed.count(p.get()) != 0;
+    auto h = g_cuda_heap.find(p.get());
+    c10::DeleterFnPtr del = h != g_cuda_heap.end() ? h->second.del : p.get_deleter();
+    return c10::DataPtr(p.get(), p.get_context(), del, p.device());
+  }
+
+  // c10::DeviceAllocator
+  bool initialized() override { return inner->initialized(); }
+  void emptyCache(c10::MempoolId_t id) override { inner->emptyCache(id); }
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex d) override { return inner->getDeviceStats(d); }
+  void resetAccumulatedStats(c10::DeviceIndex d) override { inner->resetAccumulatedStats(d); }
+  void resetPeakStats(c10::DeviceIndex d) override { inner->resetPeakStats(d); }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex d) override { return inner->getMemoryInfo(d); }
+
+  // c10::cuda::CUDACachingAllocator::CUDAAllocator
+  void* raw_alloc(size_t n) override { return inner->raw_alloc(n); }
+  void* raw_alloc_with_stream(size_t n, cudaStream_t s) override { return inner->raw_alloc_with_stream(n, s); }
+  void raw_delete(void* p) override { inner->raw_delete(p); }
+  void init(int n) override { inner->init(n); }
+  double getMemoryFraction(c10::DeviceIndex d) override { return inner->getMemoryFraction(d); }
+  void setMemoryFraction(double f, c10::DeviceIndex d) override { inner->setMemoryFraction(f, d); }
+  std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex d) override { return inner->getExpandableSegmentSizes(d); }
+  void enable(bool v) override { inner->enable(v); }
+  bool isEnabled() const override { return inner->isEnabled(); }
+  void cacheInfo(c10::DeviceIndex d, size_t* largest) override { inner->cacheInfo(d, largest); }
+  void* getBaseAllocation(void* p, size_t* size) override {
+    {
+      std::lock_guard<std::mutex> g(g_mu);
+      auto it = g_placed.find(p);
+      if (it != g_placed.end()) {
+        *size = static_cast<size_t>(it->second.bytes);
+        return p;
+      }
+    }
+    return inner->getBaseAllocation(p, size);
+  }
+  void recordStream(const c10::DataPtr& p, c10::cuda::CUDAStream s) override {
+    bool placed = false;
+    c10::DataPtr q = as_inner(p, &placed);
+    if (!placed) {
+      inner->recordStream(q, s);
+    }
+    q.release_context();  // not ours to free
+  }
+  cca::SnapshotInfo snapshot(c10::MempoolId_t id, bool traces) override { return inner->snapshot(id, traces); }
+  void beginAllocateToPool(c10::DeviceIndex d, c10::MempoolId_t id, std::function<bool(cudaStream_t)> f) override { inner->beginAllocateToPool(d, id, std::move(f)); }
+  void endAllocateToPool(c10::DeviceIndex d, c10::MempoolId_t id) override { inner->endAllocateToPool(d, id); }
+  void releasePool(c10::DeviceIndex d, c10::MempoolId_t id) override { inner->releasePool(d, id); }
+  int getPoolUseCount(c10::DeviceIndex d, c10::MempoolId_t id) override { return inner->getPoolUseCount(d, id); }
+  void createOrIncrefPool(c10::DeviceIndex d, c10::MempoolId_t id, std::shared_ptr<cca::CUDAAllocator> a) override { inner->createOrIncrefPool(d, id, std::move(a)); }
+  void setUseOnOOM(c10::DeviceIndex d, c10::MempoolId_t id, bool v) override { inner->setUseOnOOM(d, id, v); }
+  void setNoSplit(c10::DeviceIndex d, c10::MempoolId_t id) override { inner->setNoSplit(d, id); }
+  bool checkPoolLiveAllocations(c10::DeviceIndex d, c10::MempoolId_t id, const std::unordered_set<void*>& live) override { return inner->checkPoolLiveAllocations(d, id, live); }
+  cca::ShareableHandle shareIpcHandle(void* p) override { return inner->shareIpcHandle(p); }
+  std::shared_ptr<void> getIpcDevPtr(std::string h) override { return inner->getIpcDevPtr(std::move(h)); }
+  bool isHistoryEnabled() override { return inner->isHistoryEnabled(); }
+  void recordHistory(bool on, c10::cuda::CUDACachingAllocator::CreateContextFn ctx, size_t max, cca::RecordContext when, bool clear, const std::vector<std::string>& skip) override {
+    inner->recordHistory(on, ctx, max, when, clear, skip);
+  }
+  void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override { inner->recordAnnotation(md); }
+  void pushCompileContext(std::string& md) override { inner->pushCompileContext(md); }
+  void popCompileContext() override { inner->popCompileContext(); }
+  void setUserMetadata(const std::string& md) override { inner->setUserMetadata(md); }
+  std::string getUserMetadata() override { return inner->getUserMetadata(); }
+  void attachOutOfMemoryObserver(cca::OutOfMemoryObserver o) override { inner->attachOutOfMemoryObserver(std::move(o)); }
+  void attachAllocatorTraceTracker(cca::AllocatorTraceTracker t) override { inner->attachAllocatorTraceTracker(std::move(t)); }
+  void enablePeerAccess(c10::DeviceIndex a, c10::DeviceIndex b) override { inner->enablePeerAccess(a, b); }
+  cudaError_t memcpyAsync(void* dst, int dd, const void* src, int sd, size_t n, cudaStream_t s, bool p2p) override { return inner->memcpyAsync(dst, dd, src, sd, n, s, p2p); }
+  std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex d, c10::MempoolId_t id) override { return inner->getCheckpointState(d, id); }
+  cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex d, std::shared_ptr<cca::AllocatorState> s) override { return inner->setCheckpointPoolState(d, std::move(s)); }
+  std::string name() override { return inner->name(); }
+};
+
+// Adds a GPU arena over `block` (an allocation of the caching allocator on `device`).
+int64_t add_gpu_arena(c10::DataPtr block, int64_t bytes, int device) {
+  int64_t id = g_next.fetch_add(1);
+  std::lock_guard<std::mutex> g(g_mu);
+  Arena& a = g_arenas[id];
+  a.base = static_cast<char*>(block.get());
+  a.size = bytes;
+  a.device = device;
+  a.block = std::move(block);
+  g_arena_count.fetch_add(1);
+  return id;
+}
+
+// Puts the wrapper in front of libtorch's CUDA allocator (once per process; libtorch_cuda must
+// be loaded). The allocator object is found by its symbol in the loaded libc10_cuda, so that
+// the binaries do not link libc10_cuda (they run without CUDA).
+void install_cuda_arena() {
+  static std::once_flag once;
+  static std::string failed;
+  std::call_once(once, [] {
+    const char* sym = "_ZN3c104cuda20CUDACachingAllocator9allocatorE";
+    void* p = dlsym(RTLD_DEFAULT, sym);
+    if (p == nullptr) {
+      if (void* h = dlopen("libc10_cuda.so", RTLD_NOW | RTLD_NOLOAD)) {
+        p = dlsym(h, sym);
+      }
+    }
+    if (p == nullptr) {
+      failed = "libtorch's CUDA allocator (c10::cuda::CUDACachingAllocator::allocator in libc10_cuda) is not loaded";
+      return;
+    }
+    auto* slot = static_cast<std::atomic<cca::CUDAAllocator*>*>(p);
+    cca::CUDAAllocator* inner = slot->load();
+    if (inner == nullptr) {
+      failed = "libtorch's CUDA allocator is not initialized";
+      return;
+    }
+    // never destroyed: libtorch's static destructors may still allocate or free at exit
+    auto* wrapper = new ArenaCuda(inner);
+    g_cuda_inner = inner;
+    slot->store(wrapper);
+    // what c10::GetAllocator(kCUDA) (and torch.accelerator) returns: the same object
+    c10::SetAllocator(c10::DeviceType::CUDA, wrapper, /*priority=*/100);
+  });
+  if (!failed.empty()) {
+    throw std::runtime_error(failed);
+  }
+}
+#endif
 
 std::once_flag g_install;
 
@@ -433,8 +701,160 @@ int64_t fsdp_arena_new(int64_t bytes) {
   return id;
 }
 
-// Places this thread's tracked allocations in arena `id` (0: none).
-void fsdp_arena_enter(int64_t id) { t_arena = id; }
+// A new GPU arena of `bytes` on CUDA device `device` (the current one), its block allocated by
+// libtorch's CUDA caching allocator, with the arena's allocator put in front of that allocator
+// (once); its id, or 0 with the reason in fsdp_last_error.
+int64_t fsdp_arena_new_cuda(int64_t bytes, int device) {
+  int64_t id = 0;
+#ifdef FSDP_CUDA
+  guarded([&] {
+    install_cuda_arena();
+    c10::DeviceGuard dg(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
+    id = add_gpu_arena(g_cuda_inner->allocate(static_cast<size_t>(std::max<int64_t>(bytes, 512))), bytes, device);
+  });
+#else
+  (void)bytes;
+  (void)device;
+  t_error = "the runtime was built without the CUDA arena (feature `cuda`, with the venv's CUDA headers)";
+#endif
+  return id;
+}
+
+void fsdp_arena_enter(int64_t id);
+void fsdp_arena_leave(int64_t id);
+void fsdp_arena_expect(int64_t id, const int64_t* offs, const int64_t* sizes, int64_t n);
+int64_t fsdp_arena_log(int64_t id, int64_t* out, int64_t cap);
+void fsdp_arena_stats(int64_t id, int64_t* out);
+int fsdp_arena_free(int64_t id);
+
+// Puts the GPU arena's allocator in front of libtorch's CUDA caching allocator (once; it passes
+// everything through until a GPU arena is entered): 0, 1 with the reason in fsdp_last_error, 2
+// in a build without it. Checks that libtorch's CUDA allocator is then the wrapper.
+int fsdp_cuda_arena_install() {
+#ifdef FSDP_CUDA
+  return guarded([] {
+    install_cuda_arena();
+    if (dynamic_cast<ArenaCuda*>(c10::GetAllocator(c10::DeviceType::CUDA)) == nullptr) {
+      throw std::runtime_error("c10::GetAllocator(CUDA) is not the GPU arena's allocator after installing it");
+    }
+  });
+#else
+  t_error = "the runtime was built without the CUDA arena (feature `cuda`, with the venv's CUDA headers)";
+  return 2;
+#endif
+}
+
+// The GPU arena's allocator over a fake caching allocator (host memory labelled cuda:0), on a
+// machine without a GPU: placement at the plan's offsets, heap allocations recorded with their
+// frees, the device check, entering and leaving, the deleters. 0, 1 with the failed check in
+// fsdp_last_error, or 2 in a build without it.
+int fsdp_cuda_arena_selftest() {
+#ifdef FSDP_CUDA
+  static std::atomic<int64_t> fake_live{0};
+  struct F {
+    static void del(void* p) {
+      fake_live.fetch_sub(1);
+      std::free(p);
+    }
+  };
+  return guarded([&] {
+    auto check = [](bool ok, const char* what) {
+      if (!ok) {
+        throw std::runtime_error(std::string("GPU arena selftest: ") + what);
+      }
+    };
+    const c10::Device cuda0(c10::DeviceType::CUDA, 0);
+    ArenaCuda w(nullptr);
+    int dev = 0;
+    w.heap = [&](size_t n) {
+      void* p = std::aligned_alloc(64, (n + 63) / 64 * 64);
+      fake_live.fetch_add(1);
+      return c10::DataPtr(p, p, &F::del, cuda0);
+    };
+    w.device_now = [&] { return dev; };
+    int64_t id = add_gpu_arena(w.heap(4096), 4096, 0);
+    char* base = nullptr;
+    {
+      std::lock_guard<std::mutex> g(g_mu);
+      base = g_arenas[id].base;
+    }
+    c10::DataPtr out0 = w.allocate(100);
+    check(out0.get_deleter() == &F::del, "outside a step the caching allocator serves, untouched");
+    fsdp_arena_enter(id);
+    check(g_cuda_arena.load() == id && t_arena == 0, "a GPU arena is entered for the process");
+    int64_t offs[2] = {0, 1024}, sizes[2] = {1024, 512};
+    fsdp_arena_expect(id, offs, sizes, 2);
+    c10::DataPtr a = w.allocate(1024), b = w.allocate(512), c = w.allocate(300);
+    check(a.get() == base && b.get() == base + 1024, "planned buffers at the plan's offsets");
+    check(a.device() == cuda0 && a.get_deleter() == &cuda_arena_delete, "a placed allocation is the arena's, on its device");
+    check(c.get_deleter() == &cuda_arena_delete && c.get() != nullptr && (static_cast<char*>(c.get()) < base || static_cast<char*>(c.get()) >= base + 4096),
+          "an unplanned allocation goes to the caching allocator, its free recorded");
+    dev = 1;
+    c10::DataPtr d = w.allocate(1024);
+    check(d.get_deleter() == &F::del, "another device's allocation is neither placed nor recorded");
+    dev = 0;
+    size_t sz = 0;
+    check(w.getBaseAllocation(a.get(), &sz) == a.get() && sz == 1024, "a placed allocation is its own base");
+    a.clear();
+    c.clear();
+    int64_t rec[6 * 8];
+    int64_t n = fsdp_arena_log(id, rec, 8);
+    check(n == 3, "three allocations recorded");
+    check(rec[4] >= 0 && rec[6 + 4] < 0 && rec[12 + 4] >= 0, "the frees of the placed and the heap allocation recorded, the live one not");
+    fsdp_arena_expect(id, offs, sizes, 2);
+    c10::DataPtr e = w.allocate(1024);
+    check(e.get() == base, "a freed region is placed again");
+    fsdp_arena_expect(id, offs, sizes, 1);
+    c10::DataPtr f = w.allocate(1024);
+    check(f.get() != base, "never over a live placed allocation");
+    int64_t st[6];
+    fsdp_arena_stats(id, st);
+    check(st[1] == 3 && st[3] == 2 && st[4] == 1, "3 placed, 2 heap, 1 refused for overlap");
+    void* raw = e.release_context();
+    w.raw_deleter()(raw);  // Allocator::raw_deallocate's path
+    check(fsdp_arena_free(id) == 1, "the block is kept while a placed allocation lives");
+    b.clear();
+    fsdp_arena_leave(id);
+    check(g_cuda_arena.load() == 0, "left");
+    c10::DataPtr g2 = w.allocate(64);
+    check(g2.get_deleter() == &F::del, "after leaving, the caching allocator's again");
+    out0.clear();
+    d.clear();
+    f.clear();
+    g2.clear();
+    check(fsdp_arena_free(id) == 0, "the block freed once nothing placed lives");
+    check(fake_live.load() == 0, "every fake allocation freed exactly once");
+  });
+#else
+  t_error = "built without the CUDA arena";
+  return 2;
+#endif
+}
+
+// Places allocations in arena `id`: a CPU arena this thread's tracked ones, a GPU arena all of
+// the process's CUDA allocations (the autograd engine runs a CUDA backward on its own thread).
+void fsdp_arena_enter(int64_t id) {
+  bool gpu = false;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    auto a = g_arenas.find(id);
+    gpu = a != g_arenas.end() && a->second.device >= 0;
+  }
+  if (gpu) {
+    g_cuda_arena.store(id);
+  } else {
+    t_arena = id;
+  }
+}
+
+// Stops placing allocations in arena `id` (on this thread, or in the process for a GPU arena).
+void fsdp_arena_leave(int64_t id) {
+  if (t_arena == id) {
+    t_arena = 0;
+  }
+  int64_t e = id;
+  g_cuda_arena.compare_exchange_strong(e, 0);
+}
 
 // The current op's planned buffers: `n` (offset, bytes) pairs.
 void fsdp_arena_expect(int64_t id, const int64_t* offs, const int64_t* sizes, int64_t n) {
@@ -536,18 +956,27 @@ void fsdp_arena_stats(int64_t id, int64_t* out) {
 
 // Frees the arena's block; 1 (and the block is kept, leaked) while placed tensors are alive.
 int fsdp_arena_free(int64_t id) {
-  std::lock_guard<std::mutex> g(g_mu);
-  auto a = g_arenas.find(id);
-  if (a == g_arenas.end()) {
-    return 0;
+  c10::DataPtr block;  // a GPU block, freed after the lock is released
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    auto a = g_arenas.find(id);
+    if (a == g_arenas.end()) {
+      return 0;
+    }
+    if (!a->second.live.empty()) {
+      a->second.expect.clear();
+      return 1;
+    }
+    int64_t e = id;
+    g_cuda_arena.compare_exchange_strong(e, 0);
+    if (a->second.device >= 0) {
+      block = std::move(a->second.block);
+    } else {
+      std::free(a->second.base);
+    }
+    g_arenas.erase(a);
+    g_arena_count.fetch_sub(1);
   }
-  if (!a->second.live.empty()) {
-    a->second.expect.clear();
-    return 1;
-  }
-  std::free(a->second.base);
-  g_arenas.erase(a);
-  g_arena_count.fetch_sub(1);
   return 0;
 }
 

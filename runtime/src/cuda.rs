@@ -311,6 +311,14 @@ mod tests {
                     Err(e) => {
                         assert_eq!(n, 0, "{e}");
                         eprintln!("SKIPPED: no CUDA device ({e})");
+                        // the GPU arena's allocator goes in front of libtorch's (found by
+                        // its symbol) and passes the failure of its first allocation on
+                        #[cfg(feature = "cuda")]
+                        {
+                            let e = crate::shim::Arena::new_cuda(4096, 0).err().expect("no arena without a GPU");
+                            assert!(e.to_string().starts_with("cannot make a 4096-byte arena on cuda:0: "), "{e}");
+                            eprintln!("{e}");
+                        }
                     }
                 }
             }

@@ -329,22 +329,30 @@ pub fn step_timed(
     stats: Option<&mut StepStats>,
 ) -> Result<f64, RtError> {
     let device = rank.shards.first().map(|s| s.device()).unwrap_or(tch::Device::Cpu);
-    if stats.as_ref().is_some_and(|s| s.arena.is_some()) && device != tch::Device::Cpu {
-        return Err(err(format!("the plan's arena is placed by the CPU allocator; a step on {device:?} runs in libtorch's CUDA caching allocator (leave StepStats::arena None)")));
-    }
     // the arena lives with the rank (one block for the run); taken out for the step
     let mut arena = match (stats.as_ref().and_then(|s| s.arena), rank.arena.take()) {
         (Some(_), Some(a)) => Some(a),
-        (Some(_), None) => Some((shim::Arena::new(plan.memory.arena_bytes)?, None)),
+        (Some(_), None) => Some((
+            match device {
+                tch::Device::Cuda(i) => shim::Arena::new_cuda(plan.memory.arena_bytes, i)?,
+                _ => shim::Arena::new(plan.memory.arena_bytes)?,
+            },
+            None,
+        )),
         (None, _) => None,
     };
     if let Some((a, _)) = &arena {
         a.reset();
     }
-    let tracker = match stats.is_some() {
+    let mut tracker = match stats.is_some() {
         true => Some(Probe::start(device)?),
         false => None,
     };
+    // a GPU arena's block is one allocation of the caching allocator, made before the step:
+    // counted with the step's memory (as the CPU arena's placed bytes are), not as held before it
+    if let (Some(Probe::Cuda { base, .. }), Some((a, _))) = (tracker.as_mut(), &arena) {
+        *base = base.saturating_sub(a.device_bytes());
+    }
     if let Some((a, _)) = &arena {
         a.enter();
     }
@@ -355,7 +363,7 @@ pub fn step_timed(
     let r = run_step(plan, model, comm, rank, batches, cx, &opt, &mut spans, &mut probe, arena.as_ref().map(|a| &a.0));
     let arena_stats = arena.as_ref().map(|a| a.0.stats());
     if let Some((a, map)) = &mut arena {
-        shim::Arena::leave();
+        a.leave();
         // the first arena step (or one that allocated otherwise) is recorded for the next
         if map.is_none() || arena_stats.is_some_and(|s| s.mismatched > 0) {
             let m = crate::placement::assign(plan, &a.log());

@@ -19,7 +19,11 @@ extern "C" {
     fn fsdp_edge(t: *const c_void) -> *mut c_void;
     fn fsdp_boundary(t: *const c_void) -> *mut c_void;
     fn fsdp_arena_new(bytes: i64) -> i64;
+    fn fsdp_arena_new_cuda(bytes: i64, device: c_int) -> i64;
     fn fsdp_arena_enter(id: i64);
+    fn fsdp_arena_leave(id: i64);
+    fn fsdp_cuda_arena_selftest() -> c_int;
+    fn fsdp_cuda_arena_install() -> c_int;
     fn fsdp_arena_expect(id: i64, offs: *const i64, sizes: *const i64, n: i64);
     fn fsdp_arena_stats(id: i64, out: *mut i64);
     fn fsdp_arena_assign(id: i64, quads: *const i64, n: i64);
@@ -111,7 +115,11 @@ impl Drop for MemTracker {
 /// schedule op ([`Arena::expect`]). Never where a placed tensor is still alive: then, and for
 /// what has no place, the heap serves it. So the plan's offsets are used where the run
 /// allocates what the plan says, and checked (a live tensor is never overwritten) always.
-pub struct Arena(i64);
+pub struct Arena {
+    id: i64,
+    /// What the block adds to the CUDA caching allocator's allocated bytes (0 on the CPU).
+    device_bytes: u64,
+}
 
 /// Where a step's allocations go: `(epoch, ordinal, offset or None for the heap, bytes)`.
 pub type Assignment = Vec<(u32, u32, Option<u64>, u64)>;
@@ -150,25 +158,54 @@ impl Arena {
         // SAFETY: allocates a block owned by the shim.
         match unsafe { fsdp_arena_new(bytes as i64) } {
             0 => Err(RtError::Plan(format!("cannot allocate a {bytes}-byte arena"))),
-            id => Ok(Arena(id)),
+            id => Ok(Arena { id, device_bytes: 0 }),
         }
     }
-    /// Places this thread's (tracked) allocations in this arena.
-    pub fn enter(&self) {
-        // SAFETY: sets a thread-local id.
-        unsafe { fsdp_arena_enter(self.0) }
+    /// A GPU arena on CUDA device `ordinal`: its block is one allocation of libtorch's CUDA
+    /// caching allocator, and an allocator put in front of that one (once per process; it
+    /// passes everything through outside an arena step) places the step's CUDA allocations
+    /// in it. One GPU per process: allocations on another device are never placed. An error
+    /// in a build without the `cuda` feature, or when libtorch_cuda is not loaded.
+    pub fn new_cuda(bytes: u64, ordinal: usize) -> Result<Arena, RtError> {
+        let what = || format!("cannot make a {bytes}-byte arena on cuda:{ordinal}");
+        // SAFETY: swaps libtorch's CUDA allocator for a wrapper that passes everything through.
+        if unsafe { fsdp_cuda_arena_install() } != 0 {
+            return Err(last_error(&what()));
+        }
+        let (before, _) = cuda_allocator_bytes(ordinal, false).map_err(|e| RtError::Plan(format!("{}: {e}", what())))?;
+        // SAFETY: allocates a block through libtorch's CUDA allocator, owned by the shim.
+        let id = match unsafe { fsdp_arena_new_cuda(bytes as i64, ordinal as c_int) } {
+            0 => return Err(last_error(&what())),
+            id => id,
+        };
+        let (after, _) = cuda_allocator_bytes(ordinal, false).map_err(|e| RtError::Plan(format!("{}: {e}", what())))?;
+        Ok(Arena { id, device_bytes: after.saturating_sub(before) })
     }
-    /// Stops placing this thread's allocations.
-    pub fn leave() {
-        // SAFETY: sets a thread-local id.
-        unsafe { fsdp_arena_enter(0) }
+    /// What the block adds to the CUDA caching allocator's allocated bytes
+    /// (`torch.cuda.memory_allocated`): its size rounded as that allocator rounds; 0 for a
+    /// CPU arena.
+    pub fn device_bytes(&self) -> u64 {
+        self.device_bytes
+    }
+    /// Places allocations in this arena: for a CPU arena, this thread's tracked ones (the
+    /// thread must have [`MemTracker::enter`]ed a tracker); for a GPU arena, every CUDA
+    /// allocation of the process on its device (the autograd engine runs a CUDA backward on
+    /// a thread of its own).
+    pub fn enter(&self) {
+        // SAFETY: sets a thread-local or process-wide id.
+        unsafe { fsdp_arena_enter(self.id) }
+    }
+    /// Stops placing allocations in this arena.
+    pub fn leave(&self) {
+        // SAFETY: clears the ids that name this arena.
+        unsafe { fsdp_arena_leave(self.id) }
     }
     /// The (offset, bytes) of the buffers the plan allocates in the op about to run.
     pub fn expect(&self, slots: &[(u64, u64)]) {
         let offs: Vec<i64> = slots.iter().map(|s| s.0 as i64).collect();
         let sizes: Vec<i64> = slots.iter().map(|s| s.1 as i64).collect();
         // SAFETY: two arrays of `len` i64s.
-        unsafe { fsdp_arena_expect(self.0, offs.as_ptr(), sizes.as_ptr(), offs.len() as i64) }
+        unsafe { fsdp_arena_expect(self.id, offs.as_ptr(), sizes.as_ptr(), offs.len() as i64) }
     }
     /// From now on places the allocation `(epoch, ordinal)` at `offset` (`None`: the heap)
     /// when it has `bytes`; another size, or an allocation not listed, counts as
@@ -176,20 +213,20 @@ impl Arena {
     pub fn assign(&self, quads: &[(u32, u32, Option<u64>, u64)]) {
         let flat: Vec<i64> = quads.iter().flat_map(|q| [q.0 as i64, q.1 as i64, q.2.map_or(-1, |o| o as i64), q.3 as i64]).collect();
         // SAFETY: 4·len i64s.
-        unsafe { fsdp_arena_assign(self.0, flat.as_ptr(), quads.len() as i64) }
+        unsafe { fsdp_arena_assign(self.id, flat.as_ptr(), quads.len() as i64) }
     }
     /// Starts a new step: clears the record and the statistics (the block and the assignment
     /// stay, so each step reuses the memory the previous one touched).
     pub fn reset(&self) {
         // SAFETY: only touches the shim's own table.
-        unsafe { fsdp_arena_reset(self.0) }
+        unsafe { fsdp_arena_reset(self.id) }
     }
     /// Every allocation since the last reset, in order.
     pub fn log(&self) -> Vec<AllocRec> {
         // SAFETY: cap 0 writes nothing; then a buffer of 6·n i64s.
-        let n = unsafe { fsdp_arena_log(self.0, std::ptr::null_mut(), 0) }.max(0) as usize;
+        let n = unsafe { fsdp_arena_log(self.id, std::ptr::null_mut(), 0) }.max(0) as usize;
         let mut v = vec![0i64; 6 * n];
-        let m = unsafe { fsdp_arena_log(self.0, v.as_mut_ptr(), n as i64) }.max(0) as usize;
+        let m = unsafe { fsdp_arena_log(self.id, v.as_mut_ptr(), n as i64) }.max(0) as usize;
         v.chunks_exact(6)
             .take(m.min(n))
             .map(|r| AllocRec { epoch: r[0] as u32, ordinal: r[1] as u32, bytes: r[2] as u64, alloc_seq: r[3] as u64, free: (r[4] >= 0).then_some((r[4] as u64, r[5] as u32)) })
@@ -198,7 +235,7 @@ impl Arena {
     pub fn stats(&self) -> ArenaStats {
         let mut o = [0i64; 6];
         // SAFETY: writes six i64s.
-        unsafe { fsdp_arena_stats(self.0, o.as_mut_ptr()) };
+        unsafe { fsdp_arena_stats(self.id, o.as_mut_ptr()) };
         ArenaStats {
             placed_bytes: o[0] as u64,
             placed: o[1] as u64,
@@ -213,7 +250,7 @@ impl Arena {
 impl Drop for Arena {
     fn drop(&mut self) {
         // SAFETY: frees the block unless placed tensors are alive (then it stays allocated).
-        unsafe { fsdp_arena_free(self.0) };
+        unsafe { fsdp_arena_free(self.id) };
     }
 }
 
@@ -316,9 +353,34 @@ pub fn backward(root: &Edge, grad: Tensor, inputs: &[&Edge]) -> Result<Vec<Tenso
     Ok(out.into_iter().map(|p| unsafe { Tensor::from_ptr(p.cast()) }).collect())
 }
 
+/// Runs the GPU arena's allocator (the one put in front of libtorch's CUDA caching allocator)
+/// over a fake caching allocator in host memory: placement, recorded heap allocations and
+/// frees, the device check, the deleters. `Ok(false)` in a build without it (no `cuda`
+/// feature, or no CUDA headers at build time).
+pub fn cuda_arena_selftest() -> Result<bool, RtError> {
+    // SAFETY: works on the shim's own tables and host memory only.
+    match unsafe { fsdp_cuda_arena_selftest() } {
+        0 => Ok(true),
+        2 => Ok(false),
+        _ => Err(last_error("GPU arena")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gpu_arena_allocator_places_records_and_frees() {
+        match cuda_arena_selftest() {
+            Ok(true) => {}
+            Ok(false) => {
+                assert!(!cfg!(feature = "cuda"), "a cuda build must compile the GPU arena (CUDA headers from scripts/setup-venv.sh)");
+                eprintln!("SKIPPED: built without the `cuda` feature");
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
 
     #[test]
     fn cuda_allocator_stats_report_why_without_a_gpu() {

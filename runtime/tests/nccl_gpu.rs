@@ -76,6 +76,44 @@ fn nccl_collectives_on_every_visible_gpu() {
     }
 }
 
+/// The GPU arena (`shim::Arena::new_cuda`): CUDA tensors allocated in a step land at the
+/// plan's offsets in one block of libtorch's caching allocator, keep their contents apart,
+/// and add nothing to the allocator's count; what has no planned buffer goes to the
+/// caching allocator.
+#[test]
+fn gpu_arena_places_cuda_tensors_at_the_plans_offsets() {
+    if let Err(why) = gpus() {
+        visible(format!("SKIPPED: no CUDA device ({why}): gpu_arena_places_cuda_tensors_at_the_plans_offsets"));
+        return;
+    }
+    use fsdp_runtime::shim::{cuda_allocator_bytes, Arena};
+    use tch::{Device, Kind, Tensor};
+    let dev = Device::Cuda(0);
+    let _warm = Tensor::zeros([1], (Kind::Float, dev));
+    let arena = Arena::new_cuda(1 << 20, 0).unwrap_or_else(|e| panic!("{e}"));
+    assert!(arena.device_bytes() >= 1 << 20, "{}", arena.device_bytes());
+    let (before, _) = cuda_allocator_bytes(0, false).unwrap();
+    arena.expect(&[(0, 4096), (4096, 8192)]);
+    arena.enter();
+    let a = Tensor::full([1024], 1.0, (Kind::Float, dev));
+    let b = Tensor::full([2048], 2.0, (Kind::Float, dev));
+    let (placed_now, _) = cuda_allocator_bytes(0, false).unwrap();
+    let c = &a + &a; // a third 4096-byte tensor: no planned buffer left for it
+    arena.leave();
+    let st = arena.stats();
+    assert_eq!((st.placed, st.placed_bytes, st.heap), (2, 4096 + 8192, 1), "{st:?}");
+    assert_eq!(b.data_ptr() as usize - a.data_ptr() as usize, 4096, "the plan's offsets");
+    assert_eq!(placed_now, before, "placed tensors add nothing to the caching allocator's count");
+    let sums = (a.sum(Kind::Double).double_value(&[]), b.sum(Kind::Double).double_value(&[]), c.sum(Kind::Double).double_value(&[]));
+    assert_eq!(sums, (1024.0, 4096.0, 2048.0));
+    let log = arena.log();
+    assert_eq!(log.len(), 3, "{log:?}");
+    drop((a, b, c));
+    assert!(arena.log().iter().all(|r| r.free.is_some()), "every free recorded");
+    drop(arena);
+    eprintln!("GPU arena: {st:?}");
+}
+
 #[test]
 fn without_cuda_the_backend_says_how_to_get_it() {
     if cfg!(feature = "cuda") {
