@@ -64,8 +64,10 @@ struct Tracker {
   int64_t peak = 0;
 };
 
-std::mutex g_mu;
-std::unordered_map<int64_t, Tracker> g_trackers;
+// The shim's tables are never destroyed (nor is anything in them freed at exit): libtorch
+// frees tensors from its own static destructors, after ours would have run.
+std::mutex& g_mu = *new std::mutex();
+std::unordered_map<int64_t, Tracker>& g_trackers = *new std::unordered_map<int64_t, Tracker>();
 std::atomic<int64_t> g_next{1};
 thread_local int64_t t_tracker = 0;
 thread_local std::string t_error;
@@ -108,6 +110,8 @@ struct Arena {
   char* base = nullptr;
   int64_t size = 0;
   int device = -1;       // the CUDA device of a GPU arena; -1: a CPU block (std::aligned_alloc)
+  int64_t gran = 1;      // sizes are recorded and placed rounded up to this (a GPU arena: 512,
+                         // as the caching allocator and the planner's CUDA buffers round)
   c10::DataPtr block;    // a GPU arena's block, from libtorch's CUDA caching allocator
   std::vector<Slot> expect;
   std::map<int64_t, int64_t> live;  // offset -> bytes of placed allocations alive
@@ -130,8 +134,8 @@ struct Placed {
   int64_t rec;
 };
 
-std::unordered_map<int64_t, Arena> g_arenas;
-std::unordered_map<void*, Placed> g_placed;
+std::unordered_map<int64_t, Arena>& g_arenas = *new std::unordered_map<int64_t, Arena>();
+std::unordered_map<void*, Placed>& g_placed = *new std::unordered_map<void*, Placed>();
 std::atomic<int64_t> g_arena_count{0};
 thread_local int64_t t_arena = 0;
 
@@ -188,6 +192,7 @@ bool unplace_locked(void* data) {
 // - otherwise: at the offset of one of the current op's planned buffers of its size;
 // both unless the region overlaps a placed allocation still alive.
 int64_t arena_place(Arena& ar, int64_t want, int64_t* ri) {
+  want = (want + ar.gran - 1) / ar.gran * ar.gran;
   *ri = static_cast<int64_t>(ar.rec.size());
   ar.rec.push_back(Rec{ar.epoch, ar.ordinal, want, ar.seq++, -1, -1});
   int64_t ord = ar.ordinal++;
@@ -339,7 +344,7 @@ struct HeapRec {
   int64_t rec;
   c10::DeleterFnPtr del;
 };
-std::unordered_map<void*, HeapRec> g_cuda_heap;  // heap allocations of an arena step
+std::unordered_map<void*, HeapRec>& g_cuda_heap = *new std::unordered_map<void*, HeapRec>();  // heap allocations of an arena step
 
 // The deleter of every DataPtr the wrapper made: a placed region goes back to its arena, a
 // recorded heap allocation is recorded freed and handed to its own deleter; anything else is
@@ -392,11 +397,10 @@ struct ArenaCuda final : cca::CUDAAllocator {
         ri = -2;
       } else {
         Arena& ar = a->second;
-        int64_t want = static_cast<int64_t>(n);
-        int64_t at = arena_place(ar, want, &ri);
+        int64_t at = arena_place(ar, static_cast<int64_t>(n), &ri);
         if (at >= 0) {
           void* data = ar.base + at;
-          g_placed[data] = Placed{id, 0, at, want, ri};
+          g_placed[data] = Placed{id, 0, at, ar.live[at], ri};
           return c10::DataPtr(data, data, &cuda_arena_delete, c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(ar.device)));
         }
       }
@@ -460,10 +464,15 @@ struct ArenaCuda final : cca::CUDAAllocator {
   void recordStream(const c10::DataPtr& p, c10::cuda::CUDAStream s) override {
     bool placed = false;
     c10::DataPtr q = as_inner(p, &placed);
-    if (!placed) {
-      inner->recordStream(q, s);
+    try {
+      if (!placed) {
+        inner->recordStream(q, s);
+      }
+    } catch (...) {
+      q.release_context();  // not ours to free
+      throw;
     }
-    q.release_context();  // not ours to free
+    q.release_context();
   }
   cca::SnapshotInfo snapshot(c10::MempoolId_t id, bool traces) override { return inner->snapshot(id, traces); }
   void beginAllocateToPool(c10::DeviceIndex d, c10::MempoolId_t id, std::function<bool(cudaStream_t)> f) override { inner->beginAllocateToPool(d, id, std::move(f)); }
@@ -502,6 +511,7 @@ int64_t add_gpu_arena(c10::DataPtr block, int64_t bytes, int device) {
   a.base = static_cast<char*>(block.get());
   a.size = bytes;
   a.device = device;
+  a.gran = 512;
   a.block = std::move(block);
   g_arena_count.fetch_add(1);
   return id;
@@ -727,6 +737,15 @@ int64_t fsdp_arena_log(int64_t id, int64_t* out, int64_t cap);
 void fsdp_arena_stats(int64_t id, int64_t* out);
 int fsdp_arena_free(int64_t id);
 
+// 1 when the GPU arena was compiled in (a `cuda` build that found the CUDA headers).
+int fsdp_cuda_arena_built() {
+#ifdef FSDP_CUDA
+  return 1;
+#else
+  return 0;
+#endif
+}
+
 // Puts the GPU arena's allocator in front of libtorch's CUDA caching allocator (once; it passes
 // everything through until a GPU arena is entered): 0, 1 with the reason in fsdp_last_error, 2
 // in a build without it. Checks that libtorch's CUDA allocator is then the wrapper.
@@ -807,9 +826,14 @@ int fsdp_cuda_arena_selftest() {
     fsdp_arena_expect(id, offs, sizes, 1);
     c10::DataPtr f = w.allocate(1024);
     check(f.get() != base, "never over a live placed allocation");
+    int64_t off3 = 2048, size3 = 1024;
+    fsdp_arena_expect(id, &off3, &size3, 1);
+    c10::DataPtr h = w.allocate(1000);
+    check(h.get() == base + 2048, "sizes are matched rounded up to 512 bytes, as the planner's CUDA buffers");
+    h.clear();
     int64_t st[6];
     fsdp_arena_stats(id, st);
-    check(st[1] == 3 && st[3] == 2 && st[4] == 1, "3 placed, 2 heap, 1 refused for overlap");
+    check(st[1] == 4 && st[3] == 2 && st[4] == 1, "4 placed, 2 heap, 1 refused for overlap");
     void* raw = e.release_context();
     w.raw_deleter()(raw);  // Allocator::raw_deallocate's path
     check(fsdp_arena_free(id) == 1, "the block is kept while a placed allocation lives");
@@ -822,8 +846,9 @@ int fsdp_cuda_arena_selftest() {
     d.clear();
     f.clear();
     g2.clear();
-    check(fsdp_arena_free(id) == 0, "the block freed once nothing placed lives");
-    check(fake_live.load() == 0, "every fake allocation freed exactly once");
+    check(fsdp_arena_free(id) == 0, "the arena goes once nothing placed lives");
+    // its block stays allocated: an arena dropped while a placed tensor lived leaks it for good
+    check(fake_live.exchange(0) == 1, "every other fake allocation freed exactly once");
   });
 #else
   t_error = "built without the CUDA arena";
@@ -963,12 +988,22 @@ int fsdp_arena_free(int64_t id) {
     if (a == g_arenas.end()) {
       return 0;
     }
-    if (!a->second.live.empty()) {
-      a->second.expect.clear();
-      return 1;
-    }
     int64_t e = id;
     g_cuda_arena.compare_exchange_strong(e, 0);
+    if (t_arena == id) {
+      t_arena = 0;
+    }
+    if (!a->second.live.empty()) {
+      // kept for the placed tensors still alive, but places nothing more
+      a->second.expect.clear();
+      a->second.replay = false;
+      a->second.assign.clear();
+      if (a->second.device >= 0) {
+        // leaked for good: freeing it at exit could reach an allocator already destroyed
+        a->second.block.release_context();
+      }
+      return 1;
+    }
     if (a->second.device >= 0) {
       block = std::move(a->second.block);
     } else {

@@ -349,7 +349,8 @@ pub fn step_timed(
         false => None,
     };
     // a GPU arena's block is one allocation of the caching allocator, made before the step:
-    // counted with the step's memory (as the CPU arena's placed bytes are), not as held before it
+    // counted with the step's memory, not as held before it (the whole block at every op: the
+    // per-op figures are the device's footprint, where the CPU arena counts live placed bytes)
     if let (Some(Probe::Cuda { base, .. }), Some((a, _))) = (tracker.as_mut(), &arena) {
         *base = base.saturating_sub(a.device_bytes());
     }

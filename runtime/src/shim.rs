@@ -24,6 +24,7 @@ extern "C" {
     fn fsdp_arena_leave(id: i64);
     fn fsdp_cuda_arena_selftest() -> c_int;
     fn fsdp_cuda_arena_install() -> c_int;
+    fn fsdp_cuda_arena_built() -> c_int;
     fn fsdp_arena_expect(id: i64, offs: *const i64, sizes: *const i64, n: i64);
     fn fsdp_arena_stats(id: i64, out: *mut i64);
     fn fsdp_arena_assign(id: i64, quads: *const i64, n: i64);
@@ -351,6 +352,14 @@ pub fn backward(root: &Edge, grad: Tensor, inputs: &[&Edge]) -> Result<Vec<Tenso
     }
     // SAFETY: each pointer is a heap at::Tensor the shim created for us to own.
     Ok(out.into_iter().map(|p| unsafe { Tensor::from_ptr(p.cast()) }).collect())
+}
+
+/// Whether this build has the GPU arena ([`Arena::new_cuda`]): a `cuda` build that found the
+/// CUDA runtime headers (`scripts/setup-venv.sh` installs them); without it a GPU run
+/// allocates from libtorch's caching allocator.
+pub fn cuda_arena_built() -> bool {
+    // SAFETY: returns a constant.
+    unsafe { fsdp_cuda_arena_built() != 0 }
 }
 
 /// Runs the GPU arena's allocator (the one put in front of libtorch's CUDA caching allocator)

@@ -240,8 +240,8 @@ fn rank_loop(
         train: Some(Noise { seed: cfg.seed as u64, step: 0, micro: 0, row0: (g.rank() as i64 * b) as u64 }),
     };
     // the plan's arena: on the CPU placed by the counting allocator, on a GPU by the allocator
-    // the shim puts in front of libtorch's CUDA caching allocator (a `cuda` build)
-    let arena = cfg.arena && (device == tch::Device::Cpu || cfg!(feature = "cuda"));
+    // the shim puts in front of libtorch's CUDA caching allocator (when the build has it)
+    let arena = cfg.arena && (device == tch::Device::Cpu || crate::shim::cuda_arena_built());
     let last_step = cfg.stop_after.unwrap_or(cfg.steps).min(cfg.steps);
     let mut out = vec![];
     for (i, st) in mine_all.iter().enumerate().take(last_step).skip(done) {

@@ -13,6 +13,10 @@ fn visible(msg: String) {
     let _ = writeln!(std::io::stderr(), "{msg}");
 }
 
+/// The GPU tests one at a time: a GPU arena, once entered, places every CUDA allocation of
+/// the process.
+static GPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn gpus() -> Result<usize, String> {
     if !cfg!(feature = "cuda") {
         return Err("built without feature `cuda`".into());
@@ -32,6 +36,7 @@ fn gpus() -> Result<usize, String> {
 
 #[test]
 fn nccl_collectives_on_every_visible_gpu() {
+    let _one = GPU.lock().unwrap_or_else(|e| e.into_inner());
     let n = match gpus() {
         Ok(n) => n.min(4),
         Err(why) => {
@@ -82,6 +87,7 @@ fn nccl_collectives_on_every_visible_gpu() {
 /// caching allocator.
 #[test]
 fn gpu_arena_places_cuda_tensors_at_the_plans_offsets() {
+    let _one = GPU.lock().unwrap_or_else(|e| e.into_inner());
     if let Err(why) = gpus() {
         visible(format!("SKIPPED: no CUDA device ({why}): gpu_arena_places_cuda_tensors_at_the_plans_offsets"));
         return;
@@ -93,22 +99,25 @@ fn gpu_arena_places_cuda_tensors_at_the_plans_offsets() {
     let arena = Arena::new_cuda(1 << 20, 0).unwrap_or_else(|e| panic!("{e}"));
     assert!(arena.device_bytes() >= 1 << 20, "{}", arena.device_bytes());
     let (before, _) = cuda_allocator_bytes(0, false).unwrap();
-    arena.expect(&[(0, 4096), (4096, 8192)]);
+    arena.expect(&[(0, 4096), (4096, 8192), (12288, 1024)]);
     arena.enter();
     let a = Tensor::full([1024], 1.0, (Kind::Float, dev));
     let b = Tensor::full([2048], 2.0, (Kind::Float, dev));
+    let r = Tensor::full([250], 3.0, (Kind::Float, dev)); // 1000 bytes: the 1024-byte buffer
     let (placed_now, _) = cuda_allocator_bytes(0, false).unwrap();
     let c = &a + &a; // a third 4096-byte tensor: no planned buffer left for it
     arena.leave();
     let st = arena.stats();
-    assert_eq!((st.placed, st.placed_bytes, st.heap), (2, 4096 + 8192, 1), "{st:?}");
+    assert_eq!((st.placed, st.placed_bytes, st.heap), (3, 4096 + 8192 + 1024, 1), "{st:?}");
     assert_eq!(b.data_ptr() as usize - a.data_ptr() as usize, 4096, "the plan's offsets");
+    assert_eq!(r.data_ptr() as usize - a.data_ptr() as usize, 12288, "sizes rounded to 512 bytes");
     assert_eq!(placed_now, before, "placed tensors add nothing to the caching allocator's count");
     let sums = (a.sum(Kind::Double).double_value(&[]), b.sum(Kind::Double).double_value(&[]), c.sum(Kind::Double).double_value(&[]));
     assert_eq!(sums, (1024.0, 4096.0, 2048.0));
+    assert_eq!(r.sum(Kind::Double).double_value(&[]), 750.0);
     let log = arena.log();
-    assert_eq!(log.len(), 3, "{log:?}");
-    drop((a, b, c));
+    assert_eq!(log.len(), 4, "{log:?}");
+    drop((a, b, c, r));
     assert!(arena.log().iter().all(|r| r.free.is_some()), "every free recorded");
     drop(arena);
     eprintln!("GPU arena: {st:?}");
