@@ -375,13 +375,19 @@ void cuda_arena_delete(void* data) {
 struct ArenaCuda final : cca::CUDAAllocator {
   cca::CUDAAllocator* inner;
   // the caching allocator's allocate, and the device libtorch allocates on now (at::empty sets
-  // it to the tensor's); replaced by fakes in fsdp_cuda_arena_selftest
+  // it to the tensor's), or -1 when the current stream is not that device's default stream
+  // (the stream all the runtime's compute runs on: a placed region is reused in the host's
+  // order, which is safe on that one stream only); replaced by fakes in the selftest
   std::function<c10::DataPtr(size_t)> heap;
   std::function<int()> device_now;
   explicit ArenaCuda(cca::CUDAAllocator* a)
       : inner(a),
         heap([a](size_t n) { return a->allocate(n); }),
-        device_now([] { return static_cast<int>(c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index()); }) {}
+        device_now([] {
+          const c10::impl::DeviceGuardImplInterface* g = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+          c10::Device d = g->getDevice();
+          return g->getStream(d).id() == 0 ? static_cast<int>(d.index()) : -1;
+        }) {}
 
   c10::DataPtr allocate(size_t n) override {
     int64_t id = g_cuda_arena.load();
@@ -811,6 +817,10 @@ int fsdp_cuda_arena_selftest() {
     dev = 1;
     c10::DataPtr d = w.allocate(1024);
     check(d.get_deleter() == &F::del, "another device's allocation is neither placed nor recorded");
+    dev = -1;
+    c10::DataPtr d2 = w.allocate(1024);
+    check(d2.get_deleter() == &F::del, "nor one on a side stream");
+    d2.clear();
     dev = 0;
     size_t sz = 0;
     check(w.getBaseAllocation(a.get(), &sz) == a.get() && sz == 1024, "a placed allocation is its own base");
