@@ -142,6 +142,17 @@ pub enum Device {
     Cpu,
 }
 
+impl Device {
+    /// The bytes the device's allocator takes for a `bytes` request: CUDA's caching allocator
+    /// rounds up to whole 512-byte blocks; the CPU allocator takes the size as asked.
+    pub fn allocated_bytes(self, bytes: u64) -> u64 {
+        match self {
+            Device::Cuda if bytes > 0 => bytes.div_ceil(512) * 512,
+            _ => bytes,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Options {
     pub world_size: u64,

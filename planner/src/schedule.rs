@@ -65,13 +65,6 @@ fn cat(parts: &[&str]) -> String {
     s
 }
 
-fn round(dev: Device, bytes: u64) -> u64 {
-    match dev {
-        Device::Cuda if bytes > 0 => bytes.div_ceil(512) * 512,
-        _ => bytes,
-    }
-}
-
 impl B<'_> {
     fn op(&mut self, kind: OpKind, stream: Stream, deps: Vec<OpId>) -> OpId {
         let id = OpId::new(self.ops.len());
@@ -100,7 +93,7 @@ impl B<'_> {
             id,
             name,
             category,
-            bytes: round(self.device, bytes),
+            bytes: self.device.allocated_bytes(bytes),
             offset: 0,
             alloc: at,
             free: None,

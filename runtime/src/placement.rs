@@ -102,13 +102,9 @@ fn slots(plan: &Plan) -> HashMap<u32, Vec<Slot>> {
 }
 
 /// A size as the device's allocator sizes it, which is how the arena records it and how the
-/// plan sizes buffers: CUDA's caching allocator (and the planner's CUDA buffers) round up to
-/// 512 bytes; the CPU allocator takes the size as asked.
+/// plan sizes buffers.
 fn round(plan: &Plan, bytes: u64) -> u64 {
-    match plan.options.device {
-        Device::Cuda => bytes.div_ceil(512) * 512,
-        _ => bytes,
-    }
+    plan.options.device.allocated_bytes(bytes)
 }
 
 /// Scratch placements are aligned as the device's allocator aligns: 64 bytes on the CPU,

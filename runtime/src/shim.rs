@@ -169,18 +169,20 @@ impl Arena {
     /// in a build without the `cuda` feature, or when libtorch_cuda is not loaded.
     pub fn new_cuda(bytes: u64, ordinal: usize) -> Result<Arena, RtError> {
         let what = || format!("cannot make a {bytes}-byte arena on cuda:{ordinal}");
+        let allocated = || cuda_allocator_bytes(ordinal, false).map(|x| x.0).map_err(|e| RtError::Plan(format!("{}: {e}", what())));
         // SAFETY: swaps libtorch's CUDA allocator for a wrapper that passes everything through.
         if unsafe { fsdp_cuda_arena_install() } != 0 {
             return Err(last_error(&what()));
         }
-        let (before, _) = cuda_allocator_bytes(ordinal, false).map_err(|e| RtError::Plan(format!("{}: {e}", what())))?;
+        let before = allocated()?;
         // SAFETY: allocates a block through libtorch's CUDA allocator, owned by the shim.
         let id = match unsafe { fsdp_arena_new_cuda(bytes as i64, ordinal as c_int) } {
             0 => return Err(last_error(&what())),
             id => id,
         };
-        let (after, _) = cuda_allocator_bytes(ordinal, false).map_err(|e| RtError::Plan(format!("{}: {e}", what())))?;
-        Ok(Arena { id, device_bytes: after.saturating_sub(before) })
+        let mut a = Arena { id, device_bytes: 0 }; // dropped (freed) if the count fails
+        a.device_bytes = allocated()?.saturating_sub(before);
+        Ok(a)
     }
     /// What the block adds to the CUDA caching allocator's allocated bytes
     /// (`torch.cuda.memory_allocated`): its size rounded as that allocator rounds; 0 for a
