@@ -127,7 +127,7 @@ pub fn load_rank(ckpt: &Path, plan: &Plan, rank_idx: usize) -> Result<(Rank, usi
         opt.push(if plan.options.optimizer.keeps_state() {
             State { m: get(&format!("exp_avg.{u}"))?, v: get(&format!("exp_avg_sq.{u}"))?, step: steps }
         } else {
-            State { step: steps, ..State::empty(&s) }
+            State { step: steps, ..State::for_optim(plan.options.optimizer, &s) }
         });
         shards.push(s);
     }

@@ -85,7 +85,7 @@ impl Rank {
             shards.push(shard);
         }
         // the state of the optimizer the plan names (none for SGD: the plan has none)
-        let opt = shards.iter().map(|s| if plan.options.optimizer.keeps_state() { State::new(s) } else { State::empty(s) }).collect();
+        let opt = shards.iter().map(|s| State::for_optim(plan.options.optimizer, s)).collect();
         Ok(Rank { shards, opt, arena: None })
     }
 
@@ -808,12 +808,8 @@ fn run_step(
                 // hybrid sharding: this rank's reduce-scattered shard, averaged across replicas
                 let u = unit.index();
                 let part = pending[u].take().ok_or_else(|| err(format!("{}: all-reduce without a reduce-scatter", sop.id)))?;
-                let out = comm.replicate.all_reduce_avg(&part)?.to_kind(rank.shards[u].kind());
+                finish_reduction(u, comm.replicate.all_reduce_avg(&part)?, false, &mut pending, &mut sgrads, &rank.shards)?;
                 drop(part);
-                sgrads[u] = Some(match sgrads[u].take() {
-                    Some(acc) => acc + out,
-                    None => out,
-                });
             }
             OpKind::OptimizerStep { unit } => {
                 let u = unit.index();

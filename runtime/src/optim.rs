@@ -26,10 +26,6 @@ impl Optim {
             fsdp_planner::Optimizer::None => Optim::None,
         }
     }
-    /// Whether it keeps state (exp_avg, exp_avg_sq) per parameter.
-    pub fn keeps_state(&self) -> bool {
-        matches!(self, Optim::Adam(_))
-    }
     /// One step on `w` over the flat `(offset, len)` ranges `pieces` (see [`AdamW::step_pieces`]).
     pub fn step_pieces(&self, w: &Tensor, g: &Tensor, st: &mut State, pieces: &[(i64, i64)]) -> Result<(), RtError> {
         match self {
@@ -100,8 +96,9 @@ impl State {
         let e = Tensor::empty([0], (like.kind(), like.device()));
         State { m: e.shallow_clone(), v: e, step: 0 }
     }
-    /// The state `opt` starts with for the shard `like`.
-    pub fn for_optim(opt: &Optim, like: &Tensor) -> State {
+    /// The state the plan's optimizer starts with for the shard `like`: exp_avg and
+    /// exp_avg_sq for Adam(W), empty for one that keeps none.
+    pub fn for_optim(opt: fsdp_planner::Optimizer, like: &Tensor) -> State {
         if opt.keeps_state() {
             State::new(like)
         } else {

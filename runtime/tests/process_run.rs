@@ -39,7 +39,7 @@ fn setup(case: &str) -> (fsdp_ir::Model, fsdp_planner::Plan) {
 }
 
 fn config() -> RunConfig {
-    RunConfig { arena: true, ..RunConfig::new(STEPS) }
+    RunConfig::new(STEPS)
 }
 
 /// One rank: trains the case in FSDP_TEST_CASE as the rank the launcher variables say, prints
