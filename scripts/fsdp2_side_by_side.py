@@ -115,9 +115,10 @@ def main():
             with open(a.json, "w") as f:
                 json.dump(doc, f, indent=1)
         rel = os.path.relpath(out, common.REPO)
-        print(f"\nsame run with fsdp-plan (loss should match step by step):\n"
+        print(f"\nsame run with fsdp-plan (loss should match step by step; the model file imported from a "
+              f"dropout-free config, as this script builds the model, see scripts/gpu-check.sh):\n"
               f"  fsdp-plan run models/{a.model}.ron --world-size {ws} --batch {a.batch} --seq {a.seq} "
-              f"--steps {a.steps} --lr {a.lr} --policy auto --weights {rel}/init.safetensors "
+              f"--steps {a.steps} --lr {a.lr} --policy auto --optimizer adamw --weights {rel}/init.safetensors "
               f"--data {rel}/tokens.u32 --backend {'cuda' if a.device == 'cuda' else 'cpu'}"
               + (f" --param-dtype bf16 --reduce-dtype f32" if a.param_dtype == "bfloat16" else ""))
     dist.destroy_process_group()

@@ -700,7 +700,6 @@ int fsdp_cuda_mem(int device, int reset_peak, int64_t* current, int64_t* peak) {
   });
 }
 
-// Installs the counting allocator (once per process) and returns a new tracker id.
 // A new arena of `bytes` (64-byte aligned); its id, or 0 when the block cannot be allocated.
 int64_t fsdp_arena_new(int64_t bytes) {
   size_t n = (static_cast<size_t>(bytes) + 63) / 64 * 64;
