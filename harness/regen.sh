@@ -12,6 +12,7 @@ PY=.venv/bin/python
 "$PY" harness/fsdp2_oracle.py
 "$PY" harness/fsdp1_oracle.py
 "$PY" harness/hf_parity.py
+"$PY" harness/optim_parity.py
 for f in tests/fixtures/hf_params/*.json; do
   n=$(basename "$f" .json); [ -f "models/$n.config.json" ] || { echo "removing stale $f"; rm -f "$f"; }
 done

@@ -670,6 +670,20 @@ int fsdp_add_scaled_(const at::Tensor* w, const at::Tensor* g, double alpha) {
   });
 }
 
+// w += value * t1 * t2 (div == 0: addcmul_) or w += value * t1 / t2 (div != 0: addcdiv_), in
+// place: torch's kernels with their `value`, which tch's bindings lack.
+int fsdp_addc_(const at::Tensor* w, const at::Tensor* t1, const at::Tensor* t2, double value, int div) {
+  return guarded([&] {
+    at::NoGradGuard ng;
+    at::Tensor t = *w;
+    if (div) {
+      t.addcdiv_(*t1, *t2, value);
+    } else {
+      t.addcmul_(*t1, *t2, value);
+    }
+  });
+}
+
 // GroupedMm::apply(input, weight, offs) as a new tensor (null on error).
 at::Tensor* fsdp_grouped_mm(const at::Tensor* input, const at::Tensor* weight, const at::Tensor* offs) {
   at::Tensor* out = nullptr;

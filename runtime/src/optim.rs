@@ -29,10 +29,7 @@ impl Optim {
     /// One step on `w` over the flat `(offset, len)` ranges `pieces` (see [`AdamW::step_pieces`]).
     pub fn step_pieces(&self, w: &Tensor, g: &Tensor, st: &mut State, pieces: &[(i64, i64)]) -> Result<(), RtError> {
         match self {
-            Optim::Adam(a) => {
-                a.step_pieces(w, g, st, pieces);
-                Ok(())
-            }
+            Optim::Adam(a) => a.step_pieces(w, g, st, pieces),
             Optim::Sgd { lr } => {
                 st.step += 1;
                 let (wf, gf) = (w.view([-1]), g.view([-1]));
@@ -109,21 +106,25 @@ impl State {
 
 impl AdamW {
     /// One step on `w` (updated in place, no grad), as torch's single-tensor AdamW.
-    pub fn step(&self, w: &Tensor, g: &Tensor, st: &mut State) {
+    pub fn step(&self, w: &Tensor, g: &Tensor, st: &mut State) -> Result<(), RtError> {
         let n = w.numel() as i64;
-        self.step_pieces(w, g, st, &[(0, n)]);
+        self.step_pieces(w, g, st, &[(0, n)])
     }
 
     /// One step on `w` run piece by piece over the flat `(offset, len)` ranges `pieces` (one
     /// optimizer step: the step count advances once). FSDP2's optimizer sees one tensor per
     /// parameter, so its temporaries are the size of the largest parameter's shard, not of
     /// the unit's.
-    pub fn step_pieces(&self, w: &Tensor, g: &Tensor, st: &mut State, pieces: &[(i64, i64)]) {
+    pub fn step_pieces(&self, w: &Tensor, g: &Tensor, st: &mut State, pieces: &[(i64, i64)]) -> Result<(), RtError> {
         tch::no_grad(|| {
             st.step += 1;
-            let t = st.step as i32;
-            let bc1 = 1.0 - self.beta1.powi(t);
-            let bc2_sqrt = (1.0 - self.beta2.powi(t)).sqrt();
+            // torch.optim.adam._single_tensor_adam (foreach=False, not capturable), op for op
+            // and with its scalars computed as Python computes them (`beta ** step` is libm's
+            // pow, `bias_correction2 ** 0.5` too), so that the same libtorch kernels give the
+            // same bits
+            let t = st.step as f64;
+            let bc1 = 1.0 - self.beta1.powf(t);
+            let bc2_sqrt = (1.0 - self.beta2.powf(t)).powf(0.5);
             let step_size = self.lr / bc1;
             let (wf, gf, mf, vf) = (w.view([-1]), g.view([-1]), st.m.view([-1]), st.v.view([-1]));
             for &(o, n) in pieces {
@@ -131,20 +132,18 @@ impl AdamW {
                     continue;
                 }
                 let (mut w, g, mut m, mut v) = (wf.narrow(0, o, n), gf.narrow(0, o, n), mf.narrow(0, o, n), vf.narrow(0, o, n));
-                // torch.optim.adamw._single_tensor_adam, step by step (tch's addcmul_ and
-                // addcdiv_ take no `value`: v.mul_(b2).addcmul_(g, g, 1 - b2) is written as a
-                // lerp towards g², and the -step_size folded into denom, in place)
                 if self.weight_decay != 0.0 {
                     // decoupled weight decay (torch skips it at 0: plain Adam)
                     let _ = w.g_mul_scalar_(1.0 - self.lr * self.weight_decay);
                 }
                 let _ = m.lerp_(&g, 1.0 - self.beta1);
-                let _ = v.lerp_(&(&g * &g), 1.0 - self.beta2);
+                let _ = v.g_mul_scalar_(self.beta2);
+                crate::shim::addcmul_(&v, &g, &g, 1.0 - self.beta2)?;
                 let mut denom = v.sqrt() / bc2_sqrt;
                 let _ = denom.g_add_scalar_(self.eps);
-                let _ = denom.g_mul_scalar_(-1.0 / step_size);
-                let _ = w.addcdiv_(&m, &denom);
+                crate::shim::addcdiv_(&w, &m, &denom, -step_size)?;
             }
+            Ok(())
         })
     }
 }

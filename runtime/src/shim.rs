@@ -32,6 +32,7 @@ extern "C" {
     fn fsdp_arena_log(id: i64, out: *mut i64, cap: i64) -> i64;
     fn fsdp_arena_free(id: i64) -> c_int;
     fn fsdp_add_scaled_(w: *const c_void, g: *const c_void, alpha: f64) -> c_int;
+    fn fsdp_addc_(w: *const c_void, t1: *const c_void, t2: *const c_void, value: f64, div: c_int) -> c_int;
     fn fsdp_cuda_mem(device: c_int, reset_peak: c_int, current: *mut i64, peak: *mut i64) -> c_int;
     fn fsdp_grouped_mm(input: *const c_void, weight: *const c_void, offs: *const c_void) -> *mut c_void;
     fn fsdp_edge_free(e: *mut c_void);
@@ -55,6 +56,24 @@ pub fn add_scaled_(w: &Tensor, g: &Tensor, alpha: f64) -> Result<(), RtError> {
     match unsafe { fsdp_add_scaled_(ptr(w), ptr(g), alpha) } {
         0 => Ok(()),
         _ => Err(last_error("add_")),
+    }
+}
+
+/// `w += value · t1 · t2` in place (`Tensor::addcmul_` with `value`, which tch lacks).
+pub fn addcmul_(w: &Tensor, t1: &Tensor, t2: &Tensor, value: f64) -> Result<(), RtError> {
+    // SAFETY: three live tensors.
+    match unsafe { fsdp_addc_(ptr(w), ptr(t1), ptr(t2), value, 0) } {
+        0 => Ok(()),
+        _ => Err(last_error("addcmul_")),
+    }
+}
+
+/// `w += value · t1 / t2` in place (`Tensor::addcdiv_` with `value`, which tch lacks).
+pub fn addcdiv_(w: &Tensor, t1: &Tensor, t2: &Tensor, value: f64) -> Result<(), RtError> {
+    // SAFETY: three live tensors.
+    match unsafe { fsdp_addc_(ptr(w), ptr(t1), ptr(t2), value, 1) } {
+        0 => Ok(()),
+        _ => Err(last_error("addcdiv_")),
     }
 }
 

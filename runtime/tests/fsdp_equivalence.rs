@@ -4,7 +4,7 @@
 //! per-step losses and final parameters equal within 1e-5 relative over 10 steps.
 //!
 //! The single-device reference is plain whole-model autograd (`reference::forward_loss` +
-//! `backward`), whose kernels and AdamW are checked against HF transformers / torch in
+//! `backward`), whose kernels and optimizers are checked against HF transformers / torch in
 //! `hf_parity.rs`.
 
 use fsdp_planner::{Device, Layout, Optimizer, Options, Policy, Strategy};
@@ -240,7 +240,7 @@ fn mixed_precision_tracks_fp32() {
             loss.backward();
             for (k, t) in &p.tensors {
                 let mut g = t.grad();
-                opt.step(t, &g, st.get_mut(k).unwrap());
+                opt.step(t, &g, st.get_mut(k).unwrap()).unwrap();
                 let _ = g.zero_();
             }
         }

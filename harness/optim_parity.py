@@ -1,0 +1,100 @@
+"""torch.optim ground truth for the runtime's optimizers (AdamW, Adam, SGD) over several steps.
+
+Usage: .venv/bin/python harness/optim_parity.py [NAME ...]   (default: hf_parity.PARITY_MODELS)
+Reads tests/fixtures/runtime/<name>/{weights,inputs}.safetensors (written by hf_parity.py) and
+writes tests/fixtures/runtime/<name>/optim.json, plus optim_final.safetensors for FINAL_MODELS.
+
+Per model and optimizer: the HF model (dropout zeroed, sdpa, float32, train mode) loaded with
+the fixture's weights, then STEPS steps of: zero grads, loss of the fixture's batch, backward,
+`opt.step()` with torch's single-tensor path (foreach=False); then the loss once more. The
+JSON holds the STEPS + 1 losses and, per parameter, the norm and sum (float64) of
+`final - initial`, so that the update itself is checked, not just the weights it moved. For
+FINAL_MODELS the final parameters are saved too, as `<optimizer>.<param name>`.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+common.check_versions()
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+import hf_parity  # noqa: E402
+
+STEPS = 3
+# torch's defaults except the learning rate of SGD, which is raised so that its three steps
+# move the loss by far more than the 1e-5 tolerance (torch's default lr is 1e-3 for all three).
+OPTIMIZERS = {
+    "adamw": {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01},
+    "adam": {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0},
+    "sgd": {"lr": 0.1, "momentum": 0.0, "dampening": 0.0, "weight_decay": 0.0, "nesterov": False},
+}
+FINAL_MODELS = ["tiny-llama-tied"]
+
+
+def make(kind, params, h):
+    if kind == "adamw":
+        return torch.optim.AdamW(params, lr=h["lr"], betas=tuple(h["betas"]), eps=h["eps"],
+                                 weight_decay=h["weight_decay"], foreach=False)
+    if kind == "adam":
+        return torch.optim.Adam(params, lr=h["lr"], betas=tuple(h["betas"]), eps=h["eps"],
+                                weight_decay=h["weight_decay"], foreach=False)
+    return torch.optim.SGD(params, lr=h["lr"], momentum=h["momentum"], dampening=h["dampening"],
+                           weight_decay=h["weight_decay"], nesterov=h["nesterov"], foreach=False)
+
+
+def run(name):
+    d = hf_parity.out_dir(name)
+    weights = load_file(os.path.join(d, "weights.safetensors"))
+    inputs = load_file(os.path.join(d, "inputs.safetensors"))
+    exp = {"config": common.config_relpath(name), "torch_version": torch.__version__,
+           "transformers_version": transformers.__version__, "steps": STEPS, "optimizers": {}}
+    final = {}
+    for kind, h in OPTIMIZERS.items():
+        _, model, _ = hf_parity.build(name, seed=1)
+        params, aliases = hf_parity.primary_params(model)
+        res = model.load_state_dict(weights, strict=False)
+        assert not res.unexpected_keys and set(res.missing_keys) <= set(aliases), res
+        start = {n: p.detach().clone() for n, p in params}
+        opt = make(kind, [p for _, p in params], h)
+        losses = []
+        for _ in range(STEPS):
+            opt.zero_grad(set_to_none=True)
+            loss = model(input_ids=inputs["input_ids"], labels=inputs["labels"]).loss
+            losses.append(loss.item())
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            losses.append(model(input_ids=inputs["input_ids"], labels=inputs["labels"]).loss.item())
+        delta = {n: hf_parity.f64(p) - hf_parity.f64(start[n]) for n, p in params}
+        exp["optimizers"][kind] = {
+            **h, "foreach": False, "losses": losses,
+            "delta": {n: {"norm": t.norm().item(), "sum": t.sum().item()} for n, t in delta.items()},
+        }
+        if name in FINAL_MODELS:
+            final.update({f"{kind}.{n}": p for n, p in params})
+    common.write_json(os.path.join(d, "optim.json"), exp)
+    path = os.path.join(d, "optim_final.safetensors")
+    if final:
+        hf_parity.save_safetensors(path, final)
+    elif os.path.exists(path):
+        os.remove(path)
+    return exp
+
+
+def main():
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    transformers.logging.set_verbosity_error()
+    for name in sys.argv[1:] or hf_parity.PARITY_MODELS:
+        exp = run(name)
+        print(f"optim_parity {name}: " + "  ".join(
+            f"{k} {v['losses'][0]:.6f}->{v['losses'][-1]:.6f}" for k, v in exp["optimizers"].items()))
+
+
+if __name__ == "__main__":
+    main()
