@@ -86,6 +86,9 @@ pub enum RdzvError {
     Io { rank: usize, what: String, error: String },
     #[error("rank 0: making the job id failed: {0}")]
     Id(String),
+    /// The ranks were started with different jobs (plan, steps, …): see [`Rendezvous::agree`].
+    #[error("rank {rank}: the ranks were not started with the same job: {message}")]
+    JobMismatch { rank: usize, message: String },
 }
 
 /// A finished rendezvous: this rank's place in the job, the job's id, and the open sockets.
@@ -371,6 +374,44 @@ impl Rendezvous {
         }
     }
 
+    /// Checks that every rank was started with the same job: `job` is this rank's `(name,
+    /// value)` pairs (the plan's hash, the step count, …), and rank 0 compares every rank's
+    /// with its own. On a difference every rank returns [`RdzvError::JobMismatch`] naming the
+    /// ranks and the values that differ (a stale plan file on one node would otherwise train
+    /// with mismatched collectives or, worse, silently with another optimizer).
+    pub fn agree(&self, job: &[(&str, String)], timeout: Option<Duration>) -> Result<(), RdzvError> {
+        let n = self.world_size;
+        let text: String = job.iter().map(|(k, v)| format!("{k}\t{v}\n")).collect();
+        let reply = self.exchange(text.into_bytes(), timeout, |all| {
+            let pairs = |b: &[u8]| -> Vec<(String, String)> {
+                String::from_utf8_lossy(b).lines().map(|l| l.split_once('\t').map(|(k, v)| (k.to_string(), v.to_string())).unwrap_or((l.to_string(), String::new()))).collect()
+            };
+            let ours = pairs(&all[0]);
+            let mut diffs = vec![];
+            for (r, b) in all.iter().enumerate().skip(1) {
+                let theirs = pairs(b);
+                let names: Vec<&String> = ours.iter().map(|(k, _)| k).chain(theirs.iter().map(|(k, _)| k)).collect();
+                let mut seen = std::collections::BTreeSet::new();
+                for k in names {
+                    if !seen.insert(k) {
+                        continue;
+                    }
+                    let get = |v: &[(String, String)]| v.iter().find(|(n, _)| n == k).map(|(_, x)| x.clone()).unwrap_or_else(|| "(none)".into());
+                    let (a, b) = (get(&ours), get(&theirs));
+                    if a != b {
+                        diffs.push(format!("rank {r} has {k} {b}, rank 0 has {a}"));
+                    }
+                }
+            }
+            let msg = if diffs.is_empty() { String::new() } else { format!("{} (start every rank with the same plan file and run options)", diffs.join("; ")) };
+            vec![msg.into_bytes(); n]
+        })?;
+        match reply.is_empty() {
+            true => Ok(()),
+            false => Err(RdzvError::JobMismatch { rank: self.rank, message: String::from_utf8_lossy(&reply).into_owned() }),
+        }
+    }
+
     /// Returns once every rank has called it.
     pub fn barrier(&self, timeout: Option<Duration>) -> Result<(), RdzvError> {
         let n = self.world_size;
@@ -429,6 +470,30 @@ mod tests {
         for (r, h) in hs.into_iter().enumerate() {
             let (rank, world, id, got) = h.join().unwrap();
             assert_eq!((rank, world, id, got), (r, ws, [7u8; ID_BYTES], vec![r as u8 * 10, ws as u8]));
+        }
+    }
+
+    #[test]
+    fn ranks_started_with_other_jobs_are_named_on_every_rank() {
+        let port = free_port();
+        let ws = 3;
+        let hs: Vec<_> = (0..ws)
+            .map(|r| {
+                std::thread::spawn(move || {
+                    let rz = rendezvous(&cfg(port, r, ws, 10_000), || Ok([7u8; ID_BYTES])).unwrap();
+                    let same = [("plan", "ab12".to_string()), ("steps", "4".to_string())];
+                    let ok = rz.agree(&same, Some(Duration::from_secs(10)));
+                    let steps = if r == 2 { "3" } else { "4" };
+                    let job = [("plan", if r == 1 { "cd34" } else { "ab12" }.to_string()), ("steps", steps.to_string())];
+                    (ok, rz.agree(&job, Some(Duration::from_secs(10))))
+                })
+            })
+            .collect();
+        for (r, h) in hs.into_iter().enumerate() {
+            let (ok, bad) = h.join().unwrap();
+            assert_eq!(ok, Ok(()));
+            let e = bad.unwrap_err();
+            assert_eq!(e, RdzvError::JobMismatch { rank: r, message: "rank 1 has plan cd34, rank 0 has ab12; rank 2 has steps 3, rank 0 has 4 (start every rank with the same plan file and run options)".into() }, "rank {r}");
         }
     }
 

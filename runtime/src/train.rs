@@ -420,6 +420,7 @@ pub fn run_process(plan: &Plan, model: &Model, cfg: &RunConfig, env: &crate::lau
     let rows = match backend {
         Backend::Cpu => {
             let rz = crate::rendezvous::rendezvous(&rcfg, || Ok(crate::rendezvous::random_id())).map_err(|e| RtError::Comm(e.to_string()))?;
+            rz.agree(&job_key(plan, cfg, backend), Some(timeout)).map_err(|e| RtError::Comm(e.to_string()))?;
             let world = crate::comm_tcp::TcpGroup::new(rz, Some(timeout));
             let (shard, replicate) = crate::comm::SubGroup::mesh(&world, shard_size);
             let mesh = crate::comm::Groups { world: &world, shard: &shard, replicate: &replicate };
@@ -427,6 +428,7 @@ pub fn run_process(plan: &Plan, model: &Model, cfg: &RunConfig, env: &crate::lau
         }
         Backend::Cuda => {
             let rz = crate::nccl::rendezvous(&rcfg).map_err(RtError::Comm)?;
+            rz.agree(&job_key(plan, cfg, backend), Some(timeout)).map_err(|e| RtError::Comm(e.to_string()))?;
             let ordinal = gpu_ordinal(env.local_rank, std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref());
             let world = crate::nccl::NcclGroup::from_rendezvous(&rz, ordinal).map_err(|e| RtError::Comm(format!("rank {}: {e}", env.rank)))?;
             let device = world.device();
@@ -465,6 +467,26 @@ pub fn run_process(plan: &Plan, model: &Model, cfg: &RunConfig, env: &crate::lau
     let last = last.into_inner().unwrap_or_else(|e| e.into_inner());
     // (only rank 0 wrote `last`; each step was reported as it ended)
     reports(plan, cfg.trace.as_deref().filter(|_| env.rank == 0), rows, last, |_| {})
+}
+
+/// What every rank of a job must have been started with alike ([`Rendezvous::agree`]): the
+/// plan (its hash covers the model and every option: world size, layout, dtypes, optimizer…)
+/// and the run options that change what is trained. Paths are compared by whether one is
+/// given, not by name (nodes may mount files at other paths).
+///
+/// [`Rendezvous::agree`]: crate::rendezvous::Rendezvous::agree
+fn job_key(plan: &Plan, cfg: &RunConfig, backend: Backend) -> Vec<(&'static str, String)> {
+    let given = |p: &Option<PathBuf>, none: &str| p.as_ref().map_or(none.to_string(), |_| "a file".to_string());
+    vec![
+        ("plan", plan.plan_hash.clone()),
+        ("backend", format!("{backend:?}").to_lowercase()),
+        ("steps", cfg.steps.to_string()),
+        ("lr", cfg.lr.to_string()),
+        ("seed", cfg.seed.to_string()),
+        ("weights", given(&cfg.weights, "random init")),
+        ("data", given(&cfg.data, "synthetic tokens")),
+        ("resume", given(&cfg.resume, "no")),
+    ]
 }
 
 /// The GPU of a rank: `LOCAL_RANK` among the visible devices (torchrun, `launch`), or device 0

@@ -3,7 +3,8 @@
 //! losses equal the rank-thread run's bit for bit (full sharding, hybrid sharding through
 //! world collectives, FSDP1's flat layout with gradient accumulation); a rank that dies or
 //! hangs ends every other rank with an error naming it, within the timeout; the last
-//! checkpoint stays valid and resuming from it continues the uninterrupted run bit for bit.
+//! checkpoint stays valid and resuming from it continues the uninterrupted run bit for bit;
+//! ranks started with different plans or run options stop before training, naming them.
 //!
 //! The test binary re-runs itself as the ranks: `child_entry` does nothing unless
 //! `FSDP_TEST_CHILD` is set, and then trains as one rank and exits.
@@ -30,6 +31,7 @@ fn setup(case: &str) -> (fsdp_ir::Model, fsdp_planner::Plan) {
     let opts = match case {
         "ws1" => Options { world_size: 1, ..base },
         "ws2" => Options { world_size: 2, ..base },
+        "ws2-sgd" => Options { world_size: 2, optimizer: fsdp_planner::Optimizer::Sgd, ..base },
         "hsdp4" => Options { world_size: 4, strategy: Strategy::HybridShard { shard_size: 2 }, ..base },
         "flat3-ga2" => Options { world_size: 3, layout: Layout::Flat, grad_accum: 2, ..base },
         c => panic!("unknown case {c}"),
@@ -204,6 +206,30 @@ fn a_hung_rank_times_out_on_the_others() {
     assert!(err.contains("rank 1 did not answer"), "{err}");
     assert!(waited < 30.0, "rank 0 waited {waited} s (timeout 3 s)");
     eprintln!("rank 1 stopped; rank 0 ended after {waited:.1} s with: {err}");
+}
+
+/// Ranks started with different plans (here another optimizer: the same collectives, so
+/// nothing else would notice) and step counts: every rank stops before the first step with
+/// an error naming the rank and the values that differ.
+#[test]
+fn ranks_started_with_different_jobs_stop_before_training() {
+    let port = free_port().unwrap();
+    let kids: Vec<Child> = [("ws2", 0, "4"), ("ws2-sgd", 1, "3")]
+        .iter()
+        .map(|&(case, r, steps)| rank_cmd(case, port, r, 2, &[("FSDP_TEST_STEPS", steps.into())]).spawn().expect("spawn a rank"))
+        .collect();
+    let (adam, sgd) = (setup("ws2").1.plan_hash, setup("ws2-sgd").1.plan_hash);
+    assert_ne!(adam, sgd);
+    for (r, (o, secs)) in wait_all(kids, Duration::from_secs(60)).iter().enumerate() {
+        assert!(!o.status.success(), "rank {r}: {}", describe(o));
+        assert!(losses_of(o).is_empty(), "rank {r} trained: {}", describe(o));
+        let err = String::from_utf8_lossy(&o.stdout).lines().find_map(|l| l.strip_prefix("TRAIN-ERR ").map(str::to_string)).unwrap_or_else(|| panic!("rank {r}: {}", describe(o)));
+        let want = format!("rank {r}: the ranks were not started with the same job: rank 1 has plan {sgd}, rank 0 has {adam}; rank 1 has steps 3, rank 0 has 4 (start every rank with the same plan file and run options)");
+        assert!(err.ends_with(&want), "rank {r}: {err}\nwant: {want}");
+        if r == 0 {
+            eprintln!("rank 1 started with SGD and 3 steps: rank 0 stopped after {secs:.1} s with: {err}");
+        }
+    }
 }
 
 /// World size 1 in this process (what a one-GPU `run --backend cuda` does: a rendezvous of
