@@ -16,6 +16,7 @@ DEFAULTS = {
     "strategy": "full-shard",         # or "hybrid-shard": 2-D mesh (replicate, shard)
     "shard_group_size": None,         # hybrid-shard: size of the shard mesh dim
     "checkpoint": None,               # module classes under HF gradient checkpointing (non-reentrant)
+    "optimizer": "adam",              # torch.optim.Adam | AdamW | SGD, lr 1e-3, torch's defaults
 }
 
 BASE_CASES = {
@@ -37,6 +38,8 @@ BASE_CASES = {
     "llama_hsdp_ws4": {"model": "tiny-llama", "world_size": 4,
                        "strategy": "hybrid-shard", "shard_group_size": 2},
     "llama_ac_ws2": {"model": "tiny-llama", "world_size": 2, "checkpoint": ["LlamaDecoderLayer"]},
+    "llama_sgd_ws2": {"model": "tiny-llama", "world_size": 2, "optimizer": "sgd"},
+    "llama_adamw_ws2": {"model": "tiny-llama", "world_size": 2, "optimizer": "adamw"},
 }
 
 ATTN_IMPLS = ("eager", "sdpa")

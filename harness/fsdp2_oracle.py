@@ -6,7 +6,7 @@ Writes tests/fixtures/fsdp2/<case>.json.
 
 Per case: world_size processes (torch.multiprocessing spawn, gloo, 127.0.0.1, a free port).
 Each rank builds the HF model (torch.manual_seed(0), fp32), calls fully_shard on every
-instance of model._no_split_modules, then on the root, runs 2 training steps (Adam lr 1e-3,
+instance of model._no_split_modules, then on the root, runs 2 training steps (Adam lr 1e-3 unless the case names AdamW or SGD,
 loss = model(input_ids, labels=labels).loss, labels a copy of the ids) inside FSDPMemTracker and records step 2:
   - the collectives FSDP issues (Python-level patch of torch.distributed.* , cross-checked
     against the c10d ops seen at dispatch level), attributed to the FSDP group being
@@ -338,7 +338,8 @@ def _worker(rank, case_name, case, port, outdir):
             root_kw["reshard_after_forward"] = case["root_reshard_after_forward"]
         fully_shard(model, **root_kw)
 
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        opt = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
+               "sgd": torch.optim.SGD}[case["optimizer"]](model.parameters(), lr=1e-3)
         gen = torch.Generator().manual_seed(1234)
         input_ids = torch.randint(0, cfg.vocab_size, (case["batch"], case["seq"]), generator=gen)
         # HF training batches carry labels as their own tensor (a copy of the ids here).
@@ -460,7 +461,7 @@ def run_case(name, case):
             "reduce_dtype": case["reduce_dtype"],
             "reshard_after_forward": case["reshard_after_forward"],
             "root_reshard_after_forward": case["root_reshard_after_forward"],
-            "optimizer": "adam",
+            "optimizer": case["optimizer"],
             "lr": 1e-3,
             "steps": 2,
             "measured_step": 2,
