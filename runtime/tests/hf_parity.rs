@@ -22,13 +22,19 @@ fn rel(a: f64, b: f64) -> f64 {
     (a - b).abs() / b.abs().max(1e-30)
 }
 
-#[test]
-fn loss_and_grads_equal_hf() {
-    tch::set_num_threads(1);
+/// `tests/fixtures/runtime/<name>/`, one per tiny architecture, sorted.
+fn fixture_dirs() -> Vec<PathBuf> {
     let dir = root().join("tests/fixtures/runtime");
     let mut names: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
     names.sort();
     assert!(names.len() >= 7, "expected a fixture per tiny architecture");
+    names
+}
+
+#[test]
+fn loss_and_grads_equal_hf() {
+    tch::set_num_threads(1);
+    let names = fixture_dirs();
     let mut report = String::new();
     for d in names {
         let exp: Value = serde_json::from_str(&std::fs::read_to_string(d.join("expected.json")).unwrap()).unwrap();
@@ -100,9 +106,7 @@ fn plan_optimizer(kind: &str, h: &Value) -> (fsdp_planner::Optimizer, f64) {
 #[test]
 fn optimizers_over_three_steps_equal_torch() {
     tch::set_num_threads(1);
-    let dir = root().join("tests/fixtures/runtime");
-    let mut names: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
-    names.sort();
+    let names = fixture_dirs();
     let mut report = String::new();
     let mut finals_checked = 0;
     for d in names {
