@@ -11,6 +11,8 @@ cargo build --features cuda --locked   # the binary with the runtime and the GPU
 # the runtime's unit tests in the cuda build: the GPU arena's allocator over a fake caching
 # allocator, and its installation in front of libtorch's (GPU tests print SKIPPED without one)
 cargo test -p fsdp-runtime --features cuda --lib --locked
+# `run`, `launch` and `consolidate` end to end: bad input refused by name, user files kept
+cargo test --features cuda --test cli_run --locked
 # the GPU side by side's plumbing, on the CPU: PyTorch FSDP2 (gloo) and fsdp-plan on the same
 # weights and tokens, the loss comparison and the report (scripts/gpu-check.sh on a GPU)
 GPU_CHECK_DRY=cpu FSDP_PLAN_BIN=target/debug/fsdp-plan bash scripts/gpu-check.sh

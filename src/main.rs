@@ -396,7 +396,10 @@ fn load_model(path: &Path) -> Result<Model> {
     } else {
         fsdp_ir::parse_model(&text, &file)
     };
-    m.map_err(user)
+    m.map_err(|e| match !is_json && text.contains("plan_hash") && text.contains("format_version") {
+        true => user(format!("{file}: this is a compiled plan, not a model: give it as the plan (`trace`, `plot`, `diff`, `run`), with --model MODEL if its model is not models/<name>.ron")),
+        false => user(e),
+    })
 }
 
 fn stem(path: &Path) -> String {
@@ -404,12 +407,35 @@ fn stem(path: &Path) -> String {
     s.trim_end_matches(".json").trim_end_matches(".config").trim_end_matches(".ron").to_string()
 }
 
+/// Whether two paths name the same existing file or directory.
+#[cfg(feature = "runtime")]
+fn same_file(a: &Path, b: &Path) -> bool {
+    matches!((std::fs::canonicalize(a), std::fs::canonicalize(b)), (Ok(x), Ok(y)) if x == y)
+}
+
+/// Refuses an output path that is one of the command's inputs (or inside an input directory),
+/// which the write would replace.
+fn not_an_input(out: &Path, inputs: &[&Path]) -> Result<()> {
+    let o = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).canonicalize().ok().map(|d| d.join(out.file_name().unwrap_or_default()));
+    for i in inputs {
+        if let (Some(o), Ok(i)) = (&o, i.canonicalize()) {
+            if *o == i || (i.is_dir() && o.starts_with(&i)) {
+                bail!(UserError(format!("-o {}: that is the input {}; write the output elsewhere", out.display(), i.display())));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Writes via a temp file in the same directory, then renames.
 fn write_atomic(path: &Path, text: &str) -> Result<()> {
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().and_then(|s| s.to_str()).unwrap_or("out");
     let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
-    std::fs::write(&tmp, text).map_err(|e| user(format!("{}: {e}", tmp.display())))?;
+    std::fs::write(&tmp, text).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        user(format!("{}: {e}", path.display()))
+    })?;
     std::fs::rename(&tmp, path).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
         user(format!("{}: {e}", path.display()))
@@ -432,12 +458,61 @@ fn load_plan(path: &Path) -> Result<Plan> {
     Ok(plan)
 }
 
+/// `--timeout-s`: a positive number of seconds, at most 10⁹ (a `Duration`).
+#[cfg(feature = "runtime")]
+fn timeout_secs(t: f64) -> Result<std::time::Duration> {
+    match t > 0.0 && t <= 1e9 {
+        true => Ok(std::time::Duration::from_secs_f64(t)),
+        false => bail!(UserError(format!("--timeout-s {t}: expected a positive number of seconds (at most 1e9)"))),
+    }
+}
+
+/// What `run` trains, checked before anything starts: the plan (planned from a model, or a
+/// compiled plan verified against its model) and the run options.
+#[cfg(feature = "runtime")]
+fn run_inputs(r: &RunArgs) -> Result<(Plan, Model)> {
+    timeout_secs(r.timeout_s)?;
+    if r.steps == 0 {
+        bail!(UserError("--steps 0: expected at least 1 step".into()));
+    }
+    if !(r.lr.is_finite() && r.lr >= 0.0) {
+        // torch.optim raises "Invalid learning rate" for these too
+        bail!(UserError(format!("--lr {}: expected a finite learning rate >= 0", r.lr)));
+    }
+    let cuda = r.backend == "cuda";
+    let (plan, model) = match &r.model {
+        Some(m) => load_plan_and_model(&r.file, Some(m))?,
+        None if is_plan_file(&r.file) => load_plan_and_model(&r.file, None)?,
+        None => {
+            let model = load_model(&r.file)?;
+            let mut opts = options(&r.o, &r.o.policy).map_err(user)?;
+            opts.device = if cuda { Device::Cuda } else { Device::Cpu };
+            (fsdp_planner::plan(&model, &opts).map_err(user)?, model)
+        }
+    };
+    if let Some(dir) = &r.save {
+        let resumes_it = r.resume.as_ref().is_some_and(|d| same_file(d, dir));
+        if dir.join("latest").exists() && !resumes_it {
+            bail!(UserError(format!(
+                "--save {}: already holds a checkpoint (latest: {}); continue it with --resume {}, or save to another directory",
+                dir.display(),
+                std::fs::read_to_string(dir.join("latest")).unwrap_or_default().trim(),
+                dir.display()
+            )));
+        }
+    }
+    if let Some(t) = &r.trace {
+        not_an_input(t, &[&r.file])?;
+    }
+    if plan.options.seq < 2 {
+        bail!(UserError(format!("--seq {}: a causal-LM loss needs at least 2 tokens per sequence (it predicts token t+1 from token t)", plan.options.seq)));
+    }
+    Ok((plan, model))
+}
+
 #[cfg(feature = "runtime")]
 fn train(r: RunArgs) -> Result<()> {
     use fsdp_runtime::launch_env;
-    if !(r.timeout_s > 0.0 && r.timeout_s.is_finite()) {
-        bail!(UserError(format!("--timeout-s {}: expected a positive number of seconds", r.timeout_s)));
-    }
     // Under a launcher (WORLD_SIZE > 1), or on a GPU, this process is one rank of the job;
     // otherwise every rank is a thread of this process.
     let env = launch_env::from_process_env_or_single().map_err(user)?;
@@ -446,15 +521,7 @@ fn train(r: RunArgs) -> Result<()> {
         bail!(UserError(format!("--backend cuda: {}", fsdp_runtime::cuda::CudaError::NotBuilt)));
     }
     let per_process = cuda || env.world_size > 1;
-    let (plan, model) = match &r.model {
-        Some(m) => (load_plan(&r.file)?, load_model(m)?),
-        None => {
-            let model = load_model(&r.file)?;
-            let mut opts = options(&r.o, &r.o.policy).map_err(user)?;
-            opts.device = if cuda { Device::Cuda } else { Device::Cpu };
-            (fsdp_planner::plan(&model, &opts).map_err(user)?, model)
-        }
-    };
+    let (plan, model) = run_inputs(&r)?;
     let cfg = fsdp_runtime::train::RunConfig {
         lr: r.lr,
         seed: r.seed,
@@ -481,7 +548,7 @@ fn train(r: RunArgs) -> Result<()> {
         if env.launcher == launch_env::Launcher::Single {
             env.master_port = 0; // a job of one: any free port
         }
-        fsdp_runtime::train::run_process(&plan, &model, &cfg, &env, backend, std::time::Duration::from_secs_f64(r.timeout_s), print).map_err(|e| match e {
+        fsdp_runtime::train::run_process(&plan, &model, &cfg, &env, backend, timeout_secs(r.timeout_s)?, print).map_err(|e| match e {
             // a peer that died or hung is not bad input: exit 1, not 2
             fsdp_runtime::RtError::Comm(m) => anyhow!(m),
             e => user(e),
@@ -534,6 +601,7 @@ fn test_exit_after() -> Result<Option<(usize, usize)>> {
 
 #[cfg(feature = "runtime")]
 fn consolidate(dir: &Path, out: &Path) -> Result<()> {
+    not_an_input(out, &[dir])?;
     let ckpt = if dir.join("latest").exists() { fsdp_runtime::checkpoint::latest(dir).map_err(user)? } else { dir.to_path_buf() };
     let n = fsdp_runtime::checkpoint::consolidate(&ckpt, out).map_err(user)?;
     eprintln!("wrote {} ({n} tensors, HF names) from {}", out.display(), ckpt.display());
@@ -557,12 +625,35 @@ fn train_missing() -> Result<()> {
     ))
 }
 
+/// The most processes `launch` starts on one node.
+#[cfg(feature = "runtime")]
+const MAX_LOCAL_RANKS: usize = 1024;
+
 /// `fsdp-plan launch`: the child runs `fsdp-plan run ARGS…` (or the subcommand given first).
 #[cfg(feature = "runtime")]
 fn launch(a: LaunchArgs) -> Result<()> {
     let mut args = a.args;
     if !args.first().is_some_and(|f| f == "run" || f == "rendezvous-selftest") {
         args.insert(0, "run".into());
+    }
+    if a.nproc_per_node > MAX_LOCAL_RANKS {
+        bail!(UserError(format!("launch: --nproc-per-node {}: at most {MAX_LOCAL_RANKS} ranks on one node", a.nproc_per_node)));
+    }
+    // every rank would fail on bad arguments: say so once, before starting any
+    if args[0] == "run" {
+        let argv = std::iter::once(std::ffi::OsString::from("fsdp-plan")).chain(args.iter().cloned());
+        let r = match Cli::try_parse_from(argv) {
+            Ok(Cli { cmd: Cmd::Run(r) }) => r,
+            Ok(_) => unreachable!("the first argument is `run`"),
+            Err(e) => bail!(UserError(format!("launch: the ranks' arguments: {}", e.render().to_string().trim_end()))),
+        };
+        let (plan, _) = run_inputs(&r)?;
+        if plan.options.world_size != a.nproc_per_node as u64 {
+            bail!(UserError(format!(
+                "launch: the plan is for world size {}, but --nproc-per-node {} starts {} ranks: plan with --world-size {}",
+                plan.options.world_size, a.nproc_per_node, a.nproc_per_node, a.nproc_per_node
+            )));
+        }
     }
     let spec = fsdp_runtime::launch::LaunchSpec {
         nproc: a.nproc_per_node,
@@ -583,10 +674,7 @@ fn launch(a: LaunchArgs) -> Result<()> {
 fn rendezvous_selftest(a: SelftestArgs) -> Result<()> {
     use fsdp_runtime::{launch_env, nccl, rendezvous, selftest};
     let env = launch_env::from_process_env_or_single().map_err(user)?;
-    if !(a.timeout_s > 0.0 && a.timeout_s.is_finite()) {
-        bail!(UserError(format!("--timeout-s {}: expected a positive number of seconds", a.timeout_s)));
-    }
-    let cfg = rendezvous::Config::from_env(&env, std::time::Duration::from_secs_f64(a.timeout_s));
+    let cfg = rendezvous::Config::from_env(&env, timeout_secs(a.timeout_s)?);
     match a.collectives.as_str() {
         "nccl" => {
             let rz = nccl::rendezvous(&cfg).map_err(|e| anyhow!(e))?;
@@ -637,9 +725,23 @@ fn read_trace(path: &Path) -> Result<(serde_json::Value, Device)> {
     Ok((doc, device))
 }
 
-/// (start, end) in seconds per schedule op of `plan`, from a trace [`read_trace`] read.
+/// (start, end) in seconds per schedule op of `plan`, from a trace [`read_trace`] read: a
+/// measured one (`run --trace`, not `trace`'s prediction) of this very plan.
 fn read_measured(path: &Path, doc: &serde_json::Value, plan: &Plan) -> Result<Vec<(f64, f64)>> {
-    fsdp_planner::trace::spans_from_trace(doc, plan).map_err(|e| user(format!("{}: {e}", path.display())))
+    let file = path.display();
+    let hw = doc["otherData"]["hardware"].as_str().unwrap_or("");
+    if !hw.starts_with("measured") {
+        bail!(UserError(format!("{file}: a predicted trace (hardware `{hw}`), not a measured one: calibrate from `run --trace`")));
+    }
+    match doc["otherData"]["plan_hash"].as_str() {
+        Some(h) if h == plan.plan_hash => {}
+        h => bail!(UserError(format!(
+            "{file}: measured for plan {}, but the model and options given plan {}: give the options of the run that wrote it",
+            h.unwrap_or("(none)"),
+            plan.plan_hash
+        ))),
+    }
+    fsdp_planner::trace::spans_from_trace(doc, plan).map_err(|e| user(format!("{file}: {e}")))
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -652,6 +754,7 @@ fn run(cli: Cli) -> Result<()> {
             let model = load_model(&p.model)?;
             let mut opts = options(&p.o, &p.o.policy).map_err(user)?;
             // the plan the run executed: on the device the trace was measured on
+            not_an_input(&output, &[&p.model, &trace])?;
             let (doc, device) = read_trace(&trace)?;
             opts.device = device;
             let plan = fsdp_planner::plan(&model, &opts).map_err(user)?;
@@ -694,6 +797,7 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Cmd::Compile { p, output } => {
+            not_an_input(&output, &[&p.model])?;
             let model = load_model(&p.model)?;
             let opts = options(&p.o, &p.o.policy).map_err(user)?;
             let plan = fsdp_planner::plan(&model, &opts).map_err(user)?;
@@ -713,26 +817,24 @@ fn run(cli: Cli) -> Result<()> {
                     let model = load_model(&d.files[0])?;
                     let pa = fsdp_planner::plan(&model, &options(&d.o, &d.vs_policy[0]).map_err(user)?).map_err(user)?;
                     let pb = fsdp_planner::plan(&model, &options(&d.o, &d.vs_policy[1]).map_err(user)?).map_err(user)?;
-                    (pa, d.vs_policy[0].clone(), pb, d.vs_policy[1].clone(), Ok((model.clone(), model)))
+                    (pa, d.vs_policy[0].clone(), pb, d.vs_policy[1].clone(), (model.clone(), model))
                 }
                 (2, 0) => {
-                    let pa = load_plan(&d.files[0])?;
-                    let pb = load_plan(&d.files[1])?;
-                    let models = model_of_plan(&pa, d.model.as_deref()).and_then(|ma| Ok((ma, model_of_plan(&pb, d.model.as_deref())?)));
-                    (pa, d.files[0].display().to_string(), pb, d.files[1].display().to_string(), models)
+                    let (pa, ma) = load_plan_and_model(&d.files[0], d.model.as_deref())?;
+                    let (pb, mb) = load_plan_and_model(&d.files[1], d.model.as_deref())?;
+                    (pa, d.files[0].display().to_string(), pb, d.files[1].display().to_string(), (ma, mb))
                 }
                 _ => bail!(UserError("diff takes MODEL --policy A --policy B, or PLAN1 PLAN2".into())),
             };
             // the time rows go with the table, before the lists of units
             let table = fsdp_planner::diff::render(&a, &an, &b, &bn);
             let (rows, rest) = table.split_at(table.find("\nunits only in").unwrap_or(table.len()));
-            let time = match models {
-                Ok((ma, mb)) => timeline::diff_rows(&timeline::predict(&a, &ma, &hw), &timeline::predict(&b, &mb, &hw)),
-                Err(e) => format!("(no time rows: {e:#})\n"),
-            };
+            let (ma, mb) = models;
+            let time = timeline::diff_rows(&timeline::predict(&a, &ma, &hw), &timeline::predict(&b, &mb, &hw));
             print!("{rows}{time}{rest}");
         }
         Cmd::Trace(v) => {
+            not_an_input(&v.output, &[&v.input])?;
             let (plan, hw, t) = view(&v)?;
             let mem = timeline::memory_timeline(&plan, &t);
             let doc = fsdp_planner::trace::chrome_trace(&plan, &t, &mem);
@@ -746,6 +848,7 @@ fn run(cli: Cli) -> Result<()> {
             );
         }
         Cmd::Plot(v) => {
+            not_an_input(&v.output, &[&v.input])?;
             let (plan, hw, t) = view(&v)?;
             let mem = timeline::memory_timeline(&plan, &t);
             let svg = fsdp_planner::plot::memory_svg(&plan, &t, &mem, Some((&hw.name, hw.memory_bytes)));
@@ -761,6 +864,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Sweep(s) => sweep(&s)?,
         Cmd::Import { from: ImportCmd::Hf { config, output, name, dtype } } => {
+            not_an_input(&output, &[&config])?;
             let text = read(&config)?;
             let name = name.unwrap_or_else(|| stem(&config));
             let dtype = dtype.as_deref().map(|d| parse_dtype("--dtype", d)).transpose().map_err(user)?;
@@ -834,6 +938,9 @@ fn load_hardware(spec: &str) -> Result<Hardware> {
 fn model_of_plan(plan: &Plan, explicit: Option<&Path>) -> Result<Model> {
     let path = match explicit {
         Some(p) => p.to_path_buf(),
+        None if plan.model_name.is_empty() || plan.model_name.contains(['/', '\\']) || plan.model_name.starts_with('.') => {
+            bail!(UserError(format!("the plan's model name `{}` is not a file name in models/; pass --model FILE", plan.model_name)))
+        }
         None => search_dirs("models")
             .into_iter()
             .map(|d| d.join(format!("{}.ron", plan.model_name)))
@@ -847,6 +954,43 @@ fn model_of_plan(plan: &Plan, explicit: Option<&Path>) -> Result<Model> {
     Ok(model)
 }
 
+/// A compiled plan must be what `compile` makes of its model and options: its hash, and then
+/// the whole plan, replanned and compared. An edited plan (offsets, sizes, ids, options) is
+/// refused at the first line that differs, rather than run or drawn.
+fn verify_plan(path: &Path, plan: &Plan, model: &Model) -> Result<()> {
+    let file = path.display();
+    let fresh = fsdp_planner::plan(model, &plan.options).map_err(|e| user(format!("{file}: the plan's options: {e}")))?;
+    if fresh.plan_hash != plan.plan_hash {
+        bail!(UserError(format!("{file}: plan_hash {} is not the hash of its model and options ({}): edited, or compiled by another version", plan.plan_hash, fresh.plan_hash)));
+    }
+    let (want, got) = (plan_ron(&fresh)?, plan_ron(plan)?);
+    if want != got {
+        let (i, (g, w)) = got.lines().zip(want.lines()).enumerate().find(|(_, (g, w))| g != w).unwrap_or((got.lines().count().min(want.lines().count()), ("(end of plan)", "(more)")));
+        // the lines around their first difference (a unit's line lists all its params)
+        let at = g.char_indices().zip(w.chars()).find(|((_, a), b)| a != b).map_or(g.len().min(w.len()), |((k, _), _)| k);
+        let around = |l: &str| {
+            let from = l.char_indices().map(|(k, _)| k).filter(|&k| k <= at.saturating_sub(40)).last().unwrap_or(0);
+            let t: String = l[from..].chars().take(100).collect();
+            format!("{}{}{}", if from > 0 { "…" } else { "" }, t.trim(), if l[from..].chars().count() > 100 { "…" } else { "" })
+        };
+        bail!(UserError(format!(
+            "{file}:{}: `{}` where `compile` makes `{}` of the same model and options: the plan was edited (recompile it)",
+            i + 1,
+            around(g),
+            around(w)
+        )));
+    }
+    Ok(())
+}
+
+/// A compiled plan and its model (`--model`, else found by name), verified ([`verify_plan`]).
+fn load_plan_and_model(path: &Path, model: Option<&Path>) -> Result<(Plan, Model)> {
+    let plan = load_plan(path)?;
+    let model = model_of_plan(&plan, model)?;
+    verify_plan(path, &plan, &model)?;
+    Ok((plan, model))
+}
+
 fn is_plan_file(path: &Path) -> bool {
     path.extension().is_some_and(|e| e == "ron") && std::fs::read_to_string(path).is_ok_and(|t| t.contains("plan_hash"))
 }
@@ -855,9 +999,7 @@ fn is_plan_file(path: &Path) -> bool {
 fn view(v: &ViewArgs) -> Result<(Plan, Hardware, TimeReport)> {
     let hw = load_hardware(&v.hw.hardware)?;
     let (plan, model) = if is_plan_file(&v.input) {
-        let plan = load_plan(&v.input)?;
-        let model = model_of_plan(&plan, v.model.as_deref())?;
-        (plan, model)
+        load_plan_and_model(&v.input, v.model.as_deref())?
     } else {
         let model = load_model(&v.input)?;
         let opts = options(&v.o, &v.o.policy).map_err(user)?;

@@ -28,6 +28,14 @@ fn bad_flags_exit_2_with_a_clear_message() {
         (&["models/does-not-exist.ron"], "does-not-exist.ron"),
         (&["models/tiny-llama.ron", "--attn-implementation", "magic"], "magic"),
         (&["models/tiny-gpt2.ron", "--seq", "65"], "--seq: 65 exceeds the model's 64 learned positions (`transformer.wpe.weight`, n_positions)"),
+        // sizes that would overflow the byte counts are refused, not wrapped
+        (&["models/tiny-llama.ron", "--world-size", "18446744073709551615"], "--world-size: 18446744073709551615 is more than 1048576 ranks"),
+        (&["models/tiny-llama.ron", "--batch", "18446744073709551615"], "is more than 4294967296 tokens per micro-batch"),
+        (&["models/tiny-llama.ron", "--seq", "4294967296"], "--seq: 4294967296 is more than 1048576 tokens"),
+        (&["models/tiny-llama.ron", "--grad-accum", "4000000000"], "--grad-accum: 4000000000 is more than 1024 micro-batches"),
+        (&["models/llama-3.1-405b.ron", "--world-size", "1", "--strategy", "no-shard", "--policy", "none", "--batch", "4096", "--seq", "1048576", "--attn-implementation", "eager"], "the step's buffers add up to more than 4 EiB"),
+        // a class the model lacks would checkpoint nothing
+        (&["models/tiny-mixtral.ron", "--checkpoint", "LlamaDecoderLayer"], "--checkpoint: `LlamaDecoderLayer` is not a module class of tiny-mixtral"),
     ];
     for (args, want) in cases {
         let (code, _, err) = run(args);
@@ -89,4 +97,117 @@ fn plan_json_compile_and_diff() {
     std::fs::write(&b, "(format_version: 1, garbage").unwrap();
     let (code, _, err) = run(&["diff", a.to_str().unwrap(), b.to_str().unwrap()]);
     assert_eq!(code, 2, "{err}");
+}
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("fsdp-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A compiled plan is what `compile` makes of its model and options: an edited one (a buffer
+/// id, a unit id, an offset, the world size) is refused at its line, never drawn or diffed.
+#[test]
+fn an_edited_plan_is_refused_at_its_line() {
+    let d = scratch("edited");
+    let plan = d.join("plan.ron");
+    let (code, _, err) = run(&["compile", "models/tiny-llama.ron", "--world-size", "2", "--batch", "2", "--seq", "8", "-o", plan.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let text = std::fs::read_to_string(&plan).unwrap();
+    let line_of = |needle: &str| text.lines().position(|l| l.contains(needle)).unwrap() + 1;
+    let cases = [
+        ("events: [Alloc(11)]", "events: [Alloc(99999)]", "Alloc(99999)"),
+        ("AllGather(unit: 0,", "AllGather(unit: 77,", "AllGather(unit: 77"),
+        ("offset: 0)", "offset: 99999999999)", "offset: 99999999999"),
+    ];
+    for (from, to, shown) in cases {
+        let edited = d.join("edited.ron");
+        std::fs::write(&edited, text.replacen(from, to, 1)).unwrap();
+        for cmd in [vec!["trace", edited.to_str().unwrap(), "-o", d.join("t.json").to_str().unwrap()], vec!["diff", plan.to_str().unwrap(), edited.to_str().unwrap()]] {
+            let (code, _, err) = run(&cmd);
+            assert_eq!(code, 2, "{cmd:?}: {err}");
+            let want = format!("edited.ron:{}: `", line_of(from));
+            assert!(err.contains(&want) && err.contains(shown) && err.contains("the plan was edited (recompile it)"), "{cmd:?}: `{err}` lacks `{want}`…`{shown}`");
+        }
+    }
+    assert!(!d.join("t.json").exists());
+    // options edited: the hash no longer matches them; invalid ones are named
+    std::fs::write(d.join("ws3.ron"), text.replacen("world_size: 2,", "world_size: 3,", 1)).unwrap();
+    let (code, _, err) = run(&["trace", d.join("ws3.ron").to_str().unwrap(), "-o", d.join("t.json").to_str().unwrap()]);
+    assert!(code == 2 && err.contains("is not the hash of its model and options"), "{err}");
+    std::fs::write(d.join("ws0.ron"), text.replacen("world_size: 2,", "world_size: 0,", 1)).unwrap();
+    let (code, _, err) = run(&["diff", plan.to_str().unwrap(), d.join("ws0.ron").to_str().unwrap()]);
+    assert!(code == 2 && err.contains("ws0.ron: the plan's options: invalid option --world-size"), "{err}");
+    // the wrong model for a plan is refused, not used
+    let (code, _, err) = run(&["diff", plan.to_str().unwrap(), plan.to_str().unwrap(), "--model", "models/tiny-gpt2.ron"]);
+    assert!(code == 2 && err.contains("not the model the plan was compiled from"), "{err}");
+    // a plan given where a model is expected says so
+    let (code, _, err) = run(&[plan.to_str().unwrap()]);
+    assert!(code == 2 && err.contains("this is a compiled plan, not a model"), "{err}");
+}
+
+/// An output path that is an input would replace it: refused before anything is written.
+#[test]
+fn an_output_that_is_an_input_is_refused() {
+    let d = scratch("self");
+    let m = d.join("m.ron");
+    std::fs::copy(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny-llama.ron"), &m).unwrap();
+    let before = std::fs::read(&m).unwrap();
+    let (code, _, err) = run(&["compile", m.to_str().unwrap(), "-o", m.to_str().unwrap()]);
+    assert!(code == 2 && err.contains("that is the input"), "{err}");
+    let (code, _, err) = run(&["trace", m.to_str().unwrap(), "-o", m.to_str().unwrap()]);
+    assert!(code == 2 && err.contains("that is the input"), "{err}");
+    assert_eq!(std::fs::read(&m).unwrap(), before);
+    // an -o in a missing directory names the output, not a temp file
+    let out = d.join("nodir/x.ron");
+    let (code, _, err) = run(&["compile", m.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert!(code == 2 && err.contains(&format!("{}: No such file", out.display())) && !err.contains(".tmp"), "{err}");
+}
+
+/// Model files: unknown fields (a misspelt `tied_to` would untie silently), values no kernel
+/// can use, and a graph without its loss are refused by name.
+#[test]
+fn bad_model_values_are_named() {
+    let d = scratch("model");
+    let tied = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny-llama-tied.ron")).unwrap();
+    let llama = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny-llama.ron")).unwrap();
+    // the loss op removed: the graph ends in lm_head
+    let loss_at = llama.rfind("    (\n      name: \"loss\"").unwrap();
+    let no_loss = format!("{}  ],\n)\n", &llama[..loss_at]);
+    let cases: Vec<(String, String)> = vec![
+        (tied.replacen("tied_to:", "tied_too:", 1), "Unexpected field named `tied_too`".into()),
+        (llama.replacen("eps: ", "bogus: 1, eps: ", 1), "Unexpected field named `bogus`".into()),
+        (llama.replacen("RmsNorm(eps: ", "RmsNorm(eps: -", 1), "eps -".into()),
+        (llama.replacen("theta: ", "theta: -", 1), "rope theta -".into()),
+        (llama.replacen("dtype: int64", "dtype: float32", 1), "holds token ids but has dtype float32".into()),
+        (no_loss, "op lm_head: the last op must be the loss (cross_entropy)".into()),
+    ];
+    for (i, (text, want)) in cases.iter().enumerate() {
+        assert_ne!(text, &llama, "case {i} edits nothing");
+        let f = d.join(format!("m{i}.ron"));
+        std::fs::write(&f, text).unwrap();
+        let (code, _, err) = run(&[f.to_str().unwrap(), "--world-size", "2"]);
+        assert_eq!(code, 2, "case {i}: {err}");
+        assert!(err.contains(want.as_str()) && err.contains(&format!("m{i}.ron")), "case {i}: `{err}` lacks `{want}`");
+    }
+}
+
+/// `calibrate` fits to a measured trace of the very plan it is given: a predicted trace, or
+/// one of another plan, is refused.
+#[test]
+fn calibrate_refuses_a_predicted_trace() {
+    let d = scratch("calib");
+    let t = d.join("predicted.json");
+    let (code, _, err) = run(&["trace", "models/tiny-llama.ron", "--world-size", "2", "--batch", "2", "--seq", "8", "--device", "cpu", "-o", t.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let out = d.join("fit.ron");
+    let (code, _, err) = run(&["calibrate", "models/tiny-llama.ron", "--world-size", "2", "--batch", "2", "--seq", "8", "--trace", t.to_str().unwrap(), "--hardware", "cpu", "-o", out.to_str().unwrap()]);
+    assert!(code == 2 && err.contains("a predicted trace") && err.contains("calibrate from `run --trace`"), "{err}");
+    // marked measured, but of another plan (world size 2 vs 4)
+    let doc = std::fs::read_to_string(&t).unwrap().replacen("\"hardware\":\"", "\"hardware\":\"measured: ", 1);
+    std::fs::write(&t, doc).unwrap();
+    let (code, _, err) = run(&["calibrate", "models/tiny-llama.ron", "--world-size", "4", "--batch", "2", "--seq", "8", "--trace", t.to_str().unwrap(), "--hardware", "cpu", "-o", out.to_str().unwrap()]);
+    assert!(code == 2 && err.contains("measured for plan") && err.contains("give the options of the run that wrote it"), "{err}");
+    assert!(!out.exists());
 }

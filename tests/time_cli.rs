@@ -114,10 +114,10 @@ fn diff_has_time_rows() {
     let (code, out, err) = run(&["diff", a.to_str().unwrap(), b.to_str().unwrap(), "--hardware", "h200"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("step time (h200)"), "{out}");
-    // the wrong model: refused for time rows, the rest of the diff still prints
-    let (code, out, _) = run(&["diff", a.to_str().unwrap(), b.to_str().unwrap(), "--model", "models/tiny-gpt2.ron"]);
-    assert_eq!(code, 0);
-    assert!(out.contains("peak memory") && out.contains("no time rows") && out.contains("model hash differs"), "{out}");
+    // the wrong model: refused (a plan is checked against its model before it is diffed)
+    let (code, _, err) = run(&["diff", a.to_str().unwrap(), b.to_str().unwrap(), "--model", "models/tiny-gpt2.ron"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("tiny-gpt2.ron: not the model the plan was compiled from (model hash differs)"), "{err}");
 }
 
 #[test]

@@ -119,6 +119,7 @@ pub fn numel(shape: &[Dim], d: Dims) -> Option<u64> {
 
 /// A node of the module tree.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Module {
     /// Fully qualified path; `""` is the root.
     pub path: String,
@@ -132,6 +133,7 @@ fn yes() -> bool {
 
 /// A parameter. An alias of a tied weight has `tied_to` set to the primary's name.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Param {
     pub name: String,
     pub shape: Vec<u64>,
@@ -154,6 +156,7 @@ impl Param {
 
 /// A module buffer (e.g. rotary `inv_freq`), replicated on every rank.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Buffer {
     pub name: String,
     pub shape: Vec<u64>,
@@ -164,6 +167,7 @@ pub struct Buffer {
 
 /// A forward input of the model (token ids, labels).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Input {
     pub name: String,
     pub shape: Shape,
@@ -182,6 +186,7 @@ pub enum Act {
 
 /// What an op computes. Attributes are what FLOPs, saved bytes and execution need.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub enum OpKind {
     /// Row gather from `params[0]` by integer ids (`inputs[0]`).
     Embedding,
@@ -253,6 +258,7 @@ impl OpKind {
 
 /// One op of the forward graph.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Op {
     /// Unique name; other ops refer to this op's output by it.
     pub name: String,
@@ -270,6 +276,7 @@ pub struct Op {
 
 /// A whole model file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Model {
     pub name: String,
     /// HF architecture (e.g. `LlamaForCausalLM`), or a free name for hand-written models.

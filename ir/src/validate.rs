@@ -84,6 +84,9 @@ fn check_params<'a>(cx: &mut Ctx<'a>) -> HashMap<&'a str, &'a Param> {
     let by_name: HashMap<&str, &Param> = m.params.iter().map(|p| (p.name.as_str(), p)).collect();
     for p in &m.params {
         let item = format!("param {}", p.name);
+        if p.name.is_empty() {
+            cx.err(&item, "empty parameter name");
+        }
         if !modules.contains(p.module()) {
             cx.err(&item, format!("module `{}` is not declared", p.module()));
         }
@@ -155,12 +158,33 @@ fn check_ops(cx: &mut Ctx, params: &HashMap<&str, &Param>) {
     if let Some(i) = g.find_cycle() {
         cx.err(format!("op {}", m.ops[i].name), "is part of a cycle in the op graph");
     }
+    // a training step backpropagates one scalar loss: the last op's
+    match m.ops.last() {
+        None => cx.err("ops", "no ops: a model needs a forward graph ending in its loss (cross_entropy)"),
+        Some(o) if !matches!(o.kind, OpKind::CrossEntropy { .. }) => {
+            cx.err(format!("op {}", o.name), "the last op must be the loss (cross_entropy): a training step backpropagates from it")
+        }
+        Some(_) => {}
+    }
     for (i, op) in m.ops.iter().enumerate() {
         let item = format!("op {}", op.name);
         if !modules.contains(op.module.as_str()) {
             cx.err(&item, format!("module `{}` is not declared", op.module));
         }
         check_dims(cx, &item, &op.shape);
+        if let Err(msg) = check_attrs(&op.kind) {
+            cx.err(&item, msg);
+        }
+        // what gathers rows reads token ids: integers
+        if matches!(op.kind, OpKind::Embedding | OpKind::CrossEntropy { .. }) {
+            for inp in &op.inputs {
+                if let Some(x) = m.inputs.iter().find(|x| &x.name == inp) {
+                    if x.dtype.is_float() {
+                        cx.err(&item, format!("input `{inp}` holds token ids but has dtype {}; expected an integer dtype (int64)", x.dtype));
+                    }
+                }
+            }
+        }
         let mut in_shapes: Vec<Option<&Shape>> = Vec::new();
         for inp in &op.inputs {
             match (op_index.get(inp.as_str()), shapes.get(inp.as_str())) {
@@ -263,6 +287,21 @@ fn broadcast(a: &[Dim], b: &[Dim]) -> Option<Shape> {
 }
 
 /// Shape rules per op kind: inputs and params against the declared output.
+/// Attribute values the kernels can compute with (as HF's configs constrain them).
+fn check_attrs(k: &OpKind) -> Result<(), String> {
+    let prob = |what: &str, p: f64| match (0.0..1.0).contains(&p) {
+        true => Ok(()),
+        false => Err(format!("{what} {p}: a probability in [0, 1)")),
+    };
+    match *k {
+        OpKind::LayerNorm { eps } | OpKind::RmsNorm { eps } if !(eps.is_finite() && eps > 0.0) => Err(format!("eps {eps}: expected a small positive number")),
+        OpKind::Dropout { p } => prob("dropout p", p),
+        OpKind::Attention { dropout, .. } => prob("attention dropout", dropout),
+        OpKind::RotaryEmbedding { theta, .. } if !(theta.is_finite() && theta > 0.0) => Err(format!("rope theta {theta}: expected a positive number")),
+        _ => Ok(()),
+    }
+}
+
 fn check_kind(op: &Op, i: &[&Shape], p: &[&Param]) -> Result<(), String> {
     let out = &op.shape;
     match &op.kind {

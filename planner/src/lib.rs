@@ -56,6 +56,9 @@ pub fn model_hash(model: &Model) -> String {
     hex(&w.0.finalize())
 }
 
+/// The most bytes the buffers of one plan may add up to (2^62), so that no sum overflows.
+pub const MAX_PLAN_BYTES: u64 = 1 << 62;
+
 /// Runs every pass and the checker.
 pub fn plan(model: &Model, opts: &Options) -> Result<Plan, PlanError> {
     opts.check()?;
@@ -72,6 +75,16 @@ fn plan_with_hash(model: &Model, opts: &Options, model_hash: impl FnOnce() -> St
         let table = op.params.first().and_then(|n| model.params.iter().find(|p| &p.name == n));
         if let Some(p) = table.filter(|p| p.shape.first().is_some_and(|&n| opts.seq > n)) {
             return Err(error::opt_err("--seq", format!("{} exceeds the model's {} learned positions (`{}`, n_positions)", opts.seq, p.shape[0], p.name)));
+        }
+    }
+    // activation checkpointing names module classes, as FSDP's apply_activation_checkpointing
+    // check_fn does: one the model lacks would silently checkpoint nothing
+    for c in &opts.checkpoint {
+        if !model.modules.iter().any(|m| !m.path.is_empty() && &m.class == c) {
+            let mut classes: Vec<&str> = model.modules.iter().filter(|m| !m.path.is_empty()).map(|m| m.class.as_str()).collect();
+            classes.sort();
+            classes.dedup();
+            return Err(error::opt_err("--checkpoint", format!("`{c}` is not a module class of {} (its classes: {})", model.name, classes.join(", "))));
         }
     }
     let attn = match opts.attn_implementation {
@@ -100,6 +113,10 @@ fn plan_with_hash(model: &Model, opts: &Options, model_hash: impl FnOnce() -> St
     verify::verify_units(model, &units, opts.shard_size(), opts.layout)?;
     let unit_of_op = verify::unit_of_ops(model, &units);
     let sched = schedule::build(model, opts, &units, &unit_of_op, attn);
+    // every byte count below (live bytes, arena offsets) is at most the sum of all buffers
+    if sched.buffers.iter().try_fold(0u64, |a, b| a.checked_add(b.bytes)).is_none_or(|t| t > MAX_PLAN_BYTES) {
+        return Err(error::opt_err("--batch", format!("the step's buffers add up to more than {} EiB (batch {} × seq {}): far past any device", MAX_PLAN_BYTES >> 60, opts.batch, opts.seq)));
+    }
     // Arena offsets and the arena half of the checker run on a second thread, beside the
     // memory replay and the rest of the checker (neither reads offsets).
     let (offsets, memory, collectives) = std::thread::scope(|s| {

@@ -153,6 +153,15 @@ impl Device {
     }
 }
 
+/// The most ranks a plan may have (2^20).
+pub const MAX_WORLD_SIZE: u64 = 1 << 20;
+/// The most tokens (batch × seq) one micro-batch of one rank may have (2^32).
+pub const MAX_TOKENS: u64 = 1 << 32;
+/// The most tokens per sequence (2^20: attention's scores grow with its square).
+pub const MAX_SEQ: u64 = 1 << 20;
+/// The most micro-batches per step (1024: the schedule holds every micro-batch's ops).
+pub const MAX_GRAD_ACCUM: u32 = 1024;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Options {
     pub world_size: u64,
@@ -204,7 +213,7 @@ impl Default for Options {
 }
 
 impl Options {
-    /// Checks option values that do not depend on the model.
+    /// Checks every option alone and against the others (not against a model).
     pub fn check(&self) -> Result<(), PlanError> {
         if self.world_size == 0 {
             return Err(opt_err("--world-size", "must be at least 1"));
@@ -217,6 +226,20 @@ impl Options {
         }
         if self.grad_accum == 0 {
             return Err(opt_err("--grad-accum", "must be at least 1"));
+        }
+        // bounds far past any real job, so that byte counts (tokens × widths × layers) stay
+        // well inside u64
+        if self.world_size > MAX_WORLD_SIZE {
+            return Err(opt_err("--world-size", format!("{} is more than {MAX_WORLD_SIZE} ranks", self.world_size)));
+        }
+        if self.seq > MAX_SEQ {
+            return Err(opt_err("--seq", format!("{} is more than {MAX_SEQ} tokens", self.seq)));
+        }
+        if self.batch.checked_mul(self.seq).is_none_or(|t| t > MAX_TOKENS) {
+            return Err(opt_err("--batch", format!("batch {} × seq {} is more than {MAX_TOKENS} tokens per micro-batch", self.batch, self.seq)));
+        }
+        if self.grad_accum > MAX_GRAD_ACCUM {
+            return Err(opt_err("--grad-accum", format!("{} is more than {MAX_GRAD_ACCUM} micro-batches", self.grad_accum)));
         }
         if let Strategy::HybridShard { shard_size } = self.strategy {
             if shard_size == 0 || self.world_size % shard_size != 0 {

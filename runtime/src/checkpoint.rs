@@ -33,10 +33,26 @@ fn io(file: &Path, e: impl std::fmt::Display) -> RtError {
     }
 }
 
+/// The temp file a write to `path` goes through before its rename: hidden, beside it, and
+/// named for this process, so that it never is a file of the user's.
+pub fn tmp_sibling(path: &Path) -> PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());
+    path.with_file_name(format!(".{name}.tmp{}", std::process::id()))
+}
+
+/// Writes `path` through [`tmp_sibling`] and a rename; `write` makes the temp file. On an
+/// error the temp file is removed and the error names `path`.
+pub fn write_via_tmp(path: &Path, write: impl FnOnce(&Path) -> Result<(), String>) -> Result<(), RtError> {
+    let tmp = tmp_sibling(path);
+    let r = write(&tmp).and_then(|()| std::fs::rename(&tmp, path).map_err(|e| e.to_string()));
+    if r.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r.map_err(|e| io(path, e))
+}
+
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), RtError> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes).map_err(|e| io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| io(path, e))
+    write_via_tmp(path, |t| std::fs::write(t, bytes).map_err(|e| e.to_string()))
 }
 
 pub fn step_dir(dir: &Path, step: usize) -> PathBuf {
@@ -62,9 +78,7 @@ pub fn save_rank(dir: &Path, plan: &Plan, rank_idx: usize, rank: &Rank, step: us
         }
     }
     let st = tmp.join(format!("rank-{rank_idx}.safetensors"));
-    let st_tmp = st.with_extension("tmp");
-    Tensor::write_safetensors(&named, &st_tmp).map_err(|e| io(&st_tmp, e))?;
-    std::fs::rename(&st_tmp, &st).map_err(|e| io(&st, e))?;
+    write_via_tmp(&st, |t| Tensor::write_safetensors(&named, t).map_err(|e| e.to_string()))?;
     let meta = RankMeta {
         format: FORMAT,
         plan_hash: plan.plan_hash.clone(),
@@ -94,8 +108,17 @@ pub fn commit(dir: &Path, plan: &Plan, step: usize) -> Result<(), RtError> {
 /// The newest complete checkpoint directory.
 pub fn latest(dir: &Path) -> Result<PathBuf, RtError> {
     let l = dir.join("latest");
-    let name = std::fs::read_to_string(&l).map_err(|e| io(&l, e))?;
-    Ok(dir.join(name.trim()))
+    if !dir.is_dir() {
+        return Err(io(dir, "no such checkpoint directory"));
+    }
+    let name = std::fs::read_to_string(&l).map_err(|e| io(&l, format!("{e} (not a checkpoint directory of `run --save`?)")))?;
+    let name = name.trim();
+    // `step-` and 8 digits, as save writes it: nothing else is followed
+    let ok = name.strip_prefix("step-").is_some_and(|d| d.len() == 8 && d.bytes().all(|b| b.is_ascii_digit()));
+    if !ok {
+        return Err(io(&l, format!("names `{name}`, not a step directory (step-NNNNNNNN)")));
+    }
+    Ok(dir.join(name))
 }
 
 /// Loads this rank's state from a checkpoint directory, refusing another plan or world size.
@@ -154,8 +177,6 @@ pub fn consolidate(ckpt: &Path, out: &Path) -> Result<usize, RtError> {
             }
         }
     }
-    let tmp = out.with_extension("tmp");
-    Tensor::write_safetensors(&named, &tmp).map_err(|e| io(&tmp, e))?;
-    std::fs::rename(&tmp, out).map_err(|e| io(out, e))?;
+    write_via_tmp(out, |t| Tensor::write_safetensors(&named, t).map_err(|e| e.to_string()))?;
     Ok(named.len())
 }

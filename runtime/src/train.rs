@@ -116,7 +116,8 @@ fn init(model: &Model, seed: i64) -> HashMap<String, Tensor> {
         .collect()
 }
 
-fn load_tokens(path: &PathBuf) -> Result<Tensor, RtError> {
+/// `--data`: raw little-endian u32 token ids, each below `vocab`.
+fn load_tokens(path: &PathBuf, vocab: i64) -> Result<Tensor, RtError> {
     let bytes = std::fs::read(path).map_err(|e| RtError::File {
         file: path.display().to_string(),
         message: e.to_string(),
@@ -124,10 +125,16 @@ fn load_tokens(path: &PathBuf) -> Result<Tensor, RtError> {
     if bytes.len() % 4 != 0 || bytes.is_empty() {
         return Err(RtError::File {
             file: path.display().to_string(),
-            message: "expected little-endian u32 token ids".into(),
+            message: format!("{} bytes: expected little-endian u32 token ids (a non-empty multiple of 4 bytes)", bytes.len()),
         });
     }
     let ids: Vec<i64> = bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64).collect();
+    if let Some((i, t)) = ids.iter().enumerate().find(|(_, &t)| t >= vocab) {
+        return Err(RtError::File {
+            file: path.display().to_string(),
+            message: format!("token {t} at index {i} (byte {}) is not below the model's vocabulary size {vocab}", 4 * i),
+        });
+    }
     Ok(Tensor::from_slice(&ids))
 }
 
@@ -137,9 +144,9 @@ fn all_batches(plan: &Plan, model: &Model, cfg: &RunConfig) -> Result<Vec<Vec<Ve
     let ws = plan.options.world_size as usize;
     let (b, s) = (plan.options.batch as i64, plan.options.seq as i64);
     let k = plan.options.grad_accum as i64;
-    let vocab = model.params.first().map(|p| p.shape[0] as i64).unwrap_or(2);
+    let vocab = vocab_size(model);
     let tokens = match &cfg.data {
-        Some(p) => Some(load_tokens(p)?),
+        Some(p) => Some(load_tokens(p, vocab)?),
         None => None,
     };
     let per_step = ws as i64 * k * b * s;
@@ -151,9 +158,10 @@ fn all_batches(plan: &Plan, model: &Model, cfg: &RunConfig) -> Result<Vec<Vec<Ve
                 let n = t.size()[0];
                 let start = (st * per_step) % (n - per_step).max(1);
                 if n < per_step {
-                    return Err(RtError::Plan(format!("data has {n} tokens, a step needs {per_step}")));
+                    let file = cfg.data.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
+                    return Err(RtError::File { file, message: format!("{n} tokens, but a step needs {per_step} (world size × grad accum × batch × seq)") });
                 }
-                t.narrow(0, start, per_step).clamp(0, vocab - 1)
+                t.narrow(0, start, per_step)
             }
             None => {
                 let ids: Vec<i64> = (0..per_step).map(|_| (rng.next() % vocab as u64) as i64).collect();
@@ -164,6 +172,17 @@ fn all_batches(plan: &Plan, model: &Model, cfg: &RunConfig) -> Result<Vec<Vec<Ve
         batches.push((0..ws as i64).map(|r| (0..k).map(|m| g.get(r).get(m).copy()).collect()).collect());
     }
     Ok(batches)
+}
+
+/// The ids a batch may hold: below the rows of every embedding the ids index and the classes
+/// of the loss (the labels are the ids).
+fn vocab_size(model: &Model) -> i64 {
+    let rows = model.ops.iter().filter_map(|o| match &o.kind {
+        fsdp_ir::OpKind::Embedding => o.params.first().and_then(|n| model.params.iter().find(|p| &p.name == n)).and_then(|p| p.shape.first().copied()),
+        fsdp_ir::OpKind::CrossEntropy { vocab } => Some(*vocab),
+        _ => None,
+    });
+    rows.min().unwrap_or(2) as i64
 }
 
 /// The run's initial full weights (HF names, on the host).
@@ -233,6 +252,10 @@ fn rank_loop(
         Ok(_) if ok < 1.0 => return Err(RtError::Plan(OTHER_FAILED.into())),
         Ok(x) => x,
     };
+    if done >= cfg.steps {
+        // (every rank read the same step)
+        return Err(RtError::Plan(format!("the checkpoint is at step {done}, and --steps {} counts from the start: nothing left to run (give more steps)", cfg.steps)));
+    }
     let mut rank = rank.to_device(device);
     let cx0 = OpCx {
         attn: if plan.attn_implementation == "eager" { Attn::Eager } else { Attn::Sdpa },
@@ -563,9 +586,7 @@ fn write_trace(plan: &Plan, spans: &[(f64, f64)], path: &std::path::Path) -> Res
     let report = measured_report(plan, spans);
     let doc = fsdp_planner::trace::chrome_trace(plan, &report, &[]);
     let text = serde_json::to_string(&doc).map_err(|e| RtError::File { file: path.display().to_string(), message: e.to_string() })?;
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).map_err(|e| RtError::File { file: tmp.display().to_string(), message: e.to_string() })?;
-    std::fs::rename(&tmp, path).map_err(|e| RtError::File { file: path.display().to_string(), message: e.to_string() })
+    crate::checkpoint::write_via_tmp(path, |t| std::fs::write(t, text).map_err(|e| e.to_string()))
 }
 
 #[cfg(test)]

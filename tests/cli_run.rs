@@ -1,0 +1,118 @@
+//! `run`, `launch` and `consolidate` end to end (a `--features runtime` build; `scripts/test.sh`
+//! runs it with the `cuda` build): bad run options, data and checkpoint directories are
+//! refused by name with exit code 2 before anything trains, and no file of the user's is
+//! replaced.
+#![cfg(feature = "runtime")]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let o = Command::new(env!("CARGO_BIN_EXE_fsdp-plan")).current_dir(env!("CARGO_MANIFEST_DIR")).env("OMP_NUM_THREADS", "1").args(args).output().unwrap();
+    (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).to_string(), String::from_utf8_lossy(&o.stderr).to_string())
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("fsdp-cli-run-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+const M: &str = "models/tiny-llama.ron";
+const R: [&str; 6] = ["--world-size", "2", "--batch", "2", "--seq", "8"];
+
+fn with<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec!["run", M];
+    v.extend(R);
+    v.extend(extra);
+    v
+}
+
+fn tokens(path: &Path, ids: &[u32]) {
+    std::fs::write(path, ids.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+}
+
+#[test]
+fn bad_run_options_and_data_are_refused_by_name() {
+    let d = scratch("opts");
+    let (bad_vocab, short, odd) = (d.join("vocab.bin"), d.join("short.bin"), d.join("odd.bin"));
+    let mut ids = vec![5u32; 64];
+    ids[40] = 300;
+    tokens(&bad_vocab, &ids);
+    tokens(&short, &[5; 10]);
+    std::fs::write(&odd, b"abc").unwrap();
+    let cases: Vec<(Vec<&str>, String)> = vec![
+        (with(&["--steps", "0"]), "--steps 0: expected at least 1 step".into()),
+        (with(&["--lr", "nan"]), "--lr NaN: expected a finite learning rate >= 0".into()),
+        (with(&["--lr=-5"]), "--lr -5: expected a finite learning rate >= 0".into()),
+        (vec!["run", M, "--world-size", "1", "--batch", "2", "--seq", "1"], "--seq 1: a causal-LM loss needs at least 2 tokens".into()),
+        (with(&["--timeout-s", "1e30"]), "expected a positive number of seconds (at most 1e9)".into()),
+        (with(&["--data", bad_vocab.to_str().unwrap()]), format!("{}: token 300 at index 40 (byte 160) is not below the model's vocabulary size 256", bad_vocab.display())),
+        (with(&["--data", short.to_str().unwrap()]), format!("{}: 10 tokens, but a step needs 32", short.display())),
+        (with(&["--data", odd.to_str().unwrap()]), format!("{}: 3 bytes: expected little-endian u32 token ids", odd.display())),
+        (vec!["launch", "--nproc-per-node", "3", "--master-port", "0", M, "--world-size", "2", "--batch", "2", "--seq", "8"], "launch: the plan is for world size 2, but --nproc-per-node 3 starts 3 ranks".into()),
+        (vec!["launch", "--nproc-per-node", "2", "--master-port", "0", M, "--world-size", "2", "--bogus"], "launch: the ranks' arguments: error: unexpected argument '--bogus'".into()),
+        (vec!["launch", "--nproc-per-node", "2", "--master-port", "0", M, "--world-size", "2", "--timeout-s", "1e30"], "--timeout-s 1000000000000000000000000000000: expected a positive number".into()),
+    ];
+    for (args, want) in &cases {
+        let (code, out, err) = run(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(want.as_str()), "{args:?}: `{err}` lacks `{want}`");
+        assert!(!out.contains("loss") && !err.contains("panicked") && !err.contains("[rank"), "{args:?} trained or started ranks: {out}{err}");
+    }
+}
+
+#[test]
+fn a_compiled_plan_runs_alone_and_an_edited_one_is_refused() {
+    let d = scratch("plan");
+    let plan = d.join("plan.ron");
+    let mut c = vec!["compile", M];
+    c.extend(R);
+    c.extend(["-o", plan.to_str().unwrap()]);
+    assert_eq!(run(&c).0, 0);
+    // its model found in models/ by name
+    let (code, _, err) = run(&["run", plan.to_str().unwrap(), "--steps", "1"]);
+    assert!(code == 0 && err.contains("step    1"), "{err}");
+    let text = std::fs::read_to_string(&plan).unwrap();
+    std::fs::write(d.join("edited.ron"), text.replacen("shard_numel: 4096", "shard_numel: 4000", 1)).unwrap();
+    let (code, _, err) = run(&["run", d.join("edited.ron").to_str().unwrap(), "--model", M, "--steps", "1"]);
+    assert!(code == 2 && err.contains("shard_numel: 4000") && err.contains("the plan was edited"), "{err}");
+}
+
+#[test]
+fn checkpoints_and_outputs_of_the_user_are_kept() {
+    let d = scratch("ckpt");
+    let ck = d.join("ck");
+    let cks = ck.to_str().unwrap();
+    // a file named like the old temp name is the user's, and stays
+    std::fs::write(d.join("m.tmp"), "MINE").unwrap();
+    let trace = d.join("m.json");
+    let (code, _, err) = run(&with(&["--steps", "1", "--save", cks, "--trace", trace.to_str().unwrap()]));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(std::fs::read_to_string(d.join("m.tmp")).unwrap(), "MINE");
+    assert!(trace.exists());
+    // a second run into the same directory would overwrite step 1: refused unless resuming it
+    let (code, _, err) = run(&with(&["--steps", "1", "--save", cks]));
+    assert!(code == 2 && err.contains("already holds a checkpoint (latest: step-00000001); continue it with --resume"), "{err}");
+    let (code, _, err) = run(&with(&["--steps", "2", "--save", cks, "--resume", cks]));
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = run(&with(&["--steps", "2", "--resume", cks]));
+    assert!(code == 2 && err.contains("the checkpoint is at step 2, and --steps 2 counts from the start: nothing left to run"), "{err}");
+    // consolidate: never into the checkpoint itself
+    let shard = ck.join("step-00000002/rank-0.safetensors");
+    let before = std::fs::read(&shard).unwrap();
+    let (code, _, err) = run(&["consolidate", cks, "-o", shard.to_str().unwrap()]);
+    assert!(code == 2 && err.contains("that is the input"), "{err}");
+    assert_eq!(std::fs::read(&shard).unwrap(), before);
+    let out = d.join("full.safetensors");
+    assert_eq!(run(&["consolidate", cks, "-o", out.to_str().unwrap()]).0, 0);
+    // `latest` is followed only to a step directory
+    std::fs::write(ck.join("latest"), "../../etc\n").unwrap();
+    let (code, _, err) = run(&with(&["--steps", "3", "--resume", cks]));
+    assert!(code == 2 && err.contains("latest: names `../../etc`, not a step directory"), "{err}");
+    let (code, _, err) = run(&["consolidate", d.to_str().unwrap(), "-o", d.join("x.safetensors").to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    let leftovers: Vec<String> = std::fs::read_dir(&d).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.contains(".tmp") && n != "m.tmp").collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
