@@ -31,6 +31,7 @@ PARITY_MODELS = [
     "tiny-mistral",
     "tiny-qwen2",
     "tiny-mixtral",
+    "tiny-llama31",
 ]
 BATCH = 2
 SEQ = 16

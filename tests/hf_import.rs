@@ -84,3 +84,28 @@ fn shipped_models_are_generated_from_their_configs() {
         fsdp_ir::parse_model(&shipped, &ron_path.display().to_string()).unwrap();
     }
 }
+
+/// Config values the importer cannot honour are refused by name: a rope scaling it does not
+/// compute (the runtime would silently differ from HF), wrong types, absurd depths.
+#[test]
+fn unsupported_or_malformed_config_values_are_named() {
+    let base: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(root().join("models/tiny-llama.config.json")).unwrap()).unwrap();
+    let cases: Vec<(&str, serde_json::Value, &str)> = vec![
+        ("rope_scaling", serde_json::json!({"rope_type": "yarn", "factor": 4.0}), "`rope_scaling.rope_type` `yarn` is not supported (default or llama3)"),
+        ("rope_scaling", serde_json::json!("yes"), "`rope_scaling` must be an object or null"),
+        ("rope_scaling", serde_json::json!({"rope_type": "llama3", "factor": 8.0}), "`rope_scaling.low_freq_factor` must be a number"),
+        ("architectures", serde_json::json!("LlamaForCausalLM"), "`architectures` must be a list of class names"),
+        ("num_hidden_layers", serde_json::json!(1_000_000_000u64), "`num_hidden_layers` 1000000000: at most 4096"),
+    ];
+    for (k, v, want) in cases {
+        let mut c = base.clone();
+        c[k] = v;
+        let e = fsdp_ir::hf::import_hf(&c.to_string(), "c.json", "c").unwrap_err().to_string();
+        assert!(e.contains(want) && e.contains("c.json"), "{k}: `{e}` lacks `{want}`");
+    }
+    // llama3 scaling is imported (and computed by the runtime: runtime/tests/hf_parity.rs, tiny-llama31)
+    let mut c = base.clone();
+    c["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
+    let m = fsdp_ir::hf::import_hf(&c.to_string(), "c.json", "c").unwrap();
+    assert!(m.ops.iter().any(|o| matches!(o.kind, fsdp_ir::OpKind::RotaryEmbedding { scaling: Some(fsdp_ir::RopeScaling::Llama3 { factor, .. }), .. } if factor == 8.0)));
+}

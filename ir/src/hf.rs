@@ -119,6 +119,34 @@ impl Cfg<'_> {
                 .ok_or_else(|| self.err(format!("`{k}` must be a string, got {x}"))),
         }
     }
+    /// `rope_scaling` (hub configs) or `rope_parameters` (transformers 5): `None` for the
+    /// default rope, Llama 3.1's scaling, or an error naming a type we do not compute.
+    fn rope_scaling(&self) -> Result<Option<RopeScaling>, IrError> {
+        let r = match (self.get("rope_scaling"), self.get("rope_parameters")) {
+            (Some(r), _) if !r.is_null() => ("rope_scaling", r),
+            (_, Some(r)) if !r.is_null() => ("rope_parameters", r),
+            _ => return Ok(None),
+        };
+        let (key, r) = r;
+        let Some(o) = r.as_object() else { return Err(self.err(format!("`{key}` must be an object or null, got {r}"))) };
+        let kind = o.get("rope_type").or_else(|| o.get("type")).map(|t| t.as_str().ok_or_else(|| self.err(format!("`{key}.rope_type` must be a string, got {t}")))).transpose()?;
+        let num = |k: &str| -> Result<f64, IrError> {
+            o.get(k).and_then(|x| x.as_f64()).ok_or_else(|| self.err(format!("`{key}.{k}` must be a number (llama3 rope scaling)")))
+        };
+        match kind.unwrap_or("default") {
+            "default" => Ok(None),
+            "llama3" => Ok(Some(RopeScaling::Llama3 {
+                factor: num("factor")?,
+                low_freq_factor: num("low_freq_factor")?,
+                high_freq_factor: num("high_freq_factor")?,
+                original_max_position_embeddings: o
+                    .get("original_max_position_embeddings")
+                    .and_then(|x| x.as_u64())
+                    .ok_or_else(|| self.err(format!("`{key}.original_max_position_embeddings` must be a positive integer (llama3 rope scaling)")))?,
+            })),
+            t => Err(self.err(format!("`{key}.rope_type` `{t}` is not supported (default or llama3)"))),
+        }
+    }
     fn rope_theta(&self, default: f64) -> Result<f64, IrError> {
         if let Some(t) = self.get("rope_parameters").and_then(|r| r.get("rope_theta")) {
             return t.as_f64().ok_or_else(|| self.err("`rope_parameters.rope_theta` must be a number"));
@@ -126,6 +154,9 @@ impl Cfg<'_> {
         self.f("rope_theta", default)
     }
 }
+
+/// The most decoder layers a config may have (the largest released models have ~130).
+const MAX_LAYERS: u64 = 4096;
 
 fn act_of(name: &str) -> Option<(Act, &'static str)> {
     Some(match name {
@@ -213,6 +244,11 @@ pub fn import_hf_with(text: &str, file: &str, name: &str, dtype_override: Option
     if !v.is_object() {
         return Err(c.err("config.json must be a JSON object"));
     }
+    match v.get("architectures") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(a)) if a.iter().all(Value::is_string) => {}
+        Some(a) => return Err(c.err(format!("`architectures` must be a list of class names, got {a}"))),
+    }
     let arch = v
         .get("architectures")
         .and_then(|a| a.as_array())
@@ -288,6 +324,9 @@ fn gpt2(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
     let npos = c.u("n_positions", 1024)?;
     let d = c.u("n_embd", 768)?;
     let layers = c.u("n_layer", 12)?;
+    if layers > MAX_LAYERS {
+        return Err(c.err(format!("`n_layer` {layers}: at most {MAX_LAYERS}")));
+    }
     let heads = c.u("n_head", 12)?;
     let inner = c.opt_u("n_inner")?.unwrap_or(4 * d);
     let eps = c.f("layer_norm_epsilon", 1e-5)?;
@@ -398,6 +437,9 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
     let d = c.u("hidden_size", 4096)?;
     let inter = c.u("intermediate_size", inter_d)?;
     let layers = c.u("num_hidden_layers", 32)?;
+    if layers > MAX_LAYERS {
+        return Err(c.err(format!("`num_hidden_layers` {layers}: at most {MAX_LAYERS}")));
+    }
     let heads = c.u("num_attention_heads", 32)?;
     let kv = c.opt_u("num_key_value_heads")?.or(kv_d).unwrap_or(heads);
     let hd = match c.opt_u("head_dim")? {
@@ -414,6 +456,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
     }
     let eps = c.f("rms_norm_eps", eps_d)?;
     let theta = c.rope_theta(theta_d)?;
+    let scaling = c.rope_scaling()?;
     let tie = c.b("tie_word_embeddings", false)?;
     let (attn_bias, o_bias) = match f {
         Qwen2 => (true, false),
@@ -453,7 +496,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
     let mut x = b.op("model.embed_tokens", OpKind::Embedding, "model.embed_tokens", &["input_ids"], vec![embed.clone()], bsd(d));
     let rot = b.op(
         "model.rotary_emb",
-        OpKind::RotaryEmbedding { theta, head_dim: hd },
+        OpKind::RotaryEmbedding { theta, head_dim: hd, scaling },
         "model.rotary_emb",
         &["input_ids"],
         vec![],

@@ -184,6 +184,17 @@ pub enum Act {
     Relu,
 }
 
+/// A RoPE frequency scaling (HF `rope_scaling.rope_type`). It changes the rotary tables'
+/// values only: no shape, FLOP or byte.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub enum RopeScaling {
+    /// Llama 3.1's: `inv_freq` divided by `factor` for wavelengths past
+    /// `original_max_position_embeddings / low_freq_factor`, kept below `… / high_freq_factor`,
+    /// smoothly interpolated between.
+    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: u64 },
+}
+
 /// What an op computes. Attributes are what FLOPs, saved bytes and execution need.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -205,7 +216,13 @@ pub enum OpKind {
     Dropout { p: f64 },
     /// The rotary tables `cos` and `sin`, `[1, seq, head_dim]` each, from the `inv_freq`
     /// buffer (input: token ids, for `seq`). Computed once and shared by all layers.
-    RotaryEmbedding { theta: f64, head_dim: u64 },
+    RotaryEmbedding {
+        theta: f64,
+        head_dim: u64,
+        /// HF `rope_scaling` (`rope_parameters`) other than the default.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        scaling: Option<RopeScaling>,
+    },
     /// Applies RoPE to q or k (inputs: the projection, the `RotaryEmbedding` output).
     Rope { head_dim: u64 },
     /// Scaled dot-product attention. Inputs: q, k, v (after RoPE, q and k packed in one

@@ -298,6 +298,13 @@ fn check_attrs(k: &OpKind) -> Result<(), String> {
         OpKind::Dropout { p } => prob("dropout p", p),
         OpKind::Attention { dropout, .. } => prob("attention dropout", dropout),
         OpKind::RotaryEmbedding { theta, .. } if !(theta.is_finite() && theta > 0.0) => Err(format!("rope theta {theta}: expected a positive number")),
+        OpKind::RotaryEmbedding { scaling: Some(RopeScaling::Llama3 { factor, low_freq_factor: lo, high_freq_factor: hi, original_max_position_embeddings: n }), .. } => {
+            if !(factor.is_finite() && factor > 0.0 && lo.is_finite() && lo > 0.0 && hi.is_finite() && hi > lo && n > 0) {
+                Err(format!("llama3 rope scaling (factor {factor}, low_freq_factor {lo}, high_freq_factor {hi}, original_max_position_embeddings {n}): expected factor > 0, 0 < low < high, a positive length"))
+            } else {
+                Ok(())
+            }
+        }
         _ => Ok(()),
     }
 }

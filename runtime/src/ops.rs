@@ -194,16 +194,28 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
                 _ => inputs[0].shallow_clone(),
             }
         }
-        OpKind::RotaryEmbedding { theta, head_dim } => {
-            // HF default rope: inv_freq = 1 / theta^(arange(0, hd, 2) / hd); freqs = pos ⊗
-            // inv_freq (f32); emb = cat(freqs, freqs); cos and sin stacked as [2, s, hd].
+        OpKind::RotaryEmbedding { theta, head_dim, scaling } => {
+            // HF default rope: inv_freq = 1 / theta^(arange(0, hd, 2) / hd) (Llama 3.1's
+            // scaling applied to it); freqs = pos ⊗ inv_freq (f32); emb = cat(freqs, freqs);
+            // cos and sin stacked as [2, s, hd].
             need(1, 0)?;
             let s = dims(inputs[0])[1];
             let dev = inputs[0].device();
             let hd = *head_dim as i64;
             let fk = if cx.kind == Kind::Double { Kind::Double } else { Kind::Float };
             let exps = Tensor::arange_start_step(0, hd, 2, (Kind::Int64, dev)).to_kind(fk) / (hd as f64);
-            let inv = (Tensor::from(*theta).to_kind(fk).to_device(dev).pow(&exps)).reciprocal();
+            let mut inv = (Tensor::from(*theta).to_kind(fk).to_device(dev).pow(&exps)).reciprocal();
+            if let Some(fsdp_ir::RopeScaling::Llama3 { factor, low_freq_factor: lo, high_freq_factor: hi, original_max_position_embeddings: n }) = *scaling {
+                // transformers' _compute_llama3_parameters, op for op (`a / t` in Python is
+                // `t.reciprocal() * a`)
+                let n = n as f64;
+                let wavelen = inv.reciprocal() * (2.0 * std::f64::consts::PI);
+                let scaled = (&inv / factor).where_self(&wavelen.gt(n / lo), &inv);
+                let smooth = (wavelen.reciprocal() * n - lo) / (hi - lo);
+                let smoothed = (-&smooth + 1.0) * &scaled / factor + &smooth * &scaled;
+                let medium = wavelen.lt(n / hi).logical_not().logical_and(&wavelen.gt(n / lo).logical_not());
+                inv = smoothed.where_self(&medium, &scaled);
+            }
             let pos = Tensor::arange(s, (Kind::Int64, dev)).to_kind(fk);
             let freqs = pos.unsqueeze(1).matmul(&inv.unsqueeze(0));
             let emb = Tensor::cat(&[&freqs, &freqs], -1);
