@@ -95,7 +95,7 @@ fn unsupported_or_malformed_config_values_are_named() {
         ("rope_scaling", serde_json::json!("yes"), "`rope_scaling` must be an object or null"),
         ("rope_scaling", serde_json::json!({"rope_type": "llama3", "factor": 8.0}), "`rope_scaling.low_freq_factor` must be a number"),
         ("architectures", serde_json::json!("LlamaForCausalLM"), "`architectures` must be a list of class names"),
-        ("num_hidden_layers", serde_json::json!(1_000_000_000u64), "`num_hidden_layers` 1000000000: at most 4096"),
+        ("num_hidden_layers", serde_json::json!(1_000_000_000u64), "`num_hidden_layers` 1000000000: at most 16384"),
     ];
     for (k, v, want) in cases {
         let mut c = base.clone();
