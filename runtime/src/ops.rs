@@ -210,10 +210,11 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
                 // `t.reciprocal() * a`)
                 let n = n as f64;
                 let wavelen = inv.reciprocal() * (2.0 * std::f64::consts::PI);
-                let scaled = (&inv / factor).where_self(&wavelen.gt(n / lo), &inv);
+                let long = wavelen.gt(n / lo);
+                let scaled = (&inv / factor).where_self(&long, &inv);
                 let smooth = (wavelen.reciprocal() * n - lo) / (hi - lo);
                 let smoothed = (-&smooth + 1.0) * &scaled / factor + &smooth * &scaled;
-                let medium = wavelen.lt(n / hi).logical_not().logical_and(&wavelen.gt(n / lo).logical_not());
+                let medium = wavelen.lt(n / hi).logical_not().logical_and(&long.logical_not());
                 inv = smoothed.where_self(&medium, &scaled);
             }
             let pos = Tensor::arange(s, (Kind::Int64, dev)).to_kind(fk);

@@ -388,16 +388,13 @@ impl Rendezvous {
             };
             let ours = pairs(&all[0]);
             let mut diffs = vec![];
+            let get = |v: &[(String, String)], k: &str| v.iter().find(|(n, _)| n == k).map_or("(none)".to_string(), |(_, x)| x.clone());
             for (r, b) in all.iter().enumerate().skip(1) {
                 let theirs = pairs(b);
-                let names: Vec<&String> = ours.iter().map(|(k, _)| k).chain(theirs.iter().map(|(k, _)| k)).collect();
-                let mut seen = std::collections::BTreeSet::new();
-                for k in names {
-                    if !seen.insert(k) {
-                        continue;
-                    }
-                    let get = |v: &[(String, String)]| v.iter().find(|(n, _)| n == k).map(|(_, x)| x.clone()).unwrap_or_else(|| "(none)".into());
-                    let (a, b) = (get(&ours), get(&theirs));
+                // rank 0's names in its order, then any only this rank sent
+                let mut seen = std::collections::HashSet::new();
+                for (k, _) in ours.iter().chain(&theirs).filter(|(k, _)| seen.insert(k.as_str())) {
+                    let (a, b) = (get(&ours, k), get(&theirs, k));
                     if a != b {
                         diffs.push(format!("rank {r} has {k} {b}, rank 0 has {a}"));
                     }
