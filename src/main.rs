@@ -27,7 +27,8 @@ enum Cmd {
         #[command(flatten)]
         hw: HwOpt,
     },
-    /// Write the compiled plan (RON) with a format version and model/options hashes.
+    /// Write the compiled plan with a format version and model/options hashes: RON, or JSON
+    /// with `--format json` (every command that reads a plan reads either).
     Compile {
         #[command(flatten)]
         p: PlanArgs,
@@ -396,7 +397,7 @@ fn load_model(path: &Path) -> Result<Model> {
     } else {
         fsdp_ir::parse_model(&text, &file)
     };
-    m.map_err(|e| match !is_json && text.contains("plan_hash") && text.contains("format_version") {
+    m.map_err(|e| match text.contains("plan_hash") && text.contains("format_version") {
         true => user(format!("{file}: this is a compiled plan, not a model: give it as the plan (`trace`, `plot`, `diff`, `run`), with --model MODEL if its model is not models/<name>.ron")),
         false => user(e),
     })
@@ -444,18 +445,28 @@ fn write_atomic(path: &Path, text: &str) -> Result<()> {
 
 fn load_plan(path: &Path) -> Result<Plan> {
     let text = read(path)?;
-    let v: ron::Value = ron::from_str(&text).map_err(|e| user(format!("{}:{}:{}: not a plan file: {}", path.display(), e.position.line, e.position.col, e.code)))?;
-    let _ = v;
-    let plan: Plan = ron::from_str(&text).map_err(|e| user(format!("{}:{}:{}: not a valid plan: {}", path.display(), e.position.line, e.position.col, e.code)))?;
+    let file = path.display();
+    let plan: Plan = if text.trim_start().starts_with('{') {
+        serde_json::from_str(&text).map_err(|e| json_error(path, &text, "not a valid plan: ", e))?
+    } else {
+        ron::from_str::<ron::Value>(&text).map_err(|e| user(format!("{file}:{}:{}: not a plan file: {}", e.position.line, e.position.col, e.code)))?;
+        ron::from_str(&text).map_err(|e| user(format!("{file}:{}:{}: not a valid plan: {}", e.position.line, e.position.col, e.code)))?
+    };
     if plan.format_version != fsdp_planner::FORMAT_VERSION {
-        bail!(UserError(format!(
-            "{}: plan format version {} is not supported (this build reads {})",
-            path.display(),
-            plan.format_version,
-            fsdp_planner::FORMAT_VERSION
-        )));
+        bail!(UserError(format!("{file}: plan format version {} is not supported (this build reads {})", plan.format_version, fsdp_planner::FORMAT_VERSION)));
     }
     Ok(plan)
+}
+
+/// A JSON file's error at its line:column (serde_json counts columns from 0 at a line's
+/// start: an empty file is `1:0`), without serde_json's own "at line L column C".
+fn json_error(path: &Path, text: &str, what: &str, e: serde_json::Error) -> anyhow::Error {
+    if text.trim().is_empty() {
+        return user(format!("{}: empty file (expected JSON)", path.display()));
+    }
+    let msg = e.to_string();
+    let msg = msg.strip_suffix(&format!(" at line {} column {}", e.line(), e.column())).unwrap_or(&msg);
+    user(format!("{}:{}:{}: {what}{msg}", path.display(), e.line(), e.column().max(1)))
 }
 
 /// `--timeout-s`: a positive number of seconds, at most 10⁹ (a `Duration`).
@@ -642,9 +653,14 @@ fn launch(a: LaunchArgs) -> Result<()> {
     // every rank would fail on bad arguments: say so once, before starting any
     if args[0] == "run" {
         let argv = std::iter::once(std::ffi::OsString::from("fsdp-plan")).chain(args.iter().cloned());
-        let r = match Cli::try_parse_from(argv) {
-            Ok(Cli { cmd: Cmd::Run(r) }) => r,
-            Ok(_) => unreachable!("the first argument is `run`"),
+        let r = match parse_cli(argv) {
+            Ok((cli, m)) => {
+                refuse_plan_options(&cli, &m)?;
+                match cli.cmd {
+                    Cmd::Run(r) => r,
+                    _ => unreachable!("the first argument is `run`"),
+                }
+            }
             Err(e) => bail!(UserError(format!("launch: the ranks' arguments: {}", e.render().to_string().trim_end()))),
         };
         let (plan, _) = run_inputs(&r)?;
@@ -716,7 +732,7 @@ const NO_RUNTIME: &str = "this fsdp-plan was built without the runtime: build wi
 /// `otherData.device`; traces written before that field were all of the CPU runtime).
 fn read_trace(path: &Path) -> Result<(serde_json::Value, Device)> {
     let text = read(path)?;
-    let doc: serde_json::Value = serde_json::from_str(&text).map_err(|e| user(format!("{}:{}:{}: {e}", path.display(), e.line(), e.column())))?;
+    let doc: serde_json::Value = serde_json::from_str(&text).map_err(|e| json_error(path, &text, "", e))?;
     let device = match doc["otherData"]["device"].as_str() {
         None | Some("cpu") => Device::Cpu,
         Some("cuda") => Device::Cuda,
@@ -744,7 +760,44 @@ fn read_measured(path: &Path, doc: &serde_json::Value, plan: &Plan) -> Result<Ve
     fsdp_planner::trace::spans_from_trace(doc, plan).map_err(|e| user(format!("{file}: {e}")))
 }
 
-fn run(cli: Cli) -> Result<()> {
+/// Parses a command line into the commands and their matches (which say where each value came
+/// from: [`refuse_plan_options`] needs to know what the user typed).
+fn parse_cli<I: IntoIterator<Item = T>, T: Into<std::ffi::OsString> + Clone>(args: I) -> Result<(Cli, clap::ArgMatches), clap::Error> {
+    use clap::{CommandFactory, FromArgMatches};
+    let m = Cli::command().try_get_matches_from(args)?;
+    Ok((Cli::from_arg_matches(&m)?, m))
+}
+
+/// A compiled plan carries its own options: `--world-size`, `--policy` or another planning
+/// option typed beside one would be silently ignored, so it is refused, naming them.
+fn refuse_plan_options(cli: &Cli, m: &clap::ArgMatches) -> Result<()> {
+    use clap::parser::ValueSource;
+    let plan = match &cli.cmd {
+        Cmd::Run(r) if r.model.is_some() || is_plan_file(&r.file) => &r.file,
+        Cmd::Trace(v) | Cmd::Plot(v) if is_plan_file(&v.input) => &v.input,
+        Cmd::Diff(d) if d.files.len() == 2 => &d.files[0],
+        _ => return Ok(()),
+    };
+    let Some((_, sub)) = m.subcommand() else { return Ok(()) };
+    let opts = <PlanOpts as Args>::augment_args(clap::Command::new("plan options"));
+    let given: Vec<String> = opts
+        .get_arguments()
+        .filter(|a| sub.value_source(a.get_id().as_str()) == Some(ValueSource::CommandLine))
+        .map(|a| format!("--{}", a.get_long().unwrap_or(a.get_id().as_str())))
+        .collect();
+    if !given.is_empty() {
+        bail!(UserError(format!(
+            "{}: a compiled plan carries its own options, so {} would be ignored: recompile it with them (`fsdp-plan compile MODEL {} -o PLAN`), or give the model instead of the plan",
+            plan.display(),
+            given.join(", "),
+            given.iter().map(|g| format!("{g} …")).collect::<Vec<_>>().join(" ")
+        )));
+    }
+    Ok(())
+}
+
+fn run(cli: Cli, m: &clap::ArgMatches) -> Result<()> {
+    refuse_plan_options(&cli, m)?;
     match cli.cmd {
         Cmd::Run(r) => train(r)?,
         Cmd::Launch(a) => launch(a)?,
@@ -801,7 +854,11 @@ fn run(cli: Cli) -> Result<()> {
             let model = load_model(&p.model)?;
             let opts = options(&p.o, &p.o.policy).map_err(user)?;
             let plan = fsdp_planner::plan(&model, &opts).map_err(user)?;
-            write_atomic(&output, &plan_ron(&plan)?)?;
+            let text = match p.format.as_str() {
+                "json" => serde_json::to_string_pretty(&plan).context("serializing the plan")?,
+                _ => plan_ron(&plan)?,
+            };
+            write_atomic(&output, &text)?;
             eprintln!(
                 "wrote {} ({} ops, {} buffers, predicted peak {})",
                 output.display(),
@@ -991,8 +1048,9 @@ fn load_plan_and_model(path: &Path, model: Option<&Path>) -> Result<(Plan, Model
     Ok((plan, model))
 }
 
+/// A compiled plan (RON or JSON, as `compile` writes it) rather than a model or HF config.
 fn is_plan_file(path: &Path) -> bool {
-    path.extension().is_some_and(|e| e == "ron") && std::fs::read_to_string(path).is_ok_and(|t| t.contains("plan_hash"))
+    path.extension().is_some_and(|e| e == "ron" || e == "json") && std::fs::read_to_string(path).is_ok_and(|t| t.contains("plan_hash") && t.contains("format_version"))
 }
 
 /// The plan, hardware and predicted time of `trace` / `plot`.
@@ -1147,7 +1205,7 @@ fn main() -> ExitCode {
             }
         }
     }
-    let cli = match Cli::try_parse_from(&args) {
+    let (cli, matches) = match parse_cli(&args) {
         Ok(c) => c,
         Err(e) => {
             let code = if e.use_stderr() { 2 } else { 0 };
@@ -1155,7 +1213,7 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    match run(cli) {
+    match run(cli, &matches) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");

@@ -147,6 +147,58 @@ fn an_edited_plan_is_refused_at_its_line() {
     assert!(code == 2 && err.contains("this is a compiled plan, not a model"), "{err}");
 }
 
+/// `compile --format json` writes the same plan as JSON, which every plan reader takes; a
+/// planning option typed beside a compiled plan (which carries its own) is refused by name.
+#[test]
+fn json_plans_and_options_beside_a_plan() {
+    let d = scratch("jsonplan");
+    let (j, r) = (d.join("p.json"), d.join("p.ron"));
+    let args = ["models/tiny-llama.ron", "--world-size", "2", "--batch", "2", "--seq", "8"];
+    let (code, _, err) = run(&[&["compile"][..], &args, &["--format", "json", "-o", j.to_str().unwrap()]].concat());
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(run(&[&["compile"][..], &args, &["-o", r.to_str().unwrap()]].concat()).0, 0);
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&j).unwrap()).unwrap();
+    let hash = doc["plan_hash"].as_str().unwrap();
+    assert!(std::fs::read_to_string(&r).unwrap().contains(&format!("plan_hash: \"{hash}\"")));
+    // read back and verified (hash, then replanned line by line) like the RON one
+    let (code, out, err) = run(&["diff", j.to_str().unwrap(), r.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("peak"), "{out}");
+    let t = d.join("t.json");
+    assert_eq!(run(&["trace", j.to_str().unwrap(), "-o", t.to_str().unwrap()]).0, 0);
+    let edited = d.join("edited.json");
+    std::fs::write(&edited, std::fs::read_to_string(&j).unwrap().replacen("\"world_size\": 2,", "\"world_size\": 3,", 1)).unwrap();
+    let (code, _, err) = run(&["trace", edited.to_str().unwrap(), "-o", t.to_str().unwrap()]);
+    assert!(code == 2 && err.contains("is not the hash of its model and options"), "{err}");
+    let (code, _, err) = run(&["plot", j.to_str().unwrap(), "-o", j.to_str().unwrap()]);
+    assert!(code == 2 && err.contains("that is the input"), "{err}");
+    // options beside a plan: every command that takes one
+    let out = d.join("x.svg");
+    let cases: &[(&[&str], &str)] = &[
+        (&["trace", r.to_str().unwrap(), "--world-size", "4", "--seq", "16", "-o", out.to_str().unwrap()], "--world-size, --seq would be ignored"),
+        (&["plot", j.to_str().unwrap(), "--policy", "none", "-o", out.to_str().unwrap()], "--policy would be ignored"),
+        (&["diff", r.to_str().unwrap(), j.to_str().unwrap(), "--param-dtype", "bf16"], "--param-dtype would be ignored"),
+        (&["run", r.to_str().unwrap(), "--batch", "4", "--steps", "1"], "--batch would be ignored"),
+        (&["run", j.to_str().unwrap(), "--checkpoint", "LlamaDecoderLayer", "--steps", "1"], "--checkpoint would be ignored"),
+    ];
+    for (cmd, want) in cases {
+        let (code, _, err) = run(cmd);
+        assert!(code == 2 && err.contains(want) && err.contains("a compiled plan carries its own options"), "{cmd:?}: {err}");
+    }
+    assert!(!out.exists());
+    // the defaults typed out are still typed: a plan's options are its own
+    let (code, _, err) = run(&["trace", r.to_str().unwrap(), "--world-size", "8", "-o", out.to_str().unwrap()]);
+    assert!(code == 2 && err.contains("--world-size would be ignored"), "{err}");
+    // JSON errors at a line:column counted from 1, the empty file said so
+    let e = d.join("empty.json");
+    std::fs::write(&e, "").unwrap();
+    let (code, _, err) = run(&[e.to_str().unwrap()]);
+    assert!(code == 2 && err.contains("empty.json:1:1: empty file"), "{err}");
+    std::fs::write(&e, "{\"plan_hash\": 1, \"format_version\": 1}").unwrap();
+    let (code, _, err) = run(&["trace", e.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert!(code == 2 && err.contains("empty.json:1:15: not a valid plan: invalid type: integer `1`") && !err.contains("at line"), "{err}");
+}
+
 /// An output path that is an input would replace it: refused before anything is written.
 #[test]
 fn an_output_that_is_an_input_is_refused() {

@@ -235,11 +235,14 @@ pub fn import_hf(text: &str, file: &str, name: &str) -> Result<Model, IrError> {
 
 /// [`import_hf`] with the parameter dtype forced (e.g. float32 master weights).
 pub fn import_hf_with(text: &str, file: &str, name: &str, dtype_override: Option<DType>) -> Result<Model, IrError> {
-    let v: Value = serde_json::from_str(text).map_err(|e| IrError::Syntax {
-        file: file.into(),
-        line: e.line(),
-        col: e.column(),
-        message: e.to_string(),
+    let v: Value = serde_json::from_str(text).map_err(|e| {
+        // serde_json's message ends in its own position; an empty file is at column 0
+        let m = e.to_string();
+        let message = match text.trim().is_empty() {
+            true => "empty file (expected an HF config.json object)".to_string(),
+            false => m.strip_suffix(&format!(" at line {} column {}", e.line(), e.column())).unwrap_or(&m).to_string(),
+        };
+        IrError::Syntax { file: file.into(), line: e.line(), col: e.column().max(1), message }
     })?;
     let c = Cfg { v: &v, file };
     if !v.is_object() {
