@@ -681,7 +681,8 @@ fn launch(a: LaunchArgs) -> Result<()> {
         env: if a.nproc_per_node > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() { vec![("OMP_NUM_THREADS".into(), "1".into())] } else { vec![] },
     };
     fsdp_runtime::launch::launch(&spec).map_err(|e| match e {
-        fsdp_runtime::launch::LaunchError::NoProcs => user(e),
+        // a rank that refused its input (exit 2, its message above) is bad input of the job
+        fsdp_runtime::launch::LaunchError::NoProcs | fsdp_runtime::launch::LaunchError::RankFailed { code: Some(2), .. } => user(e),
         e => anyhow!(e),
     })
 }

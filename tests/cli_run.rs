@@ -113,6 +113,14 @@ fn checkpoints_and_outputs_of_the_user_are_kept() {
     assert!(code == 2 && err.contains("latest: names `../../etc`, not a step directory"), "{err}");
     let (code, _, err) = run(&["consolidate", d.to_str().unwrap(), "-o", d.join("x.safetensors").to_str().unwrap()]);
     assert_eq!(code, 2, "{err}");
+    // under launch, a rank refusing a file only it reads (its own shard) ends the job with
+    // exit 2 and its message, not as a dead peer
+    std::fs::write(ck.join("latest"), "step-00000002\n").unwrap();
+    std::fs::write(ck.join("step-00000002/rank-1.safetensors"), b"garbage!garbage!").unwrap();
+    let mut l = vec!["launch", "--nproc-per-node", "2", "--master-port", "0"];
+    l.extend(&with(&["--steps", "3", "--resume", cks, "--timeout-s", "60"])[1..]);
+    let (code, _, err) = run(&l);
+    assert!(code == 2 && err.contains("[rank 1] error: ") && err.contains("rank-1.safetensors: not a safetensors file") && err.contains("launch: rank 1 exited with code 2"), "{err}");
     let leftovers: Vec<String> = std::fs::read_dir(&d).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.contains(".tmp") && n != "m.tmp").collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }

@@ -135,16 +135,22 @@ pub fn load_rank(ckpt: &Path, plan: &Plan, rank_idx: usize) -> Result<(Rank, usi
     if meta.world_size != plan.options.world_size || meta.rank != rank_idx {
         return Err(io(&mp, format!("rank {} of world size {}; this is rank {rank_idx} of {}", meta.rank, meta.world_size, plan.options.world_size)));
     }
+    // a rank's files copied in from another step would mix two points of training
+    if let Some(dir_step) = ckpt.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix("step-")).and_then(|d| d.parse::<usize>().ok()) {
+        if meta.step != dir_step {
+            return Err(io(&mp, format!("saved after step {}, but it is in the directory of step {dir_step}", meta.step)));
+        }
+    }
     let sp = ckpt.join(format!("rank-{rank_idx}.safetensors"));
-    let tensors: std::collections::HashMap<String, Tensor> = Tensor::read_safetensors(&sp).map_err(|e| io(&sp, format!("corrupted: {e}")))?.into_iter().collect();
+    let tensors: std::collections::HashMap<String, Tensor> = crate::st_file::read(&sp)?.into_iter().collect();
     let n = plan.units.len();
     let get = |k: &str| tensors.get(k).map(|t| t.shallow_clone()).ok_or_else(|| io(&sp, format!("missing tensor `{k}`")));
     let mut shards = vec![];
     let mut opt = vec![];
     for u in 0..n {
         let s = get(&format!("shard.{u}"))?;
-        if s.size() != [plan.units[u].shard_numel as i64] {
-            return Err(io(&sp, format!("shard.{u} has {:?} elements, the plan says {}", s.size(), plan.units[u].shard_numel)));
+        if s.size() != [plan.units[u].shard_numel as i64] || !s.is_floating_point() {
+            return Err(io(&sp, format!("shard.{u} is {:?} of shape {:?}, the plan says {} floating-point elements", s.kind(), s.size(), plan.units[u].shard_numel)));
         }
         let steps = meta.adam_steps.get(u).copied().unwrap_or(0);
         opt.push(if plan.options.optimizer.keeps_state() {
@@ -164,8 +170,17 @@ pub fn consolidate(ckpt: &Path, out: &Path) -> Result<usize, RtError> {
     let plan: Plan = ron::from_str(&text).map_err(|e| io(&pp, format!("corrupted plan: {e}")))?;
     let ws = plan.options.shard_size() as usize;
     let mut per_rank = vec![];
+    let mut step0 = None;
     for r in 0..ws {
-        per_rank.push(load_rank(ckpt, &plan, r)?.0);
+        let (rank, step) = load_rank(ckpt, &plan, r)?;
+        match step0 {
+            None => step0 = Some(step),
+            Some(s0) if s0 != step => {
+                return Err(io(&ckpt.join(format!("rank-{r}.json")), format!("saved after step {step}, rank 0's after step {s0}: the ranks' files are of different steps")))
+            }
+            Some(_) => {}
+        }
+        per_rank.push(rank);
     }
     let mut named: Vec<(String, Tensor)> = vec![];
     for (u, unit) in plan.units.iter().enumerate() {

@@ -30,7 +30,13 @@ pub enum LaunchError {
     #[error("launch: cannot pick a free port: {0}")]
     Port(String),
     #[error("launch: rank {rank} {how}{}", stopped(*others))]
-    RankFailed { rank: usize, how: String, others: usize },
+    RankFailed {
+        rank: usize,
+        how: String,
+        others: usize,
+        /// The rank's exit code (`None`: killed by a signal, or not waited for).
+        code: Option<i32>,
+    },
 }
 
 fn stopped(others: usize) -> String {
@@ -133,7 +139,7 @@ pub fn launch(spec: &LaunchSpec) -> Result<(), LaunchError> {
             }
         }
     }
-    let mut failed: Option<(usize, String)> = None;
+    let mut failed: Option<(usize, String, Option<i32>)> = None;
     let mut running = spec.nproc;
     while running > 0 && failed.is_none() {
         for (rank, slot) in children.iter_mut().enumerate() {
@@ -142,15 +148,17 @@ pub fn launch(spec: &LaunchSpec) -> Result<(), LaunchError> {
                 Ok(Some(st)) => {
                     *slot = None;
                     running -= 1;
-                    if !st.success() {
-                        failed = Some((rank, describe(st)));
-                        break;
+                    // of the ranks found failed in one look, the one that refused its input
+                    // (exit 2) is the cause; the others' peer died
+                    if !st.success() && (failed.is_none() || st.code() == Some(2)) {
+                        failed = Some((rank, describe(st), st.code()));
                     }
                 }
                 Ok(None) => {}
                 Err(e) => {
-                    failed = Some((rank, format!("could not be waited for ({e})")));
-                    break;
+                    if failed.is_none() {
+                        failed = Some((rank, format!("could not be waited for ({e})"), None));
+                    }
                 }
             }
         }
@@ -165,6 +173,6 @@ pub fn launch(spec: &LaunchSpec) -> Result<(), LaunchError> {
     }
     match failed {
         None => Ok(()),
-        Some((rank, how)) => Err(LaunchError::RankFailed { rank, how, others }),
+        Some((rank, how, code)) => Err(LaunchError::RankFailed { rank, how, others, code }),
     }
 }

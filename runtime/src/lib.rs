@@ -23,6 +23,7 @@ pub mod reference;
 pub mod rendezvous;
 pub mod selftest;
 pub mod shim;
+pub mod st_file;
 pub mod train;
 pub mod watchdog;
 

@@ -14,8 +14,12 @@ pub struct Params {
 }
 
 impl Params {
-    /// Loads HF-named weights (tied aliases may be absent: they resolve to their primary).
-    /// Every primary parameter of `model` must be present with its shape.
+    /// Loads HF-named weights. Every primary parameter of `model` must be present with its
+    /// shape and a floating-point dtype. A tied alias may be absent or present with its
+    /// primary's shape (HF ties it to the primary after loading, as here); the non-parameter
+    /// buffers older HF checkpoints hold (rotary `inv_freq`, GPT-2's attention `bias` /
+    /// `masked_bias` masks) are skipped, as HF skips them. Any other tensor means weights of
+    /// another model: refused, naming it.
     pub fn from_safetensors(model: &Model, path: &Path) -> Result<Params, RtError> {
         Self::from_safetensors_as(model, path, Kind::Float)
     }
@@ -23,11 +27,7 @@ impl Params {
     /// [`Params::from_safetensors`], cast to `kind` (e.g. float64 for exact comparisons).
     pub fn from_safetensors_as(model: &Model, path: &Path, kind: Kind) -> Result<Params, RtError> {
         let file = path.display().to_string();
-        let loaded = Tensor::read_safetensors(path).map_err(|e| RtError::File {
-            file: file.clone(),
-            message: e.to_string(),
-        })?;
-        let mut by_name: HashMap<String, Tensor> = loaded.into_iter().collect();
+        let mut by_name: HashMap<String, Tensor> = crate::st_file::read(path)?.into_iter().collect();
         let mut tensors = HashMap::new();
         for p in model.primary_params() {
             let t = by_name.remove(&p.name).ok_or_else(|| RtError::File {
@@ -41,7 +41,41 @@ impl Params {
                     message: format!("shape {:?} in {file}, model says {:?}", t.size(), want),
                 });
             }
+            if !t.is_floating_point() {
+                return Err(RtError::Param {
+                    name: p.name.clone(),
+                    message: format!("dtype {:?} in {file}: a parameter must be floating point", t.kind()),
+                });
+            }
             tensors.insert(p.name.clone(), t.to_kind(kind).set_requires_grad(p.requires_grad));
+        }
+        let mut unknown: Vec<&String> = vec![];
+        for (name, t) in &by_name {
+            match model.param(name).and_then(|a| a.tied_to.as_ref()).and_then(|primary| tensors.get(primary)) {
+                Some(primary) if primary.size() == t.size() => {}
+                Some(primary) => {
+                    return Err(RtError::Param {
+                        name: name.clone(),
+                        message: format!("shape {:?} in {file}, but it is tied to a parameter of shape {:?}", t.size(), primary.size()),
+                    })
+                }
+                None if HF_BUFFERS.iter().any(|b| name.ends_with(b)) => {}
+                None => unknown.push(name),
+            }
+        }
+        if !unknown.is_empty() {
+            unknown.sort();
+            let shown: Vec<String> = unknown.iter().take(3).map(|n| format!("`{n}`")).collect();
+            return Err(RtError::File {
+                file,
+                message: format!(
+                    "{} tensor(s) that model `{}` has no parameter for ({}{}): weights of another model?",
+                    unknown.len(),
+                    model.name,
+                    shown.join(", "),
+                    if unknown.len() > 3 { ", …" } else { "" }
+                ),
+            });
         }
         Ok(Params { tensors })
     }
@@ -53,6 +87,10 @@ impl Params {
         })
     }
 }
+
+/// Name endings of the non-parameter buffers older HF checkpoints store, which HF's
+/// `from_pretrained` ignores (`_keys_to_ignore_on_load_unexpected`).
+const HF_BUFFERS: &[&str] = &[".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias"];
 
 /// Runs the whole forward graph; returns the loss (the last op's output).
 pub fn forward_loss(model: &Model, params: &Params, inputs: &HashMap<String, Tensor>, cx: &OpCx) -> Result<Tensor, RtError> {

@@ -1,6 +1,7 @@
 //! Checkpoints: resuming from `--save` gives bit-identical losses; a run killed after step
 //! k loses nothing before its last checkpoint; a checkpoint of another plan or a corrupted
-//! file is refused; `consolidate` writes the full HF-named parameters.
+//! file is refused; `consolidate` writes the full HF-named parameters. Weights files of
+//! another model, another dtype, or cut short are refused naming the tensor.
 
 use fsdp_planner::{Device, Options};
 use fsdp_runtime::train::{run_cpu, RunConfig};
@@ -80,5 +81,90 @@ fn other_plan_and_corruption_are_refused() {
     let st = fsdp_runtime::checkpoint::latest(&dir).unwrap().join("rank-1.safetensors");
     std::fs::write(&st, b"garbage").unwrap();
     let e = run_cpu(&plan, &m, &RunConfig { resume: Some(dir.clone()), ..RunConfig::new(3) }, |_| {}).unwrap_err().to_string();
-    assert!(e.contains("rank-1.safetensors") && e.contains("corrupted"), "{e}");
+    assert!(e.contains("rank-1.safetensors: not a safetensors file: 7 bytes, shorter than the 8-byte header length"), "{e}");
+}
+
+/// A rank's files copied in from another step (the directory of step 2 holding rank 1's
+/// files of step 1) would resume or consolidate two points of training mixed: refused.
+#[test]
+fn a_rank_of_another_step_is_refused() {
+    let (m, plan) = setup(2);
+    let dir = tmp("mixed");
+    losses(&plan, &m, &RunConfig { save: Some(dir.clone()), save_every: 1, ..RunConfig::new(2) });
+    let (s1, s2) = (dir.join("step-00000001"), dir.join("step-00000002"));
+    assert!(fsdp_runtime::checkpoint::consolidate(&s2, &dir.join("ok.safetensors")).is_ok());
+    for f in ["rank-1.json", "rank-1.safetensors"] {
+        std::fs::copy(s1.join(f), s2.join(f)).unwrap();
+    }
+    let e = run_cpu(&plan, &m, &RunConfig { resume: Some(dir.clone()), ..RunConfig::new(3) }, |_| {}).unwrap_err().to_string();
+    assert!(e.contains("rank-1.json: saved after step 1, but it is in the directory of step 2"), "{e}");
+    let out = dir.join("model.safetensors");
+    let e = fsdp_runtime::checkpoint::consolidate(&s2, &out).unwrap_err().to_string();
+    assert!(e.contains("saved after step 1, but it is in the directory of step 2"), "{e}");
+    assert!(!out.exists());
+    // outside a step directory (renamed): rank 0's step decides
+    let moved = dir.join("moved");
+    std::fs::rename(&s2, &moved).unwrap();
+    let e = fsdp_runtime::checkpoint::consolidate(&moved, &out).unwrap_err().to_string();
+    assert!(e.contains("rank-1.json: saved after step 1, rank 0's after step 2"), "{e}");
+}
+
+/// `--weights`: every parameter present, floating point, with its shape; a tied alias may be
+/// present with its primary's shape, HF's old non-parameter buffers are skipped; a tensor the
+/// model has no parameter for, or a file cut short, is refused naming it.
+#[test]
+fn weights_files_are_checked_by_name() {
+    use fsdp_runtime::reference::Params;
+    use tch::{Kind, Tensor};
+    let d = tmp("weights");
+    let tied = fsdp_ir::parse_model(&std::fs::read_to_string(root().join("models/tiny-llama-tied.ron")).unwrap(), "tied").unwrap();
+    let src = root().join("tests/fixtures/runtime/tiny-llama-tied/weights.safetensors");
+    let base: Vec<(String, Tensor)> = Tensor::read_safetensors(&src).unwrap();
+    assert!(Params::from_safetensors(&tied, &src).is_ok());
+    let emb = |named: &[(String, Tensor)]| named.iter().find(|(n, _)| n == "model.embed_tokens.weight").unwrap().1.shallow_clone();
+    let write = |name: &str, f: &dyn Fn(&mut Vec<(String, Tensor)>)| {
+        let mut v: Vec<(String, Tensor)> = base.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
+        f(&mut v);
+        let p = d.join(name);
+        Tensor::write_safetensors(&v, &p).unwrap();
+        p
+    };
+    let load = |p: &Path| Params::from_safetensors(&tied, p).map(|_| ()).map_err(|e| e.to_string());
+    // accepted as HF accepts them
+    let alias = write("alias.safetensors", &|v| v.push(("lm_head.weight".into(), emb(v).copy())));
+    assert_eq!(load(&alias), Ok(()));
+    let buffers = write("buffers.safetensors", &|v| v.push(("model.layers.0.self_attn.rotary_emb.inv_freq".into(), Tensor::ones([4], (Kind::Float, tch::Device::Cpu)))));
+    assert_eq!(load(&buffers), Ok(()));
+    // refused
+    let cases: Vec<(PathBuf, String)> = vec![
+        (
+            write("extra.safetensors", &|v| v.push(("model.layers.7.mlp.up_proj.weight".into(), Tensor::zeros([2, 2], (Kind::Float, tch::Device::Cpu))))),
+            "1 tensor(s) that model `tiny-llama-tied` has no parameter for (`model.layers.7.mlp.up_proj.weight`): weights of another model?".into(),
+        ),
+        (
+            write("alias-shape.safetensors", &|v| v.push(("lm_head.weight".into(), emb(v).narrow(0, 0, 3)))),
+            "parameter `lm_head.weight`: shape [3, 32]".into(),
+        ),
+        (
+            write("int.safetensors", &|v| {
+                let e = v.iter_mut().find(|(n, _)| n == "model.norm.weight").unwrap();
+                e.1 = e.1.to_kind(Kind::Int64);
+            }),
+            "parameter `model.norm.weight`: dtype Int64".into(),
+        ),
+    ];
+    for (p, want) in &cases {
+        let e = load(p).unwrap_err();
+        assert!(e.contains(want), "{}: `{e}` lacks `{want}`", p.display());
+    }
+    // cut short: the tensor whose bytes are missing is named
+    let bytes = std::fs::read(&src).unwrap();
+    let cut = d.join("cut.safetensors");
+    std::fs::write(&cut, &bytes[..bytes.len() - 10]).unwrap();
+    let e = load(&cut).unwrap_err();
+    assert!(e.contains("cut.safetensors: tensor `") && e.contains("truncated"), "{e}");
+    let json = d.join("config.safetensors");
+    std::fs::copy(root().join("models/tiny-llama-tied.config.json"), &json).unwrap();
+    let e = load(&json).unwrap_err();
+    assert!(e.contains("config.safetensors: not a safetensors file: its first 8 bytes give a header of"), "{e}");
 }

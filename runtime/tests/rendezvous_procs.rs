@@ -209,7 +209,7 @@ fn launch_runs_every_rank_and_prefixes_their_output() {
 fn launch_stops_the_job_when_a_rank_fails_and_names_it() {
     let e = launch(&spec(&[("FSDP_TEST_FAIL_RANK", "1")])).unwrap_err();
     match &e {
-        LaunchError::RankFailed { rank, how, .. } => assert_eq!((*rank, how.as_str()), (1, "exited with code 3")),
+        LaunchError::RankFailed { rank, how, code, .. } => assert_eq!((*rank, how.as_str(), *code), (1, "exited with code 3", Some(3))),
         e => panic!("{e}"),
     }
     assert!(e.to_string().starts_with("launch: rank 1 exited with code 3"), "{e}");
@@ -226,7 +226,7 @@ fn launch_kills_the_others_when_one_fails() {
     assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}", t0.elapsed());
     match e {
         e @ LaunchError::RankFailed { .. } => {
-            let LaunchError::RankFailed { rank, ref how, others } = e else { unreachable!() };
+            let LaunchError::RankFailed { rank, ref how, others, .. } = e else { unreachable!() };
             assert!(rank == 1 || rank == 2, "{rank}");
             assert_eq!(how, "exited with code 1");
             // rank 0 was still asleep and got killed
