@@ -26,6 +26,10 @@ BASE_CASES = {
     "llama_tied_ws2": {"model": "tiny-llama-tied", "world_size": 2},
     "llama_gqa_ws4": {"model": "tiny-llama-gqa", "world_size": 4},
     "qwen2_ws3": {"model": "tiny-qwen2", "world_size": 3},
+    # Qwen3: per-head q/k RMSNorm (head_dim 16 != hidden 40 / 4 heads); bf16 upcasts in it
+    "qwen3_ws2": {"model": "tiny-qwen3", "world_size": 2},
+    "qwen3_bf16_ws3": {"model": "tiny-qwen3", "world_size": 3,
+                       "param_dtype": "bfloat16", "reduce_dtype": "float32"},
     "mistral_bf16_ws2": {"model": "tiny-mistral", "world_size": 2,
                          "param_dtype": "bfloat16", "reduce_dtype": "float32"},
     "llama_raf_false_ws2": {"model": "tiny-llama", "world_size": 2, "reshard_after_forward": False},
@@ -86,6 +90,41 @@ def fsdp1_cases():
     out = {}
     for name, spec in FSDP1_CASES.items():
         c = dict(FSDP1_DEFAULTS)
+        c.update(spec)
+        out[name] = c
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# Real-size FSDP2 cases for harness/fsdp2_fake.py: one process, a fake process group of
+# world_size ranks, the model built and trained under FakeTensorMode (no compute, no
+# memory), FSDPMemTracker counting the storages FSDP2 and autograd would hold. Options as
+# DEFAULTS above; "model_dtype": None builds the model in its config's torch_dtype (as
+# from_config does), "float32" forces fp32 master weights.
+
+FAKE_DEFAULTS = dict(DEFAULTS, attn_implementation="sdpa", model_dtype=None)
+
+FAKE_CASES = {
+    # the README's main command: bf16 Llama-3-8B, 8 GPUs, 1 × 4096 tokens, f32 reduce
+    "llama3_8b_bf16_ws8": {"model": "llama-3-8b", "world_size": 8, "batch": 1, "seq": 4096,
+                           "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    # fp32 master weights and optimizer state, bf16 compute
+    "llama3_8b_f32master_ws8": {"model": "llama-3-8b", "world_size": 8, "batch": 1, "seq": 2048,
+                                "model_dtype": "float32",
+                                "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    "qwen3_8b_bf16_ws8": {"model": "qwen3-8b", "world_size": 8, "batch": 2, "seq": 2048,
+                          "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    # eager attention materializes the [batch, heads, seq, seq] scores: 16 GPUs, GQA 8:1
+    "llama3_70b_eager_ws16": {"model": "llama-3-70b", "world_size": 16, "batch": 1, "seq": 1024,
+                              "attn_implementation": "eager",
+                              "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+}
+
+
+def fake_cases():
+    out = {}
+    for name, spec in FAKE_CASES.items():
+        c = dict(FAKE_DEFAULTS)
         c.update(spec)
         out[name] = c
     return out

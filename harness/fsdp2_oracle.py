@@ -62,6 +62,7 @@ CATEGORY_KEYS = {
 
 
 class _Log:
+    gloo = True          # False under fsdp2_fake.py's fake process group
     recording = False
     events = []          # collectives of the recorded step, in issue order
     group_stack = []     # (FSDPParamGroup, hook name) currently running
@@ -140,6 +141,8 @@ def _patch_collectives():
                 if "op" in ba.arguments:
                     ev["op"] = str(ba.arguments["op"])
                 _Log.events.append(ev)
+            if not _Log.gloo:  # fake process group (fsdp2_fake.py): no storages to wait for
+                return __fn(*args, **kwargs)
             sts = _storages(args, kwargs)
             counts = [torch._C._storage_Use_Count(st._cdata) for st in sts]
             out = __fn(*args, **kwargs)

@@ -32,6 +32,7 @@ PARITY_MODELS = [
     "tiny-qwen2",
     "tiny-mixtral",
     "tiny-llama31",
+    "tiny-qwen3",
 ]
 BATCH = 2
 SEQ = 16

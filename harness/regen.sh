@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate every ground-truth fixture (needs .venv with torch==2.11.0, transformers==5.17.0):
 #   bash harness/regen.sh            (from the repo root or anywhere; ~5 min on 2 CPU cores)
-# Writes tests/fixtures/hf_params/*.json, tests/fixtures/fsdp2/*.json,
+# Writes tests/fixtures/hf_params/*.json, tests/fixtures/fsdp2{,_fake}/*.json,
 # tests/fixtures/fsdp1/*.json and tests/fixtures/runtime/<name>/ (each file atomically), then
 # deletes fixtures whose model config / case no longer exists.
 set -euo pipefail
@@ -10,6 +10,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 PY=.venv/bin/python
 "$PY" harness/hf_params.py
 "$PY" harness/fsdp2_oracle.py
+"$PY" harness/fsdp2_fake.py
 "$PY" harness/fsdp1_oracle.py
 "$PY" harness/hf_parity.py
 "$PY" harness/optim_parity.py
@@ -18,6 +19,10 @@ for f in tests/fixtures/hf_params/*.json; do
 done
 cases=$("$PY" harness/fsdp2_oracle.py --list)
 for f in tests/fixtures/fsdp2/*.json; do
+  n=$(basename "$f" .json); grep -qx "$n" <<<"$cases" || { echo "removing stale $f"; rm -f "$f"; }
+done
+cases=$("$PY" harness/fsdp2_fake.py --list)
+for f in tests/fixtures/fsdp2_fake/*.json; do
   n=$(basename "$f" .json); grep -qx "$n" <<<"$cases" || { echo "removing stale $f"; rm -f "$f"; }
 done
 cases=$("$PY" harness/fsdp1_oracle.py --list)

@@ -3,7 +3,8 @@
 //! Parameter names, shapes, module paths and class names follow transformers 5.17.0;
 //! keys missing from the config take that version's config-class defaults, so a partial
 //! config imports to the parameters HF builds from it. Supported: GPT2LMHeadModel,
-//! LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM.
+//! LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+//! MixtralForCausalLM.
 
 use crate::error::IrError;
 use crate::model::*;
@@ -16,6 +17,7 @@ pub enum Family {
     Llama,
     Mistral,
     Qwen2,
+    Qwen3,
     Mixtral,
 }
 
@@ -26,6 +28,7 @@ impl Family {
             "llama" => Family::Llama,
             "mistral" => Family::Mistral,
             "qwen2" => Family::Qwen2,
+            "qwen3" => Family::Qwen3,
             "mixtral" => Family::Mixtral,
             _ => return None,
         })
@@ -36,6 +39,7 @@ impl Family {
             "LlamaForCausalLM" => Family::Llama,
             "MistralForCausalLM" => Family::Mistral,
             "Qwen2ForCausalLM" => Family::Qwen2,
+            "Qwen3ForCausalLM" => Family::Qwen3,
             "MixtralForCausalLM" => Family::Mixtral,
             _ => return None,
         })
@@ -47,6 +51,7 @@ impl Family {
             Family::Llama => "Llama",
             Family::Mistral => "Mistral",
             Family::Qwen2 => "Qwen2",
+            Family::Qwen3 => "Qwen3",
             Family::Mixtral => "Mixtral",
         }
     }
@@ -434,6 +439,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
         Llama => (32000, 11008, None, 1e-6, 10000.0),
         Mistral => (32000, 14336, Some(8), 1e-6, 10000.0),
         Qwen2 => (151936, 22016, None, 1e-6, 10000.0),
+        Qwen3 => (151936, 22016, None, 1e-6, 10000.0),
         Mixtral => (32000, 14336, Some(8), 1e-5, 1e6),
         Gpt2 => unreachable!("gpt2 has its own builder"),
     };
@@ -448,6 +454,8 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
     let kv = c.opt_u("num_key_value_heads")?.or(kv_d).unwrap_or(heads);
     let hd = match c.opt_u("head_dim")? {
         Some(h) => h,
+        // Qwen3Config's own default, whatever hidden_size / heads is
+        None if f == Qwen3 => 128,
         None => {
             if d % heads != 0 {
                 return Err(c.err(format!("hidden_size {d} is not a multiple of num_attention_heads {heads}")));
@@ -464,7 +472,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
     let tie = c.b("tie_word_embeddings", false)?;
     let (attn_bias, o_bias) = match f {
         Qwen2 => (true, false),
-        Llama => {
+        Llama | Qwen3 => {
             let ab = c.b("attention_bias", false)?;
             (ab, ab)
         }
@@ -486,10 +494,10 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
     let sw = match (f, c.v.get("sliding_window")) {
         (Mistral, None) => Some(4096),
         (Mistral | Mixtral, Some(_)) => c.opt_u("sliding_window")?,
-        (Qwen2, _) if c.b("use_sliding_window", false)? => Some(c.opt_u("sliding_window")?.unwrap_or(4096)),
+        (Qwen2 | Qwen3, _) if c.b("use_sliding_window", false)? => Some(c.opt_u("sliding_window")?.unwrap_or(4096)),
         _ => None,
     };
-    let max_window_layers = if f == Qwen2 { c.u("max_window_layers", 28)? } else { 0 };
+    let max_window_layers = if matches!(f, Qwen2 | Qwen3) { c.u("max_window_layers", 28)? } else { 0 };
     let window = |i: u64| sw.filter(|_| i >= max_window_layers);
     let pre = f.prefix();
     b.module("", &f.architecture());
@@ -516,6 +524,14 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
         let k = b.linear_module(&format!("{sa}.k_proj"), "Linear", d, kv * hd, attn_bias, false);
         let v = b.linear_module(&format!("{sa}.v_proj"), "Linear", d, kv * hd, attn_bias, false);
         let o = b.linear_module(&format!("{sa}.o_proj"), "Linear", heads * hd, d, o_bias, false);
+        // Qwen3: an RMSNorm over each head of q and of k, before RoPE
+        let qk_norm = (f == Qwen3).then(|| {
+            b.module(&format!("{sa}.q_norm"), &norm_class);
+            let qn = b.param(format!("{sa}.q_norm.weight"), vec![hd]);
+            b.module(&format!("{sa}.k_norm"), &norm_class);
+            let kn = b.param(format!("{sa}.k_norm.weight"), vec![hd]);
+            (qn, kn)
+        });
         let mlp = format!("{p}.mlp");
         let mlp_params = if f == Mixtral {
             b.module(&mlp, "MixtralSparseMoeBlock");
@@ -539,10 +555,18 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
         b.module(&format!("{p}.post_attention_layernorm"), &norm_class);
         let ln2 = b.param(format!("{p}.post_attention_layernorm.weight"), vec![d]);
 
-        let h = b.op(&format!("{p}.input_layernorm"), OpKind::RmsNorm { eps }, &format!("{p}.input_layernorm"), &[&x], vec![ln1], bsd(d));
+        let h = b.op(&format!("{p}.input_layernorm"), OpKind::RmsNorm { eps, head_dim: None }, &format!("{p}.input_layernorm"), &[&x], vec![ln1], bsd(d));
         let qo = b.linear_op(&format!("{sa}.q_proj"), &h, q, heads * hd, false);
         let ko = b.linear_op(&format!("{sa}.k_proj"), &h, k, kv * hd, false);
         let vo = b.linear_op(&format!("{sa}.v_proj"), &h, v, kv * hd, false);
+        let (qo, ko) = match qk_norm {
+            Some((qn, kn)) => {
+                let norm = OpKind::RmsNorm { eps, head_dim: Some(hd) };
+                let (qs, ks) = (format!("{sa}.q_norm"), format!("{sa}.k_norm"));
+                (b.op(&qs, norm.clone(), &qs, &[&qo], vec![qn], bsd(heads * hd)), b.op(&ks, norm, &ks, &[&ko], vec![kn], bsd(kv * hd)))
+            }
+            None => (qo, ko),
+        };
         let qr = b.op(&format!("{sa}.rope_q"), OpKind::Rope { head_dim: hd }, &sa, &[&qo, &rot], vec![], bsd(heads * hd));
         let kr = b.op(&format!("{sa}.rope_k"), OpKind::Rope { head_dim: hd }, &sa, &[&ko, &rot], vec![], bsd(kv * hd));
         let a = b.op(
@@ -564,7 +588,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
         x = b.op(&format!("{p}.residual_attn"), OpKind::Add, &p, &[&x, &ao], vec![], bsd(d));
         let h = b.op(
             &format!("{p}.post_attention_layernorm"),
-            OpKind::RmsNorm { eps },
+            OpKind::RmsNorm { eps, head_dim: None },
             &format!("{p}.post_attention_layernorm"),
             &[&x],
             vec![ln2],
@@ -601,7 +625,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
     }
     b.module("model.norm", &norm_class);
     let nw = b.param("model.norm.weight".into(), vec![d]);
-    let h = b.op("model.norm", OpKind::RmsNorm { eps }, "model.norm", &[&x], vec![nw], bsd(d));
+    let h = b.op("model.norm", OpKind::RmsNorm { eps, head_dim: None }, "model.norm", &[&x], vec![nw], bsd(d));
     b.module("model.rotary_emb", &format!("{pre}RotaryEmbedding"));
     for n in ["inv_freq", "original_inv_freq"] {
         b.m.buffers.push(Buffer {

@@ -206,7 +206,14 @@ pub enum OpKind {
     /// `x @ W^T (+ b)`; `transposed` is GPT-2's Conv1D (`W` stored `[in, out]`).
     Linear { bias: bool, transposed: bool },
     LayerNorm { eps: f64 },
-    RmsNorm { eps: f64 },
+    /// HF's RMSNorm (`x32 · rsqrt(mean(x32²) + eps)`, cast back, times the weight) over the
+    /// last dim, or with `head_dim` over each head's `head_dim` elements of it (Qwen3's
+    /// `q_norm` / `k_norm` on the projection viewed `[…, heads, head_dim]`).
+    RmsNorm {
+        eps: f64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        head_dim: Option<u64>,
+    },
     /// Element-wise sum of two inputs.
     Add,
     /// Element-wise product of two inputs.

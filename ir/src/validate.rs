@@ -294,7 +294,7 @@ fn check_attrs(k: &OpKind) -> Result<(), String> {
         false => Err(format!("{what} {p}: a probability in [0, 1)")),
     };
     match *k {
-        OpKind::LayerNorm { eps } | OpKind::RmsNorm { eps } if !(eps.is_finite() && eps > 0.0) => Err(format!("eps {eps}: expected a small positive number")),
+        OpKind::LayerNorm { eps } | OpKind::RmsNorm { eps, .. } if !(eps.is_finite() && eps > 0.0) => Err(format!("eps {eps}: expected a small positive number")),
         OpKind::Dropout { p } => prob("dropout p", p),
         OpKind::Attention { dropout, .. } => prob("attention dropout", dropout),
         OpKind::RotaryEmbedding { theta, .. } if !(theta.is_finite() && theta > 0.0) => Err(format!("rope theta {theta}: expected a positive number")),
@@ -346,6 +346,17 @@ fn check_kind(op: &Op, i: &[&Shape], p: &[&Param]) -> Result<(), String> {
                 return Err(format!("bias `{}` has shape {:?}, expected [{fan_out}]", p[1].name, p[1].shape));
             }
             expect_eq("output", out, &with_last(i[0], fan_out))
+        }
+        OpKind::RmsNorm { head_dim: Some(hd), .. } => {
+            arity(op, 1, 1..=1, i, p)?;
+            let per_head = matches!(last(i[0]), Some(Dim::N(l)) if *hd > 0 && l % hd == 0);
+            if !per_head {
+                return Err(format!("head_dim {hd} does not divide the last dim of input {}", shape_str(i[0])));
+            }
+            if p[0].numel() != *hd {
+                return Err(format!("norm weight `{}` {:?} does not match head_dim {hd}", p[0].name, p[0].shape));
+            }
+            expect_eq("output", out, i[0])
         }
         OpKind::LayerNorm { .. } | OpKind::RmsNorm { .. } => {
             let np = if matches!(op.kind, OpKind::LayerNorm { .. }) { 2 } else { 1 };

@@ -136,10 +136,12 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             m.saved.push(t(rows, stat, "layer_norm rstd"));
             m.bwd_scratch.push(t(n, cd, "layer_norm grad scratch"));
         }
-        OpKind::RmsNorm { .. } => {
+        OpKind::RmsNorm { head_dim, .. } => {
             // HF RMSNorm: x32 = x.to(f32); var = x32.pow(2).mean(-1); r = rsqrt(var + eps);
             // xn = x32 * r; out = weight * xn.to(dtype). Saved: x32 (x itself in f32), r, xn.
-            let rows = n / op.shape.last().and_then(|d| d.eval(cx.dims)).unwrap_or(1).max(1);
+            // Per head (Qwen3's q/k norm), r has a row per head of each token.
+            let normed = head_dim.or_else(|| op.shape.last().and_then(|d| d.eval(cx.dims)));
+            let rows = n / normed.unwrap_or(1).max(1);
             // Under MP, x32 is a new f32 copy and the low-precision input is not saved.
             m.saves_inputs = vec![cd == DType::Float32];
             if cd != DType::Float32 {

@@ -35,17 +35,13 @@ impl<'a> Tree<'a> {
     }
 }
 
-/// The resolved policy (auto → transformer:<layer class> for HF models).
+/// The resolved policy: auto → transformer:<the decoder-layer class>, what HF's
+/// `_no_split_modules` names for every decoder-only family (`…DecoderLayer`, GPT-2's
+/// `GPT2Block`); none for a model without one.
 pub fn resolve(model: &Model, policy: &Policy) -> Policy {
     match policy {
         Policy::Auto => {
-            let fam = ["GPT2", "Llama", "Mistral", "Qwen2", "Mixtral"];
-            let layer = model
-                .modules
-                .iter()
-                .map(|m| m.class.as_str())
-                .find(|c| c.ends_with("DecoderLayer") || *c == "GPT2Block")
-                .filter(|c| fam.iter().any(|f| c.starts_with(f)));
+            let layer = model.modules.iter().map(|m| m.class.as_str()).find(|c| c.ends_with("DecoderLayer") || *c == "GPT2Block");
             match layer {
                 Some(c) => Policy::Transformer(vec![c.to_string()]),
                 None => Policy::None,

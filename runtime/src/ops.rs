@@ -156,14 +156,30 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
             let d = *dims(inputs[0]).last().unwrap_or(&1);
             inputs[0].layer_norm([d], Some(params[0]), Some(params[1]), *eps, true)
         }
-        OpKind::RmsNorm { eps } => {
+        OpKind::RmsNorm { eps, head_dim } => {
             // HF LlamaRMSNorm: x32 * rsqrt(mean(x32^2) + eps), cast back, times weight.
+            // Per head (Qwen3's q_norm / k_norm): on the input viewed [..., heads, head_dim].
             need(1, 1)?;
-            let x = inputs[0];
+            let dims_in = dims(inputs[0]);
+            let viewed;
+            let x = match *head_dim {
+                Some(hd) => {
+                    let mut v = dims_in.clone();
+                    let last = v.pop().unwrap_or(1);
+                    v.extend([last / hd as i64, hd as i64]);
+                    viewed = inputs[0].view(v.as_slice());
+                    &viewed
+                }
+                None => inputs[0],
+            };
             let x32 = up(x);
             let var = x32.pow_tensor_scalar(2).mean_dim(-1, true, None::<Kind>);
             let xn = &x32 * (var + *eps).rsqrt();
-            params[0] * xn.to_kind(x.kind())
+            let out = params[0] * xn.to_kind(x.kind());
+            match head_dim {
+                Some(_) => out.view(dims_in.as_slice()),
+                None => out,
+            }
         }
         OpKind::Add => {
             need(2, 0)?;

@@ -184,6 +184,7 @@ fn sharded_training_equals_single_device() {
     check("tiny-llama-tied", opts(2, Layout::Fsdp2, Policy::Auto), &mut report);
     check("tiny-mixtral", opts(2, Layout::Fsdp2, Policy::Auto), &mut report);
     check("tiny-qwen2", opts(3, Layout::Flat, Policy::Auto), &mut report);
+    check("tiny-qwen3", opts(3, Layout::Fsdp2, Policy::Auto), &mut report);
     check("tiny-llama", Options { grad_accum: 2, ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);
     check("tiny-llama", Options { checkpoint: vec!["LlamaDecoderLayer".into()], ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);
     // the optimizer the plan names: SGD (no state), Adam (weight decay 0)

@@ -97,6 +97,12 @@ fn measured_peak_is_within_two_percent_of_the_plan() {
         case("tiny-llama-tied", "tied embeddings", |_| {}),
         case("tiny-qwen2", "q/k/v bias, ws 4", |o| o.world_size = 4),
         case("tiny-mistral", "sliding window", |_| {}),
+        case("tiny-qwen3", "per-head q/k norm, ws 2", |_| {}),
+        case("tiny-qwen3", "per-head q/k norm, bf16 params, ws 3", |o| {
+            o.world_size = 3;
+            o.param_dtype = fsdp_ir::DType::parse("bf16");
+            o.reduce_dtype = fsdp_ir::DType::parse("f32");
+        }),
         case("tiny-mixtral", "MoE, ws 2", |_| {}),
         case("tiny-mixtral", "MoE, ws 4, batch 4 × seq 64", |o| {
             o.world_size = 4;

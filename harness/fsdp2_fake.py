@@ -1,0 +1,168 @@
+"""Ground truth from PyTorch FSDP2 for real-size models, without their memory or compute.
+Usage: .venv/bin/python harness/fsdp2_fake.py [CASE ...]      (default: every case of
+       cases.FAKE_CASES)     .venv/bin/python harness/fsdp2_fake.py --list
+Writes tests/fixtures/fsdp2_fake/<case>.json, in fsdp2_oracle.py's schema.
+
+Per case, one process: a fake process group (torch.testing's FakeStore, backend "fake") of
+world_size ranks and its DeviceMesh, built before entering FakeTensorMode; then, under it,
+the HF model from its config (the config's torch_dtype unless the case forces float32),
+fully_shard on every instance of model._no_split_modules and the root, torch.optim (Adam
+unless the case says otherwise, lr 1e-3) and 2 training steps on a random batch, inside the
+same FSDPMemTracker subclass as fsdp2_oracle.py (peak reset after step 1). The collectives
+FSDP2 issues are logged by the same patch. Losses are not recorded (fake tensors hold no
+values). Rank 0's view: on the fake group every rank is rank 0, whose shards are the largest.
+"""
+import collections
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+common.check_versions()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import transformers  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
+from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+import cases as cases_mod  # noqa: E402
+import fsdp2_oracle as oracle  # noqa: E402
+
+
+def _dtype(name):
+    return None if name is None else getattr(torch, name)
+
+
+def run_case(name, case):
+    ws = case["world_size"]
+    transformers.logging.set_verbosity_error()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=ws)
+    try:
+        oracle._Log.gloo = False
+        oracle._Log.events = []
+        oracle._patch_collectives()
+        oracle._patch_group_context()
+        mesh = init_device_mesh("cpu", (ws,))
+        cfg = common.load_config(case["model"])
+        with FakeTensorMode():
+            kw = {"attn_implementation": case["attn_implementation"]}
+            if case["model_dtype"]:
+                kw["dtype"] = _dtype(case["model_dtype"])
+            model = AutoModelForCausalLM.from_config(cfg, **kw)
+            model.train()
+            model_dtype = common.dtype_name(next(model.parameters()).dtype)
+            hf_param_numel = sum(p.numel() for p in model.parameters())
+            fkw = {"mesh": mesh}
+            if case["param_dtype"] or case["reduce_dtype"]:
+                fkw["mp_policy"] = MixedPrecisionPolicy(
+                    param_dtype=_dtype(case["param_dtype"]), reduce_dtype=_dtype(case["reduce_dtype"]))
+            wrap_classes = list(model._no_split_modules)
+            layers = [m for m in model.modules() if type(m).__name__ in wrap_classes]
+            assert len(layers) == cfg.num_hidden_layers, (len(layers), wrap_classes)
+            for m in layers:
+                fully_shard(m, reshard_after_forward=case["reshard_after_forward"], **fkw)
+            fully_shard(model, **fkw)
+            opt = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
+                   "sgd": torch.optim.SGD}[case["optimizer"]](model.parameters(), lr=1e-3)
+            input_ids = torch.randint(0, cfg.vocab_size, (case["batch"], case["seq"]))
+            labels = input_ids.clone()
+            tracker = oracle.WhereTracker(model, opt)
+            tracker.track_inputs((input_ids, labels))
+            with tracker:
+                for step in (1, 2):
+                    if step == 2:
+                        oracle._Log.recording = True
+                        tracker.count_comms = True
+                    loss = model(input_ids=input_ids, labels=labels).loss
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad()
+                    if step == 1:
+                        tracker.reset_mod_stats()
+                        step1_peak = oracle._breakdown(tracker.get_tracker_snapshot("peak"))
+                        tracker.reset_peak()
+                oracle._Log.recording = False
+                tracker.count_comms = False
+            peak = oracle._breakdown(tracker.get_tracker_snapshot("peak"))
+            units = oracle._units(model)
+        py_counts = dict(collections.Counter(e["kind"] for e in oracle._Log.events))
+        disp = dict(tracker.dispatch_comm_counts)
+        assert py_counts == disp, f"python-level collective log {py_counts} != c10d ops at dispatch {disp}"
+        for u in units:
+            for p in u["param_info"]:
+                p["sharded_numel_per_rank"] = [p.pop("sharded_numel")]
+        collectives = []
+        for e in oracle._Log.events:
+            c = common.collective_key(e)
+            c.update({k: e[k] for k in ("group_size", "hook", "training_state", "op") if k in e})
+            collectives.append(c)
+        options = {
+            "world_size": ws,
+            "batch": case["batch"],
+            "seq": case["seq"],
+            "attn_implementation": case["attn_implementation"],
+            "param_dtype": case["param_dtype"],
+            "reduce_dtype": case["reduce_dtype"],
+            "reshard_after_forward": case["reshard_after_forward"],
+            "root_reshard_after_forward": case["root_reshard_after_forward"],
+            "optimizer": case["optimizer"],
+            "lr": 1e-3,
+            "steps": 2,
+            "measured_step": 2,
+            "wrap": ",".join(f"transformer:{c}" for c in wrap_classes),
+            "device": "cpu",
+            "backend": "fake",
+            "model_dtype": model_dtype,
+        }
+        return {
+            "case": name,
+            "torch_version": torch.__version__,
+            "transformers_version": transformers.__version__,
+            "config": common.config_relpath(case["model"]),
+            "options": options,
+            "attn_implementation_effective": model.config._attn_implementation,
+            "hf_param_numel": hf_param_numel,
+            "units": units,
+            "collective_counts": disp,
+            "collectives": collectives,
+            "memory": {
+                "rank": 0,
+                "scope": "step 2 (tracker peak reset after step 1); fake tensors, exact storage bytes",
+                "peak_bytes": peak["total"],
+                "breakdown": peak,
+                "peak_at": tracker.peak_where,
+                "step1_peak_bytes": step1_peak["total"],
+            },
+        }
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv):
+    all_cases = cases_mod.fake_cases()
+    if "--list" in argv:
+        print("\n".join(all_cases))
+        return
+    names = argv or list(all_cases)
+    unknown = [n for n in names if n not in all_cases]
+    if unknown:
+        sys.stderr.write(f"unknown case(s): {unknown}; see --list\n")
+        sys.exit(2)
+    for name in names:
+        t0 = time.time()
+        res = run_case(name, all_cases[name])
+        out = os.path.join(common.FIXTURES, "fsdp2_fake", f"{name}.json")
+        common.write_json(out, res)
+        n = collections.Counter(c["kind"] for c in res["collectives"])
+        print(f"fsdp2_fake {name}: {dict(n)} peak={res['memory']['peak_bytes']} B "
+              f"({time.time() - t0:.1f}s) -> {os.path.relpath(out, common.REPO)}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
