@@ -86,13 +86,18 @@ FSDP1_CASES = {
 }
 
 
-def fsdp1_cases():
+def _resolved(defaults, specs):
+    """name -> the case's spec over the defaults, in a stable order."""
     out = {}
-    for name, spec in FSDP1_CASES.items():
-        c = dict(FSDP1_DEFAULTS)
+    for name, spec in specs.items():
+        c = dict(defaults)
         c.update(spec)
         out[name] = c
     return out
+
+
+def fsdp1_cases():
+    return _resolved(FSDP1_DEFAULTS, FSDP1_CASES)
 
 
 # ----------------------------------------------------------------------------------------
@@ -122,9 +127,4 @@ FAKE_CASES = {
 
 
 def fake_cases():
-    out = {}
-    for name, spec in FAKE_CASES.items():
-        c = dict(FAKE_DEFAULTS)
-        c.update(spec)
-        out[name] = c
-    return out
+    return _resolved(FAKE_DEFAULTS, FAKE_CASES)

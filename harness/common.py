@@ -98,3 +98,26 @@ def free_port():
 def collective_key(ev):
     """What the fixtures compare of a logged collective."""
     return {k: ev[k] for k in ("kind", "unit", "numel", "dtype")}
+
+
+def case_main(argv, all_cases, run_case, subdir):
+    """The oracle scripts' command line: `--list`, or run the named cases (default: all) and
+    write each result to tests/fixtures/<subdir>/<case>.json."""
+    import collections
+    import time
+    if "--list" in argv:
+        print("\n".join(all_cases))
+        return
+    names = argv or list(all_cases)
+    unknown = [n for n in names if n not in all_cases]
+    if unknown:
+        sys.stderr.write(f"unknown case(s): {unknown}; see --list\n")
+        sys.exit(2)
+    for name in names:
+        t0 = time.time()
+        res = run_case(name, all_cases[name])
+        out = os.path.join(FIXTURES, subdir, f"{name}.json")
+        write_json(out, res)
+        n = collections.Counter(c["kind"] for c in res["collectives"])
+        peak = f" peak={res['memory']['peak_bytes']} B" if res.get("memory") else ""
+        print(f"{subdir} {name}: {dict(n)}{peak} ({time.time() - t0:.1f}s) -> {os.path.relpath(out, REPO)}", flush=True)

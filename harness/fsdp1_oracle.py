@@ -32,7 +32,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -382,23 +381,7 @@ def run_case(name, case):
 
 
 def main(argv):
-    all_cases = cases_mod.fsdp1_cases()
-    if "--list" in argv:
-        print("\n".join(all_cases))
-        return
-    names = argv or list(all_cases)
-    unknown = [n for n in names if n not in all_cases]
-    if unknown:
-        sys.stderr.write(f"unknown case(s): {unknown}; see --list\n")
-        sys.exit(2)
-    for name in names:
-        t0 = time.time()
-        res = run_case(name, all_cases[name])
-        out = os.path.join(common.FIXTURES, "fsdp1", f"{name}.json")
-        common.write_json(out, res)
-        n = collections.Counter(c["kind"] for c in res["collectives"])
-        print(f"fsdp1 {name}: {dict(n)} ({time.time() - t0:.1f}s) -> {os.path.relpath(out, common.REPO)}",
-              flush=True)
+    common.case_main(argv, cases_mod.fsdp1_cases(), run_case, "fsdp1")
 
 
 if __name__ == "__main__":

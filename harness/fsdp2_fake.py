@@ -15,7 +15,6 @@ values). Rank 0's view: on the fake group every rank is rank 0, whose shards are
 import collections
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -102,24 +101,7 @@ def run_case(name, case):
             c = common.collective_key(e)
             c.update({k: e[k] for k in ("group_size", "hook", "training_state", "op") if k in e})
             collectives.append(c)
-        options = {
-            "world_size": ws,
-            "batch": case["batch"],
-            "seq": case["seq"],
-            "attn_implementation": case["attn_implementation"],
-            "param_dtype": case["param_dtype"],
-            "reduce_dtype": case["reduce_dtype"],
-            "reshard_after_forward": case["reshard_after_forward"],
-            "root_reshard_after_forward": case["root_reshard_after_forward"],
-            "optimizer": case["optimizer"],
-            "lr": 1e-3,
-            "steps": 2,
-            "measured_step": 2,
-            "wrap": ",".join(f"transformer:{c}" for c in wrap_classes),
-            "device": "cpu",
-            "backend": "fake",
-            "model_dtype": model_dtype,
-        }
+        options = dict(oracle.case_options(case, wrap_classes, "fake"), model_dtype=model_dtype)
         return {
             "case": name,
             "torch_version": torch.__version__,
@@ -145,23 +127,7 @@ def run_case(name, case):
 
 
 def main(argv):
-    all_cases = cases_mod.fake_cases()
-    if "--list" in argv:
-        print("\n".join(all_cases))
-        return
-    names = argv or list(all_cases)
-    unknown = [n for n in names if n not in all_cases]
-    if unknown:
-        sys.stderr.write(f"unknown case(s): {unknown}; see --list\n")
-        sys.exit(2)
-    for name in names:
-        t0 = time.time()
-        res = run_case(name, all_cases[name])
-        out = os.path.join(common.FIXTURES, "fsdp2_fake", f"{name}.json")
-        common.write_json(out, res)
-        n = collections.Counter(c["kind"] for c in res["collectives"])
-        print(f"fsdp2_fake {name}: {dict(n)} peak={res['memory']['peak_bytes']} B "
-              f"({time.time() - t0:.1f}s) -> {os.path.relpath(out, common.REPO)}", flush=True)
+    common.case_main(argv, cases_mod.fake_cases(), run_case, "fsdp2_fake")
 
 
 if __name__ == "__main__":

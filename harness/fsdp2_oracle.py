@@ -428,6 +428,28 @@ def _extra_options(case):
     return out
 
 
+def case_options(case, wrap_classes, backend):
+    """A fixture's `options`: what the planner needs to plan the same run."""
+    return {
+        "world_size": case["world_size"],
+        "batch": case["batch"],
+        "seq": case["seq"],
+        "attn_implementation": case["attn_implementation"],
+        "param_dtype": case["param_dtype"],
+        "reduce_dtype": case["reduce_dtype"],
+        "reshard_after_forward": case["reshard_after_forward"],
+        "root_reshard_after_forward": case["root_reshard_after_forward"],
+        "optimizer": case["optimizer"],
+        "lr": 1e-3,
+        "steps": 2,
+        "measured_step": 2,
+        "wrap": ",".join(f"transformer:{c}" for c in wrap_classes),
+        "device": "cpu",
+        "backend": backend,
+        **_extra_options(case),
+    }
+
+
 def run_case(name, case):
     ws = case["world_size"]
     with tempfile.TemporaryDirectory(prefix=f"fsdp2_{name}_") as tmp:
@@ -455,24 +477,7 @@ def run_case(name, case):
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
         "config": common.config_relpath(case["model"]),
-        "options": {
-            "world_size": ws,
-            "batch": case["batch"],
-            "seq": case["seq"],
-            "attn_implementation": case["attn_implementation"],
-            "param_dtype": case["param_dtype"],
-            "reduce_dtype": case["reduce_dtype"],
-            "reshard_after_forward": case["reshard_after_forward"],
-            "root_reshard_after_forward": case["root_reshard_after_forward"],
-            "optimizer": case["optimizer"],
-            "lr": 1e-3,
-            "steps": 2,
-            "measured_step": 2,
-            "wrap": ",".join(f"transformer:{c}" for c in r0["wrap"]),
-            "device": "cpu",
-            "backend": "gloo",
-            **_extra_options(case),
-        },
+        "options": case_options(case, r0["wrap"], "gloo"),
         "attn_implementation_effective": r0["attn_impl_effective"],
         "experts_implementation_effective": r0["experts_impl_effective"],
         "hf_param_numel": r0["hf_param_numel"],
@@ -497,23 +502,7 @@ def run_case(name, case):
 
 
 def main(argv):
-    all_cases = cases_mod.all_cases()
-    if "--list" in argv:
-        print("\n".join(all_cases))
-        return
-    names = argv or list(all_cases)
-    unknown = [n for n in names if n not in all_cases]
-    if unknown:
-        sys.stderr.write(f"unknown case(s): {unknown}; see --list\n")
-        sys.exit(2)
-    for name in names:
-        t0 = time.time()
-        res = run_case(name, all_cases[name])
-        out = os.path.join(common.FIXTURES, "fsdp2", f"{name}.json")
-        common.write_json(out, res)
-        n = collections.Counter(c["kind"] for c in res["collectives"])
-        print(f"fsdp2 {name}: {dict(n)} peak={res['memory']['peak_bytes']} B "
-              f"({time.time() - t0:.1f}s) -> {os.path.relpath(out, common.REPO)}", flush=True)
+    common.case_main(argv, cases_mod.all_cases(), run_case, "fsdp2")
 
 
 if __name__ == "__main__":
