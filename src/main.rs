@@ -446,6 +446,9 @@ fn write_atomic(path: &Path, text: &str) -> Result<()> {
 fn load_plan(path: &Path) -> Result<Plan> {
     let text = read(path)?;
     let file = path.display();
+    if !(text.contains("plan_hash") && text.contains("format_version")) {
+        bail!(UserError(format!("{file}: not a compiled plan (`fsdp-plan compile MODEL -o PLAN.ron` makes one; `diff MODEL --policy A --policy B` compares two policies of a model)")));
+    }
     let plan: Plan = if text.trim_start().starts_with('{') {
         serde_json::from_str(&text).map_err(|e| json_error(path, &text, "not a valid plan: ", e))?
     } else {
@@ -776,7 +779,10 @@ fn refuse_plan_options(cli: &Cli, m: &clap::ArgMatches) -> Result<()> {
     let plan = match &cli.cmd {
         Cmd::Run(r) if r.model.is_some() || is_plan_file(&r.file) => &r.file,
         Cmd::Trace(v) | Cmd::Plot(v) if is_plan_file(&v.input) => &v.input,
-        Cmd::Diff(d) if d.files.len() == 2 => &d.files[0],
+        Cmd::Diff(d) if d.files.len() == 2 => match d.files.iter().find(|f| is_plan_file(f)) {
+            Some(plan) => plan,
+            None => return Ok(()),
+        },
         _ => return Ok(()),
     };
     let Some((_, sub)) = m.subcommand() else { return Ok(()) };

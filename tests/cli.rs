@@ -189,6 +189,9 @@ fn json_plans_and_options_beside_a_plan() {
     // the defaults typed out are still typed: a plan's options are its own
     let (code, _, err) = run(&["trace", r.to_str().unwrap(), "--world-size", "8", "-o", out.to_str().unwrap()]);
     assert!(code == 2 && err.contains("--world-size would be ignored"), "{err}");
+    // two models are not two plans: said so, and the options are not blamed
+    let (code, _, err) = run(&["diff", "models/tiny-llama.ron", "models/tiny-gpt2.ron", "--world-size", "4"]);
+    assert!(code == 2 && err.contains("models/tiny-llama.ron: not a compiled plan") && !err.contains("would be ignored"), "{err}");
     // JSON errors at a line:column counted from 1, the empty file said so
     let e = d.join("empty.json");
     std::fs::write(&e, "").unwrap();
