@@ -397,7 +397,7 @@ fn load_model(path: &Path) -> Result<Model> {
     } else {
         fsdp_ir::parse_model(&text, &file)
     };
-    m.map_err(|e| match text.contains("plan_hash") && text.contains("format_version") {
+    m.map_err(|e| match looks_like_plan(&text) {
         true => user(format!("{file}: this is a compiled plan, not a model: give it as the plan (`trace`, `plot`, `diff`, `run`), with --model MODEL if its model is not models/<name>.ron")),
         false => user(e),
     })
@@ -446,7 +446,7 @@ fn write_atomic(path: &Path, text: &str) -> Result<()> {
 fn load_plan(path: &Path) -> Result<Plan> {
     let text = read(path)?;
     let file = path.display();
-    if !(text.contains("plan_hash") && text.contains("format_version")) {
+    if !looks_like_plan(&text) {
         bail!(UserError(format!("{file}: not a compiled plan (`fsdp-plan compile MODEL -o PLAN.ron` makes one; `diff MODEL --policy A --policy B` compares two policies of a model)")));
     }
     let plan: Plan = if text.trim_start().starts_with('{') {
@@ -461,15 +461,13 @@ fn load_plan(path: &Path) -> Result<Plan> {
     Ok(plan)
 }
 
-/// A JSON file's error at its line:column (serde_json counts columns from 0 at a line's
-/// start: an empty file is `1:0`), without serde_json's own "at line L column C".
+/// A JSON file's error at its line:column ([`fsdp_ir::error::json_position`]).
 fn json_error(path: &Path, text: &str, what: &str, e: serde_json::Error) -> anyhow::Error {
     if text.trim().is_empty() {
         return user(format!("{}: empty file (expected JSON)", path.display()));
     }
-    let msg = e.to_string();
-    let msg = msg.strip_suffix(&format!(" at line {} column {}", e.line(), e.column())).unwrap_or(&msg);
-    user(format!("{}:{}:{}: {what}{msg}", path.display(), e.line(), e.column().max(1)))
+    let (line, col, msg) = fsdp_ir::error::json_position(&e);
+    user(format!("{}:{line}:{col}: {what}{msg}", path.display()))
 }
 
 /// `--timeout-s`: a positive number of seconds, at most 10⁹ (a `Duration`).
@@ -1057,7 +1055,12 @@ fn load_plan_and_model(path: &Path, model: Option<&Path>) -> Result<(Plan, Model
 
 /// A compiled plan (RON or JSON, as `compile` writes it) rather than a model or HF config.
 fn is_plan_file(path: &Path) -> bool {
-    path.extension().is_some_and(|e| e == "ron" || e == "json") && std::fs::read_to_string(path).is_ok_and(|t| t.contains("plan_hash") && t.contains("format_version"))
+    path.extension().is_some_and(|e| e == "ron" || e == "json") && std::fs::read_to_string(path).is_ok_and(|t| looks_like_plan(&t))
+}
+
+/// Whether a file's text has a plan's fields (which no model or HF config has).
+fn looks_like_plan(text: &str) -> bool {
+    text.contains("plan_hash") && text.contains("format_version")
 }
 
 /// The plan, hardware and predicted time of `trace` / `plot`.

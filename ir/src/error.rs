@@ -36,6 +36,14 @@ pub enum IrError {
     Import { file: String, message: String },
 }
 
+/// A serde_json error's line, column counted from 1 (serde_json counts from 0 at a line's
+/// start, so an empty file is at `1:0`) and message without its own " at line L column C".
+pub fn json_position(e: &serde_json::Error) -> (usize, usize, String) {
+    let m = e.to_string();
+    let message = m.strip_suffix(&format!(" at line {} column {}", e.line(), e.column())).unwrap_or(&m).to_string();
+    (e.line(), e.column().max(1), message)
+}
+
 impl IrError {
     pub fn problems(&self) -> &[Problem] {
         match self {

@@ -241,13 +241,12 @@ pub fn import_hf(text: &str, file: &str, name: &str) -> Result<Model, IrError> {
 /// [`import_hf`] with the parameter dtype forced (e.g. float32 master weights).
 pub fn import_hf_with(text: &str, file: &str, name: &str, dtype_override: Option<DType>) -> Result<Model, IrError> {
     let v: Value = serde_json::from_str(text).map_err(|e| {
-        // serde_json's message ends in its own position; an empty file is at column 0
-        let m = e.to_string();
+        let (line, col, message) = crate::error::json_position(&e);
         let message = match text.trim().is_empty() {
             true => "empty file (expected an HF config.json object)".to_string(),
-            false => m.strip_suffix(&format!(" at line {} column {}", e.line(), e.column())).unwrap_or(&m).to_string(),
+            false => message,
         };
-        IrError::Syntax { file: file.into(), line: e.line(), col: e.column().max(1), message }
+        IrError::Syntax { file: file.into(), line, col, message }
     })?;
     let c = Cfg { v: &v, file };
     if !v.is_object() {
