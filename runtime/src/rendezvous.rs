@@ -448,46 +448,46 @@ mod tests {
         Config { master_addr: "127.0.0.1".into(), master_port: port, rank, world_size: ws, timeout: Duration::from_millis(ms) }
     }
 
-    #[test]
-    fn threads_rendezvous_barrier_exchange() {
+    /// Rendezvous `ws` rank threads (id `[7; 16]`) and run `f(rank, its rendezvous)` on each;
+    /// the results in rank order.
+    fn on_ranks<T: Send + 'static>(ws: usize, f: impl Fn(usize, Rendezvous) -> T + Send + Copy + 'static) -> Vec<T> {
         let port = free_port();
-        let ws = 4;
         let hs: Vec<_> = (0..ws)
             .map(|r| {
                 std::thread::spawn(move || {
                     let rz = rendezvous(&cfg(port, r, ws, 10_000), || Ok([7u8; ID_BYTES])).unwrap();
-                    rz.barrier(Some(Duration::from_secs(10))).unwrap();
-                    let got = rz
-                        .exchange(vec![r as u8], Some(Duration::from_secs(10)), |all| all.iter().map(|p| vec![p[0] * 10, all.len() as u8]).collect())
-                        .unwrap();
-                    (rz.rank, rz.world_size, rz.id, got)
+                    f(r, rz)
                 })
             })
             .collect();
-        for (r, h) in hs.into_iter().enumerate() {
-            let (rank, world, id, got) = h.join().unwrap();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    #[test]
+    fn threads_rendezvous_barrier_exchange() {
+        let ws = 4;
+        let out = on_ranks(ws, |r, rz| {
+            rz.barrier(Some(Duration::from_secs(10))).unwrap();
+            let got = rz
+                .exchange(vec![r as u8], Some(Duration::from_secs(10)), |all| all.iter().map(|p| vec![p[0] * 10, all.len() as u8]).collect())
+                .unwrap();
+            (rz.rank, rz.world_size, rz.id, got)
+        });
+        for (r, (rank, world, id, got)) in out.into_iter().enumerate() {
             assert_eq!((rank, world, id, got), (r, ws, [7u8; ID_BYTES], vec![r as u8 * 10, ws as u8]));
         }
     }
 
     #[test]
     fn ranks_started_with_other_jobs_are_named_on_every_rank() {
-        let port = free_port();
-        let ws = 3;
-        let hs: Vec<_> = (0..ws)
-            .map(|r| {
-                std::thread::spawn(move || {
-                    let rz = rendezvous(&cfg(port, r, ws, 10_000), || Ok([7u8; ID_BYTES])).unwrap();
-                    let same = [("plan", "ab12".to_string()), ("steps", "4".to_string())];
-                    let ok = rz.agree(&same, Some(Duration::from_secs(10)));
-                    let steps = if r == 2 { "3" } else { "4" };
-                    let job = [("plan", if r == 1 { "cd34" } else { "ab12" }.to_string()), ("steps", steps.to_string())];
-                    (ok, rz.agree(&job, Some(Duration::from_secs(10))))
-                })
-            })
-            .collect();
-        for (r, h) in hs.into_iter().enumerate() {
-            let (ok, bad) = h.join().unwrap();
+        let out = on_ranks(3, |r, rz| {
+            let same = [("plan", "ab12".to_string()), ("steps", "4".to_string())];
+            let ok = rz.agree(&same, Some(Duration::from_secs(10)));
+            let steps = if r == 2 { "3" } else { "4" };
+            let job = [("plan", if r == 1 { "cd34" } else { "ab12" }.to_string()), ("steps", steps.to_string())];
+            (ok, rz.agree(&job, Some(Duration::from_secs(10))))
+        });
+        for (r, (ok, bad)) in out.into_iter().enumerate() {
             assert_eq!(ok, Ok(()));
             let e = bad.unwrap_err();
             assert_eq!(e, RdzvError::JobMismatch { rank: r, message: "rank 1 has plan cd34, rank 0 has ab12; rank 2 has steps 3, rank 0 has 4 (start every rank with the same plan file and run options)".into() }, "rank {r}");
