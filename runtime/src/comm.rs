@@ -277,6 +277,11 @@ impl<'a> SubGroup<'a> {
     fn whole(&self) -> bool {
         self.members.len() == self.world.size()
     }
+    /// The group is the whole world of several ranks: its collectives are the world's own
+    /// (and may stay in flight, with the world's device timing).
+    fn delegates(&self) -> bool {
+        self.whole() && self.members.len() > 1
+    }
     /// Every member's tensor, in group order (one world all-gather).
     fn members_inputs(&self, input: &Tensor) -> Result<Vec<Tensor>, RtError> {
         let all = self.world.all_gather(&input.reshape([1, -1]))?;
@@ -292,25 +297,25 @@ impl Collective for SubGroup<'_> {
         self.members.len()
     }
     fn all_gather_start(&self, input: &Tensor) -> Result<Pending, RtError> {
-        match self.whole() && self.members.len() > 1 {
+        match self.delegates() {
             true => self.world.all_gather_start(input),
             false => Ok(Pending::ready(self.all_gather(input)?)),
         }
     }
     fn last_span(&self) -> Option<DeviceSpan> {
-        match self.whole() && self.members.len() > 1 {
+        match self.delegates() {
             true => self.world.last_span(),
             false => None,
         }
     }
     fn reduce_scatter_start(&self, input: &Tensor) -> Result<Pending, RtError> {
-        match self.whole() && self.members.len() > 1 {
+        match self.delegates() {
             true => self.world.reduce_scatter_start(input),
             false => Ok(Pending::ready(self.reduce_scatter_avg(input)?)),
         }
     }
     fn all_reduce_start(&self, input: &Tensor) -> Result<Pending, RtError> {
-        match self.whole() && self.members.len() > 1 {
+        match self.delegates() {
             true => self.world.all_reduce_start(input),
             false => Ok(Pending::ready(self.all_reduce_avg(input)?)),
         }

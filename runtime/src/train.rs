@@ -278,7 +278,10 @@ fn rank_loop(
         let cx = OpCx { train: cx0.train.map(|n| Noise { step: i as u64, ..n }), ..cx0 };
         let mut spans = vec![];
         let mut stats = crate::exec::StepStats { arena: arena.then(Default::default), ..Default::default() };
-        let l = crate::exec::step_timed(plan, model, mesh, &mut rank, &mine, &cx, opt, Some(&mut spans), Some(&mut stats))?;
+        // the op timeline is only written as rank 0's `--trace` (on a GPU it costs an event
+        // per op and a synchronization per step)
+        let timed = cfg.trace.is_some() && g.rank() == 0;
+        let l = crate::exec::step_timed(plan, model, mesh, &mut rank, &mine, &cx, opt, timed.then_some(&mut spans), Some(&mut stats))?;
         let peak = world_avg(g, if g.rank() == 0 { stats.peak_bytes as f64 * g.size() as f64 } else { 0.0 }, device)? as u64;
         if g.rank() == 0 {
             *last.lock().unwrap_or_else(|e| e.into_inner()) = LastStep { spans, mem: Some(stats) };
