@@ -1031,7 +1031,7 @@ fn verify_plan(path: &Path, plan: &Plan, model: &Model) -> Result<()> {
         // the lines around their first difference (a unit's line lists all its params)
         let at = g.char_indices().zip(w.chars()).find(|((_, a), b)| a != b).map_or(g.len().min(w.len()), |((k, _), _)| k);
         let around = |l: &str| {
-            let from = l.char_indices().map(|(k, _)| k).filter(|&k| k <= at.saturating_sub(40)).last().unwrap_or(0);
+            let from = l.char_indices().map(|(k, _)| k).rfind(|&k| k <= at.saturating_sub(40)).unwrap_or(0);
             let t: String = l[from..].chars().take(100).collect();
             format!("{}{}{}", if from > 0 { "…" } else { "" }, t.trim(), if l[from..].chars().count() > 100 { "…" } else { "" })
         };

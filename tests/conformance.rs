@@ -114,7 +114,6 @@ pub fn options_of(f: &Value) -> Options {
             Some("sgd") => Optimizer::Sgd,
             Some(x) => panic!("fixture optimizer {x}"),
         },
-        ..Options::default()
     }
 }
 

@@ -5,6 +5,7 @@
 use fsdp_planner::{BackwardPrefetch, Layout, Options, Policy};
 use proptest::prelude::*;
 
+#[allow(clippy::too_many_arguments)]
 fn config(layers: u64, heads: u64, kv_div: u64, head_dim: u64, vocab: u64, inter: u64, tied: bool, arch: usize) -> String {
     let (a, t) = [("LlamaForCausalLM", "llama"), ("Qwen2ForCausalLM", "qwen2"), ("MixtralForCausalLM", "mixtral"), ("GPT2LMHeadModel", "gpt2")][arch];
     let d = heads * head_dim;

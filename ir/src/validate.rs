@@ -93,7 +93,7 @@ fn check_params<'a>(cx: &mut Ctx<'a>) -> HashMap<&'a str, &'a Param> {
         if p.shape.is_empty() {
             cx.err(&item, "0-dim parameters are not supported (FSDP2 rejects scalar parameters)");
         }
-        if p.shape.iter().any(|&d| d == 0) {
+        if p.shape.contains(&0) {
             cx.err(&item, format!("zero-sized dimension in shape {:?}", p.shape));
         }
         if p.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).is_none() {

@@ -143,16 +143,14 @@ pub fn check_schedule(
             }
         }
         match &op.kind {
-            OpKind::Forward { op: name, .. } | OpKind::Backward { op: name, .. } | OpKind::Recompute { op: name, .. } => {
-                if !no_shard {
-                    for &u in resolve(name).map(|k| op_params[k].as_slice()).unwrap_or(&[]) {
-                        if unsharded_live[u] == 0 {
-                            return Err(fail(format!(
-                                "{} reads params of {} while it is sharded (not gathered before use)",
-                                op.id,
-                                units[u].label()
-                            )));
-                        }
+            OpKind::Forward { op: name, .. } | OpKind::Backward { op: name, .. } | OpKind::Recompute { op: name, .. } if !no_shard => {
+                for &u in resolve(name).map(|k| op_params[k].as_slice()).unwrap_or(&[]) {
+                    if unsharded_live[u] == 0 {
+                        return Err(fail(format!(
+                            "{} reads params of {} while it is sharded (not gathered before use)",
+                            op.id,
+                            units[u].label()
+                        )));
                     }
                 }
             }

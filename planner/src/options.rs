@@ -242,7 +242,7 @@ impl Options {
             return Err(opt_err("--grad-accum", format!("{} is more than {MAX_GRAD_ACCUM} micro-batches", self.grad_accum)));
         }
         if let Strategy::HybridShard { shard_size } = self.strategy {
-            if shard_size == 0 || self.world_size % shard_size != 0 {
+            if shard_size == 0 || !self.world_size.is_multiple_of(shard_size) {
                 return Err(opt_err(
                     "--shard-group-size",
                     format!("{shard_size} must divide the world size {}", self.world_size),

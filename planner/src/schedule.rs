@@ -303,7 +303,7 @@ impl B<'_> {
             return;
         }
         let rs_bytes = if flat {
-            if real_numel % ws != 0 || rd != orig {
+            if !real_numel.is_multiple_of(ws) || rd != orig {
                 numel * rd.size()
             } else {
                 0

@@ -125,7 +125,7 @@ pub fn build_units(model: &Model, wrapped: &[String], opts: &Options) -> Result<
             }
         }
     }
-    for (primary, names) in &names_by_primary {
+    for names in names_by_primary.values() {
         let mut us: Vec<usize> = names.iter().map(|n| param_cover(n)).collect();
         us.sort_unstable();
         us.dedup();
@@ -135,7 +135,7 @@ pub fn build_units(model: &Model, wrapped: &[String], opts: &Options) -> Result<
                 .map(|&u| if u == 0 { "root".to_string() } else { wrapped[u - 1].clone() })
                 .collect();
             return Err(PlanError::TiedAcrossUnits {
-                param: names.join(" = ").replace(primary, primary),
+                param: names.join(" = "),
                 units: labels.join(", "),
             });
         }

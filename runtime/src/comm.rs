@@ -14,7 +14,7 @@ use tch::Tensor;
 pub struct Pending {
     out: Option<Tensor>,
     keep: Option<Tensor>,
-    done: Option<crate::cuda::Event>,
+    done: Option<Arc<crate::cuda::Event>>,
     /// The device whose context `done` belongs to (made current before waiting).
     device: Option<Arc<crate::cuda::Device>>,
     held: bool,
@@ -27,7 +27,7 @@ impl Pending {
     }
     /// `out`, written by work on `device` that `done` marks the end of; `keep` stays alive
     /// until then.
-    pub fn in_flight(out: Tensor, keep: Tensor, done: crate::cuda::Event, device: Arc<crate::cuda::Device>) -> Pending {
+    pub fn in_flight(out: Tensor, keep: Tensor, done: Arc<crate::cuda::Event>, device: Arc<crate::cuda::Device>) -> Pending {
         Pending { out: Some(out), keep: Some(keep), done: Some(done), device: Some(device), held: false }
     }
     /// A result that is there but treated as in flight ([`Pending::is_ready`] is false): the

@@ -123,11 +123,11 @@ mod imp {
     unsafe impl Send for Watched {}
     unsafe impl Sync for Watched {}
 
+    /// The group's stream and what orders it with libtorch's (the communicator is
+    /// [`Watched::comm`]); used under the group's mutex, one collective at a time.
     struct Inner {
-        comm: sys::ncclComm_t,
         stream: Stream,
         ready: Event,
-        done: Event,
         compute: Stream,
     }
 
@@ -182,10 +182,11 @@ mod imp {
         /// Collective over this group: every rank calls it, with splits in the same order.
         /// The new group has its own stream.
         pub fn split(&self, color: usize, key: usize) -> Result<NcclGroup, CudaError> {
-            let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            let _g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            self.usable("ncclCommSplit")?;
             let device = Device::new(self.device.ordinal)?;
             let mut comm: sys::ncclComm_t = std::ptr::null_mut();
-            unsafe { sys::ncclCommSplit(g.comm, color as i32, key as i32, &mut comm, std::ptr::null_mut()) }.result().map_err(nccl_err("ncclCommSplit"))?;
+            unsafe { sys::ncclCommSplit(self.watched.comm, color as i32, key as i32, &mut comm, std::ptr::null_mut()) }.result().map_err(nccl_err("ncclCommSplit"))?;
             let (rank, size) = unsafe { (result::comm_user_rank(comm), result::comm_count(comm)) };
             let (rank, size) = (rank.map_err(nccl_err("ncclCommUserRank"))? as usize, size.map_err(nccl_err("ncclCommCount"))? as usize);
             NcclGroup::assemble(rank, size, device, comm)
@@ -196,10 +197,9 @@ mod imp {
         fn assemble(rank: usize, size: usize, device: Device, comm: sys::ncclComm_t) -> Result<NcclGroup, CudaError> {
             let stream = Stream::new(&device)?;
             let ready = Event::new(&device, false)?;
-            let done = Event::new(&device, false)?;
             let compute = Stream::legacy_default()?;
             let watched = Arc::new(Watched { comm, aborted: AtomicBool::new(false), ledger: Ledger::default(), label: format!("NCCL group of {size} (here rank {rank}) on cuda:{}", device.ordinal) });
-            Ok(NcclGroup { rank, size, inner: Mutex::new(Inner { comm, stream, ready, done, compute }), watched, last: Mutex::new(None), device: Arc::new(device) })
+            Ok(NcclGroup { rank, size, inner: Mutex::new(Inner { stream, ready, compute }), watched, last: Mutex::new(None), device: Arc::new(device) })
         }
 
         /// Refuses a communicator the watchdog aborted.
@@ -217,14 +217,15 @@ mod imp {
             Ok(start)
         }
 
-        /// Records a collective just issued on the group's stream (after `start`): its end
-        /// for the watchdog, its span for a measured timeline.
-        fn issued(&self, g: &Inner, start: Arc<Event>, what: &str, numel: i64) -> Result<(), CudaError> {
+        /// Records the end of a collective just issued on the group's stream (after
+        /// `start`): for the watchdog, as the span of a measured timeline, and returned for
+        /// whatever waits for the collective.
+        fn issued(&self, g: &Inner, start: Arc<Event>, what: &str, numel: i64) -> Result<Arc<Event>, CudaError> {
             let end = Arc::new(Event::new(&self.device, true)?);
             end.record(&g.stream)?;
             self.watched.ledger.push(format!("{what} of {numel} elements"), start.clone(), end.clone());
-            *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((start, end));
-            Ok(())
+            *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((start, end.clone()));
+            Ok(end)
         }
 
         /// See [`crate::comm::Collective::last_span`].
@@ -249,19 +250,19 @@ mod imp {
         }
 
         /// Enqueues `op(send, recv, comm, stream)` on the group's stream after the compute
-        /// stream's work so far, between timing events, then `after`. Should anything fail
+        /// stream's work so far, between timing events, then `after` with the end event. Should anything fail
         /// once NCCL may have the buffers, the group's stream is synchronized before the
         /// error returns, so that no buffer is freed (and reused) under NCCL.
-        fn enqueue(&self, g: &Inner, send: &Tensor, recv: &Tensor, what: &str, op: impl FnOnce(*const std::ffi::c_void, *mut std::ffi::c_void, sys::ncclComm_t, sys::cudaStream_t) -> Result<result::NcclStatus, result::NcclError>, after: impl FnOnce(&Inner) -> Result<(), CudaError>) -> Result<(), CudaError> {
+        fn enqueue<T>(&self, g: &Inner, send: &Tensor, recv: &Tensor, what: &str, op: impl FnOnce(*const std::ffi::c_void, *mut std::ffi::c_void, sys::ncclComm_t, sys::cudaStream_t) -> Result<result::NcclStatus, result::NcclError>, after: impl FnOnce(&Inner, &Arc<Event>) -> Result<T, CudaError>) -> Result<T, CudaError> {
             self.usable(what)?;
             self.device.bind()?;
             g.ready.record(&g.compute)?;
             g.stream.wait(&g.ready)?;
             let start = self.starting(g)?;
-            let r = op(send.data_ptr() as *const _, recv.data_ptr(), g.comm, g.stream.raw() as sys::cudaStream_t)
+            let r = op(send.data_ptr() as *const _, recv.data_ptr(), self.watched.comm, g.stream.raw() as sys::cudaStream_t)
                 .map_err(nccl_err(what))
                 .and_then(|_| self.issued(g, start, what, send.numel().max(recv.numel()) as i64))
-                .and_then(|_| after(g));
+                .and_then(|end| after(g, &end));
             if r.is_err() {
                 let _ = g.stream.synchronize();
             }
@@ -271,10 +272,7 @@ mod imp {
         /// Runs `op` on the group's stream, ordered after and before the compute stream's work.
         fn run(&self, send: &Tensor, recv: &Tensor, what: &str, op: impl FnOnce(*const std::ffi::c_void, *mut std::ffi::c_void, sys::ncclComm_t, sys::cudaStream_t) -> Result<result::NcclStatus, result::NcclError>) -> Result<(), CudaError> {
             let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-            self.enqueue(&g, send, recv, what, op, |g| {
-                g.done.record(&g.stream)?;
-                g.compute.wait(&g.done)
-            })
+            self.enqueue(&g, send, recv, what, op, |g, end| g.compute.wait(end))
         }
 
         /// `op` left in flight on the group's stream: it starts after the compute stream's
@@ -285,10 +283,8 @@ mod imp {
         /// compute kernel still uses its memory when NCCL writes it.
         fn run_in_flight(&self, send: Tensor, recv: Tensor, what: &str, op: impl FnOnce(*const std::ffi::c_void, *mut std::ffi::c_void, sys::ncclComm_t, sys::cudaStream_t) -> Result<result::NcclStatus, result::NcclError>) -> Result<crate::comm::Pending, CudaError> {
             let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-            self.device.bind()?;
-            let done = Event::new(&self.device, false)?;
-            self.enqueue(&g, &send, &recv, what, op, |g| done.record(&g.stream))?;
-            Ok(crate::comm::Pending::in_flight(recv, send, done, self.device.clone()))
+            let end = self.enqueue(&g, &send, &recv, what, op, |_, end| Ok(end.clone()))?;
+            Ok(crate::comm::Pending::in_flight(recv, send, end, self.device.clone()))
         }
 
         /// An all-gather left in flight until the copy-out that needs it.
@@ -411,14 +407,13 @@ mod imp {
                 return;
             }
             let _ = self.device.bind();
-            let g = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
             // ncclCommDestroy waits for the communicator's pending work: when that does not
             // finish (an error path with a peer gone), abort instead of hanging
             unsafe {
                 if self.watched.ledger.drain(DRAIN) {
-                    let _ = result::comm_destroy(g.comm);
+                    let _ = result::comm_destroy(self.watched.comm);
                 } else {
-                    let _ = sys::ncclCommAbort(g.comm);
+                    let _ = sys::ncclCommAbort(self.watched.comm);
                 }
             }
         }

@@ -372,7 +372,7 @@ fn attention(cx: &OpCx, op: &Op, inputs: &[&Tensor], h: i64, kv: i64, hd: i64, w
         }
         Attn::Eager => {
             let scale = (hd as f64).powf(-0.5);
-            let mut scores = q.matmul(&k.transpose(-1, -2)) * scale;
+            let scores = q.matmul(&k.transpose(-1, -2)) * scale;
             let m = match mask {
                 Some(m) => m,
                 None => {
@@ -380,7 +380,7 @@ fn attention(cx: &OpCx, op: &Op, inputs: &[&Tensor], h: i64, kv: i64, hd: i64, w
                     Tensor::zeros([s, s], (cx.kind, q.device())).masked_fill(&ones.triu(1), f64::NEG_INFINITY)
                 }
             };
-            scores = scores + m;
+            let scores = scores + m;
             let probs = up(&scores).softmax(-1, None::<Kind>).to_kind(cx.kind);
             let probs = match &drop {
                 Some(key) => dropout(&probs, key, &op.name, p),

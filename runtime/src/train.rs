@@ -357,7 +357,8 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, on_step: impl FnMut(
     let start = Instant::now();
     // Tensors are Send but not Sync: each rank thread gets its own handles.
     type Mesh = (CpuGroup, CpuGroup, CpuGroup);
-    let per_rank: Vec<(Mesh, HashMap<String, Tensor>, Vec<Vec<Tensor>>)> = groups
+    type RankInput = (Mesh, HashMap<String, Tensor>, Vec<Vec<Tensor>>);
+    let per_rank: Vec<RankInput> = groups
         .into_iter()
         .map(|m| {
             let w: HashMap<String, Tensor> = full.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();

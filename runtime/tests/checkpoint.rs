@@ -122,7 +122,8 @@ fn weights_files_are_checked_by_name() {
     let base: Vec<(String, Tensor)> = Tensor::read_safetensors(&src).unwrap();
     assert!(Params::from_safetensors(&tied, &src).is_ok());
     let emb = |named: &[(String, Tensor)]| named.iter().find(|(n, _)| n == "model.embed_tokens.weight").unwrap().1.shallow_clone();
-    let write = |name: &str, f: &dyn Fn(&mut Vec<(String, Tensor)>)| {
+    type Edit<'a> = &'a dyn Fn(&mut Vec<(String, Tensor)>);
+    let write = |name: &str, f: Edit| {
         let mut v: Vec<(String, Tensor)> = base.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
         f(&mut v);
         let p = d.join(name);
