@@ -46,6 +46,11 @@ pub struct OpMem {
     /// A composite op whose autograd nodes release their saved tensors one by one: they are
     /// gone before the op's last grads (the param grads) are made.
     pub release_saved_first: bool,
+    /// The first this many of `saved` belong to the autograd node the op's backward runs
+    /// first: they are released as soon as that node has made its grad (the first of
+    /// `bwd_scratch`), before the next node's (the loss: nll_loss's target and total weight go
+    /// before log_softmax's backward runs).
+    pub first_node_saved: usize,
 }
 
 /// Context shared by all ops of a step.
@@ -250,9 +255,10 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             let logits = tok * vocab;
             m.out = Some(t(1, DType::Float32, "loss"));
             m.saves_inputs = vec![false, false];
-            m.saved.push(t(logits, DType::Float32, "log_softmax"));
             m.saved.push(t(tok, DType::Int64, "shifted labels"));
             m.saved.push(t(1, DType::Float32, "nll total_weight"));
+            m.first_node_saved = 2;
+            m.saved.push(t(logits, DType::Float32, "log_softmax"));
             if cd != DType::Float32 {
                 m.fwd_scratch.push(t(logits, DType::Float32, "logits upcast"));
             }
@@ -289,27 +295,42 @@ fn attention(cx: &Ctx, op: &Op, m: &mut OpMem, heads: u64, kv: u64, hd: u64, dro
     if cx.attn == AttnImpl::Eager || use_math {
         // matmul(q, k^T) * scaling (+ mask) -> softmax (f32 in Llama-family, saved)
         // -> .to(dtype) -> dropout -> matmul(probs, v) -> transpose().contiguous().
+        let probs_dtype = if fused { cd } else { DType::Float32 };
+        let cast = probs_dtype != cd;
+        // What matmul(probs, v) saves, the first node of the backward: released once it ran,
+        // before softmax's backward (measured, Llama-3-70B eager: the peak is there).
+        if dropout > 0.0 {
+            m.saved.push(t(scores, cd, "attention probs dropped"));
+        } else if cast {
+            m.saved.push(t(scores, cd, "attention probs cast"));
+        }
         if gqa && !fused {
             // repeat_kv's expand+reshape copies are what the matmuls save; the pre-repeat
             // k and v are not saved (measured: Llama/Qwen2/Mistral GQA, eager).
             m.saves_inputs = vec![true, false, false];
-            m.saved.push(t(b * s * heads * hd, cd, "repeat_kv keys"));
             m.saved.push(t(b * s * heads * hd, cd, "repeat_kv values"));
         }
-        let probs_dtype = if fused { cd } else { DType::Float32 };
-        m.saved.push(t(scores, probs_dtype, "attention probs"));
-        if probs_dtype != cd {
-            m.saved.push(t(scores, cd, "attention probs cast"));
+        m.first_node_saved = m.saved.len();
+        if gqa && !fused {
+            m.saved.push(t(b * s * heads * hd, cd, "repeat_kv keys"));
         }
+        m.saved.push(t(scores, probs_dtype, "attention probs"));
         if dropout > 0.0 {
             m.saved.push(cx.dropout_mask(scores));
-            m.saved.push(t(scores, cd, "attention probs dropped"));
         }
         m.fwd_scratch.push(t(scores, cd, "attention scores"));
         m.fwd_scratch.push(t(scores, cd, "attention scaled scores"));
         m.fwd_scratch.push(t(q, cd, "attention output (bhsd)"));
+        // the grads down the chain, each alive with the next only: probs (matmul's), then
+        // dropout's, the f32 upcast, softmax's, and the scores' (cast back, scaled)
         m.bwd_scratch.push(t(scores, cd, "attention probs grad"));
-        m.bwd_scratch.push(t(scores, DType::Float32, "softmax grad"));
+        if dropout > 0.0 {
+            m.bwd_scratch.push(t(scores, cd, "dropout grad"));
+        }
+        if cast {
+            m.bwd_scratch.push(t(scores, DType::Float32, "attention probs grad (f32)"));
+        }
+        m.bwd_scratch.push(t(scores, probs_dtype, "softmax grad"));
         m.bwd_scratch.push(t(scores, cd, "scores grad"));
     } else {
         // Flash-style kernels keep the output and a float32 log-sum-exp [b, h, s].

@@ -54,6 +54,9 @@ struct B<'a> {
     /// Per model op, its params that have an owner: (primary param index, owning unit).
     op_params: Vec<Vec<(usize, UnitId)>>,
     device: Device,
+    /// The loss the training loop holds (`loss = model(...).loss`): the previous step's or
+    /// micro-batch's until the next forward returns, then that one's.
+    held_loss: Option<BufferId>,
 }
 
 /// Concatenates name parts (cheaper than `format!` for the ~10⁶ buffer names of big models).
@@ -497,6 +500,7 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
             })
             .collect(),
         device: opts.device,
+        held_loss: None,
     };
     setup(&mut b, &cx);
     let k = opts.grad_accum;
@@ -525,6 +529,10 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
     for g in std::mem::take(&mut b.sharded_grads) {
         b.free(g);
     }
+    // (the step's loss goes once the next step's forward returns: the setup's buffer)
+    if let Some(l) = b.held_loss.take() {
+        b.free(l);
+    }
     Schedule {
         ops: b.ops,
         buffers: b.buffers,
@@ -534,6 +542,11 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
 fn setup(b: &mut B, cx: &Ctx) {
     let opts = b.opts;
     b.op(OpKind::Setup, Stream::Compute, vec![]);
+    // the previous step's loss, still held by the training loop until this step's forward
+    // returns (FSDPMemTracker counts it as activation)
+    if let Some(o) = loss_of(b.model, cx) {
+        b.held_loss = Some(b.alloc("loss of the previous step (held by the training loop)".into(), Category::Activation, o.bytes(), None));
+    }
     let ws = opts.shard_size();
     for u in b.units {
         if u.params.is_empty() {
@@ -611,6 +624,9 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
     let mut out_buf: Vec<Option<BufferId>> = vec![None; mems.len()];
     let mut remaining: Vec<usize> = tz.consumers.iter().map(|c| c.len()).collect();
     let mut mask: Option<BufferId> = None;
+    let mut positions: Option<BufferId> = None;
+    let mut positions_until = usize::MAX;
+    let checkpointed = region.iter().position(|r| r.is_some());
     let mut first_attn: Option<usize> = None;
     let fwd_prefetch = b.opts.forward_prefetch as usize;
     // Forward order of non-root units (first op of each).
@@ -669,6 +685,17 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
                 first_attn = Some(i);
             }
         }
+        if let fsdp_ir::OpKind::RotaryEmbedding { .. } = &op.kind {
+            // HF's decoder models make position_ids (arange(seq) + past, int64) before the
+            // rotary embedding; it lives for the model's forward and, as an input of every
+            // checkpointed layer, until the first one's backward
+            if positions.is_none() {
+                positions = Some(b.alloc(cat(&[&op.name, " position ids"]), Category::Activation, cx.dims.seq * DType::Int64.size(), None));
+                // the base model's last op (`model.norm`): its forward returns there
+                let scope = op.name.rsplit_once('.').map_or("", |(p, _)| p);
+                positions_until = model.ops.iter().rposition(|o| o.name.strip_prefix(scope).is_some_and(|r| r.starts_with('.'))).unwrap_or(i);
+            }
+        }
         let m = &mems[i];
         let in_region = region[i].is_some();
         if let Some(o) = m.out {
@@ -702,6 +729,11 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
                 }
             }
         }
+        if i == positions_until && checkpointed.is_none() {
+            if let Some(p) = positions.take() {
+                b.free(p);
+            }
+        }
         // outputs nobody reads and nobody saves (but the loss) die at once
         if tz.alias[i] == i && tz.consumers[i].is_empty() && tz.saved_by[i].is_empty() && !matches!(op.kind, fsdp_ir::OpKind::CrossEntropy { .. }) {
             if let Some(buf) = out_buf[i].take() {
@@ -717,6 +749,9 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
             mask = None;
         }
     }
+    if let (Some(p), Some(first)) = (positions.take(), checkpointed) {
+        saved_map[first].push(p);
+    }
     b.chains = chains;
     while let Some(top) = active.pop() {
         if units[top.index()].is_root() {
@@ -726,6 +761,14 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
             }
         }
         post_forward(b, top);
+    }
+    // `loss = model(...).loss` returns: the loss held so far goes, this one is held (through
+    // the backward and the optimizer step)
+    if let Some(l) = b.held_loss.take() {
+        b.free(l);
+    }
+    if let Some(ce) = model.ops.iter().position(|o| matches!(o.kind, fsdp_ir::OpKind::CrossEntropy { .. })) {
+        b.held_loss = out_buf[tz.alias[ce]].take();
     }
     FwdState {
         saved: saved_map,
@@ -760,6 +803,9 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
     let units = b.units;
     let model = b.model;
     let FwdState { mut saved, mut out_buf } = fs;
+    // `loss.backward()` seeds the graph with ones_like(loss), made before the autograd engine
+    // starts (so the tracker counts it as activation) and held until the engine returns
+    let seed = loss_of(model, cx).map(|o| b.alloc("loss grad seed (ones_like)".into(), Category::Activation, o.bytes(), None));
     let chains = std::mem::take(&mut b.chains);
     // grad buffer of each tensor, with the count of tensors sharing it
     let mut grad: Vec<Option<BufferId>> = vec![None; mems.len()];
@@ -884,18 +930,22 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
             // backward scratch: alive together; freed before the grads when `bwd_scratch_first`,
             // else one at a time beside them
             let mut scratch = vec![];
-            if m.bwd_scratch_first {
-                let v: Vec<BufferId> = m.bwd_scratch.iter().map(|s| b.alloc(cat(&[&op.name, " ", s.what]), Category::Temp, s.bytes(), None)).collect();
-                for x in v {
+            let mut first_node = m.first_node_saved.min(saved[i].len());
+            for s in &m.bwd_scratch {
+                scratch.push(b.alloc(cat(&[&op.name, " ", s.what]), Category::Temp, s.bytes(), None));
+                // the first node has run: its saved tensors go
+                for x in saved[i].drain(..first_node) {
                     b.free(x);
                 }
-            } else {
-                for s in &m.bwd_scratch {
-                    scratch.push(b.alloc(cat(&[&op.name, " ", s.what]), Category::Temp, s.bytes(), None));
-                    if scratch.len() > 1 {
-                        let first = scratch.remove(0);
-                        b.free(first);
-                    }
+                first_node = 0;
+                if scratch.len() > 1 && !m.bwd_scratch_first {
+                    let first = scratch.remove(0);
+                    b.free(first);
+                }
+            }
+            if m.bwd_scratch_first {
+                for x in scratch.drain(..) {
+                    b.free(x);
                 }
             }
             // input grads
@@ -1030,6 +1080,9 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
     if let Some(r) = b.pending_rs.take() {
         b.free(r);
     }
+    if let Some(s) = seed {
+        b.free(s);
+    }
     b.chains = chains;
 }
 
@@ -1043,4 +1096,10 @@ fn leave(b: &mut B, u: UnitId, grad_input: bool, sync: bool, done: &mut HashSet<
     } else {
         deferred.push(u);
     }
+}
+
+/// The loss tensor of the model (its cross-entropy op's output), if it has one.
+fn loss_of(model: &Model, cx: &Ctx) -> Option<crate::activation::T> {
+    let op = model.ops.iter().find(|o| matches!(o.kind, fsdp_ir::OpKind::CrossEntropy { .. }))?;
+    crate::activation::op_mem(cx, op).out
 }
