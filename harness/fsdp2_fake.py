@@ -90,6 +90,8 @@ def run_case(name, case):
                 tracker.count_comms = False
             peak = oracle._breakdown(tracker.get_tracker_snapshot("peak"))
             units = oracle._units(model)
+            if os.environ.get("ORACLE_LIVE"):
+                common.write_json(os.environ["ORACLE_LIVE"], tracker.live_at_peak)
         py_counts = dict(collections.Counter(e["kind"] for e in oracle._Log.events))
         disp = dict(tracker.dispatch_comm_counts)
         assert py_counts == disp, f"python-level collective log {py_counts} != c10d ops at dispatch {disp}"

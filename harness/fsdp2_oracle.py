@@ -37,6 +37,7 @@ from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
 from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
+from torch.utils.weak import WeakIdKeyDictionary  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 from transformers.modeling_layers import GradientCheckpointingLayer  # noqa: E402
 
@@ -194,6 +195,9 @@ class WhereTracker(FSDPMemTracker):
         self.count_comms = False
         self.dispatch_comm_counts = collections.Counter()
         self.trace = []
+        # ORACLE_LIVE: which op made each storage, and the live ones at the newest peak
+        self._made_by = WeakIdKeyDictionary()
+        self.live_at_peak = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if not any(t == DTensor for t in types):
@@ -204,6 +208,12 @@ class WhereTracker(FSDPMemTracker):
         if self.count_comms and os.environ.get("ORACLE_TRACE") and not any(t == DTensor for t in types):
             snap = next(iter(self._curr_mem_snap.values()))
             self.trace.append((str(func), self._fsdp_state.name, {getattr(k, "value", k): v for k, v in snap.items()}))
+        if self.count_comms and os.environ.get("ORACLE_LIVE"):
+            for t in res if isinstance(res, (tuple, list)) else [res]:
+                if isinstance(t, torch.Tensor) and not isinstance(t, DTensor):
+                    st = t.untyped_storage()
+                    if st not in self._made_by:
+                        self._made_by[st] = (str(func), "bw" if self._mod_tracker.is_bw else "fw")
         return res
 
     def _update_peak_stats(self, peak_state):
@@ -224,6 +234,11 @@ class WhereTracker(FSDPMemTracker):
                 "fsdp_state": self._fsdp_state.name,
                 "in_optimizer_step": bool(self._in_opt),
             }
+            if self.count_comms and os.environ.get("ORACLE_LIVE"):
+                self.live_at_peak = sorted(
+                    ({"category": w.reftype.value, "bytes": w.mem_consumed, "made_by": list(self._made_by.get(st, ("before step 2", "")))}
+                     for st, (w, _) in list(self._WINFO.items())),
+                    key=lambda e: (e["category"], -e["bytes"]))
 
     def reset_peak(self):
         cur = self.get_tracker_snapshot("current")
@@ -402,6 +417,8 @@ def _worker(rank, case_name, case, port, outdir):
         common.write_json(os.path.join(outdir, f"rank{rank}.json"), res)
         if os.environ.get("ORACLE_TRACE") and rank == 0:
             common.write_json(os.environ["ORACLE_TRACE"], tracker.trace)
+        if os.environ.get("ORACLE_LIVE") and rank == 0:
+            common.write_json(os.environ["ORACLE_LIVE"], tracker.live_at_peak)
     finally:
         dist.destroy_process_group()
 
