@@ -268,8 +268,8 @@ impl<'a> SubGroup<'a> {
     /// This rank's (shard, replicate) groups of the mesh [`cpu_mesh`] makes: world rank `w` is
     /// shard index `w % shard_size` of replica `w / shard_size`.
     pub fn mesh(world: &'a dyn Collective, shard_size: usize) -> (SubGroup<'a>, SubGroup<'a>) {
-        let (ws, w, s) = (world.size(), world.rank(), shard_size.clamp(1, world.size().max(1)));
-        let (rep, idx) = (w / s, w % s);
+        let ws = world.size();
+        let (rep, idx, s) = mesh_position(world.rank(), ws, shard_size);
         let shard = SubGroup { world, members: (rep * s..rep * s + s).collect(), index: idx };
         let replicate = SubGroup { world, members: (idx..ws).step_by(s).collect(), index: rep };
         (shard, replicate)
@@ -389,17 +389,26 @@ impl Collective for Deferred<'_> {
     }
 }
 
+/// Where world rank `w` of `ws` sits in FSDP2's 2-D (replicate × shard) device mesh whose
+/// shard groups have `shard_size` ranks: (replica, index in its shard group, the shard size
+/// clamped to 1..=ws). Shard groups are runs of consecutive ranks; a replicate group takes
+/// one rank of each.
+pub fn mesh_position(w: usize, ws: usize, shard_size: usize) -> (usize, usize, usize) {
+    let s = shard_size.clamp(1, ws.max(1));
+    (w / s, w % s, s)
+}
+
 /// CPU thread groups for `ws` ranks sharded in groups of `shard_size`: per world rank, its
 /// (world, shard, replicate) handles.
 pub fn cpu_mesh(ws: usize, shard_size: usize) -> Vec<(CpuGroup, CpuGroup, CpuGroup)> {
-    let s = shard_size.max(1);
+    let s = mesh_position(0, ws, shard_size).2;
     let r = ws / s;
     let mut world: Vec<Option<CpuGroup>> = CpuGroup::new(ws).into_iter().map(Some).collect();
     let mut shard: Vec<Vec<Option<CpuGroup>>> = (0..r).map(|_| CpuGroup::new(s).into_iter().map(Some).collect()).collect();
     let mut repl: Vec<Vec<Option<CpuGroup>>> = (0..s).map(|_| CpuGroup::new(r).into_iter().map(Some).collect()).collect();
     (0..ws)
         .filter_map(|w| {
-            let (rep, idx) = (w / s, w % s);
+            let (rep, idx, _) = mesh_position(w, ws, s);
             Some((world[w].take()?, shard[rep][idx].take()?, repl[idx][rep].take()?))
         })
         .collect()

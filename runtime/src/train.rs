@@ -200,10 +200,6 @@ fn check_model(plan: &Plan, model: &Model) -> Result<(), RtError> {
     Ok(())
 }
 
-/// One finished step of one rank: (step number, loss averaged over the world, seconds since
-/// the run began, rank 0's measured peak bytes).
-type StepRow = (usize, f64, f64, u64);
-
 /// Rank 0's last step (its timeline and memory), for the trace and the memory report.
 #[derive(Default)]
 struct LastStep {
@@ -223,7 +219,8 @@ fn world_avg(g: &dyn Collective, x: f64, device: tch::Device) -> Result<f64, RtE
 /// under `fsdp-plan launch`, torchrun or SLURM): start from the full weights or the latest
 /// checkpoint, run the steps on `device`, checkpoint, and agree with every rank on the loss
 /// and rank 0's peak.
-/// `progress`, when given, hears each step as it ends (without its memory breakdown).
+/// `progress`, when given, hears each step as it ends (the reports have no memory breakdown:
+/// [`finish`] adds rank 0's to the last).
 #[allow(clippy::too_many_arguments)]
 fn rank_loop(
     plan: &Plan,
@@ -236,7 +233,7 @@ fn rank_loop(
     start: Instant,
     last: &std::sync::Mutex<LastStep>,
     mut progress: Option<&mut dyn FnMut(&StepReport)>,
-) -> Result<Vec<StepRow>, RtError> {
+) -> Result<Vec<StepReport>, RtError> {
     let g = mesh.world;
     let b = plan.options.batch as i64;
     let opt = Optim::of_plan(plan.options.optimizer, cfg.lr);
@@ -267,6 +264,7 @@ fn rank_loop(
     let arena = cfg.arena && (device == tch::Device::Cpu || crate::shim::cuda_arena_built());
     let last_step = cfg.stop_after.unwrap_or(cfg.steps).min(cfg.steps);
     let mut out = vec![];
+    let mut prev = 0.0;
     for (i, st) in mine_all.iter().enumerate().take(last_step).skip(done) {
         let mine: Vec<HashMap<String, Tensor>> = st
             .iter()
@@ -288,11 +286,12 @@ fn rank_loop(
         }
         let avg = world_avg(g, l, device)?;
         let now = start.elapsed().as_secs_f64();
+        let rep = StepReport { step: i + 1, loss: avg, tokens_per_s: tokens_per_step(plan) / (now - prev).max(1e-9), peak_bytes: peak, memory: None };
+        prev = now;
         if let Some(p) = progress.as_mut() {
-            let prev = out.last().map(|r: &StepRow| r.2).unwrap_or(0.0);
-            p(&StepReport { step: i + 1, loss: avg, tokens_per_s: tokens_per_step(plan) / (now - prev).max(1e-9), peak_bytes: peak, memory: None });
+            p(&rep);
         }
-        out.push((i + 1, avg, now, peak));
+        out.push(rep);
         let n = i + 1;
         if let Some(dir) = &cfg.save {
             if (cfg.save_every > 0 && n % cfg.save_every == 0) || n == cfg.steps {
@@ -319,34 +318,21 @@ fn tokens_per_step(plan: &Plan) -> f64 {
     (o.world_size * o.grad_accum as u64 * o.batch * o.seq) as f64
 }
 
-/// Reports from rank 0's rows; writes the trace of the last step to `trace`.
-fn reports(plan: &Plan, trace: Option<&std::path::Path>, rows: Vec<StepRow>, last: LastStep, mut on_step: impl FnMut(&StepReport)) -> Result<Vec<StepReport>, RtError> {
-    let per_step = tokens_per_step(plan);
+/// The run's reports with rank 0's memory breakdown on the last; writes the trace of the
+/// last step to `trace`.
+fn finish(plan: &Plan, trace: Option<&std::path::Path>, mut reps: Vec<StepReport>, last: LastStep) -> Result<Vec<StepReport>, RtError> {
     if let Some(path) = trace {
         write_trace(plan, &last.spans, path)?;
     }
-    let mut mem = last.mem;
-    let mut prev = 0.0;
-    let steps = rows.len();
-    let mut out = vec![];
-    for (i, (n, loss, t, peak)) in rows.into_iter().enumerate() {
-        let rep = StepReport {
-            memory: if i + 1 == steps { mem.take() } else { None },
-            peak_bytes: peak,
-            step: n,
-            loss,
-            tokens_per_s: per_step / (t - prev).max(1e-9),
-        };
-        prev = t;
-        on_step(&rep);
-        out.push(rep);
+    if let Some(r) = reps.last_mut() {
+        r.memory = last.mem;
     }
-    Ok(out)
+    Ok(reps)
 }
 
 /// Trains with every rank a thread of this process (collectives through
 /// [`crate::comm::CpuGroup`]); returns one report per step.
-pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, on_step: impl FnMut(&StepReport)) -> Result<Vec<StepReport>, RtError> {
+pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl FnMut(&StepReport)) -> Result<Vec<StepReport>, RtError> {
     check_model(plan, model)?;
     let ws = plan.options.world_size as usize;
     let full = initial_weights(model, cfg)?;
@@ -368,11 +354,11 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, on_step: impl FnMut(
         .collect();
     let last = std::sync::Mutex::new(LastStep::default());
     let last = &last;
-    let results: Vec<Result<Vec<StepRow>, RtError>> = std::thread::scope(|sc| {
+    let results: Vec<Result<Vec<StepReport>, RtError>> = std::thread::scope(|sc| {
         let hs: Vec<_> = per_rank
             .into_iter()
             .map(|((g, shard, replicate), full, mine_all)| {
-                sc.spawn(move || -> Result<Vec<StepRow>, RtError> {
+                sc.spawn(move || -> Result<Vec<StepReport>, RtError> {
                     tch::set_num_threads(1);
                     let mesh = crate::comm::Groups { world: &g, shard: &shard, replicate: &replicate };
                     rank_loop(plan, model, cfg, &mesh, tch::Device::Cpu, &full, &mine_all, start, last, None)
@@ -407,7 +393,9 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, on_step: impl FnMut(
     }
     let r0 = oks.into_iter().next().unwrap_or_default();
     let last = std::mem::take(&mut *last.lock().unwrap_or_else(|e| e.into_inner()));
-    reports(plan, cfg.trace.as_deref(), r0, last, on_step)
+    let reps = finish(plan, cfg.trace.as_deref(), r0, last)?;
+    reps.iter().for_each(&mut on_step);
+    Ok(reps)
 }
 
 /// The device and collectives of a rank that runs in its own process.
@@ -459,12 +447,13 @@ pub fn run_process(plan: &Plan, model: &Model, cfg: &RunConfig, env: &crate::lau
             let ordinal = gpu_ordinal(env.local_rank, std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref());
             let world = crate::nccl::NcclGroup::from_rendezvous(&rz, ordinal).map_err(|e| RtError::Comm(format!("rank {}: {e}", env.rank)))?;
             let device = world.device();
-            let s = shard_size.clamp(1, ws);
+            let (replica, index, s) = crate::comm::mesh_position(env.rank, ws, shard_size);
             let split = |color, key| world.split(color, key).map_err(|e| RtError::Comm(format!("rank {}: {e}", env.rank)));
             // hybrid sharding: the mesh's shard and replicate groups are communicators of their
-            // own, split off the world's (world rank w: replica w / s, shard index w % s)
+            // own, split off the world's: a shard group per replica, a replicate group per
+            // shard index, each ordered by the other coordinate
             let hybrid = match s > 1 && s < ws {
-                true => Some((split(env.rank / s, env.rank % s)?, split(s + env.rank % s, env.rank / s)?)),
+                true => Some((split(replica, index)?, split(s + index, replica)?)),
                 false => None,
             };
             let (sub_shard, sub_replicate) = crate::comm::SubGroup::mesh(&world, shard_size);
@@ -493,7 +482,7 @@ pub fn run_process(plan: &Plan, model: &Model, cfg: &RunConfig, env: &crate::lau
     };
     let last = last.into_inner().unwrap_or_else(|e| e.into_inner());
     // (only rank 0 wrote `last`; each step was reported as it ended)
-    reports(plan, cfg.trace.as_deref().filter(|_| env.rank == 0), rows, last, |_| {})
+    finish(plan, cfg.trace.as_deref().filter(|_| env.rank == 0), rows, last)
 }
 
 /// What every rank of a job must have been started with alike ([`Rendezvous::agree`]): the
