@@ -149,21 +149,29 @@ fn check(name: &str, opts: Options, report: &mut String) {
     let (rl, rp) = reference(name, &m, &opts, &data);
     let (sl, sp) = sharded(name, &m, &opts, &data, false);
     let label = format!("{name} ws{} {:?} {:?} {} ga{} ckpt{} {:?}", opts.world_size, opts.strategy, opts.layout, opts.policy, opts.grad_accum, !opts.checkpoint.is_empty(), opts.optimizer);
+    let (worst_l, worst_p) = compare(&label, (&sl, &sp), (&rl, &rp), |_, t| t.shallow_clone());
+    assert!(rl[STEPS - 1] < rl[0], "{label}: training did not lower the loss");
+    *report += &format!("{label:<60} loss {:.6} → {:.6}  worst loss rel {worst_l:.1e}  worst param rel {worst_p:.1e}\n", rl[0], rl[STEPS - 1]);
+}
+
+/// Per-step losses and final parameters (as `view` shows them) within [`TOL`] relative of
+/// the single-device run's; returns the worst loss and parameter errors.
+fn compare(label: &str, got: (&[f64], &HashMap<String, Tensor>), want: (&[f64], &HashMap<String, Tensor>), view: impl Fn(&str, &Tensor) -> Tensor) -> (f64, f64) {
     let mut worst_l: f64 = 0.0;
-    for (i, (a, b)) in sl.iter().zip(&rl).enumerate() {
+    for (i, (a, b)) in got.0.iter().zip(want.0).enumerate() {
         let e = (a - b).abs() / b.abs();
         assert!(e < TOL, "{label}: step {i} loss {a} vs single-device {b} (rel {e:e})");
         worst_l = worst_l.max(e);
     }
     let mut worst_p: f64 = 0.0;
-    for (k, want) in &rp {
-        let got = &sp[k];
-        let e = (got - want).norm().double_value(&[]) / want.norm().double_value(&[]);
+    for (k, want) in want.1 {
+        let got = got.1.get(k).unwrap_or_else(|| panic!("{label}: no final {k}"));
+        let (got, want) = (view(k, got), view(k, want));
+        let e = (&got - &want).norm().double_value(&[]) / want.norm().double_value(&[]);
         assert!(e < TOL, "{label}: final {k} off by {e:e} (relative L2)");
         worst_p = worst_p.max(e);
     }
-    assert!(rl[STEPS - 1] < rl[0], "{label}: training did not lower the loss");
-    *report += &format!("{label:<60} loss {:.6} → {:.6}  worst loss rel {worst_l:.1e}  worst param rel {worst_p:.1e}\n", rl[0], rl[STEPS - 1]);
+    (worst_l, worst_p)
 }
 
 fn opts(ws: u64, layout: Layout, policy: Policy) -> Options {
@@ -379,21 +387,8 @@ fn run_cpu_equals_single_device() {
             .collect();
         let (want_l, want_p) = reference_as(name, &m, &o, &data, Kind::Float, cfg.seed as u64);
         let label = format!("{name} ws{} {:?} {:?} ga{} {:?}", o.world_size, o.strategy, o.layout, o.grad_accum, o.optimizer);
-        let mut worst_l: f64 = 0.0;
         assert_eq!(got_l.len(), RUN_STEPS);
-        for (i, (a, b)) in got_l.iter().zip(&want_l).enumerate() {
-            let e = (a - b).abs() / b.abs();
-            assert!(e < TOL, "{label}: step {i} loss {a} vs single-device {b} (rel {e:e})");
-            worst_l = worst_l.max(e);
-        }
-        let mut worst_p: f64 = 0.0;
-        for (pn, want) in &want_p {
-            let got = got_p.tensors.get(pn).unwrap_or_else(|| panic!("{label}: {pn} missing from the consolidated checkpoint"));
-            let (got, want) = (q_and_v_of_key_bias(pn, got), q_and_v_of_key_bias(pn, want));
-            let e = (&got - &want).norm().double_value(&[]) / want.norm().double_value(&[]);
-            assert!(e < TOL, "{label}: final {pn} off by {e:e} (relative L2)");
-            worst_p = worst_p.max(e);
-        }
+        let (worst_l, worst_p) = compare(&label, (&got_l, &got_p.tensors), (&want_l, &want_p), q_and_v_of_key_bias);
         // the comparison is not vacuous: the weights moved, and the loss fell
         let init = weights(&m, name);
         let moved = want_p.iter().map(|(pn, w)| (w.to_kind(KIND) - &init.tensors[pn]).norm().double_value(&[])).fold(0.0, f64::max);
