@@ -893,7 +893,9 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                     for s in &mems[j].fwd_scratch {
                         b.transient(cat(&[&oj.name, " ", s.what]), Category::Activation, s.bytes());
                     }
-                    saved[j].extend(v);
+                    // (first, as in the forward: `first_node_saved` counts from the front; what
+                    // the region keeps for it, the mask or position ids, goes after)
+                    saved[j].splice(0..0, v);
                     // Non-reentrant checkpointing keeps only what the recomputed ops save:
                     // drop region-internal inputs whose region consumers have all run and
                     // that none of them saves.
