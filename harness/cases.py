@@ -42,6 +42,11 @@ BASE_CASES = {
     "llama_hsdp_ws4": {"model": "tiny-llama", "world_size": 4,
                        "strategy": "hybrid-shard", "shard_group_size": 2},
     "llama_ac_ws2": {"model": "tiny-llama", "world_size": 2, "checkpoint": ["LlamaDecoderLayer"]},
+    # GPT-2 (dropout 0.1, fused qkv, no rotary) under checkpointing, and GQA eager/sdpa with it
+    "gpt2_ac_ws3": {"model": "tiny-gpt2", "world_size": 3, "checkpoint": ["GPT2Block"]},
+    "llama_gqa_ac_ws2": {"model": "tiny-llama-gqa", "world_size": 2, "checkpoint": ["LlamaDecoderLayer"]},
+    "mistral_bf16_ac_ga2_ws2": {"model": "tiny-mistral", "world_size": 2, "checkpoint": ["MistralDecoderLayer"],
+                                "param_dtype": "bfloat16", "reduce_dtype": "float32", "grad_accum": 2},
     "llama_sgd_ws2": {"model": "tiny-llama", "world_size": 2, "optimizer": "sgd"},
     "llama_adamw_ws2": {"model": "tiny-llama", "world_size": 2, "optimizer": "adamw"},
 }

@@ -57,6 +57,9 @@ struct B<'a> {
     /// The loss the training loop holds (`loss = model(...).loss`): the previous step's or
     /// micro-batch's until the next forward returns, then that one's.
     held_loss: Option<BufferId>,
+    /// FSDP2 without gradient sync under mixed precision: each unit's grads, accumulated in
+    /// the reduce dtype (`unsharded_accumulated_grad`, temp to the tracker).
+    accumulated: Vec<Vec<BufferId>>,
 }
 
 /// Concatenates name parts (cheaper than `format!` for the ~10⁶ buffer names of big models).
@@ -238,6 +241,18 @@ impl B<'_> {
         }
         let label = unit.label().to_string();
         let grads = std::mem::take(&mut self.grads[u.index()]);
+        let rd = self.reduce_dtype(unit);
+        // FSDP2 under mixed precision: grads not reduced are kept upcast to the reduce dtype
+        // (`to_accumulated_grad_if_needed`), and the next backward's are added to them at
+        // post-backward entry (`accumulate_unsharded_grad_if_needed`), freeing the new ones
+        let upcast = self.opts.layout == Layout::Fsdp2 && rd != self.param_dtype(unit);
+        let accumulated = std::mem::take(&mut self.accumulated[u.index()]);
+        if upcast && !accumulated.is_empty() {
+            self.op(OpKind::KeepGrads { unit: u }, Stream::Compute, vec![]);
+            for g in &grads {
+                self.free(*g);
+            }
+        }
         self.reshard(u);
         if self.opts.backward_prefetch == BackwardPrefetch::Post {
             // FSDP1 BACKWARD_POST: the post-backward hook reshards, then all-gathers the unit
@@ -249,6 +264,22 @@ impl B<'_> {
                     self.unshard(prev, true);
                 }
             }
+        }
+        if !sync && upcast {
+            if accumulated.is_empty() {
+                self.op(OpKind::KeepGrads { unit: u }, Stream::Compute, vec![]);
+                for g in grads {
+                    let name = format!("{} (accumulated, {rd})", self.buffers[g.index()].name);
+                    let bytes = self.buffers[g.index()].bytes / self.param_dtype(unit).size() * rd.size();
+                    let a = self.alloc(name, Category::Temp, bytes, Some(u));
+                    self.free(g);
+                    self.accumulated[u.index()].push(a);
+                }
+            } else {
+                self.accumulated[u.index()] = accumulated;
+            }
+            self.rekey_grads(u);
+            return;
         }
         if !sync {
             self.op(OpKind::KeepGrads { unit: u }, Stream::Compute, vec![]);
@@ -262,7 +293,6 @@ impl B<'_> {
             self.rekey_grads(u);
             return;
         }
-        let rd = self.reduce_dtype(unit);
         let ws = self.opts.shard_size();
         let flat = self.opts.layout == Layout::Flat;
         let numel = unit.grad_padded_numel;
@@ -284,13 +314,18 @@ impl B<'_> {
         let bwd_dep = self.last_compute();
         self.op(op_kind, stream, vec![bwd_dep]);
         // FSDPMemTracker relabels param grads as "Unsharded Grad" at post-backward entry: the
-        // unit's grads become one buffer of the same bytes.
-        let mut grad_bytes = 0;
-        for g in grads {
-            grad_bytes += self.buffers[g.index()].bytes;
-            self.free(g);
-        }
-        let relabeled = vec![self.alloc(format!("{label} unsharded grads"), Category::UnshardedGrad, grad_bytes, Some(u))];
+        // unit's grads become one buffer of the same bytes. (Accumulated ones are no param's
+        // grad: they stay temp, and this backward's grads were freed into them above.)
+        let relabeled = if accumulated.is_empty() {
+            let mut grad_bytes = 0;
+            for g in grads {
+                grad_bytes += self.buffers[g.index()].bytes;
+                self.free(g);
+            }
+            vec![self.alloc(format!("{label} unsharded grads"), Category::UnshardedGrad, grad_bytes, Some(u))]
+        } else {
+            accumulated
+        };
         self.rekey_grads(u);
         if let Some(p) = prev_rs {
             self.free(p);
@@ -501,6 +536,7 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
             .collect(),
         device: opts.device,
         held_loss: None,
+        accumulated: vec![vec![]; units.len()],
     };
     setup(&mut b, &cx);
     let k = opts.grad_accum;
@@ -676,12 +712,17 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
             Stream::Compute,
             dep,
         );
-        if let fsdp_ir::OpKind::Attention { .. } = &op.kind {
+        if let fsdp_ir::OpKind::Attention { sliding_window, .. } = &op.kind {
             // create_causal_mask: a [batch, 1, seq, seq] float mask for eager, alive during
-            // the forward (SDPA with a sliding window saves a per-layer copy instead).
+            // the forward; for SDPA only with a sliding window shorter than the sequence, a
+            // bool [1, 1, seq, seq] (each layer then saves a float copy of it)
+            let (s, sliding) = (cx.dims.seq, sliding_window.is_some_and(|w| cx.dims.seq > w));
             if mask.is_none() && cx.attn == AttnImpl::Eager {
-                let n = cx.dims.batch * cx.dims.seq * cx.dims.seq;
+                let n = cx.dims.batch * s * s;
                 mask = Some(b.alloc("causal mask".into(), Category::Activation, n * cx.cd.size(), None));
+                first_attn = Some(i);
+            } else if mask.is_none() && cx.attn == AttnImpl::Sdpa && sliding {
+                mask = Some(b.alloc("sliding-window mask (bool)".into(), Category::Activation, s * s * DType::Bool.size(), None));
                 first_attn = Some(i);
             }
         }
