@@ -20,6 +20,7 @@ pub fn describe(op: &ScheduleOp, units: Option<&[Unit]>) -> String {
         OpKind::ReduceScatter { unit, .. } => format!("reduce-scatter {}", label(*unit)),
         OpKind::AllReduce { unit, .. } => format!("all-reduce {}", label(*unit)),
         OpKind::KeepGrads { unit } => format!("keep grads {}", label(*unit)),
+        OpKind::AccumulateGrads { unit } => format!("accumulate grads {}", label(*unit)),
         OpKind::OptimizerStep { unit } => format!("optimizer step {}", label(*unit)),
         OpKind::ZeroGrad => "zero_grad".to_string(),
         OpKind::PhaseEnd => "end of backward".to_string(),

@@ -105,8 +105,12 @@ pub enum OpKind {
     /// Reduce-scatter the unit's gradients (`numel` = the unsharded, padded input).
     ReduceScatter { unit: UnitId, numel: u64, dtype: DType, group: Group },
     AllReduce { unit: UnitId, numel: u64, dtype: DType, group: Group },
-    /// Relabel/keep the unit's unsharded grads (no gradient sync on this micro-batch).
+    /// Relabel/keep the unit's unsharded grads (no gradient sync on this micro-batch); under
+    /// FSDP2 mixed precision, upcast to the reduce dtype (`to_accumulated_grad_if_needed`).
     KeepGrads { unit: UnitId },
+    /// FSDP2 mixed precision after a micro-batch without sync: this backward's grads are added
+    /// into the unit's kept (reduce-dtype) grads and freed (`accumulate_unsharded_grad_if_needed`).
+    AccumulateGrads { unit: UnitId },
     OptimizerStep { unit: UnitId },
     ZeroGrad,
     /// End of a phase: frees what the phase leaves behind (e.g. the last RS input).

@@ -248,7 +248,7 @@ impl B<'_> {
         let upcast = self.opts.layout == Layout::Fsdp2 && rd != self.param_dtype(unit);
         let accumulated = std::mem::take(&mut self.accumulated[u.index()]);
         if upcast && !accumulated.is_empty() {
-            self.op(OpKind::KeepGrads { unit: u }, Stream::Compute, vec![]);
+            self.op(OpKind::AccumulateGrads { unit: u }, Stream::Compute, vec![]);
             for g in &grads {
                 self.free(*g);
             }

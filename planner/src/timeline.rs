@@ -260,7 +260,7 @@ pub fn op_duration(plan: &Plan, model_cost: &CostModel, hw: &Hardware, op: &Sche
             let (k, launches) = cost::optimizer_kernels(plan.unit(*unit), o);
             k.iter().map(|k| k.time(hw)).sum::<f64>() + launches.max(1) as f64 * hw.op_overhead_s
         }
-        OpKind::Setup | OpKind::Reshard { .. } | OpKind::KeepGrads { .. } | OpKind::ZeroGrad | OpKind::PhaseEnd => hw.op_overhead_s,
+        OpKind::Setup | OpKind::Reshard { .. } | OpKind::KeepGrads { .. } | OpKind::AccumulateGrads { .. } | OpKind::ZeroGrad | OpKind::PhaseEnd => hw.op_overhead_s,
     }
 }
 

@@ -475,6 +475,12 @@ fn run_step(
         }
     }
     let mut pgrads: Vec<HashMap<String, Tensor>> = (0..nu).map(|_| HashMap::new()).collect();
+    // FSDP2 under mixed precision without gradient sync: a unit's grads kept upcast to the
+    // reduce dtype across micro-batches (`unsharded_accumulated_grad`), each later backward's
+    // added at its post-backward
+    let mut accumulated: Vec<HashMap<String, Tensor>> = (0..nu).map(|_| HashMap::new()).collect();
+    // the order each unit's param grads were made in (the plan's, for the arena)
+    let mut pgrad_order: Vec<Vec<String>> = vec![vec![]; nu];
     let mut sgrads: Vec<Option<Tensor>> = (0..nu).map(|_| None).collect();
     // hybrid sharding: reduce-scattered grads waiting for their all-reduce across replicas
     let hybrid = matches!(plan.options.strategy, fsdp_planner::Strategy::HybridShard { .. }) && plan.options.replicate_size() > 1;
@@ -552,7 +558,7 @@ fn run_step(
                 env.insert(k.clone(), v.shallow_clone());
             }
         }
-        if !matches!(sop.kind, OpKind::Backward { .. } | OpKind::Recompute { .. } | OpKind::AllGather { .. } | OpKind::CopyOut { .. } | OpKind::Reshard { .. } | OpKind::KeepGrads { .. }) {
+        if !matches!(sop.kind, OpKind::Backward { .. } | OpKind::Recompute { .. } | OpKind::AllGather { .. } | OpKind::CopyOut { .. } | OpKind::Reshard { .. } | OpKind::KeepGrads { .. } | OpKind::AccumulateGrads { .. }) {
             // the next reduction (FSDP2's post-backward: the compute stream waits for the
             // previous one before the next is issued, one in flight at a time), or anything
             // that may need the reduced gradient (the replicas' all-reduce, the optimizer) or
@@ -565,7 +571,25 @@ fn run_step(
             OpKind::PhaseEnd => {
                 last_rs_input = None;
             }
-            OpKind::Setup | OpKind::KeepGrads { .. } => {}
+            OpKind::Setup => {}
+            OpKind::KeepGrads { unit } | OpKind::AccumulateGrads { unit } => {
+                let u = unit.index();
+                let rk = reduce_kind.unwrap_or(rank.shards[u].kind());
+                let grad_kind = param_kind.unwrap_or(rank.shards[u].kind());
+                if plan.options.layout == Layout::Fsdp2 && rk != grad_kind {
+                    tch::no_grad(|| {
+                        for n in std::mem::take(&mut pgrad_order[u]) {
+                            let Some(g) = pgrads[u].remove(&n) else { continue };
+                            match accumulated[u].get_mut(&n) {
+                                Some(a) => *a += g,
+                                None => {
+                                    accumulated[u].insert(n, g.to_kind(rk));
+                                }
+                            }
+                        }
+                    });
+                }
+            }
             OpKind::AllGather { unit, .. } => {
                 // mixed precision: the shard is cast to param_dtype, then gathered
                 let u = unit.index();
@@ -766,7 +790,12 @@ fn run_step(
                                 let mut v = fg.narrow(0, p.offset as i64, p.numel as i64).view_as(&g);
                                 v += g;
                             }),
-                            _ => add_grad(&mut pgrads[u], prim, g),
+                            _ => {
+                                if !pgrads[u].contains_key(prim.as_str()) {
+                                    pgrad_order[u].push(prim.clone());
+                                }
+                                add_grad(&mut pgrads[u], prim, g)
+                            }
                         }
                     }
                 }
@@ -781,9 +810,12 @@ fn run_step(
                     // differs)
                     Some(fg) if fg.kind() == gk => fg,
                     Some(fg) => tch::no_grad(|| fg.to_kind(gk)),
-                    None => tch::no_grad(|| rs_input(plan, u, &pgrads[u], gk))?,
+                    None if accumulated[u].is_empty() => tch::no_grad(|| rs_input(plan, u, &pgrads[u], gk))?,
+                    None => tch::no_grad(|| rs_input(plan, u, &accumulated[u], gk))?,
                 };
                 pgrads[u].clear();
+                pgrad_order[u].clear();
+                accumulated[u].clear();
                 let started = match &sop.kind {
                     // no-shard: the whole gradient, averaged over the world
                     OpKind::AllReduce { .. } => comm.world.all_reduce_start(&input)?,

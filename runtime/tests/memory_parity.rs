@@ -87,6 +87,12 @@ fn measured_peak_is_within_two_percent_of_the_plan() {
             o.param_dtype = fsdp_ir::DType::parse("bf16");
             o.reduce_dtype = fsdp_ir::DType::parse("f32");
         }),
+        // grads of the unsynced micro-batch kept upcast to f32, as FSDP2 does
+        case("tiny-llama", "bf16 params, f32 reduce, grad accumulation 2", |o| {
+            o.param_dtype = fsdp_ir::DType::parse("bf16");
+            o.reduce_dtype = fsdp_ir::DType::parse("f32");
+            o.grad_accum = 2;
+        }),
         case("tiny-llama", "eager attention", |o| o.attn_implementation = Some(fsdp_planner::AttnImpl::Eager)),
         case("tiny-llama", "SGD (no optimizer state)", |o| o.optimizer = fsdp_planner::Optimizer::Sgd),
         case("tiny-llama", "AdamW, ws 3", |o| {
