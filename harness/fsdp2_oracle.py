@@ -236,7 +236,9 @@ class WhereTracker(FSDPMemTracker):
             }
             if self.count_comms and os.environ.get("ORACLE_LIVE"):
                 self.live_at_peak = sorted(
-                    ({"category": w.reftype.value, "bytes": w.mem_consumed, "made_by": list(self._made_by.get(st, ("before step 2", "")))}
+                    # (a storage made inside the op at the peak is not in _made_by yet)
+                    ({"category": w.reftype.value, "bytes": w.mem_consumed,
+                      "made_by": list(self._made_by.get(st, (f"{self._cur_func} at the peak, or before step 2", "")))}
                      for st, (w, _) in list(self._WINFO.items())),
                     key=lambda e: (e["category"], -e["bytes"]))
 

@@ -292,7 +292,25 @@ fn attention(cx: &Ctx, op: &Op, m: &mut OpMem, heads: u64, kv: u64, hd: u64, dro
         AttnImpl::Sdpa => dropout > 0.0 && cx.device == Device::Cpu,
         AttnImpl::FlashAttention2 => false,
     };
-    if cx.attn == AttnImpl::Eager || use_math {
+    if use_math && cx.attn == AttnImpl::Sdpa && cd != DType::Float32 {
+        // SDPA's math kernel on the CPU upcasts half/bf16 to float32 and works in it: it saves
+        // the f32 copies of q (scaled), k and v instead of the inputs, and f32 probs, dropout
+        // mask and dropped probs (measured: GPT-2 bf16, dropout 0.1, harness ORACLE_LIVE).
+        let kvn = if fused { q } else { b * s * kv * hd };
+        m.saves_inputs = vec![false; op.inputs.len()];
+        m.saved.push(t(scores, DType::Float32, "attention probs dropped (f32)"));
+        m.saved.push(t(kvn, DType::Float32, "attention v (f32)"));
+        m.first_node_saved = m.saved.len();
+        m.saved.push(t(q, DType::Float32, "attention q scaled (f32)"));
+        m.saved.push(t(kvn, DType::Float32, "attention k (f32)"));
+        m.saved.push(t(scores, DType::Float32, "attention probs (f32)"));
+        m.saved.push(t(scores, DType::Float32, "dropout noise (f32)"));
+        m.fwd_scratch.push(t(scores, DType::Float32, "attention scores (f32)"));
+        m.fwd_scratch.push(t(q, DType::Float32, "attention output (f32)"));
+        for what in ["attention probs grad (f32)", "dropout grad (f32)", "softmax grad (f32)", "scores grad (f32)"] {
+            m.bwd_scratch.push(t(scores, DType::Float32, what));
+        }
+    } else if cx.attn == AttnImpl::Eager || use_math {
         // matmul(q, k^T) * scaling (+ mask) -> softmax (f32 in Llama-family, saved)
         // -> .to(dtype) -> dropout -> matmul(probs, v) -> transpose().contiguous().
         let probs_dtype = if fused { cd } else { DType::Float32 };
