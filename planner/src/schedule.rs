@@ -270,7 +270,9 @@ impl B<'_> {
                 self.op(OpKind::KeepGrads { unit: u }, Stream::Compute, vec![]);
                 for g in grads {
                     let name = format!("{} (accumulated, {rd})", self.buffers[g.index()].name);
-                    let bytes = self.buffers[g.index()].bytes / self.param_dtype(unit).size() * rd.size();
+                    // (from the param's numel: a buffer's bytes are rounded to the allocator's blocks)
+                    let param = self.unit_params[u.index()].iter().find(|&&k| self.grad_of_param[k] == Some(g));
+                    let bytes = param.map_or(0, |&k| self.model.params[k].numel() * rd.size());
                     let a = self.alloc(name, Category::Temp, bytes, Some(u));
                     self.free(g);
                     self.accumulated[u.index()].push(a);
