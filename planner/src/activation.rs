@@ -43,13 +43,11 @@ pub struct OpMem {
     /// `bwd_scratch` is alive together and freed before the input grads are allocated
     /// (e.g. the loss under mixed precision: two f32 grads, then the low-precision cast).
     pub bwd_scratch_first: bool,
-    /// A composite op whose autograd nodes release their saved tensors one by one: they are
-    /// gone before the op's last grads (the param grads) are made.
-    pub release_saved_first: bool,
     /// The first this many of `saved` belong to the autograd node the op's backward runs
     /// first: they are released as soon as that node has made its grad (the first of
     /// `bwd_scratch`), before the next node's (the loss: nll_loss's target and total weight go
-    /// before log_softmax's backward runs).
+    /// before log_softmax's backward runs). Without `bwd_scratch` they go before the op's
+    /// grads are made (a composite op whose nodes release their saved tensors one by one).
     pub first_node_saved: usize,
 }
 
@@ -246,7 +244,7 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             m.saved.push(t(3 * routed, DType::Int64, "expert sort/scatter indices"));
             m.saved.push(t(routed, DType::Bool, "expert mask"));
             m.saved.push(t(*experts, DType::Int32, "expert offsets"));
-            m.release_saved_first = true;
+            m.first_node_saved = m.saved.len();
         }
         OpKind::CrossEntropy { vocab } => {
             // HF ForCausalLMLoss: logits.float(); labels padded and shifted (contiguous int64);

@@ -966,11 +966,6 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
         b.op(OpKind::Backward { op: op.name.clone(), unit: unit_of_op[i] }, Stream::Compute, dep);
         let me = tz.alias[i];
         let has_grad = tz.differentiable[me] || matches!(op.kind, fsdp_ir::OpKind::CrossEntropy { .. });
-        if m.release_saved_first {
-            for s in std::mem::take(&mut saved[i]) {
-                b.free(s);
-            }
-        }
         if has_grad && m.out.is_some() {
             // backward scratch: alive together; freed before the grads when `bwd_scratch_first`,
             // else one at a time beside them
@@ -992,6 +987,10 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                 for x in scratch.drain(..) {
                     b.free(x);
                 }
+            }
+            // (no scratch: the first node's saved tensors go before the grads)
+            for x in saved[i].drain(..first_node) {
+                b.free(x);
             }
             // input grads
             let pass_through = matches!(op.kind, fsdp_ir::OpKind::Add);
