@@ -57,6 +57,8 @@ struct B<'a> {
     /// The loss the training loop holds (`loss = model(...).loss`): the previous step's or
     /// micro-batch's until the next forward returns, then that one's.
     held_loss: Option<BufferId>,
+    /// The loss: its op (the model's cross-entropy) and bytes.
+    loss: Option<(usize, u64)>,
     /// FSDP2 without gradient sync under mixed precision: each unit's grads, accumulated in
     /// the reduce dtype (`unsharded_accumulated_grad`, temp to the tracker).
     accumulated: Vec<Vec<BufferId>>,
@@ -538,6 +540,11 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
             .collect(),
         device: opts.device,
         held_loss: None,
+        loss: model
+            .ops
+            .iter()
+            .position(|o| matches!(o.kind, fsdp_ir::OpKind::CrossEntropy { .. }))
+            .and_then(|i| Some((i, mems[i].out?.bytes()))),
         accumulated: vec![vec![]; units.len()],
     };
     setup(&mut b, &cx);
@@ -582,8 +589,8 @@ fn setup(b: &mut B, cx: &Ctx) {
     b.op(OpKind::Setup, Stream::Compute, vec![]);
     // the previous step's loss, still held by the training loop until this step's forward
     // returns (FSDPMemTracker counts it as activation)
-    if let Some(o) = loss_of(b.model, cx) {
-        b.held_loss = Some(b.alloc("loss of the previous step (held by the training loop)".into(), Category::Activation, o.bytes(), None));
+    if let Some((_, bytes)) = b.loss {
+        b.held_loss = Some(b.alloc("loss of the previous step (held by the training loop)".into(), Category::Activation, bytes, None));
     }
     let ws = opts.shard_size();
     for u in b.units {
@@ -810,7 +817,7 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
     if let Some(l) = b.held_loss.take() {
         b.free(l);
     }
-    if let Some(ce) = model.ops.iter().position(|o| matches!(o.kind, fsdp_ir::OpKind::CrossEntropy { .. })) {
+    if let Some((ce, _)) = b.loss {
         b.held_loss = out_buf[tz.alias[ce]].take();
     }
     FwdState {
@@ -848,7 +855,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
     let FwdState { mut saved, mut out_buf } = fs;
     // `loss.backward()` seeds the graph with ones_like(loss), made before the autograd engine
     // starts (so the tracker counts it as activation) and held until the engine returns
-    let seed = loss_of(model, cx).map(|o| b.alloc("loss grad seed (ones_like)".into(), Category::Activation, o.bytes(), None));
+    let seed = b.loss.map(|(_, bytes)| b.alloc("loss grad seed (ones_like)".into(), Category::Activation, bytes, None));
     let chains = std::mem::take(&mut b.chains);
     // grad buffer of each tensor, with the count of tensors sharing it
     let mut grad: Vec<Option<BufferId>> = vec![None; mems.len()];
@@ -1140,10 +1147,4 @@ fn leave(b: &mut B, u: UnitId, grad_input: bool, sync: bool, done: &mut HashSet<
     } else {
         deferred.push(u);
     }
-}
-
-/// The loss tensor of the model (its cross-entropy op's output), if it has one.
-fn loss_of(model: &Model, cx: &Ctx) -> Option<crate::activation::T> {
-    let op = model.ops.iter().find(|o| matches!(o.kind, fsdp_ir::OpKind::CrossEntropy { .. }))?;
-    crate::activation::op_mem(cx, op).out
 }
