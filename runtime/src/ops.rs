@@ -364,28 +364,6 @@ fn attention(cx: &OpCx, op: &Op, inputs: &[&Tensor], h: i64, kv: i64, hd: i64, w
         k = k.repeat_interleave_self_int(rep, 1, None);
         v = v.repeat_interleave_self_int(rep, 1, None);
     }
-    // SDPA with dropout on the CPU is its math kernel, which upcasts half/bf16 to float32:
-    // q scaled, k and v copied to f32, softmax, dropout and `@ v` in f32, the output cast back
-    // (what PyTorch computes and saves; the planner's model of it)
-    if drop.is_some() && cx.attn == Attn::Sdpa && q.device() == tch::Device::Cpu && matches!(cx.kind, Kind::Half | Kind::BFloat16) {
-        let scale = (hd as f64).powf(-0.5);
-        let (q, k, v) = (q.to_kind(Kind::Float) * scale, k.to_kind(Kind::Float), v.to_kind(Kind::Float));
-        let scores = q.matmul(&k.transpose(-1, -2));
-        let scores = match mask {
-            Some(m) => scores + m.to_kind(Kind::Float),
-            None => {
-                let ones = Tensor::ones([s, s], (Kind::Bool, q.device()));
-                scores.masked_fill(&ones.triu(1), f64::NEG_INFINITY)
-            }
-        };
-        let probs = scores.softmax(-1, None::<Kind>);
-        let probs = match &drop {
-            Some(key) => dropout(&probs, key, &op.name, p),
-            None => probs,
-        };
-        let o = probs.matmul(&v).to_kind(cx.kind);
-        return Ok(o.transpose(1, 2).reshape([b, s, h * hd]));
-    }
     let o = match attn {
         Attn::Sdpa => {
             let gqa = rep > 1 && mask.is_none();
@@ -394,21 +372,30 @@ fn attention(cx: &OpCx, op: &Op, inputs: &[&Tensor], h: i64, kv: i64, hd: i64, w
         }
         Attn::Eager => {
             let scale = (hd as f64).powf(-0.5);
-            let scores = q.matmul(&k.transpose(-1, -2)) * scale;
+            // SDPA with dropout on the CPU is its math kernel, which upcasts half/bf16 to
+            // float32: q scaled and k, v copied in f32, softmax, dropout and `@ v` in f32, the
+            // output cast back (what PyTorch computes and saves; the planner's model of it).
+            // Eager scales the scores instead, in the activation dtype.
+            let math_up = drop.is_some() && cx.attn == Attn::Sdpa && q.device() == tch::Device::Cpu && matches!(cx.kind, Kind::Half | Kind::BFloat16);
+            let wk = if math_up { Kind::Float } else { cx.kind };
+            let scores = match math_up {
+                true => (q.to_kind(wk) * scale).matmul(&k.to_kind(wk).transpose(-1, -2)),
+                false => q.matmul(&k.transpose(-1, -2)) * scale,
+            };
             let m = match mask {
-                Some(m) => m,
+                Some(m) => m.to_kind(wk),
                 None => {
                     let ones = Tensor::ones([s, s], (Kind::Bool, q.device()));
-                    Tensor::zeros([s, s], (cx.kind, q.device())).masked_fill(&ones.triu(1), f64::NEG_INFINITY)
+                    Tensor::zeros([s, s], (wk, q.device())).masked_fill(&ones.triu(1), f64::NEG_INFINITY)
                 }
             };
             let scores = scores + m;
-            let probs = up(&scores).softmax(-1, None::<Kind>).to_kind(cx.kind);
+            let probs = up(&scores).softmax(-1, None::<Kind>).to_kind(wk);
             let probs = match &drop {
                 Some(key) => dropout(&probs, key, &op.name, p),
                 None => probs,
             };
-            probs.matmul(&v)
+            probs.matmul(&v.to_kind(wk)).to_kind(cx.kind)
         }
     };
     Ok(o.transpose(1, 2).reshape([b, s, h * hd]))
