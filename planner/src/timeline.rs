@@ -330,14 +330,40 @@ pub fn predict(plan: &Plan, model: &Model, hw: &Hardware) -> TimeReport {
     report(plan, hw, cm.model_flops * plan.options.grad_accum as f64, spans)
 }
 
-/// Metrics of simulated spans.
-pub fn report(plan: &Plan, hw: &Hardware, model_flops: f64, spans: Vec<OpSpan>) -> TimeReport {
+/// (step time, compute-stream busy time, summed collective time, exposed communication) of
+/// a step's spans, simulated or measured.
+fn stream_times(spans: &[OpSpan]) -> (f64, f64, f64, f64) {
     let step = spans.iter().map(|s| s.end).fold(0.0, f64::max);
     let compute: Vec<(f64, f64)> = spans.iter().filter(|s| s.stream == Stream::Compute).map(|s| (s.start, s.end)).collect();
     let comm: Vec<(f64, f64)> = spans.iter().filter(|s| s.stream != Stream::Compute).map(|s| (s.start, s.end)).collect();
     let compute_s = compute.iter().map(|x| x.1 - x.0).sum();
     let comm_s = comm.iter().map(|x| x.1 - x.0).sum();
-    let exposed = uncovered(&union(comm), &union(compute));
+    (step, compute_s, comm_s, uncovered(&union(comm), &union(compute)))
+}
+
+/// A measured step (the runtime's timeline of one rank) as a report: the same figures as a
+/// prediction's, without FLOPs or MFU; `hardware` says what measured it.
+pub fn measured(plan: &Plan, hardware: String, spans: Vec<OpSpan>) -> TimeReport {
+    let (step, compute_s, comm_s, exposed) = stream_times(&spans);
+    let o = &plan.options;
+    let tokens = o.batch * o.seq * o.grad_accum as u64;
+    TimeReport {
+        hardware,
+        step_time_s: step,
+        compute_s,
+        exposed_comm_s: exposed,
+        comm_s,
+        mfu: 0.0,
+        model_flops: 0.0,
+        tokens_per_step: tokens,
+        tokens_per_s_per_gpu: tokens as f64 / step.max(1e-12),
+        ops: spans,
+    }
+}
+
+/// Metrics of simulated spans.
+pub fn report(plan: &Plan, hw: &Hardware, model_flops: f64, spans: Vec<OpSpan>) -> TimeReport {
+    let (step, compute_s, comm_s, exposed) = stream_times(&spans);
     let o = &plan.options;
     let tokens = o.batch * o.seq * o.grad_accum as u64;
     let (mfu, tps) = if step > 0.0 {
@@ -530,4 +556,22 @@ pub fn diff_rows(a: &TimeReport, b: &TimeReport) -> String {
     row(&mut s, "MFU", pct(a.mfu), pct(b.mfu));
     row(&mut s, "tokens/s/GPU", thousands(a.tokens_per_s_per_gpu), thousands(b.tokens_per_s_per_gpu));
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{union, uncovered};
+
+    /// Exposed communication is what no compute span covers (hand-computed figures).
+    #[test]
+    fn exposed_communication_is_what_compute_does_not_cover() {
+        let exposed = |comm: Vec<(f64, f64)>, compute: Vec<(f64, f64)>| uncovered(&union(comm), &union(compute));
+        // serial (the CPU runtime): all of it
+        assert_eq!(exposed(vec![(1.0, 2.0), (3.0, 4.0)], vec![(0.0, 1.0), (2.0, 3.0)]), 2.0);
+        // a collective overlapped by compute for half its length, another wholly hidden
+        assert_eq!(exposed(vec![(1.0, 3.0), (4.0, 5.0)], vec![(0.0, 2.0), (3.5, 6.0)]), 1.0);
+        // overlapping collectives on two streams count once; empty spans count nothing
+        assert_eq!(exposed(vec![(0.0, 2.0), (1.0, 3.0), (5.0, 5.0)], vec![(2.5, 2.75)]), 2.75);
+        assert_eq!(exposed(vec![], vec![(0.0, 1.0)]), 0.0);
+    }
 }

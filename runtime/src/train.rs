@@ -520,59 +520,18 @@ pub fn gpu_ordinal(local_rank: usize, cuda_visible_devices: Option<&str>) -> usi
 /// GPU the spans are device timestamps and a collective's is where it ran on NCCL's stream,
 /// so the exposed part is what no compute-stream op covers.
 pub fn measured_report(plan: &Plan, spans: &[(f64, f64)]) -> fsdp_planner::timeline::TimeReport {
-    use fsdp_planner::timeline::{OpSpan, TimeReport};
-    use fsdp_planner::Stream;
+    use fsdp_planner::timeline::OpSpan;
     let ops: Vec<OpSpan> = plan
         .schedule
         .iter()
         .zip(spans)
         .map(|(o, &(start, end))| OpSpan { op: o.id, stream: o.stream, start, end })
         .collect();
-    let step = ops.iter().map(|o| o.end).fold(0.0, f64::max);
-    let comm: f64 = ops.iter().filter(|o| o.stream != Stream::Compute).map(|o| o.end - o.start).sum();
-    let on = |compute: bool| ops.iter().filter(|o| (o.stream == Stream::Compute) == compute).map(|o| (o.start, o.end)).collect::<Vec<_>>();
-    let exposed = uncovered(on(false), &on(true));
-    let tokens = plan.options.batch * plan.options.seq * plan.options.grad_accum as u64;
     let hardware = match plan.options.device {
         fsdp_planner::Device::Cpu => "measured: fsdp-plan CPU runtime, rank 0",
         fsdp_planner::Device::Cuda => "measured: fsdp-plan CUDA runtime (device timestamps), rank 0",
     };
-    TimeReport {
-        hardware: hardware.into(),
-        step_time_s: step,
-        compute_s: step - exposed,
-        exposed_comm_s: exposed,
-        comm_s: comm,
-        mfu: 0.0,
-        model_flops: 0.0,
-        tokens_per_step: tokens,
-        tokens_per_s_per_gpu: tokens as f64 / step.max(1e-12),
-        ops,
-    }
-}
-
-/// Length of the union of `spans` less what the union of `cover` overlaps.
-fn uncovered(mut spans: Vec<(f64, f64)>, cover: &[(f64, f64)]) -> f64 {
-    let merge = |mut v: Vec<(f64, f64)>| {
-        v.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let mut out: Vec<(f64, f64)> = vec![];
-        for (s, e) in v.into_iter().filter(|x| x.1 > x.0) {
-            match out.last_mut() {
-                Some(l) if s <= l.1 => l.1 = l.1.max(e),
-                _ => out.push((s, e)),
-            }
-        }
-        out
-    };
-    spans = merge(spans);
-    let cover = merge(cover.to_vec());
-    spans
-        .iter()
-        .map(|&(s, e)| {
-            let covered: f64 = cover.iter().map(|&(a, b)| (e.min(b) - s.max(a)).max(0.0)).sum();
-            e - s - covered
-        })
-        .sum()
+    fsdp_planner::timeline::measured(plan, hardware.into(), ops)
 }
 
 fn write_trace(plan: &Plan, spans: &[(f64, f64)], path: &std::path::Path) -> Result<(), RtError> {
@@ -584,8 +543,6 @@ fn write_trace(plan: &Plan, spans: &[(f64, f64)], path: &std::path::Path) -> Res
 
 #[cfg(test)]
 mod tests {
-    use super::uncovered;
-
     #[test]
     fn a_rank_uses_its_local_gpu_or_the_only_one_it_sees() {
         use super::gpu_ordinal;
@@ -595,16 +552,5 @@ mod tests {
         assert_eq!(gpu_ordinal(3, Some("5")), 0);
         // more ranks than devices: LOCAL_RANK is kept, and Device::new names the mismatch
         assert_eq!(gpu_ordinal(5, Some("0,1")), 5);
-    }
-
-    #[test]
-    fn exposed_communication_is_what_compute_does_not_cover() {
-        // serial (the CPU runtime): all of it
-        assert_eq!(uncovered(vec![(1.0, 2.0), (3.0, 4.0)], &[(0.0, 1.0), (2.0, 3.0)]), 2.0);
-        // a collective overlapped by compute for half its length, another wholly hidden
-        assert_eq!(uncovered(vec![(1.0, 3.0), (4.0, 5.0)], &[(0.0, 2.0), (3.5, 6.0)]), 1.0);
-        // overlapping collectives on two streams count once; empty spans count nothing
-        assert_eq!(uncovered(vec![(0.0, 2.0), (1.0, 3.0), (5.0, 5.0)], &[(2.5, 2.75)]), 2.75);
-        assert_eq!(uncovered(vec![], &[(0.0, 1.0)]), 0.0);
     }
 }
