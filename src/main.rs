@@ -1025,6 +1025,10 @@ fn verify_plan(path: &Path, plan: &Plan, model: &Model) -> Result<()> {
     if fresh.plan_hash != plan.plan_hash {
         bail!(UserError(format!("{file}: plan_hash {} is not the hash of its model and options ({}): edited, or compiled by another version", plan.plan_hash, fresh.plan_hash)));
     }
+    if fresh == *plan {
+        return Ok(());
+    }
+    // the text of both only to name where they differ
     let (want, got) = (plan_ron(&fresh)?, plan_ron(plan)?);
     if want != got {
         let (i, (g, w)) = got.lines().zip(want.lines()).enumerate().find(|(_, (g, w))| g != w).unwrap_or((got.lines().count().min(want.lines().count()), ("(end of plan)", "(more)")));
