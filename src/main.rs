@@ -363,7 +363,7 @@ fn options_for(o: &Knobs, world_size: u64, policy: &str) -> Result<Options, Plan
         batch: o.batch,
         seq: o.seq,
         attn_implementation: attn,
-        device: if o.device == "cpu" { Device::Cpu } else { Device::Cuda },
+        device: Device::parse(&o.device).unwrap_or(Device::Cuda),
     };
     opts.check()?;
     Ok(opts)
@@ -736,9 +736,8 @@ fn read_trace(path: &Path) -> Result<(serde_json::Value, Device)> {
     let text = read(path)?;
     let doc: serde_json::Value = serde_json::from_str(&text).map_err(|e| json_error(path, &text, "", e))?;
     let device = match doc["otherData"]["device"].as_str() {
-        None | Some("cpu") => Device::Cpu,
-        Some("cuda") => Device::Cuda,
-        Some(d) => bail!(UserError(format!("{}: otherData.device: unknown device `{d}` (cpu or cuda)", path.display()))),
+        None => Device::Cpu,
+        Some(d) => Device::parse(d).ok_or_else(|| user(format!("{}: otherData.device: unknown device `{d}` (cpu or cuda)", path.display())))?,
     };
     Ok((doc, device))
 }

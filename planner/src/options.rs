@@ -143,6 +143,19 @@ pub enum Device {
 }
 
 impl Device {
+    pub fn parse(s: &str) -> Option<Device> {
+        match s {
+            "cpu" => Some(Device::Cpu),
+            "cuda" => Some(Device::Cuda),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Device::Cpu => "cpu",
+            Device::Cuda => "cuda",
+        }
+    }
     /// The bytes the device's allocator takes for a `bytes` request: CUDA's caching allocator
     /// rounds up to whole 512-byte blocks; the CPU allocator takes the size as asked.
     pub fn allocated_bytes(self, bytes: u64) -> u64 {

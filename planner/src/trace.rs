@@ -82,7 +82,7 @@ pub fn chrome_trace(plan: &Plan, report: &TimeReport, mem: &[MemSample]) -> Valu
             "plan_hash": plan.plan_hash,
             "hardware": report.hardware,
             "world_size": plan.options.world_size,
-            "device": match plan.options.device { crate::options::Device::Cpu => "cpu", crate::options::Device::Cuda => "cuda" },
+            "device": plan.options.device.name(),
             "step_time_s": report.step_time_s,
             "exposed_comm_s": report.exposed_comm_s,
             "mfu": report.mfu,
