@@ -1011,11 +1011,7 @@ int fsdp_arena_free(int64_t id) {
     if (a == g_arenas.end()) {
       return 0;
     }
-    int64_t e = id;
-    g_cuda_arena.compare_exchange_strong(e, 0);
-    if (t_arena == id) {
-      t_arena = 0;
-    }
+    fsdp_arena_leave(id);
     if (!a->second.live.empty()) {
       // kept for the placed tensors still alive, but places nothing more
       a->second.expect.clear();
