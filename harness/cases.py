@@ -60,6 +60,13 @@ BASE_CASES = {
                                 "param_dtype": "bfloat16", "reduce_dtype": "float32", "grad_accum": 2},
     "llama_sgd_ws2": {"model": "tiny-llama", "world_size": 2, "optimizer": "sgd"},
     "llama_adamw_ws2": {"model": "tiny-llama", "world_size": 2, "optimizer": "adamw"},
+    # MoE under checkpointing: the experts' grouped_mm backward chain is the peak
+    "mixtral_ac_ws2": {"model": "tiny-mixtral", "world_size": 2, "checkpoint": ["MixtralDecoderLayer"]},
+    "mixtral_bf16_ac_ws2": {"model": "tiny-mixtral", "world_size": 2, "checkpoint": ["MixtralDecoderLayer"],
+                            "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    # more tokens than weights: activations dominate
+    "mixtral_ac_b4s64_ws4": {"model": "tiny-mixtral", "world_size": 4, "batch": 4, "seq": 64,
+                             "checkpoint": ["MixtralDecoderLayer"]},
 }
 
 ATTN_IMPLS = ("eager", "sdpa")

@@ -49,6 +49,46 @@ pub struct OpMem {
     /// before log_softmax's backward runs). Without `bwd_scratch` they go before the op's
     /// grads are made (a composite op whose nodes release their saved tensors one by one).
     pub first_node_saved: usize,
+    /// A composite op's backward, node by node in the order autograd runs them (empty: the
+    /// generic model of `bwd_scratch` / `first_node_saved`). What its nodes make, drop and
+    /// release decides where inside the op the peak falls (a MoE layer's experts).
+    pub bwd_chain: Vec<Step>,
+}
+
+/// One step of a composite op's backward ([`OpMem::bwd_chain`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// A node makes a tensor: a grad passed down the chain, or a kernel's temporary.
+    Make(T),
+    /// The `k`-th tensor `Make` made is dropped.
+    Drop(usize),
+    /// `saved[k]` is released: its last saving node has run.
+    Release(usize),
+    /// The grad of the op's input at position `k` is made.
+    InputGrad(usize),
+    /// The grad of the op's `k`-th param is made.
+    ParamGrad(usize),
+}
+
+/// Builds a [`OpMem::bwd_chain`]: `make` returns the index `drop` takes.
+#[derive(Default)]
+struct Chain {
+    steps: Vec<Step>,
+    made: usize,
+}
+
+impl Chain {
+    fn make(&mut self, t: T) -> usize {
+        self.steps.push(Step::Make(t));
+        self.made += 1;
+        self.made - 1
+    }
+    fn drop(&mut self, k: usize) {
+        self.steps.push(Step::Drop(k));
+    }
+    fn release(&mut self, k: usize) {
+        self.steps.push(Step::Release(k));
+    }
 }
 
 /// Context shared by all ops of a step.
@@ -229,22 +269,123 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
         } => {
             // transformers 5.17 "grouped_mm" experts (measured with harness/saved_tensors.py):
             // tokens sorted by expert, gathered, one gate_up and one down grouped matmul,
-            // silu(gate)*up, scaled by the routing weight, scattered back. Saved per layer:
-            // the gathered inputs, gate_up out, silu, silu*up, down out, routing weights and
-            // the sort/scatter indices.
-            let routed = cx.tokens() * top_k;
-            let h = n / cx.tokens().max(1);
+            // silu(gate)*up, scaled by the (float32) routing weight, scattered back, summed
+            // over the top-k and cast back. Saved per layer: the gathered inputs, gate_up out,
+            // silu, silu*up, down out, routing weights, the three int64 index vectors, the
+            // sentinel mask and the expert offsets.
+            let tok = cx.tokens();
+            let routed = tok * top_k;
+            let h = n / tok.max(1);
+            let i = *intermediate;
+            let f = DType::Float32;
             m.saves_inputs = vec![false, true];
-            m.saved.push(t(routed * h, cd, "expert inputs"));
-            m.saved.push(t(routed * 2 * intermediate, cd, "expert gate_up"));
-            m.saved.push(t(routed * intermediate, cd, "expert act"));
-            m.saved.push(t(routed * intermediate, cd, "expert act*up"));
-            m.saved.push(t(routed * h, cd, "expert down"));
-            m.saved.push(t(routed, DType::Float32, "expert routing weights"));
-            m.saved.push(t(3 * routed, DType::Int64, "expert sort/scatter indices"));
-            m.saved.push(t(routed, DType::Bool, "expert mask"));
-            m.saved.push(t(*experts, DType::Int32, "expert offsets"));
-            m.first_node_saved = m.saved.len();
+            const INPUTS: usize = 0;
+            const GATE_UP: usize = 1;
+            const ACT: usize = 2;
+            const ACT_UP: usize = 3;
+            const DOWN: usize = 4;
+            const WEIGHTS: usize = 5;
+            const GATHER: usize = 6;
+            const PERM: usize = 7;
+            const INV_PERM: usize = 8;
+            const MASK: usize = 9;
+            const OFFSETS: usize = 10;
+            m.saved = vec![
+                t(routed * h, cd, "expert inputs"),
+                t(routed * 2 * i, cd, "expert gate_up"),
+                t(routed * i, cd, "expert act"),
+                t(routed * i, cd, "expert act*up"),
+                t(routed * h, cd, "expert down"),
+                t(routed, f, "expert routing weights"),
+                t(routed, DType::Int64, "expert gather index (perm // k)"),
+                t(routed, DType::Int64, "expert sort permutation"),
+                t(routed, DType::Int64, "expert inverse permutation"),
+                t(routed, DType::Bool, "expert mask"),
+                t(*experts, DType::Int32, "expert offsets"),
+            ];
+            // The backward, node by node as the engine runs them (measured: the peak of
+            // tiny-mixtral under checkpointing is inside it, fp32 at the `act * up` node,
+            // bf16 at the first index backward). A node's grads are made, its incoming
+            // grad dropped when it returns, its saved tensors released after that.
+            let mut c = Chain::default();
+            // ToCopyBackward: the float32 sum's grad
+            let g_sum = (cd != f).then(|| c.make(t(tok * h, f, "experts output grad (f32)")));
+            // SumBackward expands (a view); ViewBackward's reshape of it copies
+            let g1 = c.make(t(routed * h, f, "weighted grad (reshaped)"));
+            if let Some(g) = g_sum {
+                c.drop(g);
+            }
+            // IndexBackward (weighted_out[inv_perm]): new_zeros, then index_put out of place
+            let z = c.make(t(routed * h, f, "index grad zeros"));
+            let g2 = c.make(t(routed * h, f, "weighted grad"));
+            c.drop(z);
+            c.drop(g1);
+            c.release(INV_PERM);
+            // MulBackward0 (down * weights): grad*weights, grad*down; validate_outputs then
+            // casts the first to down's dtype and sums the second to the weights' shape
+            let a = c.make(t(routed * h, f, "down grad"));
+            let p = c.make(t(routed * h, f, "routing weights grad (product)"));
+            c.drop(g2);
+            let g3 = if cd != f {
+                let x = c.make(t(routed * h, cd, "down grad (cast)"));
+                c.drop(a);
+                x
+            } else {
+                a
+            };
+            let gw = c.make(t(routed, f, "routing weights grad"));
+            c.drop(p);
+            c.release(DOWN);
+            c.release(WEIGHTS);
+            // MaskedFillBackward
+            let g4 = c.make(t(routed * h, cd, "down grad (masked)"));
+            c.drop(g3);
+            // GroupedMmBackward (down): the input's grad, then the weight's (made in the
+            // weight's layout: AccumulateGrad keeps it)
+            let g5 = c.make(t(routed * i, cd, "act*up grad"));
+            c.steps.push(Step::ParamGrad(1));
+            c.drop(g4);
+            c.release(ACT_UP);
+            // MulBackward0 (act * up)
+            let g6 = c.make(t(routed * i, cd, "act grad"));
+            let g7 = c.make(t(routed * i, cd, "up grad"));
+            c.drop(g5);
+            c.release(ACT);
+            // SiluBackward: gate_up's storage goes with its second view (gate)
+            let g8 = c.make(t(routed * i, cd, "gate grad"));
+            c.drop(g6);
+            c.release(GATE_UP);
+            // SplitBackward (chunk): cat
+            let g9 = c.make(t(routed * 2 * i, cd, "gate_up grad"));
+            c.drop(g8);
+            c.drop(g7);
+            // MaskedFillBackward
+            let g10 = c.make(t(routed * 2 * i, cd, "gate_up grad (masked)"));
+            c.drop(g9);
+            // GroupedMmBackward (gate_up)
+            let g11 = c.make(t(routed * h, cd, "expert inputs grad"));
+            c.steps.push(Step::ParamGrad(0));
+            c.drop(g10);
+            c.release(INPUTS);
+            c.release(OFFSETS);
+            // MaskedFillBackward (the in-place pre-mask)
+            let g12 = c.make(t(routed * h, cd, "expert inputs grad (masked)"));
+            c.drop(g11);
+            c.release(MASK);
+            // IndexBackward (sample_weights[perm]), a later node than the gather's: the
+            // top-k weights' grad
+            let z = c.make(t(routed, f, "index grad zeros"));
+            c.steps.push(Step::InputGrad(1));
+            c.drop(z);
+            c.drop(gw);
+            c.release(PERM);
+            // IndexBackward (hidden_states[perm // k]): the hidden states' grad
+            let z = c.make(t(tok * h, cd, "index grad zeros"));
+            c.steps.push(Step::InputGrad(0));
+            c.drop(z);
+            c.drop(g12);
+            c.release(GATHER);
+            m.bwd_chain = c.steps;
         }
         OpKind::CrossEntropy { vocab } => {
             // HF ForCausalLMLoss: logits.float(); labels padded and shifted (contiguous int64);

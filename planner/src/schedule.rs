@@ -6,7 +6,7 @@
 //! ran before it; post-backward = reshard + reduce-scatter (+ all-reduce for HSDP).
 //! Activations are tracked per tensor with [`crate::activation`]'s specs.
 
-use crate::activation::{op_mem, Ctx, OpMem};
+use crate::activation::{op_mem, Ctx, OpMem, Step};
 use crate::ids::{BufferId, OpId, UnitId};
 use crate::options::{AttnImpl, BackwardPrefetch, Device, Layout, Optimizer, Options, Strategy};
 use crate::plan::*;
@@ -847,6 +847,62 @@ fn post_forward(b: &mut B, u: UnitId) {
     }
 }
 
+/// Makes the grad of op `i`'s input `j`: a new buffer, the output grad itself through a
+/// pass-through add, or a transient when another consumer's backward made it already.
+fn input_grad(b: &mut B, tz: &Tensors, mems: &[OpMem], grad: &mut [Option<BufferId>], grad_refs: &mut HashMap<BufferId, u32>, i: usize, j: usize) {
+    let model = b.model;
+    let me = tz.alias[i];
+    let pass_through = matches!(model.ops[i].kind, fsdp_ir::OpKind::Add);
+    let j = tz.alias[j];
+    if !tz.differentiable[j] {
+        return;
+    }
+    let shape_n = mems[j].out.map(|o| o.bytes()).unwrap_or(0);
+    let same = mems[i].out.map(|o| o.bytes()) == Some(shape_n);
+    match (grad[j], pass_through && same, grad[me]) {
+        (None, true, Some(g)) => {
+            grad[j] = Some(g);
+            *grad_refs.entry(g).or_insert(0) += 1;
+        }
+        (None, _, _) => {
+            let g = b.alloc(cat(&[&model.ops[j].name, " grad"]), Category::Temp, shape_n, None);
+            grad[j] = Some(g);
+            grad_refs.insert(g, 1);
+        }
+        (Some(_), _, _) => {
+            b.transient(cat(&[&model.ops[j].name, " grad (accumulate)"]), Category::Temp, shape_n);
+        }
+    }
+}
+
+/// Makes the grad of primary param `k` (owned by `owner`) in the compute dtype `gd`: its own
+/// buffer (fsdp2), a piece of the unit's flat grad (flat), or a transient accumulating into
+/// the grad an earlier use made (tied weights).
+fn param_grad(b: &mut B, gd: DType, k: usize, owner: UnitId) {
+    let model = b.model;
+    let units = b.units;
+    let flat = b.opts.layout == Layout::Flat;
+    let p = &model.params[k];
+    if !p.requires_grad {
+        return;
+    }
+    let prim = p.name.as_str();
+    let bytes = p.numel() * gd.size();
+    if b.grad_of_param[k].is_some() {
+        b.transient(cat(&[prim, " grad (accumulate)"]), Category::Temp, bytes);
+    } else if flat && !b.grads[owner.index()].is_empty() {
+        let g = b.grads[owner.index()][0];
+        b.grad_of_param[k] = Some(g);
+        b.transient(cat(&[prim, " grad"]), Category::Temp, bytes);
+    } else {
+        let bytes = if flat { units[owner.index()].numel * gd.size() } else { bytes };
+        let name = if flat { format!("{} flat grad", units[owner.index()].label()) } else { cat(&[prim, " grad"]) };
+        let g = b.alloc(name, Category::Temp, bytes, Some(owner));
+        b.grads[owner.index()].push(g);
+        b.grad_of_param[k] = Some(g);
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[UnitId], region: &[Option<usize>], fs: FwdState, sync: bool) {
     b.phase = Phase::Backward;
@@ -973,7 +1029,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
         b.op(OpKind::Backward { op: op.name.clone(), unit: unit_of_op[i] }, Stream::Compute, dep);
         let me = tz.alias[i];
         let has_grad = tz.differentiable[me] || matches!(op.kind, fsdp_ir::OpKind::CrossEntropy { .. });
-        if has_grad && m.out.is_some() {
+        if has_grad && m.out.is_some() && m.bwd_chain.is_empty() {
             // backward scratch: alive together; freed before the grads when `bwd_scratch_first`,
             // else one at a time beside them
             let mut scratch = vec![];
@@ -999,59 +1055,57 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
             for x in saved[i].drain(..first_node) {
                 b.free(x);
             }
-            // input grads
-            let pass_through = matches!(op.kind, fsdp_ir::OpKind::Add);
             for &(_, j) in &tz.inputs[i] {
-                let j = tz.alias[j];
-                if !tz.differentiable[j] {
-                    continue;
-                }
-                let shape_n = mems[j].out.map(|o| o.bytes()).unwrap_or(0);
-                let same = mems[i].out.map(|o| o.bytes()) == Some(shape_n);
-                match (grad[j], pass_through && same, grad[me]) {
-                    (None, true, Some(g)) => {
-                        grad[j] = Some(g);
-                        *grad_refs.entry(g).or_insert(0) += 1;
-                    }
-                    (None, _, _) => {
-                        let g = b.alloc(cat(&[&model.ops[j].name, " grad"]), Category::Temp, shape_n, None);
-                        grad[j] = Some(g);
-                        grad_refs.insert(g, 1);
-                    }
-                    (Some(_), _, _) => {
-                        b.transient(cat(&[&model.ops[j].name, " grad (accumulate)"]), Category::Temp, shape_n);
-                    }
-                }
+                input_grad(b, tz, mems, &mut grad, &mut grad_refs, i, j);
             }
-            // param grads
-            let gd = cx.cd;
-            let flat = b.opts.layout == Layout::Flat;
             let op_params = std::mem::take(&mut b.op_params[i]);
             for &(k, owner) in &op_params {
-                let p = &model.params[k];
-                if !p.requires_grad {
-                    continue;
-                }
-                let prim = p.name.as_str();
-                let bytes = p.numel() * gd.size();
-                if b.grad_of_param[k].is_some() {
-                    b.transient(cat(&[prim, " grad (accumulate)"]), Category::Temp, bytes);
-                } else if flat && !b.grads[owner.index()].is_empty() {
-                    let g = b.grads[owner.index()][0];
-                    b.grad_of_param[k] = Some(g);
-                    b.transient(cat(&[prim, " grad"]), Category::Temp, bytes);
-                } else {
-                    let bytes = if flat { units[owner.index()].numel * gd.size() } else { bytes };
-                    let name = if flat { format!("{} flat grad", units[owner.index()].label()) } else { cat(&[prim, " grad"]) };
-                    let g = b.alloc(name, Category::Temp, bytes, Some(owner));
-                    b.grads[owner.index()].push(g);
-                    b.grad_of_param[k] = Some(g);
-                }
+                param_grad(b, cx.cd, k, owner);
             }
             b.op_params[i] = op_params;
             for s in scratch {
                 b.free(s);
             }
+        } else if has_grad && m.out.is_some() {
+            // a composite op's nodes, one by one
+            let mut made: Vec<Option<BufferId>> = vec![];
+            let mut held: Vec<Option<BufferId>> = saved[i].drain(..).map(Some).collect();
+            for step in &m.bwd_chain {
+                match *step {
+                    Step::Make(t) => made.push(Some(b.alloc(cat(&[&op.name, " ", t.what]), Category::Temp, t.bytes(), None))),
+                    Step::Drop(k) => {
+                        if let Some(x) = made.get_mut(k).and_then(Option::take) {
+                            b.free(x);
+                        }
+                    }
+                    Step::Release(k) => {
+                        if let Some(x) = held.get_mut(k).and_then(Option::take) {
+                            b.free(x);
+                        }
+                    }
+                    Step::InputGrad(p) => {
+                        for &(pos, j) in &tz.inputs[i] {
+                            if pos == p {
+                                input_grad(b, tz, mems, &mut grad, &mut grad_refs, i, j);
+                            }
+                        }
+                    }
+                    Step::ParamGrad(p) => {
+                        let Some(prim) = op.params.get(p).map(|n| model.primary_of(n)) else { continue };
+                        let op_params = std::mem::take(&mut b.op_params[i]);
+                        for &(k, owner) in &op_params {
+                            if model.params[k].name == prim {
+                                param_grad(b, cx.cd, k, owner);
+                            }
+                        }
+                        b.op_params[i] = op_params;
+                    }
+                }
+            }
+            for x in made.into_iter().flatten() {
+                b.free(x);
+            }
+            saved[i] = held.into_iter().flatten().collect();
         }
         // release this op's output grad and saved tensors
         if let Some(g) = grad[me].take() {
