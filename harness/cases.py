@@ -146,6 +146,16 @@ FAKE_CASES = {
     "llama3_70b_eager_ws16": {"model": "llama-3-70b", "world_size": 16, "batch": 1, "seq": 1024,
                               "attn_implementation": "eager",
                               "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    # activation checkpointing at real size: every decoder layer recomputed in its backward
+    "llama3_8b_bf16_ac_ws8": {"model": "llama-3-8b", "world_size": 8, "batch": 2, "seq": 4096,
+                              "checkpoint": ["LlamaDecoderLayer"],
+                              "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    "mixtral_8x7b_bf16_ac_ws8": {"model": "mixtral-8x7b", "world_size": 8, "batch": 1, "seq": 4096,
+                                 "checkpoint": ["MixtralDecoderLayer"],
+                                 "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    # MoE at real size: 8 experts, top-2, grouped_mm experts
+    "mixtral_8x7b_bf16_ws8": {"model": "mixtral-8x7b", "world_size": 8, "batch": 1, "seq": 4096,
+                              "param_dtype": "bfloat16", "reduce_dtype": "float32"},
 }
 
 

@@ -6,7 +6,8 @@ Writes tests/fixtures/fsdp2_fake/<case>.json, in fsdp2_oracle.py's schema.
 Per case, one process: a fake process group (torch.testing's FakeStore, backend "fake") of
 world_size ranks and its DeviceMesh, built before entering FakeTensorMode; then, under it,
 the HF model from its config (the config's torch_dtype unless the case forces float32),
-fully_shard on every instance of model._no_split_modules and the root, torch.optim (Adam
+HF's non-reentrant gradient checkpointing of the decoder layers where the case says
+"checkpoint", fully_shard on every instance of model._no_split_modules and the root, torch.optim (Adam
 unless the case says otherwise, lr 1e-3) and 2 training steps on a random batch, inside the
 same FSDPMemTracker subclass as fsdp2_oracle.py (peak reset after step 1). The collectives
 FSDP2 issues are logged by the same patch. Losses are not recorded (fake tensors hold no
@@ -29,6 +30,7 @@ from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
 from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
+from transformers.modeling_layers import GradientCheckpointingLayer  # noqa: E402
 
 import cases as cases_mod  # noqa: E402
 import fsdp2_oracle as oracle  # noqa: E402
@@ -41,7 +43,25 @@ def _dtype(name):
 # What run_case does not implement (the gloo oracle does): a fake case must leave these at
 # their defaults, or its fixture would record options that never ran.
 _UNSUPPORTED = ("root_reshard_after_forward", "forward_prefetch", "backward_prefetch", "grad_accum",
-                "strategy", "shard_group_size", "checkpoint")
+                "strategy", "shard_group_size")
+
+
+def _patch_packed_sequence_check():
+    """Without a KV cache (gradient checkpointing turns it off) HF looks for packed sequences
+    in position_ids, a data-dependent check fake tensors cannot make: it then builds a full
+    [batch, 1, seq, seq] bool mask a real run never has. The batch's position ids are one
+    arange per row, so a real run finds no packing (None); the fake run is told the same."""
+    from transformers import masking_utils
+    orig = masking_utils.find_packed_sequence_indices
+    if getattr(orig, "_fsdp_plan_patched", False):
+        return
+
+    def no_packed_sequences(position_ids):
+        orig(position_ids)  # the same temporaries as the real check
+        return None
+
+    no_packed_sequences._fsdp_plan_patched = True
+    masking_utils.find_packed_sequence_indices = no_packed_sequences
 
 
 def run_case(name, case):
@@ -63,6 +83,13 @@ def run_case(name, case):
                 kw["dtype"] = _dtype(case["model_dtype"])
             model = AutoModelForCausalLM.from_config(cfg, **kw)
             model.train()
+            if case["checkpoint"]:
+                _patch_packed_sequence_check()
+                # as fsdp2_oracle.py: HF's non-reentrant checkpointing of each decoder layer
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                ckpt = [type(m).__name__ for m in model.modules()
+                        if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
+                assert sorted(set(ckpt)) == sorted(case["checkpoint"]) and len(ckpt) == cfg.num_hidden_layers, ckpt
             model_dtype = common.dtype_name(next(model.parameters()).dtype)
             hf_param_numel = sum(p.numel() for p in model.parameters())
             fkw = {"mesh": mesh}
