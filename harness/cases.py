@@ -153,6 +153,18 @@ FAKE_CASES = {
     "mixtral_8x7b_bf16_ac_ws8": {"model": "mixtral-8x7b", "world_size": 8, "batch": 1, "seq": 4096,
                                  "checkpoint": ["MixtralDecoderLayer"],
                                  "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    # gradient accumulation under mixed precision: unsynced grads kept upcast to f32
+    "llama3_8b_bf16_ga2_ws8": {"model": "llama-3-8b", "world_size": 8, "batch": 1, "seq": 4096,
+                               "grad_accum": 2, "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    # HSDP: 4 replicas of 8-way sharding, with the replicas' all-reduces
+    "llama3_70b_hsdp_ws32": {"model": "llama-3-70b", "world_size": 32, "batch": 1, "seq": 4096,
+                             "strategy": "hybrid-shard", "shard_group_size": 8,
+                             "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    # ... and with short sequences, where the held f32 all-reduce inputs of every layer
+    # (FSDP2 frees them at the end of the backward) make the peak
+    "llama3_8b_hsdp_s512_ws16": {"model": "llama-3-8b", "world_size": 16, "batch": 1, "seq": 512,
+                                 "strategy": "hybrid-shard", "shard_group_size": 8,
+                                 "param_dtype": "bfloat16", "reduce_dtype": "float32"},
     # MoE at real size: 8 experts, top-2, grouped_mm experts
     "mixtral_8x7b_bf16_ws8": {"model": "mixtral-8x7b", "world_size": 8, "batch": 1, "seq": 4096,
                               "param_dtype": "bfloat16", "reduce_dtype": "float32"},

@@ -26,11 +26,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import transformers  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
-from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
 from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
-from transformers.modeling_layers import GradientCheckpointingLayer  # noqa: E402
 
 import cases as cases_mod  # noqa: E402
 import fsdp2_oracle as oracle  # noqa: E402
@@ -38,12 +35,6 @@ import fsdp2_oracle as oracle  # noqa: E402
 
 def _dtype(name):
     return None if name is None else getattr(torch, name)
-
-
-# What run_case does not implement (the gloo oracle does): a fake case must leave these at
-# their defaults, or its fixture would record options that never ran.
-_UNSUPPORTED = ("root_reshard_after_forward", "forward_prefetch", "backward_prefetch", "grad_accum",
-                "strategy", "shard_group_size")
 
 
 def _patch_packed_sequence_check():
@@ -65,8 +56,6 @@ def _patch_packed_sequence_check():
 
 
 def run_case(name, case):
-    bad = [k for k in _UNSUPPORTED if case[k] != cases_mod.DEFAULTS[k]]
-    assert not bad, f"{name}: fsdp2_fake.py does not implement {bad} (use fsdp2_oracle.py)"
     ws = case["world_size"]
     transformers.logging.set_verbosity_error()
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=ws)
@@ -75,7 +64,7 @@ def run_case(name, case):
         oracle._Log.events = []
         oracle._patch_collectives()
         oracle._patch_group_context()
-        mesh = init_device_mesh("cpu", (ws,))
+        mesh = oracle.make_mesh(case)
         cfg = common.load_config(case["model"])
         with FakeTensorMode():
             kw = {"attn_implementation": case["attn_implementation"]}
@@ -85,44 +74,16 @@ def run_case(name, case):
             model.train()
             if case["checkpoint"]:
                 _patch_packed_sequence_check()
-                # as fsdp2_oracle.py: HF's non-reentrant checkpointing of each decoder layer
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-                ckpt = [type(m).__name__ for m in model.modules()
-                        if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
-                assert sorted(set(ckpt)) == sorted(case["checkpoint"]) and len(ckpt) == cfg.num_hidden_layers, ckpt
+            oracle.enable_checkpointing(model, case, cfg)
             model_dtype = common.dtype_name(next(model.parameters()).dtype)
             hf_param_numel = sum(p.numel() for p in model.parameters())
-            fkw = {"mesh": mesh}
-            if case["param_dtype"] or case["reduce_dtype"]:
-                fkw["mp_policy"] = MixedPrecisionPolicy(
-                    param_dtype=_dtype(case["param_dtype"]), reduce_dtype=_dtype(case["reduce_dtype"]))
-            wrap_classes = list(model._no_split_modules)
-            layers = [m for m in model.modules() if type(m).__name__ in wrap_classes]
-            assert len(layers) == cfg.num_hidden_layers, (len(layers), wrap_classes)
-            for m in layers:
-                fully_shard(m, reshard_after_forward=case["reshard_after_forward"], **fkw)
-            fully_shard(model, **fkw)
-            opt = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
-                   "sgd": torch.optim.SGD}[case["optimizer"]](model.parameters(), lr=1e-3)
+            wrap_classes = oracle.shard_model(model, case, mesh, cfg)
+            opt = oracle.make_optimizer(model, case)
             input_ids = torch.randint(0, cfg.vocab_size, (case["batch"], case["seq"]))
             labels = input_ids.clone()
             tracker = oracle.WhereTracker(model, opt)
             tracker.track_inputs((input_ids, labels))
-            with tracker:
-                for step in (1, 2):
-                    if step == 2:
-                        oracle._Log.recording = True
-                        tracker.count_comms = True
-                    loss = model(input_ids=input_ids, labels=labels).loss
-                    loss.backward()
-                    opt.step()
-                    opt.zero_grad()
-                    if step == 1:
-                        tracker.reset_mod_stats()
-                        step1_peak = oracle._breakdown(tracker.get_tracker_snapshot("peak"))
-                        tracker.reset_peak()
-                oracle._Log.recording = False
-                tracker.count_comms = False
+            _, step1_peak = oracle.train_two_steps(model, opt, case, input_ids, labels, tracker, record_losses=False)
             peak = oracle._breakdown(tracker.get_tracker_snapshot("peak"))
             units = oracle._units(model)
             if os.environ.get("ORACLE_LIVE"):

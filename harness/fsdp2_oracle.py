@@ -305,6 +305,103 @@ def _units(model):
     return units
 
 
+def enable_checkpointing(model, case, cfg):
+    """HF's non-reentrant gradient checkpointing of the case's layer classes. HF
+    GradientCheckpointingLayer: __call__ runs torch.utils.checkpoint(partial(nn.Module.__call__)),
+    so FSDP's module hooks run inside the checkpoint."""
+    if not case["checkpoint"]:
+        return
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ckpt = [type(m).__name__ for m in model.modules()
+            if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
+    assert sorted(set(ckpt)) == sorted(case["checkpoint"]) and len(ckpt) == cfg.num_hidden_layers, ckpt
+
+
+def make_mesh(case):
+    """The case's DeviceMesh on the CPU: 1-D, or 2-D (replicate, shard) for hybrid sharding."""
+    ws = case["world_size"]
+    if case["strategy"] == "hybrid-shard":
+        sg = case["shard_group_size"]
+        assert ws % sg == 0
+        return init_device_mesh("cpu", (ws // sg, sg), mesh_dim_names=("replicate", "shard"))
+    assert case["strategy"] == "full-shard" and case["shard_group_size"] is None
+    return init_device_mesh("cpu", (ws,))
+
+
+def shard_model(model, case, mesh, cfg):
+    """fully_shard on every instance of model._no_split_modules (the decoder layers), the
+    case's explicit prefetch between them, then on the root; returns the wrapped classes."""
+    kw = {"mesh": mesh}
+    if case["param_dtype"] or case["reduce_dtype"]:
+        kw["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=_dtype(case["param_dtype"]), reduce_dtype=_dtype(case["reduce_dtype"]))
+    wrap_classes = list(model._no_split_modules)
+    layers = []
+    for mod in model.modules():
+        if type(mod).__name__ in wrap_classes:
+            fully_shard(mod, reshard_after_forward=case["reshard_after_forward"], **kw)
+            layers.append(mod)
+    assert len(layers) == cfg.num_hidden_layers, (len(layers), wrap_classes)
+    if case["forward_prefetch"]:
+        n = case["forward_prefetch"]
+        for i, layer in enumerate(layers):
+            targets = layers[i + 1:i + 1 + n]
+            if targets:
+                layer.set_modules_to_forward_prefetch(targets)
+    if case["backward_prefetch"]:
+        n = case["backward_prefetch"]
+        for i, layer in enumerate(layers):
+            targets = [layers[j] for j in range(i - 1, i - 1 - n, -1) if j >= 0]
+            if targets:
+                layer.set_modules_to_backward_prefetch(targets)
+    root_kw = dict(kw)
+    if case["root_reshard_after_forward"] is not None:
+        root_kw["reshard_after_forward"] = case["root_reshard_after_forward"]
+    fully_shard(model, **root_kw)
+    return wrap_classes
+
+
+def make_optimizer(model, case):
+    return {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
+            "sgd": torch.optim.SGD}[case["optimizer"]](model.parameters(), lr=1e-3)
+
+
+def train_two_steps(model, opt, case, input_ids, labels, tracker, record_losses):
+    """Two training steps inside `tracker`, step 2 recorded (collectives; the tracker's peak
+    is reset after step 1). Returns (losses or [], step 1's peak breakdown)."""
+    ga = case["grad_accum"]
+    losses = []
+    with tracker:
+        for step in (1, 2):
+            if step == 2:
+                _Log.recording = True
+                tracker.count_comms = True
+            # grad_accum > 1: the same batch per micro-batch, loss not rescaled, gradient
+            # sync (reduce-scatter) only in the last micro-batch's backward.
+            for mb in range(ga):
+                if ga > 1:
+                    model.set_requires_gradient_sync(mb == ga - 1)
+                if mb > 0:
+                    # FSDPMemTracker refuses a second root forward while it holds the
+                    # module stats of the first one; the global peak is not touched.
+                    tracker.reset_mod_stats()
+                loss = model(input_ids=input_ids, labels=labels).loss
+                loss.backward()
+                if record_losses and mb < ga - 1:
+                    losses.append(loss.item())
+            opt.step()
+            opt.zero_grad()
+            if record_losses:
+                losses.append(loss.item())
+            if step == 1:
+                tracker.reset_mod_stats()
+                step1_peak = _breakdown(tracker.get_tracker_snapshot("peak"))
+                tracker.reset_peak()
+        _Log.recording = False
+        tracker.count_comms = False
+    return losses, step1_peak
+
+
 def _worker(rank, case_name, case, port, outdir):
     ws = case["world_size"]
     common.init_rank(rank, ws, port)
@@ -313,53 +410,13 @@ def _worker(rank, case_name, case, port, outdir):
         _patch_group_context()
 
         cfg, model = common.build_fp32_model(case)
-        if case["checkpoint"]:
-            # HF GradientCheckpointingLayer: __call__ runs torch.utils.checkpoint(
-            # partial(nn.Module.__call__)), so FSDP's module hooks run inside the checkpoint.
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            ckpt = [type(m).__name__ for m in model.modules()
-                    if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
-            assert sorted(set(ckpt)) == sorted(case["checkpoint"]) and len(ckpt) == cfg.num_hidden_layers, ckpt
+        enable_checkpointing(model, case, cfg)
         assert all(p.dtype == torch.float32 for p in model.parameters())
         hf_param_numel = sum(p.numel() for p in model.parameters())
 
-        if case["strategy"] == "hybrid-shard":
-            sg = case["shard_group_size"]
-            assert ws % sg == 0
-            mesh = init_device_mesh("cpu", (ws // sg, sg), mesh_dim_names=("replicate", "shard"))
-        else:
-            assert case["strategy"] == "full-shard" and case["shard_group_size"] is None
-            mesh = init_device_mesh("cpu", (ws,))
-        kw = {"mesh": mesh}
-        if case["param_dtype"] or case["reduce_dtype"]:
-            kw["mp_policy"] = MixedPrecisionPolicy(
-                param_dtype=_dtype(case["param_dtype"]), reduce_dtype=_dtype(case["reduce_dtype"]))
-        wrap_classes = list(model._no_split_modules)
-        layers = []
-        for mod in model.modules():
-            if type(mod).__name__ in wrap_classes:
-                fully_shard(mod, reshard_after_forward=case["reshard_after_forward"], **kw)
-                layers.append(mod)
-        assert len(layers) == cfg.num_hidden_layers, (len(layers), wrap_classes)
-        if case["forward_prefetch"]:
-            n = case["forward_prefetch"]
-            for i, layer in enumerate(layers):
-                targets = layers[i + 1:i + 1 + n]
-                if targets:
-                    layer.set_modules_to_forward_prefetch(targets)
-        if case["backward_prefetch"]:
-            n = case["backward_prefetch"]
-            for i, layer in enumerate(layers):
-                targets = [layers[j] for j in range(i - 1, i - 1 - n, -1) if j >= 0]
-                if targets:
-                    layer.set_modules_to_backward_prefetch(targets)
-        root_kw = dict(kw)
-        if case["root_reshard_after_forward"] is not None:
-            root_kw["reshard_after_forward"] = case["root_reshard_after_forward"]
-        fully_shard(model, **root_kw)
-
-        opt = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
-               "sgd": torch.optim.SGD}[case["optimizer"]](model.parameters(), lr=1e-3)
+        mesh = make_mesh(case)
+        wrap_classes = shard_model(model, case, mesh, cfg)
+        opt = make_optimizer(model, case)
         gen = torch.Generator().manual_seed(1234)
         input_ids = torch.randint(0, cfg.vocab_size, (case["batch"], case["seq"]), generator=gen)
         # HF training batches carry labels as their own tensor (a copy of the ids here).
@@ -367,35 +424,7 @@ def _worker(rank, case_name, case, port, outdir):
 
         tracker = WhereTracker(model, opt)
         tracker.track_inputs((input_ids, labels))
-        ga = case["grad_accum"]
-        losses = []
-        with tracker:
-            for step in (1, 2):
-                if step == 2:
-                    _Log.recording = True
-                    tracker.count_comms = True
-                # grad_accum > 1: the same batch per micro-batch, loss not rescaled, gradient
-                # sync (reduce-scatter) only in the last micro-batch's backward.
-                for mb in range(ga):
-                    if ga > 1:
-                        model.set_requires_gradient_sync(mb == ga - 1)
-                    if mb > 0:
-                        # FSDPMemTracker refuses a second root forward while it holds the
-                        # module stats of the first one; the global peak is not touched.
-                        tracker.reset_mod_stats()
-                    loss = model(input_ids=input_ids, labels=labels).loss
-                    loss.backward()
-                    if mb < ga - 1:
-                        losses.append(loss.item())
-                opt.step()
-                opt.zero_grad()
-                losses.append(loss.item())
-                if step == 1:
-                    tracker.reset_mod_stats()
-                    step1_peak = _breakdown(tracker.get_tracker_snapshot("peak"))
-                    tracker.reset_peak()
-            _Log.recording = False
-            tracker.count_comms = False
+        losses, step1_peak = train_two_steps(model, opt, case, input_ids, labels, tracker, record_losses=True)
         peak = _breakdown(tracker.get_tracker_snapshot("peak"))
 
         py_counts = collections.Counter(e["kind"] for e in _Log.events)

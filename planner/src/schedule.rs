@@ -62,6 +62,9 @@ struct B<'a> {
     /// FSDP2 without gradient sync under mixed precision: each unit's grads, accumulated in
     /// the reduce dtype (`unsharded_accumulated_grad`, temp to the tracker).
     accumulated: Vec<Vec<BufferId>>,
+    /// HSDP under a reduce dtype other than the params': each unit's all-reduced flat
+    /// grads, held by FSDP2 until its `finalize_backward`.
+    all_reduce_held: Vec<Option<BufferId>>,
 }
 
 /// Concatenates name parts (cheaper than `format!` for the ~10⁶ buffer names of big models).
@@ -353,17 +356,29 @@ impl B<'_> {
         } else {
             numel * rd.size()
         };
-        let rs_in = if rs_bytes > 0 {
-            Some(self.alloc(format!("{label} reduce-scatter input"), Category::ReduceScatter, rs_bytes, Some(u)))
+        // the reduce-scatter input is a plain allocation (temp to FSDPMemTracker) until the
+        // collective is issued on it, after the copy-in and the reduce output's allocation
+        let copy_in = if rs_bytes > 0 {
+            Some(self.alloc(format!("{label} reduce-scatter input (copy-in)"), Category::Temp, rs_bytes, Some(u)))
         } else {
             None
         };
         for g in relabeled {
             self.free(g);
         }
-        let out = self.alloc(format!("{label} sharded grads"), Category::ShardedGrad, numel / ws * rd.size(), Some(u));
+        // reduce-scattered into a new flat buffer in the reduce dtype; the sharded grads are
+        // views of it, or (orig dtype differs) copies made from it after the all-reduce
+        let converted = rd != orig && !flat;
+        let out_category = if converted { Category::Temp } else { Category::ShardedGrad };
+        let out = self.alloc(format!("{label} sharded grads"), out_category, numel / ws * rd.size(), Some(u));
+        let rs_in = copy_in.map(|t| {
+            self.free(t);
+            self.alloc(format!("{label} reduce-scatter input"), Category::ReduceScatter, rs_bytes, Some(u))
+        });
+        let mut all_reduced = false;
         if let Strategy::HybridShard { .. } = self.opts.strategy {
             if self.opts.replicate_size() > 1 {
+                all_reduced = true;
                 let bwd_dep = self.cur();
                 self.op(
                     OpKind::AllReduce {
@@ -377,9 +392,15 @@ impl B<'_> {
                 );
             }
         }
-        if rd != orig && !flat {
+        if converted {
             let g = self.alloc(format!("{label} sharded grads ({orig})"), Category::ShardedGrad, local * orig.size(), Some(u));
-            self.free(out);
+            if all_reduced {
+                // FSDP2 keeps the all-reduce's input (`_all_reduce_state`) until the group's
+                // next post-backward or the end of the backward (`finalize_backward`)
+                self.all_reduce_held[u.index()] = Some(out);
+            } else {
+                self.free(out);
+            }
             self.sharded_grads.push(g);
         } else {
             self.sharded_grads.push(out);
@@ -546,6 +567,7 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
             .position(|o| matches!(o.kind, fsdp_ir::OpKind::CrossEntropy { .. }))
             .and_then(|i| Some((i, mems[i].out?.bytes()))),
         accumulated: vec![vec![]; units.len()],
+        all_reduce_held: vec![None; units.len()],
     };
     setup(&mut b, &cx);
     let k = opts.grad_accum;
@@ -847,6 +869,22 @@ fn post_forward(b: &mut B, u: UnitId) {
     }
 }
 
+/// Drops op `i`'s reference to its output's grad (freed with the last one).
+fn release_out_grad(b: &mut B, tz: &Tensors, grad: &mut [Option<BufferId>], grad_refs: &mut HashMap<BufferId, u32>, i: usize) {
+    let me = tz.alias[i];
+    if let Some(g) = grad[me].take() {
+        if me == i {
+            let r = grad_refs.entry(g).or_insert(1);
+            *r = r.saturating_sub(1);
+            if *r == 0 {
+                b.free(g);
+            }
+        } else {
+            grad[me] = Some(g);
+        }
+    }
+}
+
 /// Makes the grad of op `i`'s input `j`: a new buffer, the output grad itself through a
 /// pass-through add, or a transient when another consumer's backward made it already.
 fn input_grad(b: &mut B, tz: &Tensors, mems: &[OpMem], grad: &mut [Option<BufferId>], grad_refs: &mut HashMap<BufferId, u32>, i: usize, j: usize) {
@@ -1083,6 +1121,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                             b.free(x);
                         }
                     }
+                    Step::DropOutGrad => release_out_grad(b, tz, &mut grad, &mut grad_refs, i),
                     Step::InputGrad(p) => {
                         for &(pos, j) in &tz.inputs[i] {
                             if pos == p {
@@ -1108,17 +1147,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
             saved[i] = held.into_iter().flatten().collect();
         }
         // release this op's output grad and saved tensors
-        if let Some(g) = grad[me].take() {
-            if tz.alias[i] == i {
-                let r = grad_refs.entry(g).or_insert(1);
-                *r = r.saturating_sub(1);
-                if *r == 0 {
-                    b.free(g);
-                }
-            } else {
-                grad[me] = Some(g);
-            }
-        }
+        release_out_grad(b, tz, &mut grad, &mut grad_refs, i);
         for s in std::mem::take(&mut saved[i]) {
             b.free(s);
         }
@@ -1156,11 +1185,16 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
     while let Some(top) = active.pop() {
         leave(b, top, needs_grad_input(top), sync, &mut done_post, &mut deferred, &mut pfo);
     }
-    // final callback: deferred post-backwards in module pre-order (root first)
-    deferred.sort_by_key(|u| u.index());
+    // final callback: per FSDP state in module pre-order (root first), its deferred
+    // post-backward, then its `finalize_backward` (what it held for the all-reduce goes)
     b.op(OpKind::PhaseEnd, Stream::Compute, vec![]);
-    for u in deferred {
-        b.post_backward(u, sync);
+    for u in units.iter().map(|u| u.id) {
+        if deferred.contains(&u) {
+            b.post_backward(u, sync);
+        }
+        if let Some(h) = b.all_reduce_held[u.index()].take() {
+            b.free(h);
+        }
     }
     // leftovers: grads of tensors nobody consumed, outputs still held
     for g in grad.iter().flatten() {
