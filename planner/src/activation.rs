@@ -452,14 +452,20 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             let logits = tok * vocab;
             m.out = Some(t(1, DType::Float32, "loss"));
             m.saves_inputs = vec![false, false];
-            m.saved.push(t(tok, DType::Int64, "shifted labels"));
+            let padded = cx.dims.batch * (cx.dims.seq + 1);
+            if cx.dims.batch == 1 {
+                // one row: labels[..., 1:] is already contiguous, a view of the padded labels
+                m.saved.push(t(padded, DType::Int64, "padded labels (shifted view)"));
+            } else {
+                m.saved.push(t(tok, DType::Int64, "shifted labels"));
+                m.fwd_scratch.push(t(padded, DType::Int64, "padded labels"));
+            }
             m.saved.push(t(1, DType::Float32, "nll total_weight"));
             m.first_node_saved = 2;
             m.saved.push(t(logits, DType::Float32, "log_softmax"));
             if cd != DType::Float32 {
                 m.fwd_scratch.push(t(logits, DType::Float32, "logits upcast"));
             }
-            m.fwd_scratch.push(t(cx.dims.batch * (cx.dims.seq + 1), DType::Int64, "padded labels"));
             // nll_loss backward makes a zero-filled f32 [tokens, vocab] grad; log_softmax
             // backward makes another, which is the logits' grad in f32 and is cast under MP.
             m.bwd_scratch.push(t(logits, DType::Float32, "nll_loss grad"));

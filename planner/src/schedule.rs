@@ -696,6 +696,22 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
     let checkpointed = region.iter().position(|r| r.is_some());
     let mut first_attn: Option<usize> = None;
     let fwd_prefetch = b.opts.forward_prefetch as usize;
+    // HF makes a DynamicCache in training unless gradient checkpointing is on: each layer's
+    // k and v go through it (`torch.cat` copies) and it holds them until the model's output
+    // is dropped. Where attention saves repeat_kv copies instead (eager GQA, SDPA GQA with a
+    // sliding-window mask), the cache is what keeps them: the k and v inputs stay alive
+    // until the forward returns.
+    let use_cache = b.opts.checkpoint.is_empty();
+    // the base model (`model`, `transformer`: the first path component of the attention ops)
+    // ends at its last op; its forward's locals (the attention mask) go when it returns
+    let base_end = model
+        .ops
+        .iter()
+        .find(|o| matches!(o.kind, fsdp_ir::OpKind::Attention { .. }))
+        .and_then(|a| a.name.split_once('.'))
+        .and_then(|(base, _)| model.ops.iter().rposition(|o| o.name.strip_prefix(base).is_some_and(|r| r.starts_with('.'))))
+        .unwrap_or(usize::MAX);
+    let mut cache_held: Vec<BufferId> = vec![];
     // Forward order of non-root units (first op of each).
     let mut order: Vec<UnitId> = vec![];
     let mut seen = vec![false; units.len()];
@@ -762,11 +778,22 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
             // rotary embedding; it lives for the model's forward and, as an input of every
             // checkpointed layer, until the first one's backward
             if positions.is_none() {
+                // (made after the KV cache: on the CPU its sliding-window layers each hold a
+                // scalar int64 tensor of the window; on CUDA a device copy is made at the
+                // layer's first update)
+                if use_cache && cx.device == Device::Cpu {
+                    for o in model.ops.iter().filter(|o| sliding_cache_layer(o)) {
+                        cache_held.push(b.alloc(cat(&[&o.name, " kv cache window size"]), Category::Activation, DType::Int64.size(), None));
+                    }
+                }
                 positions = Some(b.alloc(cat(&[&op.name, " position ids"]), Category::Activation, cx.dims.seq * DType::Int64.size(), None));
                 // the base model's last op (`model.norm`): its forward returns there
                 let scope = op.name.rsplit_once('.').map_or("", |(p, _)| p);
                 positions_until = model.ops.iter().rposition(|o| o.name.strip_prefix(scope).is_some_and(|r| r.starts_with('.'))).unwrap_or(i);
             }
+        }
+        if use_cache && cx.device == Device::Cuda && sliding_cache_layer(op) {
+            cache_held.push(b.alloc(cat(&[&op.name, " kv cache window size"]), Category::Activation, DType::Int64.size(), None));
         }
         let m = &mems[i];
         let in_region = region[i].is_some();
@@ -789,21 +816,32 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
         } else {
             saved_map[i] = saved_now;
         }
-        // free inputs whose last forward use this was and that nobody saves
-        for &(_, j) in &tz.inputs[i] {
+        // free inputs whose last forward use this was and that nobody saves (but the cache)
+        let cached = use_cache && kv_cache_holds(cx, op);
+        for &(pos, j) in &tz.inputs[i] {
             {
                 let j = tz.alias[j];
                 remaining[j] = remaining[j].saturating_sub(1);
                 if remaining[j] == 0 && tz.saved_by[j].is_empty() {
                     if let Some(buf) = out_buf[j].take() {
-                        b.free(buf);
+                        if cached && (pos == 1 || pos == 2) {
+                            cache_held.push(buf);
+                        } else {
+                            b.free(buf);
+                        }
                     }
                 }
             }
         }
         if i == positions_until && checkpointed.is_none() {
+            // the base model returns: its locals go (position ids, the attention mask)
             if let Some(p) = positions.take() {
                 b.free(p);
+            }
+        }
+        if i == base_end && checkpointed.is_none() {
+            if let Some(m) = mask.take() {
+                b.free(m);
             }
         }
         // outputs nobody reads and nobody saves (but the loss) die at once
@@ -842,6 +880,10 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
     if let Some((ce, _)) = b.loss {
         b.held_loss = out_buf[tz.alias[ce]].take();
     }
+    // ... and the output, with the cache, is dropped
+    for buf in cache_held {
+        b.free(buf);
+    }
     FwdState {
         saved: saved_map,
         out_buf,
@@ -866,6 +908,29 @@ fn post_forward(b: &mut B, u: UnitId) {
     }
     if !unit.params.is_empty() {
         b.post_forward_order.push(u);
+    }
+}
+
+/// An attention layer with a sliding window: HF's DynamicCache gives it a
+/// DynamicSlidingWindowLayer.
+fn sliding_cache_layer(op: &fsdp_ir::Op) -> bool {
+    matches!(op.kind, fsdp_ir::OpKind::Attention { sliding_window: Some(_), .. })
+}
+
+/// Does the KV cache keep this attention op's k and v alive beyond what the op saves? Only
+/// where the op saves repeat_kv copies of them instead: eager attention with grouped kv heads,
+/// and SDPA with grouped kv heads under a sliding-window mask (SDPA's GQA path saves k and v
+/// themselves; GPT-2's fused qkv saves the cache's copies).
+fn kv_cache_holds(cx: &Ctx, op: &fsdp_ir::Op) -> bool {
+    let fsdp_ir::OpKind::Attention { heads, kv_heads, sliding_window, .. } = &op.kind else { return false };
+    if op.inputs.len() != 3 || heads == kv_heads {
+        return false;
+    }
+    let masked = sliding_window.is_some_and(|w| cx.dims.seq > w);
+    match cx.attn {
+        AttnImpl::Eager => true,
+        AttnImpl::Sdpa => masked,
+        AttnImpl::FlashAttention2 => false,
     }
 }
 
