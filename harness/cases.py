@@ -178,6 +178,11 @@ FAKE_CASES = {
     "llama3_8b_bf16_prefetch2_ws8": {"model": "llama-3-8b", "world_size": 8, "batch": 1, "seq": 4096,
                                      "forward_prefetch": 2, "backward_prefetch": 2,
                                      "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    "mistral_7b_eager_s8192_ws8": {"model": "mistral-7b", "world_size": 8, "batch": 1, "seq": 8192,
+                                   "attn_implementation": "eager",
+                                   "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    "llama_1b_f32_sgd_ws2": {"model": "llama-1b", "world_size": 2, "batch": 8, "seq": 2048,
+                             "model_dtype": "float32", "optimizer": "sgd"},
     # MoE at real size: 8 experts, top-2, grouped_mm experts
     "mixtral_8x7b_bf16_ws8": {"model": "mixtral-8x7b", "world_size": 8, "batch": 1, "seq": 4096,
                               "param_dtype": "bfloat16", "reduce_dtype": "float32"},
