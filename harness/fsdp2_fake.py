@@ -33,10 +33,6 @@ import cases as cases_mod  # noqa: E402
 import fsdp2_oracle as oracle  # noqa: E402
 
 
-def _dtype(name):
-    return None if name is None else getattr(torch, name)
-
-
 def _patch_packed_sequence_check():
     """Without a KV cache (gradient checkpointing turns it off) HF looks for packed sequences
     in position_ids, a data-dependent check fake tensors cannot make: it then builds a full
@@ -69,7 +65,7 @@ def run_case(name, case):
         with FakeTensorMode():
             kw = {"attn_implementation": case["attn_implementation"]}
             if case["model_dtype"]:
-                kw["dtype"] = _dtype(case["model_dtype"])
+                kw["dtype"] = oracle._dtype(case["model_dtype"])
             model = AutoModelForCausalLM.from_config(cfg, **kw)
             model.train()
             if case["checkpoint"]:

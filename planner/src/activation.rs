@@ -72,7 +72,7 @@ pub enum Step {
     ParamGrad(usize),
 }
 
-/// Builds a [`OpMem::bwd_chain`]: `make` returns the index `drop` takes.
+/// Builds a [`OpMem::bwd_chain`], a method per [`Step`]: `make` returns the index `drop` takes.
 #[derive(Default)]
 struct Chain {
     steps: Vec<Step>,
@@ -90,6 +90,15 @@ impl Chain {
     }
     fn release(&mut self, k: usize) {
         self.steps.push(Step::Release(k));
+    }
+    fn drop_out_grad(&mut self) {
+        self.steps.push(Step::DropOutGrad);
+    }
+    fn input_grad(&mut self, k: usize) {
+        self.steps.push(Step::InputGrad(k));
+    }
+    fn param_grad(&mut self, k: usize) {
+        self.steps.push(Step::ParamGrad(k));
     }
 }
 
@@ -205,8 +214,8 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             // validate_outputs), grad * weight
             let a1 = c.make(t(n, cd, "rms_norm weight grad product"));
             let a2 = c.make(t(n, cd, "rms_norm normalized grad"));
-            c.steps.push(Step::DropOutGrad);
-            c.steps.push(Step::ParamGrad(0));
+            c.drop_out_grad();
+            c.param_grad(0);
             c.drop(a1);
             c.release(xn);
             // ToCopyBackward (xn.to(dtype)): back to f32
@@ -246,11 +255,11 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             c.drop(a11);
             // ToCopyBackward (x.to(f32)): the input's grad in its dtype (f32: the sum is it)
             if upcast {
-                c.steps.push(Step::InputGrad(0));
+                c.input_grad(0);
                 c.drop(a12);
             } else {
                 c.drop(a12);
-                c.steps.push(Step::InputGrad(0));
+                c.input_grad(0);
             }
             m.bwd_chain = c.steps;
         }
@@ -401,7 +410,7 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             // GroupedMmBackward (down): the input's grad, then the weight's (made in the
             // weight's layout: AccumulateGrad keeps it)
             let g5 = c.make(t(routed * i, cd, "act*up grad"));
-            c.steps.push(Step::ParamGrad(1));
+            c.param_grad(1);
             c.drop(g4);
             c.release(ACT_UP);
             // MulBackward0 (act * up)
@@ -422,7 +431,7 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             c.drop(g9);
             // GroupedMmBackward (gate_up)
             let g11 = c.make(t(routed * h, cd, "expert inputs grad"));
-            c.steps.push(Step::ParamGrad(0));
+            c.param_grad(0);
             c.drop(g10);
             c.release(INPUTS);
             c.release(OFFSETS);
@@ -433,13 +442,13 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             // IndexBackward (sample_weights[perm]), a later node than the gather's: the
             // top-k weights' grad
             let z = c.make(t(routed, f, "index grad zeros"));
-            c.steps.push(Step::InputGrad(1));
+            c.input_grad(1);
             c.drop(z);
             c.drop(gw);
             c.release(PERM);
             // IndexBackward (hidden_states[perm // k]): the hidden states' grad
             let z = c.make(t(tok * h, cd, "index grad zeros"));
-            c.steps.push(Step::InputGrad(0));
+            c.input_grad(0);
             c.drop(z);
             c.drop(g12);
             c.release(GATHER);

@@ -692,7 +692,6 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
     let mut remaining: Vec<usize> = tz.consumers.iter().map(|c| c.len()).collect();
     let mut mask: Option<BufferId> = None;
     let mut positions: Option<BufferId> = None;
-    let mut positions_until = usize::MAX;
     let checkpointed = region.iter().position(|r| r.is_some());
     let mut first_attn: Option<usize> = None;
     let fwd_prefetch = b.opts.forward_prefetch as usize;
@@ -703,7 +702,8 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
     // until the forward returns.
     let use_cache = b.opts.checkpoint.is_empty();
     // the base model (`model`, `transformer`: the first path component of the attention ops)
-    // ends at its last op; its forward's locals (the attention mask) go when it returns
+    // ends at its last op (`model.norm`); its forward's locals (position ids, the attention
+    // mask) go when it returns
     let base_end = model
         .ops
         .iter()
@@ -787,9 +787,6 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
                     }
                 }
                 positions = Some(b.alloc(cat(&[&op.name, " position ids"]), Category::Activation, cx.dims.seq * DType::Int64.size(), None));
-                // the base model's last op (`model.norm`): its forward returns there
-                let scope = op.name.rsplit_once('.').map_or("", |(p, _)| p);
-                positions_until = model.ops.iter().rposition(|o| o.name.strip_prefix(scope).is_some_and(|r| r.starts_with('.'))).unwrap_or(i);
             }
         }
         if use_cache && cx.device == Device::Cuda && sliding_cache_layer(op) {
@@ -833,13 +830,11 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
                 }
             }
         }
-        if i == positions_until && checkpointed.is_none() {
+        if i == base_end && checkpointed.is_none() {
             // the base model returns: its locals go (position ids, the attention mask)
             if let Some(p) = positions.take() {
                 b.free(p);
             }
-        }
-        if i == base_end && checkpointed.is_none() {
             if let Some(m) = mask.take() {
                 b.free(m);
             }
