@@ -54,6 +54,14 @@ BASE_CASES = {
                                 "param_dtype": "bfloat16", "reduce_dtype": "float32"},
     "gpt2_bf16_ws2": {"model": "tiny-gpt2", "world_size": 2,
                       "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    # bf16 with dropout on the CPU, at the longest sequence tiny-gpt2 takes: SDPA runs its
+    # math kernel in f32 (its f32 saved tensors and grads; the peaks are the MLP's backward
+    # under checkpointing, the loss's without)
+    "gpt2_bf16_ac_s64_ws2": {"model": "tiny-gpt2", "world_size": 2, "batch": 8, "seq": 64,
+                             "checkpoint": ["GPT2Block"],
+                             "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    "gpt2_bf16_b4s64_ws2": {"model": "tiny-gpt2", "world_size": 2, "batch": 4, "seq": 64,
+                            "param_dtype": "bfloat16", "reduce_dtype": "float32"},
     "qwen3_ac_raf_false_ws2": {"model": "tiny-qwen3", "world_size": 2, "checkpoint": ["Qwen3DecoderLayer"],
                                "reshard_after_forward": False},
     "mistral_bf16_ac_ga2_ws2": {"model": "tiny-mistral", "world_size": 2, "checkpoint": ["MistralDecoderLayer"],
@@ -170,6 +178,15 @@ FAKE_CASES = {
                              "checkpoint": ["Qwen3DecoderLayer"],
                              "param_dtype": "bfloat16", "reduce_dtype": "float32"},
     "gpt2_ws8": {"model": "gpt2", "world_size": 8, "batch": 8, "seq": 1024},
+    # bf16 with dropout on the CPU: SDPA's math kernel upcasts to f32, and its backward's
+    # f32 grads make the peak
+    "gpt2_xl_bf16_ac_ws4": {"model": "gpt2-xl", "world_size": 4, "batch": 4, "seq": 1024,
+                            "checkpoint": ["GPT2Block"],
+                            "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    # ... and without checkpointing: HF's KV cache holds its k/v copies through the forward,
+    # and the loss's locals (f32 logits, padded labels) make the peak at nll_loss
+    "gpt2_xl_bf16_ws16": {"model": "gpt2-xl", "world_size": 16, "batch": 2, "seq": 1024,
+                          "param_dtype": "bfloat16", "reduce_dtype": "float32"},
     "mistral_7b_bf16_s8192_ws8": {"model": "mistral-7b", "world_size": 8, "batch": 1, "seq": 8192,
                                   "param_dtype": "bfloat16", "reduce_dtype": "float32"},
     "qwen2_7b_bf16_raf_false_ws8": {"model": "qwen2-7b", "world_size": 8, "batch": 1, "seq": 4096,

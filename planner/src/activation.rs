@@ -36,6 +36,8 @@ pub struct OpMem {
     pub saved: Vec<T>,
     /// Tensors made and dropped inside the forward (live only during this op).
     pub fwd_scratch: Vec<T>,
+    /// `fwd_scratch` is alive together (locals of one function), not one after the other.
+    pub fwd_scratch_together: bool,
     /// Tensors made and dropped inside the backward (live only during its backward).
     pub bwd_scratch: Vec<T>,
     /// Does the output require grad (depends on params / inputs)?
@@ -475,6 +477,9 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             if cd != DType::Float32 {
                 m.fwd_scratch.push(t(logits, DType::Float32, "logits upcast"));
             }
+            // ForCausalLMLoss's locals, alive through cross_entropy (measured: GPT-2 XL bf16,
+            // batch 2, harness case `gpt2_xl_bf16_ws16`: FSDP2's peak is nll_loss's forward)
+            m.fwd_scratch_together = true;
             // nll_loss backward makes a zero-filled f32 [tokens, vocab] grad; log_softmax
             // backward makes another, which is the logits' grad in f32 and is cast under MP.
             m.bwd_scratch.push(t(logits, DType::Float32, "nll_loss grad"));
@@ -485,6 +490,12 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
         }
     }
     m
+}
+
+/// SDPA runs its math kernel in f32 on half/bf16 inputs: on the CPU, with dropout (the CPU
+/// flash kernel takes none). It then saves f32 copies of q, k and v, not its inputs.
+pub fn sdpa_math_upcast(cx: &Ctx, dropout: f64) -> bool {
+    cx.attn == AttnImpl::Sdpa && dropout > 0.0 && cx.device == Device::Cpu && cx.cd != DType::Float32
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -504,7 +515,7 @@ fn attention(cx: &Ctx, op: &Op, m: &mut OpMem, heads: u64, kv: u64, hd: u64, dro
         AttnImpl::Sdpa => dropout > 0.0 && cx.device == Device::Cpu,
         AttnImpl::FlashAttention2 => false,
     };
-    if use_math && cx.attn == AttnImpl::Sdpa && cd != DType::Float32 {
+    if sdpa_math_upcast(cx, dropout) {
         // SDPA's math kernel on the CPU upcasts half/bf16 to float32 and works in it: it saves
         // the f32 copies of q (scaled), k and v instead of the inputs, and f32 probs, dropout
         // mask and dropped probs (measured: GPT-2 bf16, dropout 0.1, harness ORACLE_LIVE).
@@ -519,8 +530,14 @@ fn attention(cx: &Ctx, op: &Op, m: &mut OpMem, heads: u64, kv: u64, hd: u64, dro
         m.saved.push(t(scores, DType::Float32, "dropout noise (f32)"));
         m.fwd_scratch.push(t(scores, DType::Float32, "attention scores (f32)"));
         m.fwd_scratch.push(t(q, DType::Float32, "attention output (f32)"));
-        for what in ["attention probs grad (f32)", "dropout grad (f32)", "softmax grad (f32)", "scores grad (f32)"] {
-            m.bwd_scratch.push(t(scores, DType::Float32, what));
+        if fused || !gqa {
+            m.bwd_chain = math_upcast_backward(cd, q, kvn, scores, fused);
+        } else {
+            // GQA (not measured: the math kernel repeats k and v itself): the grads down the
+            // chain, each alive with the next only
+            for what in ["attention probs grad (f32)", "dropout grad (f32)", "softmax grad (f32)", "scores grad (f32)"] {
+                m.bwd_scratch.push(t(scores, DType::Float32, what));
+            }
         }
     } else if cx.attn == AttnImpl::Eager || use_math {
         // matmul(q, k^T) * scaling (+ mask) -> softmax (f32 in Llama-family, saved)
@@ -583,7 +600,72 @@ fn attention(cx: &Ctx, op: &Op, m: &mut OpMem, heads: u64, kv: u64, hd: u64, dro
     }
 }
 
-/// Lists what one op keeps for backward (its saved tensors and whether it keeps its
+/// The backward of SDPA's math kernel on the CPU under half/bf16 (it works in f32), node by
+/// node as autograd runs it: measured for GPT-2 (fused qkv, MHA), bf16, dropout 0.1, with a
+/// dispatch mode logging every op and storage free of one attention's backward, and at real
+/// size (GPT-2 XL, harness case `gpt2_xl_bf16_ac_ws4`: FSDP2's peak is the probs' grad `bmm`).
+/// `saved` is laid out as the caller pushes it: dropped probs, v, q, k, probs, dropout noise.
+fn math_upcast_backward(cd: DType, q: u64, kvn: u64, scores: u64, fused: bool) -> Vec<Step> {
+    let f = DType::Float32;
+    let mut c = Chain::default();
+    // ToCopyBackward of the output's cast back to `cd`: the output's grad in f32
+    let g = c.make(t(q, f, "attention output grad (f32)"));
+    c.drop_out_grad();
+    // matmul(probs, v): its grad reshaped for bmm (a copy: the grad is laid out [b, s, h, d])
+    let g2 = c.make(t(q, f, "attention output grad (f32, bmm layout)"));
+    c.drop(g);
+    let vg = c.make(t(kvn, f, "attention v grad (f32)"));
+    let pg = c.make(t(scores, f, "attention probs grad (f32)"));
+    c.drop(g2);
+    c.release(1);
+    c.release(0);
+    // dropout's backward (grad * noise), then softmax's
+    let dg = c.make(t(scores, f, "dropout grad (f32)"));
+    c.drop(pg);
+    c.release(5);
+    let sg = c.make(t(scores, f, "softmax grad (f32)"));
+    c.drop(dg);
+    c.release(4);
+    // matmul(q, k^T): both grads, then each scaled (MulBackward of the sqrt(scale) factors)
+    let kg = c.make(t(kvn, f, "attention k grad (f32)"));
+    let qg = c.make(t(q, f, "attention q grad (f32)"));
+    c.drop(sg);
+    c.release(3);
+    c.release(2);
+    let kg2 = c.make(t(kvn, f, "attention k grad scaled (f32)"));
+    c.drop(kg);
+    let qg2 = c.make(t(q, f, "attention q grad scaled (f32)"));
+    c.drop(qg);
+    if fused {
+        // the f32 -> cd casts' backward (v, k, q), then the heads split's: two of the three
+        // grads are made contiguous before `cat` joins them into the qkv projection's grad
+        let v16 = c.make(t(kvn, cd, "attention v grad"));
+        c.drop(vg);
+        let k16 = c.make(t(kvn, cd, "attention k grad"));
+        c.drop(kg2);
+        let q16 = c.make(t(q, cd, "attention q grad"));
+        c.drop(qg2);
+        let c1 = c.make(t(kvn, cd, "attention grad (heads merged)"));
+        c.drop(v16);
+        let c2 = c.make(t(kvn, cd, "attention grad (heads merged)"));
+        c.drop(k16);
+        c.input_grad(0);
+        c.drop(c1);
+        c.drop(q16);
+        c.drop(c2);
+    } else {
+        // the casts' backward make the inputs' grads (v, k, q)
+        c.input_grad(2);
+        c.drop(vg);
+        c.input_grad(1);
+        c.drop(kg2);
+        c.input_grad(0);
+        c.drop(qg2);
+    }
+    c.steps
+}
+
+/// Lists what one op keeps for backward/// Lists what one op keeps for backward (its saved tensors and whether it keeps its
 /// output), for golden tests and `--explain`.
 pub fn explain(model: &Model, opts: &crate::options::Options, op_name: &str) -> String {
     let Some(op) = model.ops.iter().find(|o| o.name == op_name) else {

@@ -792,6 +792,15 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
         if use_cache && cx.device == Device::Cuda && sliding_cache_layer(op) {
             cache_held.push(b.alloc(cat(&[&op.name, " kv cache window size"]), Category::Activation, DType::Int64.size(), None));
         }
+        if use_cache {
+            // the cache's copies of k and v (`torch.cat` onto the empty cache), held until the
+            // forward returns where the attention saves other tensors
+            if let Some(n) = kv_cache_copies(cx, op) {
+                for what in [" kv cache keys", " kv cache values"] {
+                    cache_held.push(b.alloc(cat(&[&op.name, what]), Category::Activation, n, None));
+                }
+            }
+        }
         let m = &mems[i];
         let in_region = region[i].is_some();
         if let Some(o) = m.out {
@@ -801,10 +810,7 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
         for s in &m.saved {
             saved_now.push(b.alloc(cat(&[&op.name, " ", s.what]), Category::Activation, s.bytes(), None));
         }
-        // forward scratch tensors live one after the other: one transient of the largest
-        if let Some(big) = m.fwd_scratch.iter().max_by_key(|s| s.bytes()) {
-            b.transient(cat(&[&op.name, " ", big.what]), Category::Activation, big.bytes());
-        }
+        fwd_scratch(b, &op.name, m, "");
         // extra saved tensors of checkpointed ops are dropped right away
         if in_region {
             for s in saved_now.drain(..) {
@@ -926,6 +932,29 @@ fn kv_cache_holds(cx: &Ctx, op: &fsdp_ir::Op) -> bool {
         AttnImpl::Eager => true,
         AttnImpl::Sdpa => masked,
         AttnImpl::FlashAttention2 => false,
+    }
+}
+
+/// The bytes of each of the KV cache's own k and v copies that outlive an attention op's
+/// forward, where the op does not save them: GPT-2's fused qkv split into heads and
+/// concatenated onto the cache, under SDPA's f32 math kernel (measured: GPT-2 XL bf16 with
+/// dropout, harness case `gpt2_xl_bf16_ws16`: two `cat` copies per layer at the loss).
+fn kv_cache_copies(cx: &Ctx, op: &fsdp_ir::Op) -> Option<u64> {
+    let fsdp_ir::OpKind::Attention { kv_heads, head_dim, dropout, .. } = &op.kind else { return None };
+    (op.inputs.len() == 1 && crate::activation::sdpa_math_upcast(cx, *dropout))
+        .then(|| cx.dims.batch * cx.dims.seq * kv_heads * head_dim * cx.cd.size())
+}
+
+/// An op's forward scratch: one after the other (the largest is the op's high-water mark),
+/// or alive together.
+fn fwd_scratch(b: &mut B, op: &str, m: &OpMem, suffix: &str) {
+    if m.fwd_scratch_together {
+        let bufs: Vec<BufferId> = m.fwd_scratch.iter().map(|s| b.alloc(cat(&[op, " ", s.what, suffix]), Category::Activation, s.bytes(), None)).collect();
+        for x in bufs {
+            b.free(x);
+        }
+    } else if let Some(big) = m.fwd_scratch.iter().max_by_key(|s| s.bytes()) {
+        b.transient(cat(&[op, " ", big.what, suffix]), Category::Activation, big.bytes());
     }
 }
 
@@ -1094,9 +1123,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                     for s in &mems[j].saved {
                         v.push(b.alloc(cat(&[&oj.name, " ", s.what, " (recomputed)"]), Category::Activation, s.bytes(), None));
                     }
-                    for s in &mems[j].fwd_scratch {
-                        b.transient(cat(&[&oj.name, " ", s.what]), Category::Activation, s.bytes());
-                    }
+                    fwd_scratch(b, &oj.name, &mems[j], " (recomputed)");
                     // (first, as in the forward: `first_node_saved` counts from the front; what
                     // the region keeps for it, the mask or position ids, goes after)
                     saved[j].splice(0..0, v);
