@@ -17,4 +17,6 @@ for l in sys.stdin:
         print(m["executable"])')
 cp "$test_exe" target/gpu-bin/nccl_gpu
 strip target/gpu-bin/fsdp-plan target/gpu-bin/nccl_gpu
+# the torch these were built against (gpu-check.sh refuses another: the shim subclasses its allocator)
+.venv/bin/python -c 'import torch, transformers; print(torch.__version__, torch.version.git_version, transformers.__version__)' > target/gpu-bin/versions.txt
 ls -la target/gpu-bin

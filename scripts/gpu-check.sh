@@ -7,7 +7,11 @@
 #
 # STATUS: written without a GPU; NOT RUN ON ONE YET (no session so far was lent a device).
 #
-#   bash scripts/gpu-check.sh            # logs and JSON in $OUT, else target/gpu-check/
+#   bash scripts/gpu-check.sh            # logs and JSON in target/gpu-check/ (copied to $OUT)
+#
+# On the device tool (10 minutes a command), one model per call, on the same warm machine:
+#   GPU_CHECK_MODELS=gpt2 bash scripts/gpu-check.sh
+#   GPU_CHECK_MODELS=llama-1b bash scripts/gpu-check.sh   # + the cross-calibration (needs gpt2's)
 #
 # Steps:
 #   1. the NCCL collective test (one rank per GPU, up to 4), if its binary is at hand;
@@ -30,8 +34,10 @@
 # of this script's plumbing (and of FSDP2-vs-fsdp-plan losses) on a machine without a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-LOG=${OUT:-target/gpu-check}
+LOG=target/gpu-check
 mkdir -p "$LOG"
+# what the last call wrote comes back from $OUT (the device tool), whatever happens below
+trap '[ -n "${OUT:-}" ] && cp -r "$LOG"/. "$OUT"/ 2>/dev/null' EXIT
 if [ "${GPU_CHECK_DRY:-}" = cpu ]; then
   echo "gpu-check: dry run on the CPU (GPU_CHECK_DRY=cpu)"
   DEV=cpu; SPECS=("tiny-gpt2 2 32" "tiny-llama 2 32"); SHORT=(1 32); RTOL=1e-12; F2RTOL=1e-6; NP=0; HW=cpu
@@ -47,6 +53,12 @@ else
   # model, batch, seq of the side by side (fp32, AdamW as FSDP2's script); fp32 matmuls are
   # full fp32 on both sides (PyTorch's default: no TF32), hence the tight loss tolerance
   DEV=cuda; SPECS=("gpt2 8 1024" "llama-1b 4 1024"); SHORT=(1 128); RTOL=1e-4; F2RTOL=1e-4; HW=h100
+  ldd --version 2>&1 | head -1   # the binaries need glibc >= 2.34 (built on Debian 12)
+fi
+ALL_SPECS=("${SPECS[@]}")
+if [ -n "${GPU_CHECK_MODELS:-}" ]; then # a subset, by name (one call per model on the device tool)
+  SPECS=(); for spec in "${ALL_SPECS[@]}"; do set -- $spec; [[ " $GPU_CHECK_MODELS " == *" $1 "* ]] && SPECS+=("$spec"); done
+  [ ${#SPECS[@]} -gt 0 ] || { echo "gpu-check: GPU_CHECK_MODELS=$GPU_CHECK_MODELS names none of: ${ALL_SPECS[*]}"; exit 2; }
 fi
 
 # python with torch: the project venv, else the system's
@@ -55,11 +67,23 @@ elif command -v cargo >/dev/null; then bash scripts/setup-venv.sh && PY=.venv/bi
 else PY=python3; fi
 $PY -c 'import sys, torch, transformers; assert sys.argv[1] == "cpu" or torch.cuda.is_available(), "torch sees no GPU"; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__, "devices", torch.cuda.device_count())' "$DEV" || exit 1
 TORCHLIB=$($PY -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+# the binaries were built against one torch: the same one must run them (the C++ shim
+# subclasses libtorch's CUDA allocator, whose layout changes between builds)
+if [ -f target/gpu-bin/versions.txt ]; then
+  HERE=$($PY -c 'import torch, transformers; print(torch.__version__, torch.version.git_version, transformers.__version__)')
+  if [ "$HERE" != "$(cat target/gpu-bin/versions.txt)" ]; then
+    echo "gpu-check: the binaries were built for torch/transformers $(cat target/gpu-bin/versions.txt); this python has $HERE"
+    [ -n "${GPU_CHECK_IGNORE_VERSIONS:-}" ] || { echo "gpu-check: rebuild with scripts/gpu-bundle.sh against this torch (or set GPU_CHECK_IGNORE_VERSIONS=1 to try anyway)"; exit 1; }
+  fi
+fi
+# libtorch finds the CUDA libraries through its RPATH (../../nvidia/*/lib), which holds where
+# pip put torch and nvidia-* in one site-packages; otherwise the loader path must name them
+NVLIBS=$($PY -c 'import os, nvidia; print(":".join(os.path.join(p, d, "lib") for p in nvidia.__path__ for d in sorted(os.listdir(p)) if os.path.isdir(os.path.join(p, d, "lib"))))' 2>/dev/null || true)
 # cudarc dlopens libnccl.so; the wheels ship libnccl.so.2
 NCCL=$($PY -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null || true)
 mkdir -p target/nccl-lib
 [ -n "$NCCL" ] && [ -e "$NCCL" ] && ln -sf "$NCCL" target/nccl-lib/libnccl.so
-export LD_LIBRARY_PATH="$PWD/target/nccl-lib:$TORCHLIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH="$PWD/target/nccl-lib:$TORCHLIB${NVLIBS:+:$NVLIBS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 TORCHRUN=("$PY" -m torch.distributed.run)
 
 # the binaries: prebuilt (gpu-bundle.sh), else built here
@@ -73,7 +97,9 @@ fail=0
 step() { # step NAME CMD...: run, log, record failure
   local name=$1; shift
   echo "== $name: $*"
-  if "$@" > >(tee "$LOG/$name.log") 2>&1; then echo "== $name: ok"; else echo "== $name: FAILED (log: $LOG/$name.log)"; fail=1; fi
+  # (a pipe, not a process substitution: the log is complete when the step returns)
+  "$@" 2>&1 | tee "$LOG/$name.log"
+  if [ "${PIPESTATUS[0]}" = 0 ]; then echo "== $name: ok"; else echo "== $name: FAILED (log: $LOG/$name.log)"; fail=1; fi
 }
 json() { # json FILE CMD...: stdout to FILE, stderr to the log
   local f=$1; shift
@@ -120,12 +146,17 @@ json.dump(d, open(sys.argv[2], "w"), indent=1)' "models/$M.config.json" "$W/mode
 done
 
 # the calibrated time model predicts the other architecture: the profile fitted on the first
-# model's run, the second model's measured step (goal: within 10%)
-set -- ${SPECS[0]}; M1=$1
-set -- ${SPECS[1]}; M2=$1; BS=$2; SEQ=$3
+# model's run, the second model's measured step (goal: within 10%); with both models' runs in
+# $LOG (this call's or an earlier one's on the same machine)
+set -- ${ALL_SPECS[0]}; M1=$1
+set -- ${ALL_SPECS[1]}; M2=$1; BS=$2; SEQ=$3
+if [ -f "$LOG/$M1-calibrated.ron" ] && [ -f "$LOG/$M2-trace.json" ]; then
 step cross-calibration "$B" calibrate "target/side-by-side/$M2/model.ron" --world-size 1 --policy auto --optimizer adamw --batch "$BS" --seq "$SEQ" \
   --trace "$LOG/$M2-trace.json" --hardware "$LOG/$M1-calibrated.ron" -o "$LOG/$M2-from-$M1.ron"
 echo "- $M2 predicted with the profile calibrated on $M1: $(grep -h 'measured step' "$LOG/cross-calibration.log")" >> "$LOG/RESULTS-gpu.md"
+else
+  echo "== cross-calibration: not yet ($M1's calibrated profile and $M2's trace are both needed)"
+fi
 
 if [ "$fail" = 0 ]; then echo "gpu-check: all steps passed"; else echo "gpu-check: some steps FAILED (logs in $LOG/)"; fi
 exit "$fail"

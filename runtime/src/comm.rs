@@ -95,7 +95,8 @@ pub trait Collective: Send + Sync {
         Ok(Pending::ready(self.all_reduce_avg(input)?))
     }
     /// Where the last collective of this group ran on the device (events on its stream,
-    /// timing enabled), for measured GPU timelines; `None` where it ran on the host.
+    /// timing enabled), for measured GPU timelines; `None` where it ran on the host, or when
+    /// that span was already reported (each is returned once, never a stale one).
     fn last_span(&self) -> Option<DeviceSpan> {
         None
     }

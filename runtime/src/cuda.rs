@@ -44,11 +44,16 @@ mod imp {
 
     /// Loads libcuda and initializes the driver (once).
     pub fn init() -> Result<(), CudaError> {
-        // cudarc panics when the library is missing: look first.
-        if !unsafe { sys::is_culib_present() } {
-            return Err(CudaError::NoDriver("libcuda.so not loadable".into()));
-        }
-        result::init().map_err(drv("cuInit"))
+        // once per process (it is reached from every device handle and collective wait)
+        static INIT: std::sync::OnceLock<Result<(), CudaError>> = std::sync::OnceLock::new();
+        INIT.get_or_init(|| {
+            // cudarc panics when the library is missing: look first.
+            if !unsafe { sys::is_culib_present() } {
+                return Err(CudaError::NoDriver("libcuda.so not loadable".into()));
+            }
+            result::init().map_err(drv("cuInit"))
+        })
+        .clone()
     }
 
     /// Loads libtorch_cuda (once), so that libtorch has its CUDA kernels and allocator: the

@@ -228,9 +228,9 @@ mod imp {
             Ok(end)
         }
 
-        /// See [`crate::comm::Collective::last_span`].
+        /// See [`crate::comm::Collective::last_span`] (taken: a span is reported once).
         pub fn last_span(&self) -> Option<crate::comm::DeviceSpan> {
-            self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()
+            self.last.lock().unwrap_or_else(|e| e.into_inner()).take()
         }
 
         /// [`NcclGroup::new`] with a rendezvous' rank, size and id.

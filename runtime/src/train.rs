@@ -262,6 +262,15 @@ fn rank_loop(
     // the plan's arena: on the CPU placed by the counting allocator, on a GPU by the allocator
     // the shim puts in front of libtorch's CUDA caching allocator (when the build has it)
     let arena = cfg.arena && (device == tch::Device::Cpu || crate::shim::cuda_arena_built());
+    if device != tch::Device::Cpu {
+        // cuBLAS makes a workspace per thread at its first matmul (this thread's forward,
+        // autograd's device thread's backward) and keeps it: made here, before the first
+        // step, it is neither in that step's arena records nor in its peak
+        for kind in [Kind::Float, cx0.kind] {
+            let a = Tensor::f_ones([8, 8], (kind, device))?.set_requires_grad(true);
+            a.f_matmul(&a)?.f_sum(Kind::Float)?.f_backward()?;
+        }
+    }
     let last_step = cfg.stop_after.unwrap_or(cfg.steps).min(cfg.steps);
     let mut out = vec![];
     let mut prev = 0.0;
@@ -359,7 +368,10 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
             .into_iter()
             .map(|((g, shard, replicate), full, mine_all)| {
                 sc.spawn(move || -> Result<Vec<StepReport>, RtError> {
-                    tch::set_num_threads(1);
+                    // rank threads share the cores; one rank has them all
+                    if ws > 1 {
+                        tch::set_num_threads(1);
+                    }
                     let mesh = crate::comm::Groups { world: &g, shard: &shard, replicate: &replicate };
                     rank_loop(plan, model, cfg, &mesh, tch::Device::Cpu, &full, &mine_all, start, last, None)
                 })
