@@ -430,9 +430,7 @@ fn not_an_input(out: &Path, inputs: &[&Path]) -> Result<()> {
 
 /// Writes via a temp file in the same directory, then renames.
 fn write_atomic(path: &Path, text: &str) -> Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = path.file_name().and_then(|s| s.to_str()).unwrap_or("out");
-    let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
+    let tmp = fsdp_ir::tmp_sibling(path);
     std::fs::write(&tmp, text).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
         user(format!("{}: {e}", path.display()))

@@ -14,6 +14,14 @@ pub mod validate;
 pub use error::{IrError, Problem};
 pub use model::*;
 
+/// The temp file a write to `path` goes through before its rename (every file fsdp-plan
+/// writes, so that an interrupted write never leaves a half file under the user's name):
+/// hidden, beside it, named for this process. Only the name: no IO here.
+pub fn tmp_sibling(path: &std::path::Path) -> std::path::PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());
+    path.with_file_name(format!(".{name}.tmp{}", std::process::id()))
+}
+
 /// Parses and validates a model file's text. `file` names it in errors.
 pub fn parse_model(text: &str, file: &str) -> Result<Model, IrError> {
     let model: Model = ron::Options::default()

@@ -33,17 +33,10 @@ fn io(file: &Path, e: impl std::fmt::Display) -> RtError {
     }
 }
 
-/// The temp file a write to `path` goes through before its rename: hidden, beside it, and
-/// named for this process, so that it never is a file of the user's.
-pub fn tmp_sibling(path: &Path) -> PathBuf {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "out".into());
-    path.with_file_name(format!(".{name}.tmp{}", std::process::id()))
-}
-
-/// Writes `path` through [`tmp_sibling`] and a rename; `write` makes the temp file. On an
+/// Writes `path` through [`fsdp_ir::tmp_sibling`] and a rename; `write` makes the temp file. On an
 /// error the temp file is removed and the error names `path`.
 pub fn write_via_tmp(path: &Path, write: impl FnOnce(&Path) -> Result<(), String>) -> Result<(), RtError> {
-    let tmp = tmp_sibling(path);
+    let tmp = fsdp_ir::tmp_sibling(path);
     let r = write(&tmp).and_then(|()| std::fs::rename(&tmp, path).map_err(|e| e.to_string()));
     if r.is_err() {
         let _ = std::fs::remove_file(&tmp);
