@@ -530,11 +530,11 @@ fn attention(cx: &Ctx, op: &Op, m: &mut OpMem, heads: u64, kv: u64, hd: u64, dro
         m.saved.push(t(scores, DType::Float32, "dropout noise (f32)"));
         m.fwd_scratch.push(t(scores, DType::Float32, "attention scores (f32)"));
         m.fwd_scratch.push(t(q, DType::Float32, "attention output (f32)"));
-        if fused || !gqa {
-            m.bwd_chain = math_upcast_backward(cd, q, kvn, scores, fused);
+        if fused {
+            m.bwd_chain = math_upcast_backward(cd, q, scores);
         } else {
-            // GQA (not measured: the math kernel repeats k and v itself): the grads down the
-            // chain, each alive with the next only
+            // separate q/k/v (Llama family; not measured: none has attention dropout by
+            // default): the grads down the chain, each alive with the next only
             for what in ["attention probs grad (f32)", "dropout grad (f32)", "softmax grad (f32)", "scores grad (f32)"] {
                 m.bwd_scratch.push(t(scores, DType::Float32, what));
             }
@@ -605,8 +605,10 @@ fn attention(cx: &Ctx, op: &Op, m: &mut OpMem, heads: u64, kv: u64, hd: u64, dro
 /// dispatch mode logging every op and storage free of one attention's backward, and at real
 /// size (GPT-2 XL, harness case `gpt2_xl_bf16_ac_ws4`: FSDP2's peak is the probs' grad `bmm`).
 /// `saved` is laid out as the caller pushes it: dropped probs, v, q, k, probs, dropout noise.
-fn math_upcast_backward(cd: DType, q: u64, kvn: u64, scores: u64, fused: bool) -> Vec<Step> {
+/// k and v have q's size (fused qkv: as many kv heads as heads).
+fn math_upcast_backward(cd: DType, q: u64, scores: u64) -> Vec<Step> {
     let f = DType::Float32;
+    let kvn = q;
     let mut c = Chain::default();
     // ToCopyBackward of the output's cast back to `cd`: the output's grad in f32
     let g = c.make(t(q, f, "attention output grad (f32)"));
@@ -636,32 +638,22 @@ fn math_upcast_backward(cd: DType, q: u64, kvn: u64, scores: u64, fused: bool) -
     c.drop(kg);
     let qg2 = c.make(t(q, f, "attention q grad scaled (f32)"));
     c.drop(qg);
-    if fused {
-        // the f32 -> cd casts' backward (v, k, q), then the heads split's: two of the three
-        // grads are made contiguous before `cat` joins them into the qkv projection's grad
-        let v16 = c.make(t(kvn, cd, "attention v grad"));
-        c.drop(vg);
-        let k16 = c.make(t(kvn, cd, "attention k grad"));
-        c.drop(kg2);
-        let q16 = c.make(t(q, cd, "attention q grad"));
-        c.drop(qg2);
-        let c1 = c.make(t(kvn, cd, "attention grad (heads merged)"));
-        c.drop(v16);
-        let c2 = c.make(t(kvn, cd, "attention grad (heads merged)"));
-        c.drop(k16);
-        c.input_grad(0);
-        c.drop(c1);
-        c.drop(q16);
-        c.drop(c2);
-    } else {
-        // the casts' backward make the inputs' grads (v, k, q)
-        c.input_grad(2);
-        c.drop(vg);
-        c.input_grad(1);
-        c.drop(kg2);
-        c.input_grad(0);
-        c.drop(qg2);
-    }
+    // the f32 -> cd casts' backward (v, k, q), then the heads split's: two of the three
+    // grads are made contiguous before `cat` joins them into the qkv projection's grad
+    let v16 = c.make(t(kvn, cd, "attention v grad"));
+    c.drop(vg);
+    let k16 = c.make(t(kvn, cd, "attention k grad"));
+    c.drop(kg2);
+    let q16 = c.make(t(q, cd, "attention q grad"));
+    c.drop(qg2);
+    let c1 = c.make(t(kvn, cd, "attention grad (heads merged)"));
+    c.drop(v16);
+    let c2 = c.make(t(kvn, cd, "attention grad (heads merged)"));
+    c.drop(k16);
+    c.input_grad(0);
+    c.drop(c1);
+    c.drop(q16);
+    c.drop(c2);
     c.steps
 }
 
