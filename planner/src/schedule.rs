@@ -163,6 +163,15 @@ impl B<'_> {
 
     /// Issue the all-gather of `u` (if not already unsharded or pending).
     fn unshard(&mut self, u: UnitId, prefetch: bool) {
+        self.unshard_as(u, prefetch, Category::AllGather)
+    }
+
+    /// [`Self::unshard`], its buffers counted in `category`: FSDPMemTracker counts an
+    /// all-gather's buffers as all-gather only when FSDP2 issues it from its forward or
+    /// backward pre-hook of a param group; explicit backward prefetches
+    /// (`set_modules_to_backward_prefetch`) come after that hook returned, and their buffers
+    /// stay temp.
+    fn unshard_as(&mut self, u: UnitId, prefetch: bool, category: Category) {
         let unit = &self.units[u.index()];
         if self.state[u.index()] != PState::Sharded || unit.params.is_empty() {
             return;
@@ -190,13 +199,13 @@ impl B<'_> {
             deps,
         );
         if let Some(d) = cast {
-            self.transient(format!("{label} mp shard"), Category::AllGather, shard_numel * d.size());
+            self.transient(format!("{label} mp shard"), category, shard_numel * d.size());
         }
         let buf = if flat {
             // FSDP1 gathers straight into the persistent padded flat param.
             self.alloc(format!("{label} unsharded flat param"), Category::UnshardedParam, bytes, Some(u))
         } else {
-            self.alloc(format!("{label} all-gather output"), Category::AllGather, bytes, Some(u))
+            self.alloc(format!("{label} all-gather output"), category, bytes, Some(u))
         };
         self.last_ag_op[u.index()] = Some(op);
         self.state[u.index()] = PState::Pending(buf, op);
@@ -1073,15 +1082,16 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
         let idx = pfo.iter().rposition(|&x| x == u);
         if let Some(idx) = idx {
             pfo.remove(idx);
-            let depth = match (b.opts.backward_prefetch, units[u.index()].is_root()) {
-                (BackwardPrefetch::Implicit | BackwardPrefetch::Pre, _) => 1,
-                (BackwardPrefetch::Depth(_), true) => 1,
-                (BackwardPrefetch::Depth(k), false) => k as usize,
-                (BackwardPrefetch::None | BackwardPrefetch::Post, _) => 0,
+            let (depth, explicit) = match (b.opts.backward_prefetch, units[u.index()].is_root()) {
+                (BackwardPrefetch::Implicit | BackwardPrefetch::Pre, _) => (1, false),
+                (BackwardPrefetch::Depth(_), true) => (1, false),
+                (BackwardPrefetch::Depth(k), false) => (k as usize, true),
+                (BackwardPrefetch::None | BackwardPrefetch::Post, _) => (0, false),
             };
             let targets: Vec<UnitId> = pfo[..idx].iter().rev().take(depth).copied().collect();
+            let category = if explicit && b.opts.layout == Layout::Fsdp2 { Category::Temp } else { Category::AllGather };
             for t in targets {
-                b.unshard(t, true);
+                b.unshard_as(t, true, category);
             }
         }
     };
