@@ -607,6 +607,12 @@ fn attention(cx: &Ctx, op: &Op, m: &mut OpMem, heads: u64, kv: u64, hd: u64, dro
 /// `saved` is laid out as the caller pushes it: dropped probs, v, q, k, probs, dropout noise.
 /// k and v have q's size (fused qkv: as many kv heads as heads).
 fn math_upcast_backward(cd: DType, q: u64, scores: u64) -> Vec<Step> {
+    const DROPPED: usize = 0;
+    const V: usize = 1;
+    const Q: usize = 2;
+    const K: usize = 3;
+    const PROBS: usize = 4;
+    const NOISE: usize = 5;
     let f = DType::Float32;
     let kvn = q;
     let mut c = Chain::default();
@@ -619,21 +625,21 @@ fn math_upcast_backward(cd: DType, q: u64, scores: u64) -> Vec<Step> {
     let vg = c.make(t(kvn, f, "attention v grad (f32)"));
     let pg = c.make(t(scores, f, "attention probs grad (f32)"));
     c.drop(g2);
-    c.release(1);
-    c.release(0);
+    c.release(V);
+    c.release(DROPPED);
     // dropout's backward (grad * noise), then softmax's
     let dg = c.make(t(scores, f, "dropout grad (f32)"));
     c.drop(pg);
-    c.release(5);
+    c.release(NOISE);
     let sg = c.make(t(scores, f, "softmax grad (f32)"));
     c.drop(dg);
-    c.release(4);
+    c.release(PROBS);
     // matmul(q, k^T): both grads, then each scaled (MulBackward of the sqrt(scale) factors)
     let kg = c.make(t(kvn, f, "attention k grad (f32)"));
     let qg = c.make(t(q, f, "attention q grad (f32)"));
     c.drop(sg);
-    c.release(3);
-    c.release(2);
+    c.release(K);
+    c.release(Q);
     let kg2 = c.make(t(kvn, f, "attention k grad scaled (f32)"));
     c.drop(kg);
     let qg2 = c.make(t(q, f, "attention q grad scaled (f32)"));
@@ -657,7 +663,7 @@ fn math_upcast_backward(cd: DType, q: u64, scores: u64) -> Vec<Step> {
     c.steps
 }
 
-/// Lists what one op keeps for backward/// Lists what one op keeps for backward (its saved tensors and whether it keeps its
+/// Lists what one op keeps for backward (its saved tensors and whether it keeps its
 /// output), for golden tests and `--explain`.
 pub fn explain(model: &Model, opts: &crate::options::Options, op_name: &str) -> String {
     let Some(op) = model.ops.iter().find(|o| o.name == op_name) else {
