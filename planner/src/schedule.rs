@@ -1285,8 +1285,12 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
     // final callback: per FSDP state in module pre-order (root first), its deferred
     // post-backward, then its `finalize_backward` (what it held for the all-reduce goes)
     b.op(OpKind::PhaseEnd, Stream::Compute, vec![]);
+    let mut is_deferred = vec![false; units.len()];
+    for u in &deferred {
+        is_deferred[u.index()] = true;
+    }
     for u in units.iter().map(|u| u.id) {
-        if deferred.contains(&u) {
+        if is_deferred[u.index()] {
             b.post_backward(u, sync);
         }
         if let Some(h) = b.all_reduce_held[u.index()].take() {

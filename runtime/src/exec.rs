@@ -103,6 +103,12 @@ impl Rank {
     }
 }
 
+/// The dtype a unit's grads are reduced (and, unsynced under mixed precision, accumulated)
+/// in: `reduce_dtype`, else the param dtype (FSDP2's rule), else the shard's own.
+fn reduce_kind_of(reduce: Option<Kind>, param: Option<Kind>, shard: &Tensor) -> Kind {
+    reduce.or(param).unwrap_or(shard.kind())
+}
+
 /// torch kind of an IR dtype.
 pub fn kind_of(d: fsdp_ir::DType) -> Kind {
     match d {
@@ -574,7 +580,7 @@ fn run_step(
             OpKind::Setup => {}
             OpKind::KeepGrads { unit } | OpKind::AccumulateGrads { unit } => {
                 let u = unit.index();
-                let rk = reduce_kind.unwrap_or(rank.shards[u].kind());
+                let rk = reduce_kind_of(reduce_kind, param_kind, &rank.shards[u]);
                 let grad_kind = param_kind.unwrap_or(rank.shards[u].kind());
                 if plan.options.layout == Layout::Fsdp2 && rk != grad_kind {
                     tch::no_grad(|| {
@@ -804,7 +810,7 @@ fn run_step(
                 let u = unit.index();
                 // grads are reduced in reduce_dtype (else their own dtype), then kept in the
                 // shard's (master) dtype
-                let gk = reduce_kind.or(param_kind).unwrap_or(rank.shards[u].kind());
+                let gk = reduce_kind_of(reduce_kind, param_kind, &rank.shards[u]);
                 let input = match flat_grad[u].take() {
                     // FSDP1 reduce-scatters the flat gradient itself (cast when reduce_dtype
                     // differs)

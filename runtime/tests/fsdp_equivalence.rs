@@ -98,6 +98,8 @@ fn reference_as(name: &str, m: &fsdp_ir::Model, opts: &Options, data: &[Vec<Tens
 fn sharded(name: &str, m: &fsdp_ir::Model, opts: &Options, data: &[Vec<Tensor>], deferred: bool) -> (Vec<f64>, HashMap<String, Tensor>) {
     let plan = fsdp_planner::plan(m, opts).unwrap();
     let ws = opts.world_size as usize;
+    // compute in the param dtype when there is one (mixed precision), else in KIND
+    let kind = opts.param_dtype.map(fsdp_runtime::exec::kind_of).unwrap_or(KIND);
     let groups = fsdp_runtime::comm::cpu_mesh(ws, opts.shard_size() as usize);
     let data: Vec<Vec<Vec<Tensor>>> = (0..ws)
         .map(|r| data.iter().map(|mbs| mbs.iter().map(|ids| ids.narrow(0, r as i64 * B, B).copy()).collect()).collect())
@@ -120,7 +122,7 @@ fn sharded(name: &str, m: &fsdp_ir::Model, opts: &Options, data: &[Vec<Tensor>],
                     let mut losses = vec![];
                     for (si, mbs) in mydata.iter().enumerate() {
                         // training mode: dropout (GPT-2's p = 0.1) draws the global batch's noise
-                        let cx = OpCx { attn: Attn::Sdpa, kind: KIND, train: Some(noise(si, g.rank() as u64 * B as u64)) };
+                        let cx = OpCx { attn: Attn::Sdpa, kind, train: Some(noise(si, g.rank() as u64 * B as u64)) };
                         let batches: Vec<HashMap<String, Tensor>> = mbs.iter().map(batch).collect();
                         losses.push(step_timed(plan, m, &mesh, &mut rank, &batches, &cx, Optim::of_plan(plan.options.optimizer, 1e-3), None, None).unwrap());
                     }
@@ -305,6 +307,25 @@ fn mixed_precision_tracks_fp32() {
     assert!(got[0][STEPS - 1] < got[0][0]);
     assert!(worst > 0.0, "the bf16 run must differ from fp32 (did it run in bf16?)");
     eprintln!("bf16/f32-reduce vs fp32 single device: worst loss rel {worst:.1e} over {STEPS} steps");
+}
+
+/// FSDP2 reduces in the param dtype when `reduce_dtype` is None: with bf16 params and
+/// gradient accumulation, leaving the reduce dtype out trains bit-identically to naming bf16,
+/// every micro-batch's grads reduced (the runtime once kept the first micro-batch's grads
+/// upcast to the master dtype there and reduced only those).
+#[test]
+fn reduce_dtype_defaults_to_param_dtype_under_accumulation() {
+    let m = model("tiny-llama");
+    let bf16 = fsdp_ir::DType::parse("bf16");
+    let o = Options { grad_accum: 2, param_dtype: bf16, ..opts(2, Layout::Fsdp2, Policy::Auto) };
+    let data = data(m.params[0].shape[0] as i64, 2, 2);
+    let (al, ap) = sharded("tiny-llama", &m, &o, &data, false);
+    let (bl, bp) = sharded("tiny-llama", &m, &Options { reduce_dtype: bf16, ..o.clone() }, &data, false);
+    assert_eq!(al, bl, "losses");
+    for (k, a) in &ap {
+        assert!(a.equal(&bp[k]), "final {k} differs");
+    }
+    assert!(al[STEPS - 1] < al[0]);
 }
 
 /// Dropout really drops in training mode (so the GPT-2 rows above compare dropped runs): the
