@@ -437,8 +437,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
     let (vocab_d, inter_d, kv_d, eps_d, theta_d) = match f {
         Llama => (32000, 11008, None, 1e-6, 10000.0),
         Mistral => (32000, 14336, Some(8), 1e-6, 10000.0),
-        Qwen2 => (151936, 22016, None, 1e-6, 10000.0),
-        Qwen3 => (151936, 22016, None, 1e-6, 10000.0),
+        Qwen2 | Qwen3 => (151936, 22016, None, 1e-6, 10000.0),
         Mixtral => (32000, 14336, Some(8), 1e-5, 1e6),
         Gpt2 => unreachable!("gpt2 has its own builder"),
     };

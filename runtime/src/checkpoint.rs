@@ -106,12 +106,16 @@ pub fn latest(dir: &Path) -> Result<PathBuf, RtError> {
     }
     let name = std::fs::read_to_string(&l).map_err(|e| io(&l, format!("{e} (not a checkpoint directory of `run --save`?)")))?;
     let name = name.trim();
-    // `step-` and 8 digits, as save writes it: nothing else is followed
-    let ok = name.strip_prefix("step-").is_some_and(|d| d.len() == 8 && d.bytes().all(|b| b.is_ascii_digit()));
-    if !ok {
+    // only a name as save writes it is followed
+    if step_of(name).is_none() {
         return Err(io(&l, format!("names `{name}`, not a step directory (step-NNNNNNNN)")));
     }
     Ok(dir.join(name))
+}
+
+/// The step of a step directory's name as [`step_dir`] writes it: `step-` and 8 digits.
+fn step_of(name: &str) -> Option<usize> {
+    name.strip_prefix("step-").filter(|d| d.len() == 8 && d.bytes().all(|b| b.is_ascii_digit())).and_then(|d| d.parse().ok())
 }
 
 /// Loads this rank's state from a checkpoint directory, refusing another plan or world size.
@@ -129,7 +133,7 @@ pub fn load_rank(ckpt: &Path, plan: &Plan, rank_idx: usize) -> Result<(Rank, usi
         return Err(io(&mp, format!("rank {} of world size {}; this is rank {rank_idx} of {}", meta.rank, meta.world_size, plan.options.world_size)));
     }
     // a rank's files copied in from another step would mix two points of training
-    if let Some(dir_step) = ckpt.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix("step-")).and_then(|d| d.parse::<usize>().ok()) {
+    if let Some(dir_step) = ckpt.file_name().and_then(|n| n.to_str()).and_then(step_of) {
         if meta.step != dir_step {
             return Err(io(&mp, format!("saved after step {}, but it is in the directory of step {dir_step}", meta.step)));
         }
@@ -166,12 +170,9 @@ pub fn consolidate(ckpt: &Path, out: &Path) -> Result<usize, RtError> {
     let mut step0 = None;
     for r in 0..ws {
         let (rank, step) = load_rank(ckpt, &plan, r)?;
-        match step0 {
-            None => step0 = Some(step),
-            Some(s0) if s0 != step => {
-                return Err(io(&ckpt.join(format!("rank-{r}.json")), format!("saved after step {step}, rank 0's after step {s0}: the ranks' files are of different steps")))
-            }
-            Some(_) => {}
+        let s0 = *step0.get_or_insert(step);
+        if step != s0 {
+            return Err(io(&ckpt.join(format!("rank-{r}.json")), format!("saved after step {step}, rank 0's after step {s0}: the ranks' files are of different steps")));
         }
         per_rank.push(rank);
     }
