@@ -5,7 +5,7 @@ Writes tests/fixtures/fsdp2_fake/<case>.json, in fsdp2_oracle.py's schema.
 
 Per case, one process: a fake process group (torch.testing's FakeStore, backend "fake") of
 world_size ranks and its DeviceMesh, built before entering FakeTensorMode; then, under it,
-the HF model from its config (the config's torch_dtype unless the case forces float32),
+the HF model from its config (the config's torch_dtype unless the case names a `model_dtype`),
 HF's non-reentrant gradient checkpointing of the decoder layers where the case says
 "checkpoint", fully_shard on every instance of model._no_split_modules and the root, torch.optim (Adam
 unless the case says otherwise, lr 1e-3) and 2 training steps on a random batch, inside the
@@ -13,7 +13,6 @@ same FSDPMemTracker subclass as fsdp2_oracle.py (peak reset after step 1). The c
 FSDP2 issues are logged by the same patch. Losses are not recorded (fake tensors hold no
 values). Rank 0's view: on the fake group every rank is rank 0, whose shards are the largest.
 """
-import collections
 import os
 import sys
 
@@ -40,14 +39,11 @@ def _patch_packed_sequence_check():
     arange per row, so a real run finds no packing (None); the fake run is told the same."""
     from transformers import masking_utils
     orig = masking_utils.find_packed_sequence_indices
-    if getattr(orig, "_fsdp_plan_patched", False):
-        return
 
     def no_packed_sequences(position_ids):
         orig(position_ids)  # the same temporaries as the real check
         return None
 
-    no_packed_sequences._fsdp_plan_patched = True
     masking_utils.find_packed_sequence_indices = no_packed_sequences
 
 
@@ -68,8 +64,6 @@ def run_case(name, case):
                 kw["dtype"] = oracle._dtype(case["model_dtype"])
             model = AutoModelForCausalLM.from_config(cfg, **kw)
             model.train()
-            if case["checkpoint"]:
-                _patch_packed_sequence_check()
             oracle.enable_checkpointing(model, case, cfg)
             model_dtype = common.dtype_name(next(model.parameters()).dtype)
             hf_param_numel = sum(p.numel() for p in model.parameters())
@@ -84,17 +78,11 @@ def run_case(name, case):
             units = oracle._units(model)
             if os.environ.get("ORACLE_LIVE"):
                 common.write_json(os.environ["ORACLE_LIVE"], tracker.live_at_peak)
-        py_counts = dict(collections.Counter(e["kind"] for e in oracle._Log.events))
-        disp = dict(tracker.dispatch_comm_counts)
-        assert py_counts == disp, f"python-level collective log {py_counts} != c10d ops at dispatch {disp}"
+        disp = oracle.checked_comm_counts(tracker)
         for u in units:
             for p in u["param_info"]:
                 p["sharded_numel_per_rank"] = [p.pop("sharded_numel")]
-        collectives = []
-        for e in oracle._Log.events:
-            c = common.collective_key(e)
-            c.update({k: e[k] for k in ("group_size", "hook", "training_state", "op") if k in e})
-            collectives.append(c)
+        collectives = oracle.fixture_collectives(oracle._Log.events)
         options = dict(oracle.case_options(case, wrap_classes, "fake"), model_dtype=model_dtype)
         return {
             "case": name,
@@ -121,6 +109,7 @@ def run_case(name, case):
 
 
 def main(argv):
+    _patch_packed_sequence_check()  # (HF makes the check only without a KV cache)
     common.case_main(argv, cases_mod.fake_cases(), run_case, "fsdp2_fake")
 
 

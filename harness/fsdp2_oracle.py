@@ -427,10 +427,7 @@ def _worker(rank, case_name, case, port, outdir):
         losses, step1_peak = train_two_steps(model, opt, case, input_ids, labels, tracker, record_losses=True)
         peak = _breakdown(tracker.get_tracker_snapshot("peak"))
 
-        py_counts = collections.Counter(e["kind"] for e in _Log.events)
-        disp_counts = dict(tracker.dispatch_comm_counts)
-        assert dict(py_counts) == disp_counts, (
-            f"python-level collective log {dict(py_counts)} != c10d ops seen at dispatch {disp_counts}")
+        disp_counts = checked_comm_counts(tracker)
         res = {
             "rank": rank,
             "hf_param_numel": hf_param_numel,
@@ -498,6 +495,26 @@ def case_options(case, wrap_classes, backend):
     }
 
 
+def checked_comm_counts(tracker):
+    """The collectives FSDPMemTracker saw at dispatch, by kind; they must be the ones the
+    Python-level log recorded."""
+    py_counts = dict(collections.Counter(e["kind"] for e in _Log.events))
+    disp_counts = dict(tracker.dispatch_comm_counts)
+    assert py_counts == disp_counts, (
+        f"python-level collective log {py_counts} != c10d ops seen at dispatch {disp_counts}")
+    return disp_counts
+
+
+def fixture_collectives(events):
+    """The fixture's collective list: each logged collective's key and its context."""
+    collectives = []
+    for e in events:
+        c = common.collective_key(e)
+        c.update({k: e[k] for k in ("group_size", "hook", "training_state", "op") if k in e})
+        collectives.append(c)
+    return collectives
+
+
 def run_case(name, case):
     ws = case["world_size"]
     with tempfile.TemporaryDirectory(prefix=f"fsdp2_{name}_") as tmp:
@@ -515,11 +532,7 @@ def run_case(name, case):
         for pi, p in enumerate(u["param_info"]):
             p["sharded_numel_per_rank"] = [r["units"][ui]["param_info"][pi]["sharded_numel"] for r in ranks]
             del p["sharded_numel"]
-    collectives = []
-    for e in r0["collectives"]:
-        c = common.collective_key(e)
-        c.update({k: e[k] for k in ("group_size", "hook", "training_state", "op") if k in e})
-        collectives.append(c)
+    collectives = fixture_collectives(r0["collectives"])
     return {
         "case": name,
         "torch_version": torch.__version__,
