@@ -104,7 +104,8 @@ step() { # step NAME CMD...: run, log, record failure
 json() { # json FILE CMD...: stdout to FILE, stderr to the log
   local f=$1; shift
   echo "== $(basename "$f"): $*"
-  if "$@" > "$f" 2> >(tee "$f.err" >&2); then echo "== ok"; else echo "== FAILED ($f.err)"; fail=1; fi
+  "$@" 2>&1 > "$f" | tee "$f.err" >&2 # (stderr through the pipe: complete when the step returns)
+  if [ "${PIPESTATUS[0]}" = 0 ]; then echo "== ok"; else echo "== FAILED ($f.err)"; fail=1; fi
 }
 
 if [ "$DEV" = cuda ]; then
