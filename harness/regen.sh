@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerate every ground-truth fixture (needs .venv with torch==2.11.0, transformers==5.17.0):
-#   bash harness/regen.sh            (from the repo root or anywhere; ~5 min on 2 CPU cores)
+#   bash harness/regen.sh            (from the repo root or anywhere; about half an hour on 2 CPU cores)
 # Writes tests/fixtures/hf_params/*.json, tests/fixtures/fsdp2{,_fake}/*.json,
 # tests/fixtures/fsdp1/*.json and tests/fixtures/runtime/<name>/ (each file atomically), then
 # deletes fixtures whose model config / case no longer exists.

@@ -1,6 +1,7 @@
 //! FSDP2 conformance: the planner against real PyTorch FSDP2 (torch 2.11.0, transformers
 //! 5.17.0, CPU/gloo), recorded by `harness/fsdp2_oracle.py` into `tests/fixtures/fsdp2/`, and
-//! at real size (Llama-3-8B/70B, Qwen3-8B on 8–16 ranks) on a fake process group under
+//! at real size (`cases.FAKE_CASES`: Llama, Qwen, Mistral, Mixtral and GPT-2 models on 2–32
+//! ranks) on a fake process group under
 //! `FakeTensorMode`, recorded by `harness/fsdp2_fake.py` into `tests/fixtures/fsdp2_fake/`.
 //!
 //! Collectives must match exactly (kind, unit, numel, dtype, order). Memory: the peak and
@@ -141,8 +142,8 @@ fn collectives_equal_fsdp2() {
     check_collectives("tests/fixtures/fsdp2");
 }
 
-/// Real-size models (fake process group, `FakeTensorMode`): every collective of Llama-3-8B,
-/// Llama-3-70B and Qwen3-8B at world size 8 / 16 in FSDP2's order.
+/// Real-size models (fake process group, `FakeTensorMode`): every collective of each case in
+/// FSDP2's order.
 #[test]
 fn collectives_equal_fsdp2_real_size() {
     check_collectives("tests/fixtures/fsdp2_fake");
@@ -153,8 +154,8 @@ fn memory_matches_fsdp2() {
     check_memory("tests/fixtures/fsdp2");
 }
 
-/// Real-size models: the peak of Llama-3-8B (bf16, and fp32 master weights), Llama-3-70B
-/// (eager attention) and Qwen3-8B, tens of GiB, against FSDPMemTracker's exact bytes.
+/// Real-size models: each case's peak (up to hundreds of GB) and its categories against
+/// FSDPMemTracker's exact bytes.
 #[test]
 fn memory_matches_fsdp2_real_size() {
     check_memory("tests/fixtures/fsdp2_fake");

@@ -6,7 +6,8 @@
 //! kernels). The plan's prediction comes from the planner's activation model, which was fitted
 //! to PyTorch FSDP2 runs (tests/conformance.rs), not to this runtime.
 //!
-//! The cases cover the Llama family, GQA, tied weights, Qwen2, Mistral's sliding window,
+//! The cases cover the Llama family, GQA, tied weights, Qwen2, Qwen3's per-head q/k norm,
+//! Mistral's sliding window,
 //! Mixtral's routed experts, GPT-2 with and without its dropout, FSDP1's flat layout, hybrid
 //! sharding, no-shard, mixed precision, gradient accumulation and activation checkpointing.
 //! `FSDP_MEMORY_REPORT=N` prints, per case, the N schedule ops with the highest measured
