@@ -16,6 +16,9 @@ DEFAULTS = {
     "strategy": "full-shard",         # or "hybrid-shard": 2-D mesh (replicate, shard)
     "shard_group_size": None,         # hybrid-shard: size of the shard mesh dim
     "checkpoint": None,               # module classes under HF gradient checkpointing (non-reentrant)
+    "wrap": None,                     # the modules fully_shard'ed before the root, as the planner's
+                                      # --policy: "transformer:<Class>[,…]" or "modules:<path>[,…]";
+                                      # None: every instance of model._no_split_modules
     "optimizer": "adam",              # torch.optim.Adam | AdamW | SGD, lr 1e-3, torch's defaults
 }
 
@@ -119,6 +122,28 @@ BASE_CASES = {
                               "backward_prefetch": 2},
     "gpt2_sgd_ac_ws4": {"model": "tiny-gpt2", "world_size": 4, "optimizer": "sgd",
                         "checkpoint": ["GPT2Block"]},
+    # Checkpointed regions and units that do not coincide (HF checkpoints the decoder layers;
+    # FSDP2's hooks run inside the checkpoint, so recomputing a layer re-gathers the units in it)
+    # - the region contains units: each layer's MLP, or its attention, is a unit; the rest of
+    #   the layer (norms, residual adds) belongs to the root
+    "llama4l_ac_mlp_units_ws2": {"model": "tiny-llama-4l", "world_size": 2,
+                                 "checkpoint": ["LlamaDecoderLayer"], "wrap": "transformer:LlamaMLP"},
+    "llama4l_ac_attn_units_ws2": {"model": "tiny-llama-4l", "world_size": 2,
+                                  "checkpoint": ["LlamaDecoderLayer"],
+                                  "wrap": "transformer:LlamaAttention"},
+    # - the region straddles a parent unit and its child: each layer a unit, its MLP another
+    "llama4l_ac_nested_ws2": {"model": "tiny-llama-4l", "world_size": 2,
+                              "checkpoint": ["LlamaDecoderLayer"],
+                              "wrap": "transformer:LlamaDecoderLayer,LlamaMLP"},
+    # - the region is contained in a unit: the base model is the only unit besides the root
+    "llama4l_ac_in_unit_ws2": {"model": "tiny-llama-4l", "world_size": 2,
+                               "checkpoint": ["LlamaDecoderLayer"], "wrap": "modules:model"},
+    # - what --policy size:5000 wraps on tiny-llama (the base model, the embedding, each MLP,
+    #   the head), under checkpointing
+    "llama_ac_size5000_ws2": {"model": "tiny-llama", "world_size": 2,
+                              "checkpoint": ["LlamaDecoderLayer"],
+                              "wrap": "modules:model,model.embed_tokens,model.layers.0.mlp,"
+                                      "model.layers.1.mlp,lm_head"},
     # MoE under checkpointing: the experts' grouped_mm backward chain is the peak
     "mixtral_ac_ws2": {"model": "tiny-mixtral", "world_size": 2, "checkpoint": ["MixtralDecoderLayer"]},
     "mixtral_bf16_ac_ws2": {"model": "tiny-mixtral", "world_size": 2, "checkpoint": ["MixtralDecoderLayer"],
@@ -295,7 +320,27 @@ FAKE_CASES = {
     # MoE at real size: 8 experts, top-2, grouped_mm experts
     "mixtral_8x7b_bf16_ws8": {"model": "mixtral-8x7b", "world_size": 8, "batch": 1, "seq": 4096,
                               "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    # checkpointed layers whose MLPs are units of their own (the recompute re-gathers nothing:
+    # each MLP's pre-backward gathered it first), and nested units (layer + its MLP)
+    "llama3_8b_bf16_ac_mlp_units_ws8": {"model": "llama-3-8b", "world_size": 8, "batch": 1,
+                                        "seq": 4096, "checkpoint": ["LlamaDecoderLayer"],
+                                        "wrap": "transformer:LlamaMLP",
+                                        "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    "llama3_8b_bf16_ac_nested_ws8": {"model": "llama-3-8b", "world_size": 8, "batch": 2,
+                                     "seq": 2048, "checkpoint": ["LlamaDecoderLayer"],
+                                     "wrap": "transformer:LlamaDecoderLayer,LlamaMLP",
+                                     "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    # the attention a unit inside each checkpointed layer: the recompute waits for its
+    # prefetched all-gather before the layer's attention runs again
+    "qwen3_8b_bf16_ac_attn_units_ws8": {"model": "qwen3-8b", "world_size": 8, "batch": 1,
+                                        "seq": 4096, "checkpoint": ["Qwen3DecoderLayer"],
+                                        "wrap": "transformer:Qwen3Attention",
+                                        "param_dtype": "bfloat16", "reduce_dtype": "float32"},
 }
+# the tiny checkpointed-region cases of BASE_CASES again, on the deterministic fake group
+for _name in ("llama4l_ac_mlp_units_ws2", "llama4l_ac_attn_units_ws2", "llama4l_ac_nested_ws2",
+              "llama4l_ac_in_unit_ws2", "llama_ac_size5000_ws2"):
+    FAKE_CASES["fake_" + _name] = dict(BASE_CASES[_name], model_dtype="float32")
 
 
 def fake_cases():

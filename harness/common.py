@@ -6,6 +6,11 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# MKL (libtorch's BLAS on x86-64) picks its kernels by CPU vendor and ISA: Intel AVX-512 parts
+# and AMD ones round float32 GEMMs differently. Pinned to its AVX2 branch (Conditional
+# Numerical Reproducibility), as scripts/env.sh pins it for the tests, results depend only on
+# libtorch's own CPU capability (ATEN_CPU_CAPABILITY), not on the machine that recorded them.
+os.environ.setdefault("MKL_CBWR", "AVX2")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS_DIR = os.path.join(REPO, "models")

@@ -67,7 +67,7 @@ def run_case(name, case):
             oracle.enable_checkpointing(model, case, cfg)
             model_dtype = common.dtype_name(next(model.parameters()).dtype)
             hf_param_numel = sum(p.numel() for p in model.parameters())
-            wrap_classes = oracle.shard_model(model, case, mesh, cfg)
+            policy = oracle.shard_model(model, case, mesh, cfg)
             opt = oracle.make_optimizer(model, case)
             input_ids = torch.randint(0, cfg.vocab_size, (case["batch"], case["seq"]))
             labels = input_ids.clone()
@@ -83,7 +83,7 @@ def run_case(name, case):
             for p in u["param_info"]:
                 p["sharded_numel_per_rank"] = [p.pop("sharded_numel")]
         collectives = oracle.fixture_collectives(oracle._Log.events)
-        options = dict(oracle.case_options(case, wrap_classes, "fake"), model_dtype=model_dtype)
+        options = dict(oracle.case_options(case, policy, "fake"), model_dtype=model_dtype)
         return {
             "case": name,
             "torch_version": torch.__version__,

@@ -328,20 +328,40 @@ def make_mesh(case):
     return init_device_mesh("cpu", (ws,))
 
 
+def _post_order(mod, prefix=""):
+    """(path, module) of every submodule, children before their parent, siblings in order."""
+    for name, child in mod.named_children():
+        yield from _post_order(child, f"{prefix}.{name}" if prefix else name)
+    yield prefix, mod
+
+
+def wrap_policy(model, case):
+    """The case's wrap as the planner's --policy (default: transformer:<_no_split_modules>)."""
+    return case["wrap"] or "transformer:" + ",".join(model._no_split_modules)
+
+
 def shard_model(model, case, mesh, cfg):
-    """fully_shard on every instance of model._no_split_modules (the decoder layers), the
-    case's explicit prefetch between them, then on the root; returns the wrapped classes."""
+    """fully_shard on the case's modules (`wrap`; default every instance of
+    model._no_split_modules, the decoder layers), children before parents, the case's explicit
+    prefetch between the decoder layers, then on the root; returns the wrap as the planner's
+    --policy."""
     kw = {"mesh": mesh}
     if case["param_dtype"] or case["reduce_dtype"]:
         kw["mp_policy"] = MixedPrecisionPolicy(
             param_dtype=_dtype(case["param_dtype"]), reduce_dtype=_dtype(case["reduce_dtype"]))
-    wrap_classes = list(model._no_split_modules)
-    layers = []
-    for mod in model.modules():
-        if type(mod).__name__ in wrap_classes:
-            fully_shard(mod, reshard_after_forward=case["reshard_after_forward"], **kw)
-            layers.append(mod)
-    assert len(layers) == cfg.num_hidden_layers, (len(layers), wrap_classes)
+    policy = wrap_policy(model, case)
+    kind, _, names = policy.partition(":")
+    names = names.split(",")
+    assert kind in ("transformer", "modules") and names, policy
+    targets = [(path, mod) for path, mod in _post_order(model) if path and (
+        type(mod).__name__ in names if kind == "transformer" else path in names)]
+    assert targets and (kind == "transformer" or len(targets) == len(names)), (policy, targets)
+    # (fully_shard changes a module's class to FSDP<Class>: the decoder layers are found first)
+    layers = [mod for _, mod in targets if type(mod).__name__ in model._no_split_modules]
+    for _, mod in targets:
+        fully_shard(mod, reshard_after_forward=case["reshard_after_forward"], **kw)
+    if case["wrap"] is None:
+        assert len(layers) == cfg.num_hidden_layers, (len(layers), policy)
     if case["forward_prefetch"]:
         n = case["forward_prefetch"]
         for i, layer in enumerate(layers):
@@ -358,7 +378,7 @@ def shard_model(model, case, mesh, cfg):
     if case["root_reshard_after_forward"] is not None:
         root_kw["reshard_after_forward"] = case["root_reshard_after_forward"]
     fully_shard(model, **root_kw)
-    return wrap_classes
+    return policy
 
 
 def make_optimizer(model, case):
@@ -415,7 +435,7 @@ def _worker(rank, case_name, case, port, outdir):
         hf_param_numel = sum(p.numel() for p in model.parameters())
 
         mesh = make_mesh(case)
-        wrap_classes = shard_model(model, case, mesh, cfg)
+        policy = shard_model(model, case, mesh, cfg)
         opt = make_optimizer(model, case)
         gen = torch.Generator().manual_seed(1234)
         input_ids = torch.randint(0, cfg.vocab_size, (case["batch"], case["seq"]), generator=gen)
@@ -431,7 +451,7 @@ def _worker(rank, case_name, case, port, outdir):
         res = {
             "rank": rank,
             "hf_param_numel": hf_param_numel,
-            "wrap": wrap_classes,
+            "wrap": policy,
             "attn_impl_effective": model.config._attn_implementation,
             "experts_impl_effective": getattr(model.config, "_experts_implementation", None),
             "units": _units(model),
@@ -473,7 +493,7 @@ def _extra_options(case):
     return out
 
 
-def case_options(case, wrap_classes, backend):
+def case_options(case, policy, backend):
     """A fixture's `options`: what the planner needs to plan the same run."""
     return {
         "world_size": case["world_size"],
@@ -488,7 +508,7 @@ def case_options(case, wrap_classes, backend):
         "lr": 1e-3,
         "steps": 2,
         "measured_step": 2,
-        "wrap": ",".join(f"transformer:{c}" for c in wrap_classes),
+        "wrap": policy,
         "device": "cpu",
         "backend": backend,
         **_extra_options(case),

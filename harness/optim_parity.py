@@ -1,8 +1,14 @@
 """torch.optim ground truth for the runtime's optimizers (AdamW, Adam, SGD) over several steps.
 
-Usage: .venv/bin/python harness/optim_parity.py [NAME ...]   (default: hf_parity.PARITY_MODELS)
-Reads tests/fixtures/runtime/<name>/{weights,inputs}.safetensors (written by hf_parity.py) and
-writes tests/fixtures/runtime/<name>/optim.json, plus optim_final.safetensors for FINAL_MODELS.
+Usage: [ATEN_CPU_CAPABILITY=default|avx2|avx512] .venv/bin/python harness/optim_parity.py [NAME ...]
+(default: hf_parity.PARITY_MODELS). Reads tests/fixtures/runtime/<name>/{weights,inputs}.safetensors
+(written by hf_parity.py) and writes tests/fixtures/runtime/<name>/optim.<cap>.json, plus
+optim_final.<cap>.safetensors for FINAL_MODELS, <cap> being the CPU capability libtorch's kernels
+run at (torch.backends.cpu.get_cpu_capability(), lowercase). Vectorized kernels of another width
+sum in another order: Adam turns the rounding noise of a gradient that is zero in exact
+arithmetic (GPT-2's key bias) into updates of order lr, so torch's own results differ between
+capabilities by more than the tolerance, and the runtime is held to torch at the capability it
+runs at (regen.sh records default, avx2 and avx512).
 
 Per model and optimizer: the HF model (dropout zeroed, sdpa, float32, train mode) loaded with
 the fixture's weights, then STEPS steps of: zero grads, loss of the fixture's batch, backward,
@@ -77,13 +83,19 @@ def run(name):
         }
         if name in FINAL_MODELS:
             final.update({f"{kind}.{n}": p for n, p in params})
-    common.write_json(os.path.join(d, "optim.json"), exp)
-    path = os.path.join(d, "optim_final.safetensors")
+    cap = capability()
+    exp["cpu_capability"] = cap
+    common.write_json(os.path.join(d, f"optim.{cap}.json"), exp)
+    path = os.path.join(d, f"optim_final.{cap}.safetensors")
     if final:
         hf_parity.save_safetensors(path, final)
     elif os.path.exists(path):
         os.remove(path)
     return exp
+
+
+def capability():
+    return torch.backends.cpu.get_cpu_capability().lower()
 
 
 def main():
@@ -92,7 +104,7 @@ def main():
     transformers.logging.set_verbosity_error()
     for name in sys.argv[1:] or hf_parity.PARITY_MODELS:
         exp = run(name)
-        print(f"optim_parity {name}: " + "  ".join(
+        print(f"optim_parity {name} ({capability()}): " + "  ".join(
             f"{k} {v['losses'][0]:.6f}->{v['losses'][-1]:.6f}" for k, v in exp["optimizers"].items()))
 
 

@@ -1,8 +1,56 @@
 //! Pass 4, buffer assignment: offsets in a per-rank arena by liveness — best fit over a
-//! coalescing free list, in allocation order (O(log n) per event).
+//! coalescing free list, in allocation order (O(log n) per event). Every storage starts on
+//! the device allocator's alignment ([`Device::alignment`]), so a buffer occupies its
+//! [`spans`] in the arena, which may exceed the bytes memory counts.
 
-use crate::plan::{BufferInfo, Event, ScheduleOp};
+use crate::options::{Device, Layout, Options, Strategy};
+use crate::plan::{BufferInfo, Category, Event, ScheduleOp};
+use crate::units::Unit;
 use std::collections::{BTreeMap, BTreeSet};
+
+/// The storages a buffer of unit params holds one per param (FSDP2's per-param unsharded
+/// params: each param its own storage, cut from the all-gather output): `(bytes, padded
+/// bytes)` of each, in the unit's param order. `None` for a buffer that is one storage.
+pub fn param_storages(opts: &Options, units: &[Unit], buf: &BufferInfo) -> Option<Vec<(u64, u64)>> {
+    let per_param = opts.layout == Layout::Fsdp2 && opts.strategy != Strategy::NoShard;
+    if !per_param || buf.category != Category::UnshardedParam {
+        return None;
+    }
+    let unit = units.get(buf.unit?.index())?;
+    Some(
+        unit.params
+            .iter()
+            .map(|p| {
+                let d = match opts.param_dtype {
+                    Some(d) if p.dtype.is_float() => d,
+                    _ => p.dtype,
+                };
+                (p.numel * d.size(), p.padded_numel.max(p.numel) * d.size())
+            })
+            .collect(),
+    )
+}
+
+/// `bytes` rounded up to the device's alignment.
+pub fn aligned(device: Device, bytes: u64) -> u64 {
+    let a = device.alignment();
+    bytes.div_ceil(a) * a
+}
+
+/// The bytes each buffer occupies in the arena: its bytes rounded up to the device's
+/// alignment, or, for a buffer of per-param storages, each param's padded bytes rounded up
+/// (so that every param starts aligned). Zero-byte buffers occupy nothing.
+pub fn spans(opts: &Options, units: &[Unit], buffers: &[BufferInfo]) -> Vec<u64> {
+    let dev = opts.device;
+    buffers
+        .iter()
+        .map(|b| match param_storages(opts, units, b) {
+            _ if b.bytes == 0 => 0,
+            Some(ps) => ps.iter().map(|&(_, pb)| aligned(dev, pb)).sum::<u64>().max(aligned(dev, b.bytes)),
+            None => aligned(dev, b.bytes),
+        })
+        .collect()
+}
 
 /// Free blocks indexed by offset (for coalescing) and by (size, offset) (for best fit).
 #[derive(Default)]
@@ -23,9 +71,10 @@ impl FreeList {
     }
 }
 
-/// The arena offset of every buffer (indexed like `buffers`).
-pub fn offsets(ops: &[ScheduleOp], buffers: &[BufferInfo]) -> Vec<u64> {
-    let mut out = vec![0u64; buffers.len()];
+/// The arena offset of every buffer (indexed like `buffers`), each occupying its span
+/// (`spans[b]`, see [`spans`]); offsets are multiples of the alignment the spans are rounded to.
+pub fn offsets(ops: &[ScheduleOp], spans: &[u64]) -> Vec<u64> {
+    let mut out = vec![0u64; spans.len()];
     // Invariant: the free list is coalesced and no free block ends at `top`.
     let mut free = FreeList::default();
     let mut top = 0u64;
@@ -34,7 +83,7 @@ pub fn offsets(ops: &[ScheduleOp], buffers: &[BufferInfo]) -> Vec<u64> {
         while let Some(ev) = evs.next() {
             match *ev {
                 Event::Alloc(b) => {
-                    let size = buffers[b.index()].bytes;
+                    let size = spans[b.index()];
                     let best = free.by_size.range((size, 0)..).next().copied();
                     if evs.peek() == Some(&&Event::Free(b)) {
                         // A transient (freed right away): with the invariant, allocating and
@@ -60,7 +109,7 @@ pub fn offsets(ops: &[ScheduleOp], buffers: &[BufferInfo]) -> Vec<u64> {
                     out[b.index()] = off;
                 }
                 Event::Free(b) => {
-                    let (mut off, mut size) = (out[b.index()], buffers[b.index()].bytes);
+                    let (mut off, mut size) = (out[b.index()], spans[b.index()]);
                     if size == 0 {
                         continue;
                     }

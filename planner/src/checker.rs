@@ -26,12 +26,14 @@ fn fail(m: String) -> PlanError {
 pub fn check(model: &Model, plan: &Plan) -> Result<(), PlanError> {
     check_schedule(model, &plan.schedule, &plan.buffers, &plan.units, &plan.options, &plan.memory)?;
     let offsets: Vec<u64> = plan.buffers.iter().map(|b| b.offset).collect();
-    check_arena(&plan.schedule, &plan.buffers, &offsets)
+    let spans = crate::buffers::spans(&plan.options, &plan.units, &plan.buffers);
+    check_arena(&plan.schedule, &spans, &offsets, plan.options.device.alignment())
 }
 
-/// Live buffers never overlap in the arena, with `offsets[b]` the offset of buffer `b`.
-pub fn check_arena(ops: &[ScheduleOp], buffers: &[BufferInfo], offsets: &[u64]) -> Result<(), PlanError> {
-    let nb = buffers.len().min(offsets.len());
+/// Live buffers never overlap in the arena and every one starts on the device's alignment,
+/// with `offsets[b]` the offset of buffer `b` and `spans[b]` the bytes it occupies.
+pub fn check_arena(ops: &[ScheduleOp], spans: &[u64], offsets: &[u64], alignment: u64) -> Result<(), PlanError> {
+    let nb = spans.len().min(offsets.len());
     let mut arena: BTreeMap<u64, (u64, BufferId)> = BTreeMap::new();
     for op in ops {
         let mut evs = op.events.iter().peekable();
@@ -43,9 +45,12 @@ pub fn check_arena(ops: &[ScheduleOp], buffers: &[BufferInfo], offsets: &[u64]) 
                     if k >= nb {
                         return Err(fail(format!("{} allocates unknown {b}", op.id)));
                     }
-                    let bytes = buffers[k].bytes;
+                    let bytes = spans[k];
                     if bytes == 0 {
                         continue;
+                    }
+                    if !offsets[k].is_multiple_of(alignment.max(1)) {
+                        return Err(fail(format!("{b} starts at {} in the arena, off the device's {alignment}-byte alignment", offsets[k])));
                     }
                     let (s, e) = (offsets[k], offsets[k] + bytes);
                     if let Some((&o, &(end, other))) = arena.range(..e).next_back() {
@@ -62,7 +67,7 @@ pub fn check_arena(ops: &[ScheduleOp], buffers: &[BufferInfo], offsets: &[u64]) 
                 }
                 Event::Free(b) => {
                     let k = b.index();
-                    if k < nb && buffers[k].bytes > 0 && transient.take() != Some(b) {
+                    if k < nb && spans[k] > 0 && transient.take() != Some(b) {
                         arena.remove(&offsets[k]);
                     }
                 }

@@ -119,10 +119,11 @@ fn plan_with_hash(model: &Model, opts: &Options, model_hash: impl FnOnce() -> St
     }
     // Arena offsets and the arena half of the checker run on a second thread, beside the
     // memory replay and the rest of the checker (neither reads offsets).
+    let spans = buffers::spans(opts, &units, &sched.buffers);
     let (offsets, memory, collectives) = std::thread::scope(|s| {
         let arena = s.spawn(|| {
-            let offs = buffers::offsets(&sched.ops, &sched.buffers);
-            checker::check_arena(&sched.ops, &sched.buffers, &offs).map(|()| offs)
+            let offs = buffers::offsets(&sched.ops, &spans);
+            checker::check_arena(&sched.ops, &spans, &offs, opts.device.alignment()).map(|()| offs)
         });
         let rules = memory::simulate(&sched.ops, &sched.buffers, &units)
             .and_then(|m| checker::check_schedule(model, &sched.ops, &sched.buffers, &units, opts, &m).map(|()| m));
@@ -136,7 +137,7 @@ fn plan_with_hash(model: &Model, opts: &Options, model_hash: impl FnOnce() -> St
     for (b, o) in buffers.iter_mut().zip(offsets) {
         b.offset = o;
     }
-    memory.arena_bytes = memory::arena_bytes(&buffers);
+    memory.arena_bytes = memory::arena_bytes(&buffers, &spans);
     let shared = units
         .iter()
         .flat_map(|u| {

@@ -90,8 +90,8 @@ pub fn per_op(ops: &[ScheduleOp], buffers: &[BufferInfo]) -> Vec<(u64, u64)> {
 }
 
 /// Size of the per-rank arena: the largest offset + size.
-pub fn arena_bytes(buffers: &[BufferInfo]) -> u64 {
-    buffers.iter().map(|b| b.offset + b.bytes).max().unwrap_or(0)
+pub fn arena_bytes(buffers: &[BufferInfo], spans: &[u64]) -> u64 {
+    buffers.iter().zip(spans).map(|(b, s)| b.offset + s).max().unwrap_or(0)
 }
 
 /// The collectives of the step, in issue order.

@@ -164,6 +164,17 @@ impl Device {
             _ => bytes,
         }
     }
+    /// Where the device's allocator starts a block: c10's CPU allocator aligns to 64 bytes,
+    /// CUDA's caching allocator hands out whole 512-byte blocks. The arena starts every
+    /// storage there too: libtorch's vectorized CPU kernels (and MKL's) may split a loop
+    /// differently on a differently aligned buffer and round differently, so a tensor placed
+    /// off this alignment would not compute bit-identically to one from the heap.
+    pub fn alignment(self) -> u64 {
+        match self {
+            Device::Cuda => 512,
+            Device::Cpu => 64,
+        }
+    }
 }
 
 /// The most ranks a plan may have (2^20).

@@ -819,7 +819,7 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
         for s in &m.saved {
             saved_now.push(b.alloc(cat(&[&op.name, " ", s.what]), Category::Activation, s.bytes(), None));
         }
-        fwd_scratch(b, &op.name, m, "");
+        fwd_scratch(b, &op.name, m, "", Category::Activation);
         // extra saved tensors of checkpointed ops are dropped right away
         if in_region {
             for s in saved_now.drain(..) {
@@ -956,14 +956,14 @@ fn kv_cache_copies(cx: &Ctx, op: &fsdp_ir::Op) -> Option<u64> {
 
 /// An op's forward scratch: one after the other (the largest is the op's high-water mark),
 /// or alive together.
-fn fwd_scratch(b: &mut B, op: &str, m: &OpMem, suffix: &str) {
+fn fwd_scratch(b: &mut B, op: &str, m: &OpMem, suffix: &str, category: Category) {
     if m.fwd_scratch_together {
-        let bufs: Vec<BufferId> = m.fwd_scratch.iter().map(|s| b.alloc(cat(&[op, " ", s.what, suffix]), Category::Activation, s.bytes(), None)).collect();
+        let bufs: Vec<BufferId> = m.fwd_scratch.iter().map(|s| b.alloc(cat(&[op, " ", s.what, suffix]), category, s.bytes(), None)).collect();
         for x in bufs {
             b.free(x);
         }
     } else if let Some(big) = m.fwd_scratch.iter().max_by_key(|s| s.bytes()) {
-        b.transient(cat(&[op, " ", big.what, suffix]), Category::Activation, big.bytes());
+        b.transient(cat(&[op, " ", big.what, suffix]), category, big.bytes());
     }
 }
 
@@ -1059,6 +1059,17 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
     let mut deferred: Vec<UnitId> = vec![];
     let mut pfo = b.post_forward_order.clone();
     let mut recomputed: HashSet<usize> = HashSet::default();
+    // each checkpointed region's first op, and its last op that saves a tensor for backward
+    let mut region_start: HashMap<usize, usize> = HashMap::default();
+    let mut last_saver: HashMap<usize, usize> = HashMap::default();
+    for (j, r) in region.iter().enumerate() {
+        let Some(r) = *r else { continue };
+        region_start.entry(r).or_insert(j);
+        let m = &mems[j];
+        if !m.saved.is_empty() || m.saves_output || m.saves_inputs.iter().any(|&x| x) {
+            last_saver.insert(r, j);
+        }
+    }
     // First op (in forward order) of each unit's run, and whether its inputs need grad.
     let mut first_op: Vec<Option<usize>> = vec![None; units.len()];
     for (i, &u) in unit_of_op.iter().enumerate() {
@@ -1112,28 +1123,42 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
         }
         let op = &model.ops[i];
         let m = &mems[i];
-        // recompute a checkpointed region before its first backward op
+        // recompute a checkpointed region when its backward first unpacks what the region
+        // saved: at its last op (in forward order) that saves anything. Non-reentrant
+        // checkpointing recomputes the region's forward from its start and stops as soon as
+        // every saved tensor is back (`early_stop`), so trailing ops that save nothing (the
+        // residual add) are neither waited for nor recomputed. Every op of the region is
+        // recomputed, whichever unit owns its params.
         if let Some(r) = region[i] {
-            if recomputed.insert(r) {
-                // the region's ops: the contiguous run ending at i
-                let mut start = i;
-                while start > 0 && region[start - 1] == Some(r) && unit_of_op[start - 1] == unit_of_op[i] {
-                    start -= 1;
-                }
-                let members: Vec<usize> = (start..=i).collect();
-                for &j in &members {
+            if last_saver.get(&r) == Some(&i) && recomputed.insert(r) {
+                let start = region_start.get(&r).copied().unwrap_or(i);
+                let rpath = model.modules.get(r).map_or("", |m| m.path.as_str());
+                for j in start..=i {
                     let oj = &model.ops[j];
-                    b.op(OpKind::Recompute { op: oj.name.clone(), unit: unit_of_op[j] }, Stream::Compute, vec![]);
+                    let u = unit_of_op[j];
+                    // FSDP2's pre-forward hook of a unit inside the region runs in the recompute:
+                    // it gathers the unit's params unless its pre-backward (or a prefetch) already
+                    // did (a prefetched gather is waited for here); its post-forward does not
+                    // reshard in backward
+                    b.unshard(u, false);
+                    b.wait(u);
+                    // FSDPMemTracker counts what the recompute makes as activation inside an
+                    // FSDP unit's forward, as temp elsewhere (a region op owned by the root or by
+                    // a unit around the region)
+                    let umod = units[u.index()].module.as_str();
+                    let inside = !units[u.index()].is_root() && (umod == rpath || umod.strip_prefix(rpath).is_some_and(|x| x.starts_with('.')));
+                    let category = if inside { Category::Activation } else { Category::Temp };
+                    b.op(OpKind::Recompute { op: oj.name.clone(), unit: u }, Stream::Compute, vec![]);
                     if let Some(o) = mems[j].out {
                         if out_buf[j].is_none() {
-                            out_buf[j] = Some(b.alloc(cat(&[&oj.name, " ", o.what, " (recomputed)"]), Category::Activation, o.bytes(), None));
+                            out_buf[j] = Some(b.alloc(cat(&[&oj.name, " ", o.what, " (recomputed)"]), category, o.bytes(), None));
                         }
                     }
                     let mut v = vec![];
                     for s in &mems[j].saved {
-                        v.push(b.alloc(cat(&[&oj.name, " ", s.what, " (recomputed)"]), Category::Activation, s.bytes(), None));
+                        v.push(b.alloc(cat(&[&oj.name, " ", s.what, " (recomputed)"]), category, s.bytes(), None));
                     }
-                    fwd_scratch(b, &oj.name, &mems[j], " (recomputed)");
+                    fwd_scratch(b, &oj.name, &mems[j], " (recomputed)", category);
                     // (first, as in the forward: `first_node_saved` counts from the front; what
                     // the region keeps for it, the mask or position ids, goes after)
                     saved[j].splice(0..0, v);
@@ -1155,6 +1180,20 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                             if let Some(buf) = out_buf[k].take() {
                                 b.free(buf);
                             }
+                        }
+                    }
+                }
+                // the early stop unwinds the recomputed forward: what only the ops past it
+                // would have used goes with it
+                for k in start..=i {
+                    let kept = mems[k].saves_output
+                        || tz.consumers[k].iter().any(|&c| {
+                            let pos = tz.inputs[c].iter().find(|&&(_, x)| tz.alias[x] == k).map(|&(p, _)| p);
+                            c <= i && pos.is_some_and(|p| mems[c].saves_inputs.get(p).copied().unwrap_or(false))
+                        });
+                    if tz.alias[k] == k && region[k] == Some(r) && !kept && tz.consumers[k].iter().any(|&c| c > i && region[c] == Some(r)) {
+                        if let Some(buf) = out_buf[k].take() {
+                            b.free(buf);
                         }
                     }
                 }

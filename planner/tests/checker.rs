@@ -64,6 +64,26 @@ fn overlapping_live_buffers() {
 }
 
 #[test]
+fn a_buffer_off_the_allocator_alignment() {
+    // libtorch's vectorized CPU kernels may round differently on a buffer that does not start
+    // where c10's allocator would start it (64 bytes; CUDA's caching allocator: 512): every
+    // arena offset is aligned
+    let msg = broken(|p| {
+        let b = p.buffers.iter().position(|b| b.bytes > 0 && b.free.is_some()).unwrap();
+        p.buffers[b].offset += 8;
+    });
+    assert!(msg.contains("off the device's 512-byte alignment"), "{msg}");
+    for (device, align) in [(fsdp_planner::Device::Cpu, 64), (fsdp_planner::Device::Cuda, 512)] {
+        let (m, mut p) = planned("tiny-llama", Options { world_size: 2, device, ..Options::default() });
+        assert!(p.buffers.iter().all(|b| b.offset % align == 0));
+        let b = p.buffers.iter().position(|b| b.bytes > 0 && b.free.is_some()).unwrap();
+        p.buffers[b].offset += align / 2;
+        let msg = checker::check(&m, &p).unwrap_err().to_string();
+        assert!(msg.contains(&format!("off the device's {align}-byte alignment")), "{msg}");
+    }
+}
+
+#[test]
 fn params_used_before_the_gather() {
     let msg = broken(|p| {
         // drop the copy-out's unsharded params of the first unit with params: the forward ops

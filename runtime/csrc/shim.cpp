@@ -18,6 +18,7 @@
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/StorageImpl.h>
+#include <ATen/Version.h>
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/variable.h>
@@ -694,6 +695,19 @@ at::Tensor* fsdp_grouped_mm(const at::Tensor* input, const at::Tensor* weight, c
 }
 
 const char* fsdp_last_error() { return t_error.c_str(); }
+
+// The CPU capability libtorch's kernels dispatch to ("DEFAULT", "AVX2", "AVX512", …: what
+// torch.backends.cpu.get_cpu_capability() says; ATEN_CPU_CAPABILITY lowers it), copied into
+// `out` (NUL-terminated, cut to `cap` bytes); its length.
+int64_t fsdp_cpu_capability(char* out, int64_t cap) {
+  std::string c = at::get_cpu_capability();
+  if (cap > 0) {
+    size_t n = std::min(c.size(), static_cast<size_t>(cap - 1));
+    std::memcpy(out, c.data(), n);
+    out[n] = '\0';
+  }
+  return static_cast<int64_t>(c.size());
+}
 
 // libtorch's CUDA caching allocator on `device`: bytes allocated now and at most since the
 // last reset (allocated_bytes, all pools: torch.cuda.memory_allocated /

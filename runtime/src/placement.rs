@@ -10,7 +10,7 @@
 //! recorded; the arena still checks size and liveness on every placement.
 
 use crate::shim::{AllocRec, Assignment};
-use fsdp_planner::{Category, Device, Event, Layout, Plan, Strategy};
+use fsdp_planner::{Event, Plan};
 use std::collections::HashMap;
 
 /// A region of the arena that one planned buffer (or param of one) occupies.
@@ -31,8 +31,6 @@ fn slots(plan: &Plan) -> HashMap<u32, Vec<Slot>> {
         .enumerate()
         .map(|(i, s)| (s.id, i as u32 + 1))
         .collect();
-    let per_param =
-        plan.options.layout == Layout::Fsdp2 && plan.options.strategy != Strategy::NoShard;
     let mut out: HashMap<u32, Vec<Slot>> = HashMap::new();
     for (i, sop) in plan.schedule.iter().enumerate() {
         for e in &sop.events {
@@ -47,50 +45,23 @@ fn slots(plan: &Plan) -> HashMap<u32, Vec<Slot>> {
                 continue;
             }
             let v = out.entry(i as u32 + 1).or_default();
-            // (bytes, padded bytes) of each param, when the buffer is the unit's params
-            let params = match (buf.category, buf.unit) {
-                (Category::UnshardedParam, Some(u)) if per_param => {
-                    plan.units.get(u.index()).map(|u| {
-                        u.params
-                            .iter()
-                            .map(|p| {
-                                let d = match plan.options.param_dtype {
-                                    Some(d) if p.dtype.is_float() => d,
-                                    _ => p.dtype,
-                                };
-                                (p.numel * d.size(), p.padded_numel.max(p.numel) * d.size())
-                            })
-                            .collect::<Vec<(u64, u64)>>()
-                    })
-                }
-                _ => None,
-            };
-            let total =
-                |v: &[(u64, u64)], pick: fn(&(u64, u64)) -> u64| v.iter().map(pick).sum::<u64>();
-            match params {
-                // the buffer holds the params back to back, padded (fsdp2 pads dim 0) or not;
-                // on a GPU each param's storage is rounded on its own, and those that no
-                // longer fit in the buffer are left to first fit
-                Some(sizes)
-                    if round(plan, total(&sizes, |x| x.0)) == buf.bytes
-                        || round(plan, total(&sizes, |x| x.1)) == buf.bytes =>
-                {
-                    let padded = round(plan, total(&sizes, |x| x.0)) != buf.bytes;
-                    let end = buf.offset + buf.bytes;
+            match fsdp_planner::buffers::param_storages(&plan.options, &plan.units, buf) {
+                // the unit's params, one storage each, back to back in the buffer's span,
+                // each starting aligned (the span leaves room for every padded param)
+                Some(sizes) => {
                     let mut off = buf.offset;
-                    for (b, pb) in sizes {
-                        let (b, pb) = (round(plan, b), round(plan, pb));
-                        if b > 0 && off + b <= end {
+                    for (bytes, padded) in sizes {
+                        if bytes > 0 {
                             v.push(Slot {
                                 offset: off,
-                                bytes: b,
+                                bytes: round(plan, bytes),
                                 free_epoch,
                             });
                         }
-                        off += if padded { pb } else { b };
+                        off += fsdp_planner::buffers::aligned(plan.options.device, padded);
                     }
                 }
-                _ => v.push(Slot {
+                None => v.push(Slot {
                     offset: buf.offset,
                     bytes: buf.bytes,
                     free_epoch,
@@ -105,15 +76,6 @@ fn slots(plan: &Plan) -> HashMap<u32, Vec<Slot>> {
 /// plan sizes buffers.
 fn round(plan: &Plan, bytes: u64) -> u64 {
     plan.options.device.allocated_bytes(bytes)
-}
-
-/// Scratch placements are aligned as the device's allocator aligns: 64 bytes on the CPU,
-/// 512 on a GPU.
-fn align(plan: &Plan) -> u64 {
-    match plan.options.device {
-        Device::Cuda => 512,
-        _ => 64,
-    }
 }
 
 /// `(epoch, ordinal, offset, bytes)` for every recorded allocation: its place in the arena,
@@ -229,7 +191,7 @@ pub fn assign(plan: &Plan, log: &[AllocRec]) -> Assignment {
     }
     // first fit, aligned, for the rest
     let size = plan.memory.arena_bytes;
-    let align = align(plan);
+    let align = plan.options.device.alignment();
     let first_fit = |regions: &mut dyn Iterator<Item = &(u64, u64, u64, u64)>,
                      r: &AllocRec,
                      free_seq: u64,
@@ -266,7 +228,7 @@ pub fn assign(plan: &Plan, log: &[AllocRec]) -> Assignment {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fsdp_planner::{Device, Options, Policy};
+    use fsdp_planner::{Category, Device, Layout, Options, Policy};
 
     fn plan(layout: Layout) -> Plan {
         plan_on(layout, Device::Cpu)

@@ -10,6 +10,7 @@ use tch::Tensor;
 
 extern "C" {
     fn fsdp_last_error() -> *const c_char;
+    fn fsdp_cpu_capability(out: *mut c_char, cap: i64) -> i64;
     fn fsdp_mem_tracker_new() -> i64;
     fn fsdp_mem_tracker_enter(id: i64);
     fn fsdp_mem_tracker_stats(id: i64, cur: *mut i64, peak: *mut i64, reset_peak: c_int);
@@ -38,6 +39,17 @@ extern "C" {
     fn fsdp_edge_free(e: *mut c_void);
     fn fsdp_edge_same(a: *mut c_void, b: *mut c_void) -> c_int;
     fn fsdp_backward(root: *mut c_void, grad: *mut c_void, inputs: *const *mut c_void, n: i64, out: *mut *mut c_void) -> c_int;
+}
+
+/// The CPU capability libtorch's kernels run at, lowercase (`default`, `avx2`, `avx512`, …;
+/// `torch.backends.cpu.get_cpu_capability()`): vectorized kernels of different widths sum in
+/// different orders, so results agree bit for bit only within one capability.
+pub fn cpu_capability() -> String {
+    let mut buf = [0 as c_char; 64];
+    // SAFETY: the shim writes at most `buf.len()` bytes, NUL-terminated.
+    unsafe { fsdp_cpu_capability(buf.as_mut_ptr(), buf.len() as i64) };
+    // SAFETY: NUL-terminated by the shim (buf is zeroed and the shim leaves room for the NUL).
+    unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().to_lowercase()
 }
 
 fn last_error(what: &str) -> RtError {
