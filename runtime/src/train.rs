@@ -138,6 +138,14 @@ fn load_tokens(path: &PathBuf, vocab: i64) -> Result<Tensor, RtError> {
     Ok(Tensor::from_slice(&ids))
 }
 
+/// The first token of step `step`'s window in a file of `n` tokens, `per_step` tokens a step:
+/// the file's whole windows in order, back to the first after the last (an epoch); `None`
+/// when not even one window fits.
+pub fn window_start(n: u64, per_step: u64, step: u64) -> Option<u64> {
+    let windows = n.checked_div(per_step).filter(|&w| w > 0)?;
+    Some(step % windows * per_step)
+}
+
 /// Every rank's data for the run: step → rank → micro-batch → token ids `[batch, seq]` (the
 /// labels are the ids: the model shifts them), the same in every process of a job.
 fn all_batches(plan: &Plan, model: &Model, cfg: &RunConfig) -> Result<Vec<Vec<Vec<Tensor>>>, RtError> {
@@ -156,12 +164,11 @@ fn all_batches(plan: &Plan, model: &Model, cfg: &RunConfig) -> Result<Vec<Vec<Ve
         let global = match &tokens {
             Some(t) => {
                 let n = t.size()[0];
-                let start = (st * per_step) % (n - per_step).max(1);
-                if n < per_step {
+                let Some(start) = window_start(n as u64, per_step as u64, st as u64) else {
                     let file = cfg.data.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
                     return Err(RtError::File { file, message: format!("{n} tokens, but a step needs {per_step} (world size × grad accum × batch × seq)") });
-                }
-                t.narrow(0, start, per_step)
+                };
+                t.narrow(0, start as i64, per_step)
             }
             None => {
                 let ids: Vec<i64> = (0..per_step).map(|_| (rng.next() % vocab as u64) as i64).collect();
@@ -555,6 +562,19 @@ fn write_trace(plan: &Plan, spans: &[(f64, f64)], path: &std::path::Path) -> Res
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_file_of_exactly_n_steps_gives_each_window_once_in_order() {
+        use super::window_start;
+        // 4 steps of 6 tokens in a file of exactly 24: windows 0, 6, 12, 18, then the epoch wraps
+        let got: Vec<u64> = (0..6).map(|st| window_start(24, 6, st).unwrap()).collect();
+        assert_eq!(got, [0, 6, 12, 18, 0, 6]);
+        // a partial last window is never read; a file shorter than a step has none
+        let got: Vec<u64> = (0..4).map(|st| window_start(23, 6, st).unwrap()).collect();
+        assert_eq!(got, [0, 6, 12, 0]);
+        assert_eq!(window_start(5, 6, 0), None);
+        assert_eq!(window_start(6, 0, 0), None);
+    }
+
     #[test]
     fn a_rank_uses_its_local_gpu_or_the_only_one_it_sees() {
         use super::gpu_ordinal;
