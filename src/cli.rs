@@ -1,0 +1,256 @@
+//! The command line's shape: the subcommands, the option groups several commands share
+//! (`PlanOpts`, `Knobs`, `HwOpt`) and their conversion to the planner's [`Options`], and
+//! refusing planning options beside a compiled plan.
+
+use crate::io::{is_plan_file, UserError};
+use anyhow::{bail, Result};
+use clap::{Args, Parser, Subcommand};
+use fsdp_planner::{parse_dtype, AttnImpl, BackwardPrefetch, Device, Layout, Optimizer, Options, PlanError, Policy, Strategy};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "fsdp-plan", version, about = "Compiler-style planner for FSDP / ZeRO-3 training")]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Cmd {
+    /// Print the schedule, units, communication, predicted peak memory and step time (the default).
+    Plan {
+        #[command(flatten)]
+        p: PlanArgs,
+        #[command(flatten)]
+        hw: HwOpt,
+    },
+    /// Write the compiled plan with a format version and model/options hashes: RON, or JSON
+    /// with `--format json` (every command that reads a plan reads either).
+    Compile {
+        #[command(flatten)]
+        p: PlanArgs,
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Compare two plans: `diff MODEL --policy A --policy B`, or `diff PLAN1 PLAN2`.
+    Diff(crate::diff::DiffArgs),
+    /// Write the predicted step as a Chrome/Perfetto trace (JSON): `trace PLAN|MODEL -o trace.json`.
+    Trace(crate::trace::ViewArgs),
+    /// Plot memory over the predicted step by category (SVG): `plot PLAN|MODEL -o memory.svg`.
+    Plot(crate::trace::ViewArgs),
+    /// Plan a model over world sizes and policies: fits?, peak, step time, tokens/s/GPU.
+    Sweep(crate::sweep::SweepArgs),
+    /// Train on CPU rank threads: `run MODEL [plan options]` or `run PLAN.ron --model MODEL`.
+    Run(crate::run::RunArgs),
+    /// Start N local ranks like torchrun: `launch --nproc-per-node N MODEL|PLAN [run options]`
+    /// runs `fsdp-plan run …` N times with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+    /// MASTER_ADDR=127.0.0.1 and MASTER_PORT set, output prefixed `[rank k]`.
+    Launch(crate::launch::LaunchArgs),
+    /// Rendezvous with the launcher's variables (torchrun, SLURM, Open MPI), check that every
+    /// rank got the same id, barrier and exit (a check for `launch`).
+    #[command(hide = true)]
+    RendezvousSelftest(crate::launch::SelftestArgs),
+    /// Fit a hardware profile to a measured timeline (`run --trace`) of the same plan.
+    Calibrate {
+        #[command(flatten)]
+        p: PlanArgs,
+        /// The measured trace (Chrome JSON from `fsdp-plan run --trace`).
+        #[arg(long)]
+        trace: PathBuf,
+        /// Profile to start from.
+        #[arg(long, default_value = "cpu")]
+        hardware: String,
+        /// Where to write the fitted profile (RON).
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Write a full HF-named safetensors file from a sharded checkpoint directory.
+    Consolidate {
+        /// A checkpoint directory (its `latest`) or one `step-N` directory.
+        dir: PathBuf,
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Import a model from a Hugging Face config.json.
+    Import {
+        #[command(subcommand)]
+        from: crate::import::ImportCmd,
+    },
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct PlanOpts {
+    #[arg(long, default_value_t = 8)]
+    pub(crate) world_size: u64,
+    /// transformer:<Class>[,…] | size:<min_num_params> | modules:<path>[,…] | none | auto
+    #[arg(long, default_value = "auto")]
+    pub(crate) policy: String,
+    #[command(flatten)]
+    pub(crate) k: Knobs,
+}
+
+/// The options besides the world size and the policy (`sweep` takes lists of those).
+#[derive(Args, Clone)]
+pub(crate) struct Knobs {
+    #[arg(long, default_value = "fsdp2", value_parser = ["fsdp2", "flat"])]
+    pub(crate) layout: String,
+    #[arg(long, default_value = "full-shard", value_parser = ["full-shard", "shard-grad-op", "no-shard", "hybrid-shard"])]
+    pub(crate) strategy: String,
+    /// Shard group size for hybrid-shard (default: 8, one node).
+    #[arg(long)]
+    pub(crate) shard_group_size: Option<u64>,
+    #[arg(long)]
+    pub(crate) reshard_after_forward: Option<bool>,
+    #[arg(long)]
+    pub(crate) root_reshard_after_forward: Option<bool>,
+    #[arg(long)]
+    pub(crate) param_dtype: Option<String>,
+    #[arg(long)]
+    pub(crate) reduce_dtype: Option<String>,
+    /// Explicit forward prefetch depth (0: FSDP2's implicit behaviour; flat: 1 = forward_prefetch=True).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) forward_prefetch: u32,
+    /// implicit | none | <depth> (fsdp2); pre | post | none (flat). Default: implicit / pre.
+    #[arg(long)]
+    pub(crate) backward_prefetch: Option<String>,
+    #[arg(long, default_value_t = 1)]
+    pub(crate) grad_accum: u32,
+    /// Module class run under activation checkpointing (repeatable).
+    #[arg(long)]
+    pub(crate) checkpoint: Vec<String>,
+    #[arg(long, default_value = "adam", value_parser = ["adam", "adamw", "sgd", "none"])]
+    pub(crate) optimizer: String,
+    #[arg(long, default_value_t = 1)]
+    pub(crate) batch: u64,
+    #[arg(long, default_value_t = 2048)]
+    pub(crate) seq: u64,
+    /// sdpa | eager | flash_attention_2 (default: the model file's, else sdpa)
+    #[arg(long)]
+    pub(crate) attn_implementation: Option<String>,
+    /// cuda | cpu: kernel choices and allocator rounding.
+    #[arg(long, default_value = "cuda", value_parser = ["cuda", "cpu"])]
+    pub(crate) device: String,
+}
+
+#[derive(Args)]
+pub(crate) struct PlanArgs {
+    /// Model file (.ron, or an HF config.json imported on the fly).
+    pub(crate) model: PathBuf,
+    #[command(flatten)]
+    pub(crate) o: PlanOpts,
+    #[arg(long, default_value = "text", value_parser = ["text", "json", "ron"])]
+    pub(crate) format: String,
+    /// Print every compute op instead of folding them per unit.
+    #[arg(long)]
+    pub(crate) full_schedule: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct HwOpt {
+    /// Hardware profile for the time prediction: NAME (models/hardware/NAME.ron; a unique
+    /// prefix such as `h100` will do) or a .ron FILE.
+    #[arg(long, default_value = "h100-sxm")]
+    pub(crate) hardware: String,
+}
+
+pub(crate) fn options(o: &PlanOpts, policy: &str) -> Result<Options, PlanError> {
+    options_for(&o.k, o.world_size, policy)
+}
+
+pub(crate) fn options_for(o: &Knobs, world_size: u64, policy: &str) -> Result<Options, PlanError> {
+    let layout = if o.layout == "flat" { Layout::Flat } else { Layout::Fsdp2 };
+    let strategy = match o.strategy.as_str() {
+        "shard-grad-op" => Strategy::ShardGradOp,
+        "no-shard" => Strategy::NoShard,
+        "hybrid-shard" => Strategy::HybridShard {
+            shard_size: o.shard_group_size.unwrap_or(8.min(world_size)),
+        },
+        _ => Strategy::FullShard,
+    };
+    let backward_prefetch = match o.backward_prefetch.as_deref() {
+        None => match layout {
+            Layout::Fsdp2 => BackwardPrefetch::Implicit,
+            Layout::Flat => BackwardPrefetch::Pre,
+        },
+        Some("implicit") => BackwardPrefetch::Implicit,
+        Some("none") => BackwardPrefetch::None,
+        Some("pre") => BackwardPrefetch::Pre,
+        Some("post") => BackwardPrefetch::Post,
+        Some(x) => BackwardPrefetch::Depth(x.parse().map_err(|_| {
+            fsdp_planner::error::opt_err("--backward-prefetch", format!("`{x}`: expected implicit, none, pre, post or a depth"))
+        })?),
+    };
+    let attn = match &o.attn_implementation {
+        None => None,
+        Some(s) => Some(AttnImpl::parse(s).ok_or_else(|| {
+            fsdp_planner::error::opt_err("--attn-implementation", format!("`{s}`: expected sdpa, eager or flash_attention_2"))
+        })?),
+    };
+    let opts = Options {
+        world_size,
+        policy: Policy::parse(policy)?,
+        layout,
+        strategy,
+        reshard_after_forward: o.reshard_after_forward,
+        root_reshard_after_forward: o.root_reshard_after_forward,
+        param_dtype: o.param_dtype.as_deref().map(|s| parse_dtype("--param-dtype", s)).transpose()?,
+        reduce_dtype: o.reduce_dtype.as_deref().map(|s| parse_dtype("--reduce-dtype", s)).transpose()?,
+        forward_prefetch: o.forward_prefetch,
+        backward_prefetch,
+        grad_accum: o.grad_accum,
+        checkpoint: o.checkpoint.clone(),
+        optimizer: match o.optimizer.as_str() {
+            "adamw" => Optimizer::AdamW,
+            "sgd" => Optimizer::Sgd,
+            "none" => Optimizer::None,
+            _ => Optimizer::Adam,
+        },
+        batch: o.batch,
+        seq: o.seq,
+        attn_implementation: attn,
+        device: Device::parse(&o.device).unwrap_or(Device::Cuda),
+    };
+    opts.check()?;
+    Ok(opts)
+}
+
+/// Parses a command line into the commands and their matches (which say where each value came
+/// from: [`refuse_plan_options`] needs to know what the user typed).
+pub(crate) fn parse_cli<I: IntoIterator<Item = T>, T: Into<std::ffi::OsString> + Clone>(args: I) -> Result<(Cli, clap::ArgMatches), clap::Error> {
+    use clap::{CommandFactory, FromArgMatches};
+    let m = Cli::command().try_get_matches_from(args)?;
+    Ok((Cli::from_arg_matches(&m)?, m))
+}
+
+/// A compiled plan carries its own options: `--world-size`, `--policy` or another planning
+/// option typed beside one would be silently ignored, so it is refused, naming them.
+pub(crate) fn refuse_plan_options(cli: &Cli, m: &clap::ArgMatches) -> Result<()> {
+    use clap::parser::ValueSource;
+    let plan = match &cli.cmd {
+        Cmd::Run(r) if r.model.is_some() || is_plan_file(&r.file) => &r.file,
+        Cmd::Trace(v) | Cmd::Plot(v) if is_plan_file(&v.input) => &v.input,
+        Cmd::Diff(d) if d.files.len() == 2 => match d.files.iter().find(|f| is_plan_file(f)) {
+            Some(plan) => plan,
+            None => return Ok(()),
+        },
+        _ => return Ok(()),
+    };
+    let Some((_, sub)) = m.subcommand() else { return Ok(()) };
+    let opts = <PlanOpts as Args>::augment_args(clap::Command::new("plan options"));
+    let given: Vec<String> = opts
+        .get_arguments()
+        .filter(|a| sub.value_source(a.get_id().as_str()) == Some(ValueSource::CommandLine))
+        .map(|a| format!("--{}", a.get_long().unwrap_or(a.get_id().as_str())))
+        .collect();
+    if !given.is_empty() {
+        bail!(UserError(format!(
+            "{}: a compiled plan carries its own options, so {} would be ignored: recompile it with them (`fsdp-plan compile MODEL {} -o PLAN`), or give the model instead of the plan",
+            plan.display(),
+            given.join(", "),
+            given.iter().map(|g| format!("{g} …")).collect::<Vec<_>>().join(" ")
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) const SUBCOMMANDS: &[&str] = &["plan", "compile", "diff", "trace", "plot", "sweep", "run", "launch", "rendezvous-selftest", "consolidate", "calibrate", "import", "help", "--help", "-h", "--version", "-V"];
