@@ -11,10 +11,15 @@ fn main() {
     for v in ["LIBTORCH", "LIBTORCH_USE_PYTORCH", "LIBTORCH_INCLUDE", "LIBTORCH_CXX11_ABI", "PYTHON_SYS_EXECUTABLE"] {
         println!("cargo:rerun-if-env-changed={v}");
     }
-    let (includes, abi) = match torch_paths() {
+    let (includes, abi, lib) = match torch_paths() {
         Ok(x) => x,
         Err(e) => panic!("fsdp-runtime: cannot find libtorch's headers ({e}); run `bash scripts/setup-venv.sh && source scripts/env.sh` first"),
     };
+    // The binaries find libtorch where they were built against it, without LD_LIBRARY_PATH:
+    // this crate's tests here, the `fsdp-plan` binary through its build script (the
+    // `links` metadata: DEP_FSDP_SHIM_LIBTORCH_LIB).
+    println!("cargo:libtorch_lib={}", lib.display());
+    println!("cargo:rustc-link-arg-tests=-Wl,-rpath,{}", lib.display());
     let mut build = cc::Build::new();
     // The GPU arena's allocator wraps libtorch's CUDA allocator: it needs c10/cuda's headers,
     // which need the CUDA runtime's (the venv's nvidia-cuda-runtime wheel has them). Only
@@ -57,13 +62,14 @@ fn cuda_include() -> Option<PathBuf> {
     found.or_else(|| Some(PathBuf::from("/usr/local/cuda/include")).filter(has))
 }
 
-fn torch_paths() -> Result<(Vec<PathBuf>, String), String> {
+/// libtorch's include directories, its C++ ABI flag and its library directory.
+fn torch_paths() -> Result<(Vec<PathBuf>, String, PathBuf), String> {
     if std::env::var("LIBTORCH_USE_PYTORCH").is_ok() {
         let python = std::env::var("PYTHON_SYS_EXECUTABLE").unwrap_or_else(|_| "python".into());
         let out = Command::new(&python)
             .args([
                 "-c",
-                "import torch\nfrom torch.utils import cpp_extension\nprint('ABI', int(torch._C._GLIBCXX_USE_CXX11_ABI))\nfor p in cpp_extension.include_paths(): print('INC', p)",
+                "import os, torch\nfrom torch.utils import cpp_extension\nprint('ABI', int(torch._C._GLIBCXX_USE_CXX11_ABI))\nprint('LIB', os.path.join(os.path.dirname(torch.__file__), 'lib'))\nfor p in cpp_extension.include_paths(): print('INC', p)",
             ])
             .output()
             .map_err(|e| format!("running {python}: {e}"))?;
@@ -73,17 +79,21 @@ fn torch_paths() -> Result<(Vec<PathBuf>, String), String> {
         let text = String::from_utf8_lossy(&out.stdout);
         let mut inc = vec![];
         let mut abi = "1".to_string();
+        let mut lib = PathBuf::new();
         for line in text.lines() {
             if let Some(p) = line.strip_prefix("INC ") {
                 inc.push(PathBuf::from(p));
             } else if let Some(a) = line.strip_prefix("ABI ") {
                 abi = a.trim().to_string();
+            } else if let Some(l) = line.strip_prefix("LIB ") {
+                lib = PathBuf::from(l.trim());
             }
         }
-        return Ok((inc, abi));
+        return Ok((inc, abi, lib));
     }
     let root = std::env::var("LIBTORCH_INCLUDE").or_else(|_| std::env::var("LIBTORCH")).map_err(|_| "neither LIBTORCH_USE_PYTORCH nor LIBTORCH is set".to_string())?;
     let root = PathBuf::from(root);
     let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".into());
-    Ok((vec![root.join("include"), root.join("include/torch/csrc/api/include")], abi))
+    let lib = std::env::var("LIBTORCH").map(|l| PathBuf::from(l).join("lib")).unwrap_or_else(|_| root.join("lib"));
+    Ok((vec![root.join("include"), root.join("include/torch/csrc/api/include")], abi, lib))
 }

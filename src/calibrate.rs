@@ -40,7 +40,7 @@ pub(crate) fn read_measured(path: &Path, doc: &serde_json::Value, plan: &Plan) -
 /// `calibrate MODEL [plan options] --trace measured.json --hardware H -o fitted.ron`.
 pub(crate) fn run(p: PlanArgs, trace: PathBuf, hardware: String, output: PathBuf) -> Result<()> {
     let model = load_model(&p.model)?;
-    let mut opts = options(&p.o, &p.o.policy).map_err(user)?;
+    let mut opts = options(&p.o, &p.o.policy, &model).map_err(user)?;
     // the plan the run executed: on the device the trace was measured on
     not_an_input(&output, &[&p.model, &trace])?;
     let (doc, device) = read_trace(&trace)?;
@@ -52,7 +52,7 @@ pub(crate) fn run(p: PlanArgs, trace: PathBuf, hardware: String, output: PathBuf
     let cfg = ron::ser::PrettyConfig::new().struct_names(false);
     let text = ron::ser::to_string_pretty(&c.hardware, cfg).context("serializing the profile")?;
     write_atomic(&output, &text)?;
-    println!(
+    outln!(
         "measured step {:.3} ms · predicted with {} {:.3} ms ({:+.1}%) · calibrated {:.3} ms ({:+.1}%) → {}",
         c.measured_step_s * 1e3,
         hw.name,

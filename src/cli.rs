@@ -5,6 +5,7 @@
 use crate::io::{is_plan_file, UserError};
 use anyhow::{bail, Result};
 use clap::{Args, Parser, Subcommand};
+use fsdp_ir::Model;
 use fsdp_planner::{parse_dtype, AttnImpl, BackwardPrefetch, Device, Layout, Optimizer, Options, PlanError, Policy, Strategy};
 use std::path::PathBuf;
 
@@ -89,9 +90,18 @@ pub(crate) struct PlanOpts {
     pub(crate) k: Knobs,
 }
 
-/// The options besides the world size and the policy (`sweep` takes lists of those).
+/// The options besides the world size and the policy.
 #[derive(Args, Clone)]
 pub(crate) struct Knobs {
+    #[command(flatten)]
+    pub(crate) fixed: Fixed,
+    #[command(flatten)]
+    pub(crate) each: Each,
+}
+
+/// The options `sweep` takes one value of.
+#[derive(Args, Clone)]
+pub(crate) struct Fixed {
     #[arg(long, default_value = "fsdp2", value_parser = ["fsdp2", "flat"])]
     pub(crate) layout: String,
     #[arg(long, default_value = "full-shard", value_parser = ["full-shard", "shard-grad-op", "no-shard", "hybrid-shard"])]
@@ -99,37 +109,58 @@ pub(crate) struct Knobs {
     /// Shard group size for hybrid-shard (default: 8, one node).
     #[arg(long)]
     pub(crate) shard_group_size: Option<u64>,
-    #[arg(long)]
-    pub(crate) reshard_after_forward: Option<bool>,
+    /// The root unit's `reshard_after_forward` (default: false, FSDP2's).
     #[arg(long)]
     pub(crate) root_reshard_after_forward: Option<bool>,
-    #[arg(long)]
-    pub(crate) param_dtype: Option<String>,
-    #[arg(long)]
-    pub(crate) reduce_dtype: Option<String>,
     /// Explicit forward prefetch depth (0: FSDP2's implicit behaviour; flat: 1 = forward_prefetch=True).
     #[arg(long, default_value_t = 0)]
     pub(crate) forward_prefetch: u32,
     /// implicit | none | <depth> (fsdp2); pre | post | none (flat). Default: implicit / pre.
     #[arg(long)]
     pub(crate) backward_prefetch: Option<String>,
-    #[arg(long, default_value_t = 1)]
-    pub(crate) grad_accum: u32,
-    /// Module class run under activation checkpointing (repeatable).
-    #[arg(long)]
-    pub(crate) checkpoint: Vec<String>,
-    #[arg(long, default_value = "adam", value_parser = ["adam", "adamw", "sgd", "none"])]
+    /// torch.optim's AdamW (weight decay 0.01; torchtitan's and accelerate's choice), Adam,
+    /// SGD (no momentum: no state) or none.
+    #[arg(long, default_value = "adamw", value_parser = ["adamw", "adam", "sgd", "none"])]
     pub(crate) optimizer: String,
-    #[arg(long, default_value_t = 1)]
-    pub(crate) batch: u64,
-    #[arg(long, default_value_t = 2048)]
-    pub(crate) seq: u64,
     /// sdpa | eager | flash_attention_2 (default: the model file's, else sdpa)
     #[arg(long)]
     pub(crate) attn_implementation: Option<String>,
     /// cuda | cpu: kernel choices and allocator rounding.
     #[arg(long, default_value = "cuda", value_parser = ["cuda", "cpu"])]
     pub(crate) device: String,
+}
+
+/// The options `sweep` takes lists of (`--batch 1,2,4`).
+#[derive(Args, Clone, Default)]
+pub(crate) struct Each {
+    /// FSDP2's `reshard_after_forward` of the non-root units (default: true for full-shard and
+    /// hybrid-shard, false for shard-grad-op and no-shard).
+    #[arg(long)]
+    pub(crate) reshard_after_forward: Option<bool>,
+    /// MixedPrecisionPolicy.param_dtype: the dtype params are all-gathered and computed in
+    /// (bf16, f32, f16; default: the master dtype, no mixed precision).
+    #[arg(long)]
+    pub(crate) param_dtype: Option<String>,
+    /// MixedPrecisionPolicy.reduce_dtype: the dtype gradients are reduce-scattered in
+    /// (default: the param dtype).
+    #[arg(long)]
+    pub(crate) reduce_dtype: Option<String>,
+    /// The dtype of the sharded (master) params, their grads and the optimizer state
+    /// (default: the model file's, HF's torch_dtype; torchtitan keeps float32 masters).
+    #[arg(long)]
+    pub(crate) master_dtype: Option<String>,
+    /// Micro-batches per optimizer step (gradient accumulation; the gradient sync runs in the last).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) grad_accum: u32,
+    /// Module class run under activation checkpointing (repeatable).
+    #[arg(long)]
+    pub(crate) checkpoint: Vec<String>,
+    /// Sequences per micro-batch on each rank (torchtitan's local batch size).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) batch: u64,
+    /// Tokens per sequence (default: 2048, or the model's learned positions if fewer: GPT-2's 1024).
+    #[arg(long)]
+    pub(crate) seq: Option<u64>,
 }
 
 #[derive(Args)]
@@ -143,6 +174,14 @@ pub(crate) struct PlanArgs {
     /// Print every compute op instead of folding them per unit.
     #[arg(long)]
     pub(crate) full_schedule: bool,
+    /// One screen: the options, units by class, communication, the peak, whether it fits and
+    /// the step time (no schedule).
+    #[arg(long, conflicts_with = "full_schedule")]
+    pub(crate) summary: bool,
+    /// Memory per GPU the plan must fit in (default: the hardware profile's), e.g. 80GiB, 80G,
+    /// 75GB, 8e10.
+    #[arg(long)]
+    pub(crate) memory_limit: Option<String>,
 }
 
 #[derive(Args)]
@@ -153,11 +192,18 @@ pub(crate) struct HwOpt {
     pub(crate) hardware: String,
 }
 
-pub(crate) fn options(o: &PlanOpts, policy: &str) -> Result<Options, PlanError> {
-    options_for(&o.k, o.world_size, policy)
+pub(crate) fn options(o: &PlanOpts, policy: &str, model: &Model) -> Result<Options, PlanError> {
+    options_for(&o.k, o.world_size, policy, model)
 }
 
-pub(crate) fn options_for(o: &Knobs, world_size: u64, policy: &str) -> Result<Options, PlanError> {
+/// `--seq`'s default: 2048, or the model's learned positions if fewer (GPT-2's 1024).
+pub(crate) fn default_seq(model: &Model) -> u64 {
+    let positions = model.ops.iter().filter(|o| matches!(o.kind, fsdp_ir::OpKind::PositionEmbedding)).filter_map(|o| o.params.first()).filter_map(|n| model.params.iter().find(|p| &p.name == n)).filter_map(|p| p.shape.first().copied()).min();
+    positions.map_or(2048, |n| n.min(2048))
+}
+
+pub(crate) fn options_for(k: &Knobs, world_size: u64, policy: &str, model: &Model) -> Result<Options, PlanError> {
+    let (o, e) = (&k.fixed, &k.each);
     let layout = if o.layout == "flat" { Layout::Flat } else { Layout::Fsdp2 };
     let strategy = match o.strategy.as_str() {
         "shard-grad-op" => Strategy::ShardGradOp,
@@ -191,22 +237,24 @@ pub(crate) fn options_for(o: &Knobs, world_size: u64, policy: &str) -> Result<Op
         policy: Policy::parse(policy)?,
         layout,
         strategy,
-        reshard_after_forward: o.reshard_after_forward,
+        reshard_after_forward: e.reshard_after_forward,
         root_reshard_after_forward: o.root_reshard_after_forward,
-        param_dtype: o.param_dtype.as_deref().map(|s| parse_dtype("--param-dtype", s)).transpose()?,
-        reduce_dtype: o.reduce_dtype.as_deref().map(|s| parse_dtype("--reduce-dtype", s)).transpose()?,
+        param_dtype: e.param_dtype.as_deref().map(|s| parse_dtype("--param-dtype", s)).transpose()?,
+        reduce_dtype: e.reduce_dtype.as_deref().map(|s| parse_dtype("--reduce-dtype", s)).transpose()?,
+        master_dtype: e.master_dtype.as_deref().map(|s| parse_dtype("--master-dtype", s)).transpose()?,
         forward_prefetch: o.forward_prefetch,
         backward_prefetch,
-        grad_accum: o.grad_accum,
-        checkpoint: o.checkpoint.clone(),
+        grad_accum: e.grad_accum,
+        checkpoint: e.checkpoint.clone(),
         optimizer: match o.optimizer.as_str() {
             "adamw" => Optimizer::AdamW,
             "sgd" => Optimizer::Sgd,
             "none" => Optimizer::None,
-            _ => Optimizer::Adam,
+            "adam" => Optimizer::Adam,
+            _ => Optimizer::AdamW,
         },
-        batch: o.batch,
-        seq: o.seq,
+        batch: e.batch,
+        seq: e.seq.unwrap_or_else(|| default_seq(model)),
         attn_implementation: attn,
         device: Device::parse(&o.device).unwrap_or(Device::Cuda),
     };

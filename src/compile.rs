@@ -9,7 +9,7 @@ use std::path::PathBuf;
 pub(crate) fn run(p: PlanArgs, output: PathBuf) -> Result<()> {
     not_an_input(&output, &[&p.model])?;
     let model = load_model(&p.model)?;
-    let opts = crate::cli::options(&p.o, &p.o.policy).map_err(user)?;
+    let opts = crate::cli::options(&p.o, &p.o.policy, &model).map_err(user)?;
     let plan = fsdp_planner::plan(&model, &opts).map_err(user)?;
     let text = match p.format.as_str() {
         "json" => serde_json::to_string_pretty(&plan).context("serializing the plan")?,

@@ -29,8 +29,8 @@ pub(crate) fn run(d: DiffArgs) -> Result<()> {
     let (a, an, b, bn, models) = match (d.files.len(), d.vs_policy.len()) {
         (1, 2) => {
             let model = load_model(&d.files[0])?;
-            let pa = fsdp_planner::plan(&model, &options(&d.o, &d.vs_policy[0]).map_err(user)?).map_err(user)?;
-            let pb = fsdp_planner::plan(&model, &options(&d.o, &d.vs_policy[1]).map_err(user)?).map_err(user)?;
+            let pa = fsdp_planner::plan(&model, &options(&d.o, &d.vs_policy[0], &model).map_err(user)?).map_err(user)?;
+            let pb = fsdp_planner::plan(&model, &options(&d.o, &d.vs_policy[1], &model).map_err(user)?).map_err(user)?;
             (pa, d.vs_policy[0].clone(), pb, d.vs_policy[1].clone(), (model.clone(), model))
         }
         (2, 0) => {
@@ -45,6 +45,6 @@ pub(crate) fn run(d: DiffArgs) -> Result<()> {
     let (rows, rest) = table.split_at(table.find("\nunits only in").unwrap_or(table.len()));
     let (ma, mb) = models;
     let time = timeline::diff_rows(&timeline::predict(&a, &ma, &hw), &timeline::predict(&b, &mb, &hw));
-    print!("{rows}{time}{rest}");
+    out(format_args!("{rows}{time}{rest}"));
     Ok(())
 }

@@ -8,6 +8,26 @@ use fsdp_planner::hardware::Hardware;
 use fsdp_planner::Plan;
 use std::path::{Path, PathBuf};
 
+/// Writes command output to stdout. A reader that went away (`fsdp-plan … | head`) ends the
+/// program quietly, as a Unix filter ends, instead of the panic `print!` raises.
+pub(crate) fn out(text: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    if let Err(e) = o.write_fmt(text).and_then(|()| o.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("error: writing to stdout: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// `println!` through [`out`].
+macro_rules! outln {
+    ($($t:tt)*) => { $crate::io::out(format_args!("{}\n", format_args!($($t)*))) };
+}
+pub(crate) use outln;
+
 /// A user error: reported with exit code 2.
 #[derive(Debug)]
 pub(crate) struct UserError(pub(crate) String);
@@ -229,26 +249,27 @@ pub(crate) fn looks_like_plan(text: &str) -> bool {
     text.contains("plan_hash") && text.contains("format_version")
 }
 
-/// `80GiB`, `80 GiB`, `75GB`, `81559MiB`, `8e10` (bytes).
-pub(crate) fn parse_size(s: &str) -> Result<u64> {
+/// `80GiB`, `80 GiB`, `80G` (= GiB, as docker reads it), `75GB`, `81559MiB`, `8e10` (bytes);
+/// `flag` names the option in the error.
+pub(crate) fn parse_size(flag: &str, s: &str) -> Result<u64> {
     let t = s.trim();
     let split = t.find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E').unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
-        "kib" => 1024.0,
-        "mib" => 1048576.0,
-        "gib" => 1073741824.0,
-        "tib" => 1099511627776.0,
+        "k" | "ki" | "kib" => 1024.0,
+        "m" | "mi" | "mib" => 1048576.0,
+        "g" | "gi" | "gib" => 1073741824.0,
+        "t" | "ti" | "tib" => 1099511627776.0,
         "kb" => 1e3,
         "mb" => 1e6,
         "gb" => 1e9,
         "tb" => 1e12,
-        u => bail!(UserError(format!("--memory-limit `{s}`: unknown unit `{u}` (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"))),
+        u => bail!(UserError(format!("{flag} `{s}`: unknown unit `{u}` (B; KiB, MiB, GiB, TiB or K, M, G, T: powers of 1024; KB, MB, GB, TB: of 1000)"))),
     };
     match num.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 => Ok((v * mult) as u64),
-        _ => bail!(UserError(format!("--memory-limit `{s}`: expected a size such as 80GiB"))),
+        Ok(v) if v.is_finite() && v > 0.0 && v * mult < 1.8e19 => Ok((v * mult) as u64),
+        _ => bail!(UserError(format!("{flag} `{s}`: expected a size such as 80GiB"))),
     }
 }
 

@@ -100,17 +100,17 @@ pub(crate) fn rendezvous_selftest(a: SelftestArgs) -> Result<()> {
             let rz = nccl::rendezvous(&cfg).map_err(|e| anyhow!(e))?;
             let ordinal = fsdp_runtime::train::gpu_ordinal(env.local_rank, std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref());
             let group = nccl::NcclGroup::from_rendezvous(&rz, ordinal).map_err(|e| anyhow!("rank {}: {e}", env.rank))?;
-            println!("rank {}/{}: NCCL communicator on cuda:{ordinal}", rz.rank, rz.world_size);
-            println!("{}", selftest::check_collectives(&group, group.device()).map_err(|e| anyhow!("rank {}: {e}", env.rank))?);
+            outln!("rank {}/{}: NCCL communicator on cuda:{ordinal}", rz.rank, rz.world_size);
+            outln!("{}", selftest::check_collectives(&group, group.device()).map_err(|e| anyhow!("rank {}: {e}", env.rank))?);
             rz.barrier(Some(cfg.timeout)).map_err(|e| anyhow!(e))?;
         }
         "tcp" => {
             let rz = rendezvous::rendezvous(&cfg, || Ok(rendezvous::random_id())).map_err(|e| anyhow!(e))?;
             let group = fsdp_runtime::comm_tcp::TcpGroup::new(rz, Some(cfg.timeout));
-            println!("{}", selftest::check_collectives(&group, selftest::cpu()).map_err(|e| anyhow!("rank {}: {e}", env.rank))?);
+            outln!("{}", selftest::check_collectives(&group, selftest::cpu()).map_err(|e| anyhow!("rank {}: {e}", env.rank))?);
             group.rendezvous().barrier(Some(cfg.timeout)).map_err(|e| anyhow!(e))?;
         }
-        _ => println!("{}", rendezvous::selftest(&cfg).map_err(|e| anyhow!(e))?),
+        _ => outln!("{}", rendezvous::selftest(&cfg).map_err(|e| anyhow!(e))?),
     }
     if a.fail_rank == Some(env.rank) {
         eprintln!("rank {}: failing on purpose (--fail-rank)", env.rank);

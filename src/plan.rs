@@ -1,30 +1,40 @@
 //! `fsdp-plan plan` (the default command): the schedule, units, communication, predicted peak
-//! memory and step time of a model under the options.
+//! memory (and whether it fits) and step time of a model under the options.
 
 use crate::cli::{options, HwOpt, PlanArgs};
 use crate::io::*;
 use anyhow::Result;
+use fsdp_planner::print;
 use fsdp_planner::timeline;
 
 pub(crate) fn run(a: PlanArgs, hw: HwOpt) -> Result<()> {
     let model = load_model(&a.model)?;
-    let opts = options(&a.o, &a.o.policy).map_err(user)?;
+    let opts = options(&a.o, &a.o.policy, &model).map_err(user)?;
     let plan = fsdp_planner::plan(&model, &opts).map_err(user)?;
-    match a.format.as_str() {
-        "json" => {
-            let hw = load_hardware(&hw.hardware)?;
-            let t = timeline::predict(&plan, &model, &hw);
-            let mut v = fsdp_planner::print::json(&plan);
-            v["time"] = timeline::json(&t);
-            println!("{}", serde_json::to_string_pretty(&v)?)
-        }
-        "ron" => println!("{}", plan_ron(&plan)?),
-        _ => {
-            let hw = load_hardware(&hw.hardware)?;
-            let t = timeline::predict(&plan, &model, &hw);
-            print!("{}", fsdp_planner::print::render(&plan, a.full_schedule));
-            print!("{}", timeline::render(&t));
-        }
+    if a.format == "ron" {
+        outln!("{}", plan_ron(&plan)?);
+        return Ok(());
     }
+    let hw = load_hardware(&hw.hardware)?;
+    let (limit, of) = match &a.memory_limit {
+        Some(s) => (parse_size("--memory-limit", s)?, "--memory-limit".to_string()),
+        None => (hw.memory_bytes, hw.name.clone()),
+    };
+    let t = timeline::predict(&plan, &model, &hw);
+    let peak = plan.memory.peak_bytes;
+    if a.format == "json" {
+        let mut v = print::json(&plan);
+        v["time"] = timeline::json(&t);
+        v["fits"] = serde_json::json!({
+            "memory_limit_bytes": limit,
+            "limit_of": of,
+            "fits": peak <= limit,
+            "headroom_bytes": limit as i128 - peak as i128,
+        });
+        outln!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let body = if a.summary { print::summary(&plan) } else { print::render(&plan, a.full_schedule) };
+    out(format_args!("{body}  {}\n{}", print::verdict(peak, limit, &of), timeline::render(&t)));
     Ok(())
 }

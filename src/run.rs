@@ -95,7 +95,7 @@ pub(crate) fn run_inputs(r: &RunArgs) -> Result<(Plan, Model)> {
         None if is_plan_file(&r.file) => load_plan_and_model(&r.file, None)?,
         None => {
             let model = load_model(&r.file)?;
-            let mut opts = options(&r.o, &r.o.policy).map_err(user)?;
+            let mut opts = options(&r.o, &r.o.policy, &model).map_err(user)?;
             opts.device = if cuda { Device::Cuda } else { Device::Cpu };
             (fsdp_planner::plan(&model, &opts).map_err(user)?, model)
         }
@@ -192,7 +192,7 @@ pub(crate) fn train(r: RunArgs) -> Result<()> {
             "steps": reports,
             "predicted_peak_bytes": plan.memory.peak_bytes,
         });
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        outln!("{}", serde_json::to_string_pretty(&doc)?);
     }
     Ok(())
 }

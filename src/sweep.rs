@@ -1,11 +1,12 @@
-//! `fsdp-plan sweep`: plans a model over world sizes and policies (and lists of the other
-//! options): fits?, peak, step time, tokens/s/GPU.
+//! `fsdp-plan sweep`: plans a model over every combination of lists of options (world sizes,
+//! policies, micro-batch, sequence length, gradient accumulation, checkpointing, reshard after
+//! forward, dtypes): fits?, peak, step time, tokens/s/GPU.
 
-use crate::cli::{options_for, HwOpt, Knobs};
+use crate::cli::{options_for, Each, Fixed, HwOpt, Knobs};
 use crate::io::*;
 use anyhow::{bail, Result};
 use clap::Args;
-use fsdp_planner::timeline;
+use fsdp_planner::timeline::{self, TimeReport};
 use fsdp_planner::PlanError;
 use std::path::PathBuf;
 
@@ -20,22 +21,95 @@ pub(crate) struct SweepArgs {
     /// policy: `transformer:A,B` is one policy with two classes). Default: auto.
     #[arg(long = "policy")]
     pub(crate) policies: Vec<String>,
+    /// Sequences per micro-batch on each rank, comma-separated: 1,2,4.
+    #[arg(long = "batch", value_delimiter = ',', default_value = "1")]
+    pub(crate) batches: Vec<u64>,
+    /// Tokens per sequence, comma-separated (default: 2048, or the model's learned positions).
+    #[arg(long = "seq", value_delimiter = ',')]
+    pub(crate) seqs: Vec<u64>,
+    /// Gradient accumulation steps, comma-separated.
+    #[arg(long = "grad-accum", value_delimiter = ',', default_value = "1")]
+    pub(crate) grad_accums: Vec<u32>,
+    /// Checkpointing alternatives, comma-separated: `none`, a module class, or classes joined
+    /// by `+` (`none,LlamaDecoderLayer`). Default: none.
+    #[arg(long = "checkpoint", value_delimiter = ',')]
+    pub(crate) checkpoints: Vec<String>,
+    /// `reshard_after_forward` of the non-root units, comma-separated: true,false (default:
+    /// the strategy's).
+    #[arg(long = "reshard-after-forward", value_delimiter = ',')]
+    pub(crate) reshards: Vec<bool>,
+    /// Param dtypes, comma-separated (`none`: no mixed precision).
+    #[arg(long = "param-dtype", value_delimiter = ',')]
+    pub(crate) param_dtypes: Vec<String>,
+    /// Reduce dtypes, comma-separated (`none`: the param dtype).
+    #[arg(long = "reduce-dtype", value_delimiter = ',')]
+    pub(crate) reduce_dtypes: Vec<String>,
+    /// Master (sharded param) dtypes, comma-separated (`none`: the model file's).
+    #[arg(long = "master-dtype", value_delimiter = ',')]
+    pub(crate) master_dtypes: Vec<String>,
     #[command(flatten)]
-    pub(crate) k: Knobs,
+    pub(crate) fixed: Fixed,
     #[command(flatten)]
     pub(crate) hw: HwOpt,
-    /// Memory per GPU a plan must fit in (default: the hardware's), e.g. 80GiB, 75GB, 8e10.
+    /// Memory per GPU a plan must fit in (default: the hardware's), e.g. 80GiB, 80G, 75GB, 8e10.
     #[arg(long)]
     pub(crate) memory_limit: Option<String>,
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     pub(crate) format: String,
 }
 
+/// One swept configuration: its world size, policy and per-plan options, and what it gave.
+struct Row {
+    ws: u64,
+    policy: String,
+    each: Each,
+    seq: u64,
+    peak: u64,
+    t: TimeReport,
+}
+
+/// `none` (or nothing) is the option left out; anything else is a value.
+fn optional(v: &[String]) -> Vec<Option<String>> {
+    if v.is_empty() {
+        return vec![None];
+    }
+    v.iter().map(|x| (x != "none").then(|| x.clone())).collect()
+}
+
+fn or_default<T: Clone>(v: &[T], d: T) -> Vec<T> {
+    if v.is_empty() {
+        vec![d]
+    } else {
+        v.to_vec()
+    }
+}
+
+/// Every combination of the list options, in the order the flags list them (the last
+/// varies fastest).
+fn combinations(a: &SweepArgs) -> Vec<Each> {
+    let mut out = vec![Each::default()];
+    let mut extend = |f: &dyn Fn(&Each) -> Vec<Each>| out = out.iter().flat_map(f).collect();
+    extend(&|e| a.batches.iter().map(|&b| Each { batch: b, ..e.clone() }).collect());
+    extend(&|e| or_default(&a.seqs.iter().map(|&s| Some(s)).collect::<Vec<_>>(), None).into_iter().map(|s| Each { seq: s, ..e.clone() }).collect());
+    extend(&|e| a.grad_accums.iter().map(|&k| Each { grad_accum: k, ..e.clone() }).collect());
+    extend(&|e| {
+        optional(&a.checkpoints)
+            .into_iter()
+            .map(|c| Each { checkpoint: c.map(|c| c.split('+').map(|x| x.trim().to_string()).collect()).unwrap_or_default(), ..e.clone() })
+            .collect()
+    });
+    extend(&|e| or_default(&a.reshards.iter().map(|&r| Some(r)).collect::<Vec<_>>(), None).into_iter().map(|r| Each { reshard_after_forward: r, ..e.clone() }).collect());
+    extend(&|e| optional(&a.param_dtypes).into_iter().map(|d| Each { param_dtype: d, ..e.clone() }).collect());
+    extend(&|e| optional(&a.reduce_dtypes).into_iter().map(|d| Each { reduce_dtype: d, ..e.clone() }).collect());
+    extend(&|e| optional(&a.master_dtypes).into_iter().map(|d| Each { master_dtype: d, ..e.clone() }).collect());
+    out
+}
+
 pub(crate) fn sweep(a: &SweepArgs) -> Result<()> {
     let model = load_model(&a.model)?;
     let hw = load_hardware(&a.hw.hardware)?;
     let limit = match &a.memory_limit {
-        Some(s) => parse_size(s)?,
+        Some(s) => parse_size("--memory-limit", s)?,
         None => hw.memory_bytes,
     };
     let mut policies: Vec<String> = a.policies.iter().flat_map(|p| p.split(';')).map(|p| p.trim().to_string()).filter(|p| !p.is_empty()).collect();
@@ -55,29 +129,41 @@ pub(crate) fn sweep(a: &SweepArgs) -> Result<()> {
     if a.world_sizes.is_empty() {
         bail!(UserError("--world-size: give at least one world size".into()));
     }
+    let combos = combinations(a);
     let mut rows = vec![];
     for &ws in &a.world_sizes {
         for p in &policies {
-            let what = |e: PlanError| user(format!("world size {ws}, policy {p}: {e}"));
-            let opts = options_for(&a.k, ws, p).map_err(what)?;
-            let plan = fsdp_planner::plan(&model, &opts).map_err(what)?;
-            let t = timeline::predict(&plan, &model, &hw);
-            rows.push((ws, plan.policy.clone(), plan.memory.peak_bytes, t));
+            for each in &combos {
+                let k = Knobs { fixed: a.fixed.clone(), each: each.clone() };
+                let what = |e: PlanError| user(format!("world size {ws}, policy {p}{}: {e}", describe(each)));
+                let opts = options_for(&k, ws, p, &model).map_err(what)?;
+                let plan = fsdp_planner::plan(&model, &opts).map_err(what)?;
+                let t = timeline::predict(&plan, &model, &hw);
+                rows.push(Row { ws, policy: plan.policy.clone(), each: each.clone(), seq: opts.seq, peak: plan.memory.peak_bytes, t });
+            }
         }
     }
     if a.format == "json" {
         let v: Vec<serde_json::Value> = rows
             .iter()
-            .map(|(ws, policy, peak, t)| {
+            .map(|r| {
                 serde_json::json!({
-                    "world_size": ws,
-                    "policy": policy,
-                    "fits": *peak <= limit,
-                    "peak_bytes": peak,
-                    "step_time_s": t.step_time_s,
-                    "exposed_comm_s": t.exposed_comm_s,
-                    "mfu": t.mfu,
-                    "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu,
+                    "world_size": r.ws,
+                    "policy": r.policy,
+                    "batch": r.each.batch,
+                    "seq": r.seq,
+                    "grad_accum": r.each.grad_accum,
+                    "checkpoint": r.each.checkpoint,
+                    "reshard_after_forward": r.each.reshard_after_forward,
+                    "param_dtype": r.each.param_dtype,
+                    "reduce_dtype": r.each.reduce_dtype,
+                    "master_dtype": r.each.master_dtype,
+                    "fits": r.peak <= limit,
+                    "peak_bytes": r.peak,
+                    "step_time_s": r.t.step_time_s,
+                    "exposed_comm_s": r.t.exposed_comm_s,
+                    "mfu": r.t.mfu,
+                    "tokens_per_s_per_gpu": r.t.tokens_per_s_per_gpu,
                 })
             })
             .collect();
@@ -85,40 +171,54 @@ pub(crate) fn sweep(a: &SweepArgs) -> Result<()> {
             "model": model.name,
             "hardware": hw.name,
             "memory_limit_bytes": limit,
-            "batch": a.k.batch,
-            "seq": a.k.seq,
             "rows": v,
         });
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        outln!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
-    println!(
-        "sweep {} on {} · memory limit {} · batch {} × seq {} · param dtype {} · reduce dtype {}",
-        model.name,
-        hw.name,
-        fsdp_planner::print::bytes(limit),
-        a.k.batch,
-        a.k.seq,
-        a.k.param_dtype.as_deref().unwrap_or("(param's)"),
-        a.k.reduce_dtype.as_deref().unwrap_or("(param dtype)")
-    );
-    let pw = rows.iter().map(|r| r.1.len()).max().unwrap_or(6).max(6);
-    println!(
-        "{:>10}  {:<pw$}  {:<5} {:>12} {:>11} {:>13} {:>6} {:>13}",
-        "world size", "policy", "fits?", "peak", "step time", "tokens/s/GPU", "MFU", "exposed comm"
-    );
-    for (ws, policy, peak, t) in &rows {
-        println!(
-            "{:>10}  {:<pw$}  {:<5} {:>12} {:>11} {:>13} {:>6} {:>13}",
-            ws,
-            policy,
-            if *peak <= limit { "yes" } else { "no" },
-            fsdp_planner::print::bytes(*peak),
-            timeline::secs(t.step_time_s),
-            timeline::thousands(t.tokens_per_s_per_gpu),
-            timeline::pct(t.mfu),
-            timeline::secs(t.exposed_comm_s)
-        );
+    outln!("sweep {} on {} · memory limit {}", model.name, hw.name, fsdp_planner::print::bytes(limit));
+    // the columns of the options that vary, then the results
+    type Col = (&'static str, Box<dyn Fn(&Row) -> String>);
+    let mut cols: Vec<Col> = vec![("world size", Box::new(|r: &Row| r.ws.to_string())), ("policy", Box::new(|r: &Row| r.policy.clone()))];
+    let opt = |o: &Option<String>| o.clone().unwrap_or_else(|| "-".into());
+    let varying: Vec<Col> = vec![
+        ("batch", Box::new(|r: &Row| r.each.batch.to_string())),
+        ("seq", Box::new(|r: &Row| r.seq.to_string())),
+        ("grad accum", Box::new(|r: &Row| r.each.grad_accum.to_string())),
+        ("checkpoint", Box::new(|r: &Row| if r.each.checkpoint.is_empty() { "none".into() } else { r.each.checkpoint.join("+") })),
+        ("raf", Box::new(|r: &Row| r.each.reshard_after_forward.map_or("-".into(), |b| b.to_string()))),
+        ("param", Box::new(move |r: &Row| opt(&r.each.param_dtype))),
+        ("reduce", Box::new(move |r: &Row| opt(&r.each.reduce_dtype))),
+        ("master", Box::new(move |r: &Row| opt(&r.each.master_dtype))),
+    ];
+    for c in varying {
+        if rows.iter().any(|r| (c.1)(r) != (c.1)(&rows[0])) {
+            cols.push(c);
+        }
     }
+    cols.push(("fits?", Box::new(move |r: &Row| if r.peak <= limit { "yes".into() } else { "no".into() })));
+    cols.push(("peak", Box::new(|r: &Row| fsdp_planner::print::bytes(r.peak))));
+    cols.push(("step time", Box::new(|r: &Row| timeline::secs(r.t.step_time_s))));
+    cols.push(("tokens/s/GPU", Box::new(|r: &Row| timeline::thousands(r.t.tokens_per_s_per_gpu))));
+    cols.push(("MFU", Box::new(|r: &Row| timeline::pct(r.t.mfu))));
+    cols.push(("exposed comm", Box::new(|r: &Row| timeline::secs(r.t.exposed_comm_s))));
+    let cells: Vec<Vec<String>> = rows.iter().map(|r| cols.iter().map(|c| (c.1)(r)).collect()).collect();
+    let heads: Vec<String> = cols.iter().map(|c| c.0.to_string()).collect();
+    outln!("{}", fsdp_planner::print::table(&heads, &cells));
     Ok(())
+}
+
+/// ` (batch 2, seq 4096, …)`: the swept options of a combination, for error messages.
+fn describe(e: &Each) -> String {
+    let mut v = vec![format!("batch {}", e.batch)];
+    if let Some(s) = e.seq {
+        v.push(format!("seq {s}"));
+    }
+    if e.grad_accum != 1 {
+        v.push(format!("grad accum {}", e.grad_accum));
+    }
+    if !e.checkpoint.is_empty() {
+        v.push(format!("checkpoint {}", e.checkpoint.join("+")));
+    }
+    format!(" ({})", v.join(", "))
 }

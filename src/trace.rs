@@ -32,7 +32,7 @@ pub(crate) fn view(v: &ViewArgs) -> Result<(Plan, Hardware, TimeReport)> {
         load_plan_and_model(&v.input, v.model.as_deref())?
     } else {
         let model = load_model(&v.input)?;
-        let opts = options(&v.o, &v.o.policy).map_err(user)?;
+        let opts = options(&v.o, &v.o.policy, &model).map_err(user)?;
         (fsdp_planner::plan(&model, &opts).map_err(user)?, model)
     };
     let t = timeline::predict(&plan, &model, &hw);

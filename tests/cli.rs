@@ -266,3 +266,53 @@ fn calibrate_refuses_a_predicted_trace() {
     assert!(code == 2 && err.contains("measured for plan") && err.contains("give the options of the run that wrote it"), "{err}");
     assert!(!out.exists());
 }
+
+/// What a new user hit first (issue 27): sizes as people write them, contradictions refused,
+/// GPT-2's positions respected, `| head` quiet, lists in `sweep`, a verdict on the peak.
+#[test]
+fn a_new_users_first_commands() {
+    // `--memory-limit 80G` (= GiB) and the verdict with its headroom, text and JSON
+    let (code, out, err) = run(&["models/llama-3-8b.ron", "--summary", "--memory-limit", "80G", "--param-dtype", "bf16"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("fits in 80.00 GiB (--memory-limit) with"), "{out}");
+    assert!(!out.contains("schedule ("), "--summary prints no schedule: {out}");
+    let (code, out, err) = run(&["models/llama-3-8b.ron", "--format", "json", "--memory-limit", "10GiB"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["fits"]["fits"], false);
+    assert_eq!(v["fits"]["memory_limit_bytes"], 10u64 << 30);
+    assert!(v["fits"]["headroom_bytes"].as_i64().unwrap() < 0);
+    let (code, _, err) = run(&["models/tiny-llama.ron", "--memory-limit", "80Q"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--memory-limit `80Q`: unknown unit `q`"), "{err}");
+    // contradictory options are an error, not silently full-shard
+    let (code, _, err) = run(&["models/tiny-llama.ron", "--strategy", "shard-grad-op", "--reshard-after-forward", "true"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--reshard-after-forward: true contradicts --strategy shard-grad-op"), "{err}");
+    // GPT-2's 1024 learned positions bound the default sequence length
+    let (code, out, err) = run(&["models/gpt2.ron", "--summary"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("batch 1 × seq 1024 per rank"), "{out}");
+    // the header names options as the flags take them
+    assert!(out.contains("layout fsdp2 · strategy full-shard") && out.contains("optimizer adamw") && out.contains("device cuda"), "{out}");
+    // a size policy that splits a tied weight says which policy did
+    let (code, _, err) = run(&["models/tiny-llama-tied.ron", "--policy", "size:1000"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("wrap policy `size:1000`"), "{err}");
+    // `plan … | head`: the reader leaves early; the plan ends quietly
+    let mut child = bin().args(["models/llama-3-8b.ron", "--full-schedule"]).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    {
+        use std::io::BufRead;
+        let mut first = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+        assert!(first.starts_with("plan for llama-3-8b"), "{first}");
+    }
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("panicked"), "{}", String::from_utf8_lossy(&o.stderr));
+    // sweep takes lists of batch, seq, checkpointing, reshard and dtypes
+    let (code, out, err) = run(&["sweep", "models/tiny-llama.ron", "--world-size", "2", "--batch", "1,2", "--seq", "16,32", "--checkpoint", "none,LlamaDecoderLayer", "--reshard-after-forward", "true,false", "--param-dtype", "none,bf16", "--format", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["rows"].as_array().unwrap().len(), 2 * 2 * 2 * 2 * 2);
+}

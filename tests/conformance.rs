@@ -83,6 +83,7 @@ pub fn options_of(f: &Value) -> Options {
         root_reshard_after_forward: o["root_reshard_after_forward"].as_bool(),
         param_dtype: dt("param_dtype"),
         reduce_dtype: dt("reduce_dtype"),
+        master_dtype: None,
         forward_prefetch: o["forward_prefetch"].as_u64().unwrap_or(0) as u32,
         backward_prefetch,
         grad_accum: o["grad_accum"].as_u64().unwrap_or(1) as u32,
@@ -159,6 +160,32 @@ fn memory_matches_fsdp2() {
 #[test]
 fn memory_matches_fsdp2_real_size() {
     check_memory("tests/fixtures/fsdp2_fake");
+}
+
+/// `--master-dtype`: the config's own model (bf16 weights) planned with the master dtype a case
+/// built its model in (`model_dtype`, HF's `from_config(dtype=…)`) is that case, to the byte.
+#[test]
+fn master_dtype_equals_building_the_model_in_it() {
+    let mut checked = 0;
+    for (name, f) in fixtures("tests/fixtures/fsdp2_fake") {
+        let Some(d) = f["options"]["model_dtype"].as_str().and_then(fsdp_ir::DType::parse) else { continue };
+        let config = f["config"].as_str().unwrap();
+        let text = std::fs::read_to_string(root().join(config)).unwrap();
+        let own = fsdp_ir::hf::import_hf(&text, config, "m").unwrap();
+        if own.params.iter().all(|p| p.dtype == d) {
+            continue;
+        }
+        let plan = fsdp_planner::plan(&own, &Options { master_dtype: Some(d), ..options_of(&f) }).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(plan.memory.peak_bytes, f["memory"]["peak_bytes"].as_u64().unwrap(), "{name}: --master-dtype {d} on the config's own model");
+        for c in Category::ALL {
+            assert_eq!(plan.memory.breakdown.get(&c).copied().unwrap_or(0), f["memory"]["breakdown"][c.name()].as_u64().unwrap_or(0), "{name}: {} with --master-dtype {d}", c.name());
+        }
+        let want: Vec<(&str, u64, &str)> = f["collectives"].as_array().unwrap().iter().map(|c| (c["kind"].as_str().unwrap(), c["numel"].as_u64().unwrap(), c["dtype"].as_str().unwrap())).collect();
+        let got: Vec<(&str, u64, &str)> = plan.collectives.iter().map(|c| (c.kind.as_str(), c.numel, c.dtype.as_str())).collect();
+        assert_eq!(got, want, "{name}: collectives with --master-dtype {d}");
+        checked += 1;
+    }
+    assert!(checked >= 2, "only {checked} cases build their model in another dtype than the config's");
 }
 
 fn check_memory(dir: &str) {

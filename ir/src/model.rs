@@ -336,6 +336,16 @@ impl PartialEq for AliasIndex {
 }
 
 impl Model {
+    /// The model with every floating-point parameter in `dtype` (what HF's `from_config`
+    /// builds with `dtype=`; buffers keep theirs).
+    pub fn with_param_dtype(&self, dtype: DType) -> Model {
+        let mut m = self.clone();
+        for p in m.params.iter_mut().filter(|p| p.dtype.is_float()) {
+            p.dtype = dtype;
+        }
+        m
+    }
+
     /// Distinct parameter storages (aliases excluded).
     pub fn primary_params(&self) -> impl Iterator<Item = &Param> {
         self.params.iter().filter(|p| p.tied_to.is_none())

@@ -131,11 +131,10 @@ impl<'a> Ctx<'a> {
     }
 }
 
-/// The dtype activations are computed in: `param_dtype`, else the model's floating-point
-/// parameter dtype.
+/// The dtype activations are computed in: `param_dtype`, else the master dtype (the
+/// parameters' own: `master_dtype`, else the model's floating-point parameter dtype).
 pub fn compute_dtype(model: &Model, opts: &crate::options::Options) -> DType {
-    opts.param_dtype
-        .unwrap_or_else(|| model.primary_params().map(|p| p.dtype).find(|d| d.is_float()).unwrap_or(DType::Float32))
+    opts.param_dtype.or(opts.master_dtype).unwrap_or_else(|| model.primary_params().map(|p| p.dtype).find(|d| d.is_float()).unwrap_or(DType::Float32))
 }
 
 fn t(numel: u64, dtype: DType, what: &'static str) -> T {

@@ -6,8 +6,8 @@ pub enum PlanError {
     Option { option: String, message: String },
     #[error("wrap policy `{policy}`: {message}")]
     Policy { policy: String, message: String },
-    #[error("tied parameter `{param}` is shared by modules in different FSDP units ({units}); FSDP2 raises ValueError at the first forward. Wrap them in one unit (fully_shard([a, b])) or leave both in a common ancestor")]
-    TiedAcrossUnits { param: String, units: String },
+    #[error("wrap policy `{policy}` puts the modules sharing tied parameter `{param}` in different FSDP units ({units}); FSDP2 raises ValueError at the first forward. Wrap them in one unit (fully_shard([a, b])) or leave both in a common ancestor")]
+    TiedAcrossUnits { policy: String, param: String, units: String },
     #[error("verifier: {0}")]
     Verify(String),
     #[error("checker: {0}")]

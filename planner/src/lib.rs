@@ -62,10 +62,14 @@ pub const MAX_PLAN_BYTES: u64 = 1 << 62;
 /// Runs every pass and the checker.
 pub fn plan(model: &Model, opts: &Options) -> Result<Plan, PlanError> {
     opts.check()?;
+    // `--master-dtype`: the passes see the parameters in it; the plan names the model file's
+    // hash (a compiled plan is checked against the file it came from)
+    let recast = opts.master_dtype.filter(|&d| model.params.iter().any(|p| p.dtype.is_float() && p.dtype != d)).map(|d| model.with_param_dtype(d));
+    let planned = recast.as_ref().unwrap_or(model);
     // The model hash (a full serialization) runs on a second thread beside the passes.
     std::thread::scope(|s| {
         let hash = s.spawn(|| model_hash(model));
-        plan_with_hash(model, opts, || hash.join().unwrap_or_else(|_| model_hash(model)))
+        plan_with_hash(planned, opts, || hash.join().unwrap_or_else(|_| model_hash(model)))
     })
 }
 

@@ -69,6 +69,16 @@ pub enum Layout {
     Flat,
 }
 
+impl Layout {
+    /// The `--layout` value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::Fsdp2 => "fsdp2",
+            Layout::Flat => "flat",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Strategy {
     FullShard,
@@ -76,6 +86,18 @@ pub enum Strategy {
     NoShard,
     /// Shard within groups of `shard_size` ranks, replicate across groups.
     HybridShard { shard_size: u64 },
+}
+
+impl Strategy {
+    /// The `--strategy` value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::FullShard => "full-shard",
+            Strategy::ShardGradOp => "shard-grad-op",
+            Strategy::NoShard => "no-shard",
+            Strategy::HybridShard { .. } => "hybrid-shard",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -101,6 +123,16 @@ pub enum Optimizer {
 }
 
 impl Optimizer {
+    /// The `--optimizer` value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Optimizer::Adam => "adam",
+            Optimizer::AdamW => "adamw",
+            Optimizer::Sgd => "sgd",
+            Optimizer::None => "none",
+        }
+    }
+
     /// Whether it keeps per-parameter state (Adam's exp_avg and exp_avg_sq; torch's SGD
     /// without momentum keeps none).
     pub fn keeps_state(self) -> bool {
@@ -198,6 +230,11 @@ pub struct Options {
     pub root_reshard_after_forward: Option<bool>,
     pub param_dtype: Option<DType>,
     pub reduce_dtype: Option<DType>,
+    /// The dtype of the sharded (master) parameters — and so of their gradients and the
+    /// optimizer state; `None` = the model file's (HF's `torch_dtype`). torchtitan and most
+    /// FSDP training keep float32 masters of a bf16 checkpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub master_dtype: Option<DType>,
     /// Explicit forward prefetch depth (0 = FSDP2's implicit behaviour / FSDP1 off).
     pub forward_prefetch: u32,
     pub backward_prefetch: BackwardPrefetch,
@@ -223,6 +260,7 @@ impl Default for Options {
             root_reshard_after_forward: None,
             param_dtype: None,
             reduce_dtype: None,
+            master_dtype: None,
             forward_prefetch: 0,
             backward_prefetch: BackwardPrefetch::Implicit,
             grad_accum: 1,
@@ -273,7 +311,15 @@ impl Options {
                 ));
             }
         }
-        for (flag, d) in [("--param-dtype", self.param_dtype), ("--reduce-dtype", self.reduce_dtype)] {
+        // FSDP1's SHARD_GRAD_OP and NO_SHARD never free the params after forward: asking for
+        // it is a contradiction, not a variant
+        if let (Strategy::ShardGradOp | Strategy::NoShard, Some(true)) = (self.strategy, self.reshard_after_forward) {
+            return Err(opt_err(
+                "--reshard-after-forward",
+                format!("true contradicts --strategy {} (which keeps the params after forward); use --strategy full-shard", self.strategy.name()),
+            ));
+        }
+        for (flag, d) in [("--param-dtype", self.param_dtype), ("--reduce-dtype", self.reduce_dtype), ("--master-dtype", self.master_dtype)] {
             if let Some(d) = d {
                 if !d.is_float() {
                     return Err(opt_err(flag, format!("{d} is not a floating-point dtype")));

@@ -22,6 +22,39 @@ pub fn bytes(b: u64) -> String {
     }
 }
 
+/// An aligned text table: a header row, then one row per entry; a column whose cells are all
+/// numbers (they start with a digit, a sign or a dot) is right-aligned, the others left.
+pub fn table(heads: &[String], rows: &[Vec<String>]) -> String {
+    let n = heads.len();
+    let width = |c: usize| rows.iter().map(|r| r.get(c).map_or(0, |x| x.chars().count())).chain([heads[c].chars().count()]).max().unwrap_or(0);
+    let numeric = |c: usize| !rows.is_empty() && rows.iter().all(|r| r.get(c).and_then(|x| x.chars().next()).is_some_and(|ch| ch.is_ascii_digit() || "+-.".contains(ch)));
+    let cols: Vec<(usize, bool)> = (0..n).map(|c| (width(c), numeric(c))).collect();
+    let line = |cells: &[String]| {
+        let mut l = String::new();
+        for (c, &(w, right)) in cols.iter().enumerate() {
+            let x = cells.get(c).map_or("", |x| x.as_str());
+            let pad = " ".repeat(w.saturating_sub(x.chars().count()));
+            if c > 0 {
+                l.push_str("  ");
+            }
+            if right {
+                l.push_str(&pad);
+                l.push_str(x);
+            } else {
+                l.push_str(x);
+                l.push_str(&pad);
+            }
+        }
+        l.trim_end().to_string()
+    };
+    let mut out = line(heads);
+    for r in rows {
+        out.push('\n');
+        out.push_str(&line(r));
+    }
+    out
+}
+
 /// `7.24M`, `1.20B`.
 pub fn count(n: u64) -> String {
     let v = n as f64;
@@ -36,25 +69,46 @@ pub fn count(n: u64) -> String {
     }
 }
 
-pub fn render(plan: &Plan, full_schedule: bool) -> String {
-    let mut s = String::new();
+/// The dtype of the sharded (master) parameters: `--master-dtype`, else the model file's.
+pub fn master_dtype(plan: &Plan) -> String {
+    match plan.options.master_dtype {
+        Some(d) => d.torch_name().to_string(),
+        None => {
+            let d = plan.units.iter().flat_map(|u| &u.params).map(|p| p.dtype).find(|d| d.is_float());
+            format!("{} (the model's)", d.map_or("float32", |d| d.torch_name()))
+        }
+    }
+}
+
+/// The plan's first two lines: the model and every option, by the values the flags take.
+pub fn header(plan: &Plan) -> String {
     let o = &plan.options;
-    let _ = writeln!(
-        s,
-        "plan for {} · world size {} · layout {:?} · strategy {:?} · policy {} · attn {}",
-        plan.model_name, o.world_size, o.layout, o.strategy, plan.policy, plan.attn_implementation
-    );
-    let _ = writeln!(
-        s,
-        "batch {} × seq {} · param dtype {} · reduce dtype {} · optimizer {:?} · grad accum {} · device {:?}",
+    let strategy = match o.strategy {
+        crate::Strategy::HybridShard { shard_size } => format!("hybrid-shard (shard {shard_size} × replicate {})", o.world_size / shard_size.max(1)),
+        s => s.name().to_string(),
+    };
+    format!(
+        "plan for {} · world size {} · layout {} · strategy {strategy} · policy {} · attn {}\n\
+         batch {} × seq {} per rank · param dtype {} · reduce dtype {} · master dtype {} · optimizer {} · grad accum {} · device {}\n",
+        plan.model_name,
+        o.world_size,
+        o.layout.name(),
+        plan.policy,
+        plan.attn_implementation,
         o.batch,
         o.seq,
-        o.param_dtype.map(|d| d.torch_name()).unwrap_or("(param's)"),
-        o.reduce_dtype.map(|d| d.torch_name()).unwrap_or("(param dtype)"),
-        o.optimizer,
+        o.param_dtype.map(|d| d.torch_name()).unwrap_or("(the master's)"),
+        o.reduce_dtype.map(|d| d.torch_name()).unwrap_or("(the param dtype)"),
+        master_dtype(plan),
+        o.optimizer.name(),
         o.grad_accum,
-        o.device
-    );
+        o.device.name()
+    )
+}
+
+pub fn render(plan: &Plan, full_schedule: bool) -> String {
+    let mut s = String::new();
+    s += &header(plan);
     let _ = writeln!(s, "\nunits ({}):", plan.units.len());
     let _ = writeln!(s, "  {:<5} {:<32} {:>7} {:>12} {:>12} {:>12}  raf", "id", "module", "params", "numel", "padded", "shard");
     for u in &plan.units {
@@ -149,6 +203,47 @@ pub fn render(plan: &Plan, full_schedule: bool) -> String {
     }
     let _ = writeln!(s, "  arena size {}", bytes(m.arena_bytes));
     s
+}
+
+/// One screen: the header, the units by class, the communication per step and the peak with
+/// its largest categories (`plan --summary`).
+pub fn summary(plan: &Plan) -> String {
+    let mut s = header(plan);
+    // units: the root, then each class with its count and the size of one
+    let mut classes: Vec<(String, usize, u64, bool)> = vec![];
+    for u in plan.units.iter().filter(|u| !u.is_root()) {
+        match classes.iter_mut().find(|c| c.0 == u.class) {
+            Some(c) => c.1 += 1,
+            None => classes.push((u.class.clone(), 1, u.numel, u.reshard_after_forward)),
+        }
+    }
+    let root = plan.units.iter().find(|u| u.is_root());
+    let mut parts: Vec<String> = root.map(|r| format!("root ({} params)", count(r.numel))).into_iter().collect();
+    parts.extend(classes.iter().map(|(c, n, numel, _)| format!("{n} × {c} ({} params each)", count(*numel))));
+    let _ = writeln!(s, "\n{} units: {}", plan.units.len(), parts.join(", "));
+    let total: u64 = plan.collectives.iter().map(|c| c.numel * fsdp_ir::DType::parse(&c.dtype).map_or(1, |d| d.size())).sum();
+    let mut kinds: BTreeMap<&str, u32> = BTreeMap::new();
+    for c in &plan.collectives {
+        *kinds.entry(c.kind.as_str()).or_default() += 1;
+    }
+    let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{n} {k}")).collect();
+    let _ = writeln!(s, "communication per step: {} ({})", kinds.join(", "), bytes(total));
+    let m = &plan.memory;
+    let mut cats: Vec<(&Category, &u64)> = m.breakdown.iter().filter(|x| *x.1 > 0).collect();
+    cats.sort_by_key(|x| std::cmp::Reverse(*x.1));
+    let top: Vec<String> = cats.iter().take(4).map(|(c, b)| format!("{} {}", c.name(), bytes(**b))).collect();
+    let _ = writeln!(s, "predicted peak memory (rank {}): {} at {} — {}", m.rank, bytes(m.peak_bytes), m.peak_at, top.join(", "));
+    s
+}
+
+/// Whether a peak fits a per-GPU memory limit, and by how much: `fits in 80.00 GiB (h100-sxm)
+/// with 11.00 GiB to spare` / `does not fit in …: 50.03 GiB over`.
+pub fn verdict(peak: u64, limit: u64, of: &str) -> String {
+    if peak <= limit {
+        format!("fits in {} ({of}) with {} to spare", bytes(limit), bytes(limit - peak))
+    } else {
+        format!("does not fit in {} ({of}): {} over", bytes(limit), bytes(peak - limit))
+    }
 }
 
 /// The JSON document of `plan --format json`.

@@ -135,6 +135,7 @@ pub fn build_units(model: &Model, wrapped: &[String], opts: &Options) -> Result<
                 .map(|&u| if u == 0 { "root".to_string() } else { wrapped[u - 1].clone() })
                 .collect();
             return Err(PlanError::TiedAcrossUnits {
+                policy: opts.policy.to_string(),
                 param: names.join(" = "),
                 units: labels.join(", "),
             });

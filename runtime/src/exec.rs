@@ -46,8 +46,13 @@ impl Rank {
         let ws = plan.options.shard_size() as i64;
         let r = rank as i64 % ws.max(1);
         let mut shards = vec![];
+        // `--master-dtype`: the shards (and so their grads and optimizer state) in it
+        let master = plan.options.master_dtype.map(kind_of);
         for u in &plan.units {
-            let get = |n: &str| full.get(n).ok_or_else(|| err(format!("weights lack `{n}`")));
+            let get = |n: &str| full.get(n).map(|w| match master {
+                Some(k) if w.is_floating_point() && w.kind() != k => w.to_kind(k),
+                _ => w.shallow_clone(),
+            }).ok_or_else(|| err(format!("weights lack `{n}`")));
             let shard = tch::no_grad(|| -> Result<Tensor, RtError> {
                 Ok(match plan.options.layout {
                     Layout::Fsdp2 => {

@@ -94,6 +94,8 @@ fn measured_peak_is_within_two_percent_of_the_plan() {
             o.reduce_dtype = fsdp_ir::DType::parse("f32");
             o.grad_accum = 2;
         }),
+        // --master-dtype: bf16 shards, grads and AdamW state from the f32 config
+        case("tiny-llama", "bf16 master weights", |o| o.master_dtype = fsdp_ir::DType::parse("bf16")),
         case("tiny-llama", "eager attention", |o| o.attn_implementation = Some(fsdp_planner::AttnImpl::Eager)),
         case("tiny-llama", "SGD (no optimizer state)", |o| o.optimizer = fsdp_planner::Optimizer::Sgd),
         case("tiny-llama", "AdamW, ws 3", |o| {
