@@ -287,7 +287,14 @@ pub(crate) fn refuse_plan_options(cli: &Cli, m: &clap::ArgMatches) -> Result<()>
     let opts = <PlanOpts as Args>::augment_args(clap::Command::new("plan options"));
     let given: Vec<String> = opts
         .get_arguments()
-        .filter(|a| sub.value_source(a.get_id().as_str()) == Some(ValueSource::CommandLine))
+        .filter(|a| {
+            // (diff's --policy is its list `policies`)
+            let id = match a.get_id().as_str() {
+                "policy" if sub.try_contains_id("policies").is_ok() => "policies",
+                id => id,
+            };
+            sub.try_contains_id(id).is_ok() && sub.value_source(id) == Some(ValueSource::CommandLine)
+        })
         .map(|a| format!("--{}", a.get_long().unwrap_or(a.get_id().as_str())))
         .collect();
     if !given.is_empty() {

@@ -193,7 +193,14 @@ pub(crate) fn model_of_plan(plan: &Plan, explicit: Option<&Path>) -> Result<Mode
     };
     let model = load_model(&path)?;
     if fsdp_planner::model_hash(&model) != plan.model_hash {
-        bail!(UserError(format!("{}: not the model the plan was compiled from (model hash differs)", path.display())));
+        let hint = match explicit {
+            Some(_) => String::new(),
+            None => format!(
+                "; it was found by the plan's model name `{}`: if the plan was compiled from another file (a config.json, another dtype), pass that one with --model FILE",
+                plan.model_name
+            ),
+        };
+        bail!(UserError(format!("{}: not the model the plan was compiled from (model hash differs){hint}", path.display())));
     }
     Ok(model)
 }

@@ -36,19 +36,9 @@ fn dispatch(cli: cli::Cli, m: &clap::ArgMatches) -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     let mut args: Vec<String> = std::env::args().collect();
-    // `fsdp-plan MODEL [opts]` = `fsdp-plan plan MODEL [opts]`; `diff` takes `--policy` twice.
+    // `fsdp-plan MODEL [opts]` = `fsdp-plan plan MODEL [opts]`
     if args.len() > 1 && !cli::SUBCOMMANDS.contains(&args[1].as_str()) {
         args.insert(1, "plan".into());
-    }
-    if args.get(1).is_some_and(|a| a == "diff") {
-        let n = args.iter().filter(|a| *a == "--policy").count();
-        if n == 2 {
-            for a in args.iter_mut() {
-                if a == "--policy" {
-                    *a = "--vs-policy".into();
-                }
-            }
-        }
     }
     let (cli, matches) = match cli::parse_cli(&args) {
         Ok(c) => c,

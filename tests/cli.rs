@@ -316,3 +316,36 @@ fn a_new_users_first_commands() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["rows"].as_array().unwrap().len(), 2 * 2 * 2 * 2 * 2);
 }
+
+/// `diff`: `--policy` twice (a third is refused by name), the options that differ shown for
+/// compiled plans, `--format json`, and a hint when a compiled plan's model is found by name
+/// but is another file.
+#[test]
+fn diff_shows_differing_options_and_speaks_json() {
+    let (code, _, err) = run(&["diff", "models/tiny-llama.ron", "--policy", "auto", "--policy", "none", "--policy", "size:1000"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("give --policy twice (got 3: auto, none, size:1000)"), "{err}");
+    let dir = std::env::temp_dir().join(format!("fsdp-plan-diff-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (a, b) = (dir.join("a.ron"), dir.join("b.ron"));
+    assert_eq!(run(&["compile", "models/tiny-llama.ron", "--world-size", "2", "-o", a.to_str().unwrap()]).0, 0);
+    assert_eq!(run(&["compile", "models/tiny-llama.ron", "--world-size", "2", "--checkpoint", "LlamaDecoderLayer", "--reshard-after-forward", "false", "-o", b.to_str().unwrap()]).0, 0);
+    let (code, out, err) = run(&["diff", a.to_str().unwrap(), b.to_str().unwrap(), "--format", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let row = |k: &str| v["rows"].as_array().unwrap().iter().find(|r| r["key"] == k).cloned().unwrap_or_else(|| panic!("no row {k}: {out}"));
+    assert_eq!(row("checkpoint")["b"], "LlamaDecoderLayer");
+    assert_eq!(row("reshard after forward")["b"], "false");
+    assert_eq!(row("peak memory")["differs"], true);
+    // an imported config named like a shipped model: the shipped file is not its model
+    let cfg = dir.join("tiny-llama.json");
+    let mut c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string("models/tiny-llama.config.json").unwrap()).unwrap();
+    c["num_hidden_layers"] = 3.into();
+    std::fs::write(&cfg, c.to_string()).unwrap();
+    let p = dir.join("c.ron");
+    assert_eq!(run(&["compile", cfg.to_str().unwrap(), "--world-size", "2", "-o", p.to_str().unwrap()]).0, 0);
+    let (code, _, err) = run(&["trace", p.to_str().unwrap(), "-o", dir.join("t.json").to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("pass that one with --model FILE"), "{err}");
+    assert_eq!(run(&["trace", p.to_str().unwrap(), "--model", cfg.to_str().unwrap(), "-o", dir.join("t.json").to_str().unwrap()]).0, 0);
+}
