@@ -28,7 +28,12 @@ pub(crate) fn run(from: ImportCmd) -> Result<()> {
     let text = read(&config)?;
     let name = name.unwrap_or_else(|| stem(&config));
     let dtype = dtype.as_deref().map(|d| parse_dtype("--dtype", d)).transpose().map_err(user)?;
-    let model = fsdp_ir::hf::import_hf_with(&text, &config.display().to_string(), &name, dtype).map_err(user)?;
+    let file = config.display().to_string();
+    let (model, notes) = fsdp_ir::hf::import_hf_report(&text, &file, &name, dtype).map_err(user)?;
+    for n in &notes {
+        let kind = if n.starts_with("unknown key") { "warning" } else { "note" };
+        eprintln!("{kind}: {file}: {n}");
+    }
     write_atomic(&output, &fsdp_ir::to_ron(&model))?;
     eprintln!(
         "wrote {} ({}, {} params, {} ops, {} parameters in total)",

@@ -52,7 +52,13 @@ pub(crate) fn load_model(path: &Path) -> Result<Model> {
     let is_json = path.extension().is_some_and(|e| e == "json");
     let m = if is_json {
         let name = stem(path);
-        fsdp_ir::hf::import_hf(&text, &file, &name)
+        fsdp_ir::hf::import_hf_report(&text, &file, &name, None).map(|(m, notes)| {
+            // a typo in a config is worth a word on every command; the defaults, on `import hf`
+            for n in notes.iter().filter(|n| n.starts_with("unknown key")) {
+                eprintln!("warning: {file}: {n}");
+            }
+            m
+        })
     } else {
         fsdp_ir::parse_model(&text, &file)
     };

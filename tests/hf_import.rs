@@ -113,3 +113,36 @@ fn unsupported_or_malformed_config_values_are_named() {
     let m = fsdp_ir::hf::import_hf(&c.to_string(), "c.json", "c").unwrap();
     assert!(m.ops.iter().any(|o| matches!(o.kind, fsdp_ir::OpKind::RotaryEmbedding { scaling: Some(fsdp_ir::RopeScaling::Llama3 { factor, .. }), .. } if factor == 8.0)));
 }
+
+/// What `import hf` says of a config: nothing unknown in any shipped config; a misspelt key
+/// named with the key it resembles (also inside the error it causes); the keys that took
+/// transformers' defaults; a model_type contradicting the architecture refused.
+#[test]
+fn import_names_unknown_and_defaulted_keys() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for e in std::fs::read_dir(root.join("models")).unwrap() {
+        let p = e.unwrap().path();
+        if p.to_string_lossy().ends_with(".config.json") {
+            let text = std::fs::read_to_string(&p).unwrap();
+            let (_, notes) = fsdp_ir::hf::import_hf_report(&text, "c", "m", None).unwrap();
+            assert!(notes.iter().all(|n| !n.starts_with("unknown key")), "{}: {notes:?}", p.display());
+        }
+    }
+    let mut c: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(root.join("models/tiny-llama.config.json")).unwrap()).unwrap();
+    let hidden = c["hidden_size"].take();
+    c.as_object_mut().unwrap().remove("hidden_size");
+    c["hiden_size"] = hidden;
+    // the default hidden size (4096) does not divide into the config's heads' widths… or does:
+    // either way the typo is named
+    match fsdp_ir::hf::import_hf_report(&c.to_string(), "c.json", "m", None) {
+        Ok((_, notes)) => {
+            assert!(notes.iter().any(|n| n == "unknown key `hiden_size` ignored (did you mean `hidden_size`?)"), "{notes:?}");
+            assert!(notes.iter().any(|n| n.contains("took transformers 5.17's defaults") && n.contains("hidden_size = 4096")), "{notes:?}");
+        }
+        Err(e) => assert!(e.to_string().contains("did you mean `hidden_size`?"), "{e}"),
+    }
+    let mut q: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(root.join("models/qwen2-7b.config.json")).unwrap()).unwrap();
+    q["model_type"] = "gemma2".into();
+    let e = fsdp_ir::hf::import_hf_report(&q.to_string(), "q.json", "m", None).unwrap_err().to_string();
+    assert!(e.contains("`model_type` `gemma2` and `architectures` [Qwen2ForCausalLM] name different models"), "{e}");
+}

@@ -22,6 +22,24 @@ pub enum Family {
 }
 
 impl Family {
+    const ALL: [Family; 6] = [Family::Gpt2, Family::Llama, Family::Mistral, Family::Qwen2, Family::Qwen3, Family::Mixtral];
+
+    /// `not a supported model (supported: gpt2 (GPT2LMHeadModel), llama (…), …)`.
+    fn unsupported() -> String {
+        let known: Vec<String> = Family::ALL.iter().map(|f| format!("{} ({})", f.model_type(), f.architecture())).collect();
+        format!("not a model this importer knows (it knows {})", known.join(", "))
+    }
+    /// HF's `model_type`.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Family::Gpt2 => "gpt2",
+            Family::Llama => "llama",
+            Family::Mistral => "mistral",
+            Family::Qwen2 => "qwen2",
+            Family::Qwen3 => "qwen3",
+            Family::Mixtral => "mixtral",
+        }
+    }
     fn from_model_type(t: &str) -> Option<Family> {
         Some(match t {
             "gpt2" => Family::Gpt2,
@@ -73,6 +91,48 @@ impl Family {
 struct Cfg<'a> {
     v: &'a Value,
     file: &'a str,
+    /// The keys the importer read, and those it gave transformers' default (with the value).
+    used: std::cell::RefCell<std::collections::BTreeSet<String>>,
+    defaulted: std::cell::RefCell<Vec<(String, String)>>,
+}
+
+/// Keys of HF's `PretrainedConfig` and of the supported families' configs that change no
+/// parameter and no op of training (generation, tokenizer ids, initialization, aux losses):
+/// read by nobody here, and no typo.
+const IGNORED_KEYS: &[&str] = &[
+    "_name_or_path", "transformers_version", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
+    "decoder_start_token_id", "use_cache", "initializer_range", "return_dict", "output_hidden_states",
+    "output_attentions", "torchscript", "tie_encoder_decoder", "is_encoder_decoder", "is_decoder",
+    "add_cross_attention", "chunk_size_feed_forward", "pruned_heads", "problem_type", "id2label", "label2id",
+    "num_labels", "finetuning_task", "tokenizer_class", "prefix", "task_specific_params", "max_length",
+    "min_length", "do_sample", "early_stopping", "num_beams", "temperature", "top_k", "top_p",
+    "repetition_penalty", "length_penalty", "no_repeat_ngram_size", "bad_words_ids", "num_return_sequences",
+    "output_scores", "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id",
+    "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
+    "quantization_config", "attn_implementation", "_attn_implementation", "pretraining_tp",
+    "max_position_embeddings", "n_ctx", "summary_type", "summary_use_proj", "summary_activation",
+    "summary_proj_to_labels", "summary_first_dropout", "scale_attn_weights", "scale_attn_by_inverse_layer_idx",
+    "reorder_and_upcast_attn", "router_aux_loss_coef", "output_router_logits", "router_jitter_noise",
+    "layer_types", "use_mrope", "rope_scaling", "rope_parameters", "rope_theta", "torch_dtype", "dtype",
+    "architectures", "model_type", "gradient_checkpointing", "use_bfloat16", "bias", "auto_map",
+    "output_past",
+];
+
+/// The closest of `known` to `k` within two edits (Levenshtein), for "did you mean".
+fn closest<'a>(k: &str, known: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    let d = |a: &str, b: &str| {
+        let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+        let mut prev: Vec<usize> = (0..=b.len()).collect();
+        for (i, ca) in a.iter().enumerate() {
+            let mut cur = vec![i + 1];
+            for (j, cb) in b.iter().enumerate() {
+                cur.push((prev[j] + usize::from(ca != cb)).min(prev[j + 1] + 1).min(cur[j] + 1));
+            }
+            prev = cur;
+        }
+        prev[b.len()]
+    };
+    known.map(|c| (d(k, c), c)).filter(|&(n, _)| n <= 2).min().map(|x| x.1)
 }
 
 impl Cfg<'_> {
@@ -83,11 +143,17 @@ impl Cfg<'_> {
         }
     }
     fn get(&self, k: &str) -> Option<&Value> {
+        self.used.borrow_mut().insert(k.to_string());
         self.v.get(k).filter(|x| !x.is_null())
+    }
+    /// Records that `k` was absent and took `default`.
+    fn default<T: std::fmt::Display>(&self, k: &str, default: T) -> T {
+        self.defaulted.borrow_mut().push((k.to_string(), default.to_string()));
+        default
     }
     fn u(&self, k: &str, default: u64) -> Result<u64, IrError> {
         match self.get(k) {
-            None => Ok(default),
+            None => Ok(self.default(k, default)),
             Some(x) => x
                 .as_u64()
                 .filter(|&n| n > 0)
@@ -102,7 +168,7 @@ impl Cfg<'_> {
     }
     fn f(&self, k: &str, default: f64) -> Result<f64, IrError> {
         match self.get(k) {
-            None => Ok(default),
+            None => Ok(self.default(k, default)),
             Some(x) => x
                 .as_f64()
                 .ok_or_else(|| self.err(format!("`{k}` must be a number, got {x}"))),
@@ -110,7 +176,7 @@ impl Cfg<'_> {
     }
     fn b(&self, k: &str, default: bool) -> Result<bool, IrError> {
         match self.get(k) {
-            None => Ok(default),
+            None => Ok(self.default(k, default)),
             Some(x) => x
                 .as_bool()
                 .ok_or_else(|| self.err(format!("`{k}` must be true or false, got {x}"))),
@@ -118,7 +184,10 @@ impl Cfg<'_> {
     }
     fn s<'b>(&'b self, k: &str, default: &'b str) -> Result<&'b str, IrError> {
         match self.get(k) {
-            None => Ok(default),
+            None => {
+                self.default(k, default);
+                Ok(default)
+            }
             Some(x) => x
                 .as_str()
                 .ok_or_else(|| self.err(format!("`{k}` must be a string, got {x}"))),
@@ -240,6 +309,14 @@ pub fn import_hf(text: &str, file: &str, name: &str) -> Result<Model, IrError> {
 
 /// [`import_hf`] with the parameter dtype forced (e.g. float32 master weights).
 pub fn import_hf_with(text: &str, file: &str, name: &str, dtype_override: Option<DType>) -> Result<Model, IrError> {
+    import_hf_report(text, file, name, dtype_override).map(|r| r.0)
+}
+
+/// [`import_hf_with`], and what a user should hear about the config: keys it does not know
+/// (with the close name they may have meant) and the keys that took transformers' defaults.
+/// A config that fails to import names its unknown keys in the error too (a misspelt
+/// `hidden_size` surfaces as another key's error).
+pub fn import_hf_report(text: &str, file: &str, name: &str, dtype_override: Option<DType>) -> Result<(Model, Vec<String>), IrError> {
     let v: Value = serde_json::from_str(text).map_err(|e| {
         let (line, col, message) = crate::error::json_position(&e);
         let message = match text.trim().is_empty() {
@@ -248,7 +325,49 @@ pub fn import_hf_with(text: &str, file: &str, name: &str, dtype_override: Option
         };
         IrError::Syntax { file: file.into(), line, col, message }
     })?;
-    let c = Cfg { v: &v, file };
+    let c = Cfg { v: &v, file, used: Default::default(), defaulted: Default::default() };
+    let built = build(&c, name, dtype_override);
+    let used = c.used.borrow();
+    let unknown: Vec<String> = v
+        .as_object()
+        .map(|o| {
+            o.keys()
+                .filter(|k| !used.contains(k.as_str()) && !IGNORED_KEYS.contains(&k.as_str()))
+                .map(|k| match closest(k, used.iter().map(String::as_str).chain(IGNORED_KEYS.iter().copied())) {
+                    Some(m) => format!("unknown key `{k}` ignored (did you mean `{m}`?)"),
+                    None => format!("unknown key `{k}` ignored"),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    match built {
+        Ok(m) => {
+            let mut notes = unknown;
+            let d = c.defaulted.borrow();
+            if !d.is_empty() {
+                notes.push(format!(
+                    "{} keys not in the config took transformers 5.17's defaults: {}",
+                    d.len(),
+                    d.iter().map(|(k, v)| format!("{k} = {v}")).collect::<Vec<_>>().join(", ")
+                ));
+            }
+            Ok((m, notes))
+        }
+        Err(e) => {
+            // the likely typos: unknown keys close to a key the importer reads
+            let typos: Vec<&String> = unknown.iter().filter(|n| n.contains("did you mean")).collect();
+            if typos.is_empty() {
+                return Err(e);
+            }
+            let text = e.to_string();
+            let message = text.strip_prefix(&format!("{file}: ")).unwrap_or(&text);
+            Err(IrError::Import { file: file.into(), message: format!("{message} (note: {})", typos.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("; ")) })
+        }
+    }
+}
+
+fn build(c: &Cfg, name: &str, dtype_override: Option<DType>) -> Result<Model, IrError> {
+    let (v, file) = (c.v, c.file);
     if !v.is_object() {
         return Err(c.err("config.json must be a JSON object"));
     }
@@ -263,17 +382,16 @@ pub fn import_hf_with(text: &str, file: &str, name: &str, dtype_override: Option
         .and_then(|a| a.first())
         .and_then(|a| a.as_str());
     let model_type = v.get("model_type").and_then(|t| t.as_str());
-    let family = match (arch.and_then(Family::from_architecture), model_type) {
-        (Some(f), _) => f,
-        (None, Some(t)) => Family::from_model_type(t).ok_or_else(|| {
-            c.err(format!(
-                "unsupported model_type `{t}` (supported: gpt2, llama, mistral, qwen2, mixtral)"
-            ))
-        })?,
-        (None, None) => match arch {
-            Some(a) => return Err(c.err(format!("unsupported architecture `{a}` and no model_type"))),
-            None => return Err(c.err("config has neither `architectures` nor `model_type`")),
+    let family = match (arch, arch.and_then(Family::from_architecture), model_type) {
+        // both named: they must agree (a config edited from another family's)
+        (Some(a), Some(f), Some(t)) => match Family::from_model_type(t) {
+            Some(g) if g == f => f,
+            _ => return Err(c.err(format!("`model_type` `{t}` and `architectures` [{a}] name different models: fix one of them ({a} is model_type `{}`)", f.model_type()))),
         },
+        (_, Some(f), _) => f,
+        (_, None, Some(t)) => Family::from_model_type(t).ok_or_else(|| c.err(format!("{}: model_type `{t}`{}", Family::unsupported(), arch.map_or(String::new(), |a| format!(", architecture `{a}`")))))?,
+        (Some(a), None, None) => return Err(c.err(format!("{}: architecture `{a}`, and no model_type", Family::unsupported()))),
+        (None, _, None) => return Err(c.err("config has neither `architectures` nor `model_type`")),
     };
     // transformers 5.17's `from_config` builds the params in the config's `dtype` /
     // `torch_dtype` (float32 when absent); `dtype_override` is `import hf --dtype`.
@@ -489,7 +607,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
     };
     // Sliding-window attention: Mistral (class default 4096, null = off); Qwen2 only with
     // use_sliding_window, from layer max_window_layers on.
-    let sw = match (f, c.v.get("sliding_window")) {
+    let sw = match (f, c.get("sliding_window")) {
         (Mistral, None) => Some(4096),
         (Mistral | Mixtral, Some(_)) => c.opt_u("sliding_window")?,
         (Qwen2 | Qwen3, _) if c.b("use_sliding_window", false)? => Some(c.opt_u("sliding_window")?.unwrap_or(4096)),
