@@ -15,7 +15,17 @@ pub(crate) struct LaunchArgs {
     /// Ranks to start on this machine.
     #[arg(long)]
     pub(crate) nproc_per_node: usize,
-    /// Rank 0's rendezvous port (0: pick a free one).
+    /// Nodes in the job, each running this `launch` with the same arguments but its
+    /// --node-rank (torchrun's static rendezvous).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) nnodes: usize,
+    /// This node's index (0 … nnodes − 1); its ranks are node_rank × nproc-per-node + local rank.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) node_rank: usize,
+    /// Where rank 0 listens (node 0's address; this machine for one node).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub(crate) master_addr: String,
+    /// Rank 0's rendezvous port (0: pick a free one, one node only).
     #[arg(long, default_value_t = 29500)]
     pub(crate) master_port: u16,
     /// What each rank runs: `MODEL|PLAN [run options]` (= `run MODEL|PLAN …`), or
@@ -67,16 +77,17 @@ pub(crate) fn launch(a: LaunchArgs) -> Result<()> {
             Err(e) => bail!(UserError(format!("launch: the ranks' arguments: {}", e.render().to_string().trim_end()))),
         };
         let (plan, _) = run_inputs(&r)?;
-        if plan.options.world_size != a.nproc_per_node as u64 {
-            bail!(UserError(format!(
-                "launch: the plan is for world size {}, but --nproc-per-node {} starts {} ranks: plan with --world-size {}",
-                plan.options.world_size, a.nproc_per_node, a.nproc_per_node, a.nproc_per_node
-            )));
+        let world = a.nproc_per_node * a.nnodes.max(1);
+        if plan.options.world_size != world as u64 {
+            let how = if a.nnodes > 1 { format!("--nnodes {} × --nproc-per-node {}", a.nnodes, a.nproc_per_node) } else { format!("--nproc-per-node {}", a.nproc_per_node) };
+            bail!(UserError(format!("launch: the plan is for world size {}, but {how} starts {world} ranks: plan with --world-size {world}", plan.options.world_size)));
         }
     }
     let spec = fsdp_runtime::launch::LaunchSpec {
         nproc: a.nproc_per_node,
-        master_addr: "127.0.0.1".into(),
+        nnodes: a.nnodes.max(1),
+        node_rank: a.node_rank,
+        master_addr: a.master_addr.clone(),
         master_port: a.master_port,
         program: std::env::current_exe().context("finding this executable")?,
         args,
@@ -85,7 +96,10 @@ pub(crate) fn launch(a: LaunchArgs) -> Result<()> {
     };
     fsdp_runtime::launch::launch(&spec).map_err(|e| match e {
         // a rank that refused its input (exit 2, its message above) is bad input of the job
-        fsdp_runtime::launch::LaunchError::NoProcs | fsdp_runtime::launch::LaunchError::RankFailed { code: Some(2), .. } => user(e),
+        fsdp_runtime::launch::LaunchError::NoProcs
+        | fsdp_runtime::launch::LaunchError::NodeRank { .. }
+        | fsdp_runtime::launch::LaunchError::PortOnMany(_)
+        | fsdp_runtime::launch::LaunchError::RankFailed { code: Some(2), .. } => user(e),
         e => anyhow!(e),
     })
 }

@@ -124,3 +124,40 @@ fn checkpoints_and_outputs_of_the_user_are_kept() {
     let leftovers: Vec<String> = std::fs::read_dir(&d).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.contains(".tmp") && n != "m.tmp").collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+/// torchrun's multi-node flags: two `launch --nnodes 2 --node-rank k` on one machine make one
+/// job of 4 ranks (node 1's are ranks 2 and 3); a node rank past the node count, a plan for
+/// another world size and a free-port request across nodes are refused by name.
+#[test]
+fn launch_across_nodes_numbers_ranks_as_torchrun() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+    let node = move |k: &str| {
+        Command::new(env!("CARGO_BIN_EXE_fsdp-plan"))
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(["launch", "--nnodes", "2", "--node-rank", k, "--nproc-per-node", "2", "--master-port", &port, "rendezvous-selftest", "--collectives", "tcp"])
+            .output()
+            .unwrap()
+    };
+    let n1 = std::thread::spawn({
+        let node = node.clone();
+        move || node("1")
+    });
+    let n0 = node("0");
+    let n1 = n1.join().unwrap();
+    for (o, ranks) in [(&n0, [0, 1]), (&n1, [2, 3])] {
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
+        for r in ranks {
+            assert!(out.contains(&format!("[rank {r}] rank {r}/4: collectives ok")), "{out}");
+        }
+    }
+    let (code, _, err) = run(&["launch", "--nnodes", "2", "--node-rank", "2", "--nproc-per-node", "1", "rendezvous-selftest"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--node-rank 2 is not below --nnodes 2"), "{err}");
+    let (code, _, err) = run(&["launch", "--nnodes", "2", "--nproc-per-node", "1", "--master-port", "0", "rendezvous-selftest"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("every node needs the same --master-port"), "{err}");
+    let (code, _, err) = run(&["launch", "--nnodes", "2", "--nproc-per-node", "1", "models/tiny-llama.ron", "--world-size", "4", "--seq", "8"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--nnodes 2 × --nproc-per-node 1 starts 2 ranks: plan with --world-size 2"), "{err}");
+}

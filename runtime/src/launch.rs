@@ -1,5 +1,7 @@
 //! `fsdp-plan launch`: starts N local processes like torchrun (`RANK`, `LOCAL_RANK`,
-//! `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` set for each), forwards
+//! `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `GROUP_RANK`, `MASTER_ADDR`, `MASTER_PORT` set for each;
+//! with `nnodes` > 1 this node's ranks are `node_rank · N …`, as torchrun's static
+//! rendezvous numbers them), forwards
 //! their stdout and stderr line by line with a `[rank k]` prefix, and when a rank exits
 //! non-zero or is killed, kills the others and reports that rank.
 
@@ -11,7 +13,11 @@ use std::time::Duration;
 
 #[derive(Debug, Clone)]
 pub struct LaunchSpec {
+    /// Ranks on this node.
     pub nproc: usize,
+    /// Nodes in the job (each runs `launch` with the same `nproc`), and this node's index.
+    pub nnodes: usize,
+    pub node_rank: usize,
     pub master_addr: String,
     /// 0: pick a free port.
     pub master_port: u16,
@@ -25,6 +31,10 @@ pub struct LaunchSpec {
 pub enum LaunchError {
     #[error("launch: --nproc-per-node must be at least 1")]
     NoProcs,
+    #[error("launch: --node-rank {node_rank} is not below --nnodes {nnodes}")]
+    NodeRank { node_rank: usize, nnodes: usize },
+    #[error("launch: with --nnodes {0} every node needs the same --master-port (0 picks one on this node only)")]
+    PortOnMany(usize),
     #[error("launch: cannot start rank {rank} ({program}): {error}")]
     Spawn { rank: usize, program: String, error: String },
     #[error("launch: cannot pick a free port: {0}")]
@@ -99,6 +109,13 @@ pub fn launch(spec: &LaunchSpec) -> Result<(), LaunchError> {
     if spec.nproc == 0 {
         return Err(LaunchError::NoProcs);
     }
+    if spec.node_rank >= spec.nnodes.max(1) {
+        return Err(LaunchError::NodeRank { node_rank: spec.node_rank, nnodes: spec.nnodes });
+    }
+    if spec.nnodes > 1 && spec.master_port == 0 {
+        return Err(LaunchError::PortOnMany(spec.nnodes));
+    }
+    let world = spec.nproc * spec.nnodes.max(1);
     let port = if spec.master_port == 0 { free_port().map_err(|e| LaunchError::Port(e.to_string()))? } else { spec.master_port };
     let mut children: Vec<Option<Child>> = vec![];
     let mut pumps = vec![];
@@ -110,13 +127,15 @@ pub fn launch(spec: &LaunchSpec) -> Result<(), LaunchError> {
             let _ = c.wait();
         }
     };
-    for rank in 0..spec.nproc {
+    for local in 0..spec.nproc {
+        let rank = spec.node_rank * spec.nproc + local;
         let mut cmd = Command::new(&spec.program);
         cmd.args(&spec.args)
             .env("RANK", rank.to_string())
-            .env("LOCAL_RANK", rank.to_string())
-            .env("WORLD_SIZE", spec.nproc.to_string())
+            .env("LOCAL_RANK", local.to_string())
+            .env("WORLD_SIZE", world.to_string())
             .env("LOCAL_WORLD_SIZE", spec.nproc.to_string())
+            .env("GROUP_RANK", spec.node_rank.to_string())
             .env("MASTER_ADDR", &spec.master_addr)
             .env("MASTER_PORT", port.to_string())
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
@@ -142,7 +161,8 @@ pub fn launch(spec: &LaunchSpec) -> Result<(), LaunchError> {
     let mut failed: Option<(usize, String, Option<i32>)> = None;
     let mut running = spec.nproc;
     while running > 0 && failed.is_none() {
-        for (rank, slot) in children.iter_mut().enumerate() {
+        for (local, slot) in children.iter_mut().enumerate() {
+            let rank = spec.node_rank * spec.nproc + local;
             let Some(c) = slot else { continue };
             match c.try_wait() {
                 Ok(Some(st)) => {

@@ -22,6 +22,8 @@ fn child_entry() {
     if mode == "launch" {
         let spec = LaunchSpec {
             nproc: 3,
+            nnodes: 1,
+            node_rank: 0,
             master_addr: "127.0.0.1".into(),
             master_port: 0,
             program: std::env::current_exe().unwrap(),
@@ -187,6 +189,8 @@ fn spec(vars: &[(&str, &str)]) -> LaunchSpec {
     env.extend(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     LaunchSpec {
         nproc: 3,
+        nnodes: 1,
+        node_rank: 0,
         master_addr: "127.0.0.1".into(),
         master_port: 0,
         program: std::env::current_exe().unwrap(),
