@@ -16,6 +16,8 @@ DEFAULTS = {
     "strategy": "full-shard",         # or "hybrid-shard": 2-D mesh (replicate, shard)
     "shard_group_size": None,         # hybrid-shard: size of the shard mesh dim
     "checkpoint": None,               # module classes under HF gradient checkpointing (non-reentrant)
+    "unit_reshard": None,             # {module path or "last": bool}: reshard_after_forward of
+                                      # those units (the planner's --unit-reshard)
     "wrap": None,                     # the modules fully_shard'ed before the root, as the planner's
                                       # --policy: "transformer:<Class>[,…]" or "modules:<path>[,…]";
                                       # None: every instance of model._no_split_modules
@@ -144,6 +146,15 @@ BASE_CASES = {
                               "checkpoint": ["LlamaDecoderLayer"],
                               "wrap": "modules:model,model.embed_tokens,model.layers.0.mlp,"
                                       "model.layers.1.mlp,lm_head"},
+    # torchtitan's wrapping: the last block not resharded after forward (FSDP2 would gather it
+    # right back), alone and with checkpointing of a subset of the blocks (by path)
+    "llama4l_last_raf_false_ws2": {"model": "tiny-llama-4l", "world_size": 2,
+                                   "unit_reshard": {"last": False}},
+    "llama4l_ac_blocks_1_3_ws2": {"model": "tiny-llama-4l", "world_size": 2,
+                                  "checkpoint": ["model.layers.1", "model.layers.3"],
+                                  "unit_reshard": {"last": False}},
+    "llama4l_ac_block_0_ws3": {"model": "tiny-llama-4l", "world_size": 3,
+                               "checkpoint": ["model.layers.0"]},
     # MoE under checkpointing: the experts' grouped_mm backward chain is the peak
     "mixtral_ac_ws2": {"model": "tiny-mixtral", "world_size": 2, "checkpoint": ["MixtralDecoderLayer"]},
     "mixtral_bf16_ac_ws2": {"model": "tiny-mixtral", "world_size": 2, "checkpoint": ["MixtralDecoderLayer"],
@@ -337,6 +348,15 @@ FAKE_CASES = {
                                         "wrap": "transformer:Qwen3Attention",
                                         "param_dtype": "bfloat16", "reduce_dtype": "float32"},
 }
+FAKE_CASES.update({
+    # torchtitan's Llama-3.1-8B wrapping at its published shape: last block kept, fp32 masters,
+    # every other block checkpointed (selective layer AC)
+    "llama31_8b_tt_last_raf_false_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 1,
+                                         "seq": 8192, "model_dtype": "float32",
+                                         "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                         "unit_reshard": {"last": False},
+                                         "checkpoint": [f"model.layers.{i}" for i in range(1, 32, 2)]},
+})
 # the tiny checkpointed-region cases of BASE_CASES again, on the deterministic fake group
 for _name in ("llama4l_ac_mlp_units_ws2", "llama4l_ac_attn_units_ws2", "llama4l_ac_nested_ws2",
               "llama4l_ac_in_unit_ws2", "llama_ac_size5000_ws2"):

@@ -306,15 +306,20 @@ def _units(model):
 
 
 def enable_checkpointing(model, case, cfg):
-    """HF's non-reentrant gradient checkpointing of the case's layer classes. HF
-    GradientCheckpointingLayer: __call__ runs torch.utils.checkpoint(partial(nn.Module.__call__)),
-    so FSDP's module hooks run inside the checkpoint."""
+    """HF's non-reentrant gradient checkpointing of the case's layer classes, or of the layers
+    named by module path (a subset of the blocks). HF GradientCheckpointingLayer: __call__ runs
+    torch.utils.checkpoint(partial(nn.Module.__call__)), so FSDP's module hooks run inside the
+    checkpoint."""
     if not case["checkpoint"]:
         return
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    ckpt = [type(m).__name__ for m in model.modules()
-            if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
-    assert sorted(set(ckpt)) == sorted(case["checkpoint"]) and len(ckpt) == cfg.num_hidden_layers, ckpt
+    names = set(case["checkpoint"])
+    layers = [(path, m) for path, m in model.named_modules() if isinstance(m, GradientCheckpointingLayer)]
+    for path, m in layers:
+        m.gradient_checkpointing = type(m).__name__ in names or path in names
+    ckpt = [(path, type(m).__name__) for path, m in layers if m.gradient_checkpointing]
+    assert {p for p, _ in ckpt} | {c for _, c in ckpt} >= names, (names, ckpt)
+    assert all(type(m).__name__ not in names for p, m in layers if not m.gradient_checkpointing)
 
 
 def make_mesh(case):
@@ -340,6 +345,18 @@ def wrap_policy(model, case):
     return case["wrap"] or "transformer:" + ",".join(model._no_split_modules)
 
 
+def unit_reshard(case, targets):
+    """reshard_after_forward of each wrapped module: the case's default, over which
+    `unit_reshard` names modules by path, or `last` for the last one in forward order."""
+    out = {path: case["reshard_after_forward"] for path, _ in targets}
+    forward = sorted(out, key=lambda p: [int(x) if x.isdigit() else x for x in p.split(".")])
+    for name, value in (case.get("unit_reshard") or {}).items():
+        path = forward[-1] if name == "last" else name
+        assert path in out, (name, list(out))
+        out[path] = value
+    return out
+
+
 def shard_model(model, case, mesh, cfg):
     """fully_shard on the case's modules (`wrap`; default every instance of
     model._no_split_modules, the decoder layers), children before parents, the case's explicit
@@ -358,8 +375,9 @@ def shard_model(model, case, mesh, cfg):
     assert targets and (kind == "transformer" or len(targets) == len(names)), (policy, targets)
     # (fully_shard changes a module's class to FSDP<Class>: the decoder layers are found first)
     layers = [mod for _, mod in targets if type(mod).__name__ in model._no_split_modules]
-    for _, mod in targets:
-        fully_shard(mod, reshard_after_forward=case["reshard_after_forward"], **kw)
+    raf = unit_reshard(case, targets)
+    for path, mod in targets:
+        fully_shard(mod, reshard_after_forward=raf[path], **kw)
     if case["wrap"] is None:
         assert len(layers) == cfg.num_hidden_layers, (len(layers), policy)
     if case["forward_prefetch"]:
@@ -490,6 +508,8 @@ def _extra_options(case):
         out["shard_group_size"] = case["shard_group_size"]
     if case["checkpoint"] != d["checkpoint"]:
         out["checkpoint"] = list(case["checkpoint"])
+    if case.get("unit_reshard"):
+        out["unit_reshard"] = dict(case["unit_reshard"])
     return out
 
 

@@ -112,6 +112,11 @@ pub(crate) struct Fixed {
     /// The root unit's `reshard_after_forward` (default: false, FSDP2's).
     #[arg(long)]
     pub(crate) root_reshard_after_forward: Option<bool>,
+    /// One unit's `reshard_after_forward`: UNIT=true|false, UNIT a module path, `root` or
+    /// `last` (the last unit in forward order: torchtitan's `--unit-reshard last=false`).
+    /// Repeatable.
+    #[arg(long, value_name = "UNIT=BOOL")]
+    pub(crate) unit_reshard: Vec<String>,
     /// Explicit forward prefetch depth (0: FSDP2's implicit behaviour; flat: 1 = forward_prefetch=True).
     #[arg(long, default_value_t = 0)]
     pub(crate) forward_prefetch: u32,
@@ -152,7 +157,8 @@ pub(crate) struct Each {
     /// Micro-batches per optimizer step (gradient accumulation; the gradient sync runs in the last).
     #[arg(long, default_value_t = 1)]
     pub(crate) grad_accum: u32,
-    /// Module class run under activation checkpointing (repeatable).
+    /// Activation checkpointing of a module class (every instance) or of one module by its
+    /// path (`model.layers.3`: any subset of the blocks). Repeatable.
     #[arg(long)]
     pub(crate) checkpoint: Vec<String>,
     /// Sequences per micro-batch on each rank (torchtitan's local batch size).
@@ -239,6 +245,14 @@ pub(crate) fn options_for(k: &Knobs, world_size: u64, policy: &str, model: &Mode
         strategy,
         reshard_after_forward: e.reshard_after_forward,
         root_reshard_after_forward: o.root_reshard_after_forward,
+        unit_reshard: o
+            .unit_reshard
+            .iter()
+            .map(|s| match s.rsplit_once('=').map(|(u, v)| (u.trim(), v.trim().parse::<bool>())) {
+                Some((u, Ok(v))) if !u.is_empty() => Ok((u.to_string(), v)),
+                _ => Err(fsdp_planner::error::opt_err("--unit-reshard", format!("`{s}`: expected UNIT=true or UNIT=false (UNIT a module path, root or last)"))),
+            })
+            .collect::<Result<_, _>>()?,
         param_dtype: e.param_dtype.as_deref().map(|s| parse_dtype("--param-dtype", s)).transpose()?,
         reduce_dtype: e.reduce_dtype.as_deref().map(|s| parse_dtype("--reduce-dtype", s)).transpose()?,
         master_dtype: e.master_dtype.as_deref().map(|s| parse_dtype("--master-dtype", s)).transpose()?,

@@ -35,7 +35,7 @@ fn bad_flags_exit_2_with_a_clear_message() {
         (&["models/tiny-llama.ron", "--grad-accum", "4000000000"], "--grad-accum: 4000000000 is more than 1024 micro-batches"),
         (&["models/llama-3.1-405b.ron", "--world-size", "1", "--strategy", "no-shard", "--policy", "none", "--batch", "4096", "--seq", "1048576", "--attn-implementation", "eager"], "the step's buffers add up to more than 4 EiB"),
         // a class the model lacks would checkpoint nothing
-        (&["models/tiny-mixtral.ron", "--checkpoint", "LlamaDecoderLayer"], "--checkpoint: `LlamaDecoderLayer` is not a module class of tiny-mixtral"),
+        (&["models/tiny-mixtral.ron", "--checkpoint", "LlamaDecoderLayer"], "--checkpoint: `LlamaDecoderLayer` is neither a module class nor a module path of tiny-mixtral"),
     ];
     for (args, want) in cases {
         let (code, _, err) = run(args);

@@ -81,6 +81,7 @@ pub fn options_of(f: &Value) -> Options {
         strategy,
         reshard_after_forward: o["reshard_after_forward"].as_bool(),
         root_reshard_after_forward: o["root_reshard_after_forward"].as_bool(),
+        unit_reshard: o["unit_reshard"].as_object().map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_bool().unwrap())).collect()).unwrap_or_default(),
         param_dtype: dt("param_dtype"),
         reduce_dtype: dt("reduce_dtype"),
         master_dtype: None,

@@ -59,6 +59,24 @@ pub fn model_hash(model: &Model) -> String {
 /// The most bytes the buffers of one plan may add up to (2^62), so that no sum overflows.
 pub const MAX_PLAN_BYTES: u64 = 1 << 62;
 
+/// `--unit-reshard UNIT=BOOL`: each named unit (its module path, `root`, or `last`: the
+/// last non-root unit, units being in forward pre-order) gets that `reshard_after_forward`.
+fn apply_unit_reshard(units: &mut [units::Unit], overrides: &[(String, bool)]) -> Result<(), PlanError> {
+    for (name, value) in overrides {
+        let at = match name.as_str() {
+            "last" => units.iter().rposition(|u| !u.is_root()),
+            "root" => units.iter().position(|u| u.is_root()),
+            n => units.iter().position(|u| u.module == n),
+        };
+        let Some(i) = at else {
+            let known: Vec<&str> = units.iter().filter(|u| !u.is_root()).map(|u| u.label()).take(6).collect();
+            return Err(error::opt_err("--unit-reshard", format!("`{name}` is not an FSDP unit of this plan (units: root, {}{}; or `last`)", known.join(", "), if units.len() > 7 { ", …" } else { "" })));
+        };
+        units[i].reshard_after_forward = *value;
+    }
+    Ok(())
+}
+
 /// Runs every pass and the checker.
 pub fn plan(model: &Model, opts: &Options) -> Result<Plan, PlanError> {
     opts.check()?;
@@ -84,11 +102,11 @@ fn plan_with_hash(model: &Model, opts: &Options, model_hash: impl FnOnce() -> St
     // activation checkpointing names module classes, as FSDP's apply_activation_checkpointing
     // check_fn does: one the model lacks would silently checkpoint nothing
     for c in &opts.checkpoint {
-        if !model.modules.iter().any(|m| !m.path.is_empty() && &m.class == c) {
+        if !model.modules.iter().any(|m| !m.path.is_empty() && (&m.class == c || &m.path == c)) {
             let mut classes: Vec<&str> = model.modules.iter().filter(|m| !m.path.is_empty()).map(|m| m.class.as_str()).collect();
             classes.sort();
             classes.dedup();
-            return Err(error::opt_err("--checkpoint", format!("`{c}` is not a module class of {} (its classes: {})", model.name, classes.join(", "))));
+            return Err(error::opt_err("--checkpoint", format!("`{c}` is neither a module class nor a module path of {} (its classes: {})", model.name, classes.join(", "))));
         }
     }
     let attn = match opts.attn_implementation {
@@ -114,6 +132,7 @@ fn plan_with_hash(model: &Model, opts: &Options, model_hash: impl FnOnce() -> St
             raf
         };
     }
+    apply_unit_reshard(&mut units, &opts.unit_reshard)?;
     verify::verify_units(model, &units, opts.shard_size(), opts.layout)?;
     let unit_of_op = verify::unit_of_ops(model, &units);
     let sched = schedule::build(model, opts, &units, &unit_of_op, attn);

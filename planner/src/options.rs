@@ -228,6 +228,11 @@ pub struct Options {
     pub reshard_after_forward: Option<bool>,
     /// The root unit; `None` = FSDP2's default (false: the root keeps its params).
     pub root_reshard_after_forward: Option<bool>,
+    /// Per-unit `reshard_after_forward`, over the default above: `(unit, value)` with the
+    /// unit's module path, or `last` for the last non-root unit in forward order
+    /// (torchtitan leaves its last block unsharded: FSDP2 would prefetch it right away).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unit_reshard: Vec<(String, bool)>,
     pub param_dtype: Option<DType>,
     pub reduce_dtype: Option<DType>,
     /// The dtype of the sharded (master) parameters — and so of their gradients and the
@@ -258,6 +263,7 @@ impl Default for Options {
             strategy: Strategy::FullShard,
             reshard_after_forward: None,
             root_reshard_after_forward: None,
+            unit_reshard: vec![],
             param_dtype: None,
             reduce_dtype: None,
             master_dtype: None,
@@ -313,6 +319,9 @@ impl Options {
         }
         // FSDP1's SHARD_GRAD_OP and NO_SHARD never free the params after forward: asking for
         // it is a contradiction, not a variant
+        if let Some((u, _)) = self.unit_reshard.iter().find(|(_, r)| *r && matches!(self.strategy, Strategy::ShardGradOp | Strategy::NoShard)) {
+            return Err(opt_err("--unit-reshard", format!("{u}=true contradicts --strategy {} (which keeps the params after forward)", self.strategy.name())));
+        }
         if let (Strategy::ShardGradOp | Strategy::NoShard, Some(true)) = (self.strategy, self.reshard_after_forward) {
             return Err(opt_err(
                 "--reshard-after-forward",

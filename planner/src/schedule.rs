@@ -474,7 +474,7 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
         .modules
         .iter()
         .enumerate()
-        .filter(|(_, m)| !m.path.is_empty() && opts.checkpoint.iter().any(|c| c == &m.class))
+        .filter(|(_, m)| !m.path.is_empty() && opts.checkpoint.iter().any(|c| c == &m.class || c == &m.path))
         .map(|(i, m)| (m.path.as_str(), i))
         .collect();
     let region: Vec<Option<usize>> = model
@@ -862,12 +862,11 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
         }
     }
     // With checkpointed layers the mask is an input of every checkpoint and is kept until
-    // the backward of the first attention op.
-    if let (Some(m), Some(i)) = (mask, first_attn) {
-        if region[i].is_some() {
-            saved_map[i].push(m);
-            mask = None;
-        }
+    // the backward of the first checkpointed attention op (the last checkpoint to let go).
+    let first_ckpt_attn = first_attn.and_then(|f| (f..model.ops.len()).find(|&i| region[i].is_some() && matches!(model.ops[i].kind, fsdp_ir::OpKind::Attention { .. })));
+    if let (Some(m), Some(i)) = (mask, first_ckpt_attn) {
+        saved_map[i].push(m);
+        mask = None;
     }
     if let (Some(p), Some(first)) = (positions.take(), checkpointed) {
         saved_map[first].push(p);
@@ -908,12 +907,7 @@ fn post_forward(b: &mut B, u: UnitId) {
             b.free(ag);
         }
     }
-    let raf = if unit.is_root() {
-        b.opts.root_reshard_after_forward.unwrap_or(false)
-    } else {
-        unit.reshard_after_forward
-    };
-    if raf {
+    if unit.reshard_after_forward {
         b.reshard(u);
     }
     if !unit.params.is_empty() {

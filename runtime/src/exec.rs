@@ -300,7 +300,7 @@ fn held_bytes<'a>(ts: impl Iterator<Item = &'a Tensor>) -> u64 {
     total
 }
 
-/// The checkpointed module (a module of a class in `options.checkpoint`; `checkpointed` holds
+/// The checkpointed module (a module of a class or path in `options.checkpoint`; `checkpointed` holds
 /// their paths) an op runs in: the outermost one on its module path.
 fn region_of<'a>(checkpointed: &std::collections::HashSet<&str>, op: &'a fsdp_ir::Op) -> Option<&'a str> {
     let mut path = op.module.as_str();
@@ -429,7 +429,7 @@ fn run_step(
     let checkpointed: std::collections::HashSet<&str> = model
         .modules
         .iter()
-        .filter(|m| plan.options.checkpoint.iter().any(|c| c == &m.class))
+        .filter(|m| plan.options.checkpoint.iter().any(|c| c == &m.class || c == &m.path))
         .map(|m| m.path.as_str())
         .collect();
     let region: HashMap<&str, &str> = model

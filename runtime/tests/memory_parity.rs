@@ -154,6 +154,13 @@ fn measured_peak_is_within_two_percent_of_the_plan() {
             o.checkpoint = vec!["LlamaDecoderLayer".into()];
             o.policy = Policy::Modules(vec!["model".into()]);
         }),
+        // torchtitan's wrapping: the last block kept after forward; a subset of the blocks checkpointed
+        case("tiny-llama-4l", "last unit not resharded", |o| o.unit_reshard = vec![("last".into(), false)]),
+        case("tiny-llama-4l", "checkpointing blocks 1 and 3, eager", |o| {
+            o.checkpoint = vec!["model.layers.1".into(), "model.layers.3".into()];
+            o.unit_reshard = vec![("last".into(), false)];
+            o.attn_implementation = Some(fsdp_planner::AttnImpl::Eager);
+        }),
         case("tiny-llama", "checkpointing, --policy size:5000", |o| {
             o.checkpoint = vec!["LlamaDecoderLayer".into()];
             o.policy = Policy::Size(5000);
