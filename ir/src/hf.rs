@@ -432,8 +432,8 @@ fn build(c: &Cfg, name: &str, dtype_override: Option<DType>) -> Result<Model, Ir
         dtype,
     };
     match family {
-        Family::Gpt2 => gpt2(&c, &mut b)?,
-        f => llama_like(&c, f, &mut b)?,
+        Family::Gpt2 => gpt2(c, &mut b)?,
+        f => llama_like(c, f, &mut b)?,
     }
     let problems = crate::validate::validate(&b.m);
     if !problems.is_empty() {
