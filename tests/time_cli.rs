@@ -40,7 +40,7 @@ fn shipped_hardware_profiles_parse() {
         names.push(hw.name);
     }
     names.sort();
-    assert_eq!(names, ["a100-80gb", "cpu", "h100-sxm", "h200"]);
+    assert_eq!(names, ["a100-40gb", "a100-80gb", "cpu", "h100-96gb-500w", "h100-sxm", "h200"]);
 }
 
 #[test]
@@ -84,7 +84,7 @@ fn plan_shows_the_time_and_names_resolve_from_anywhere() {
     // a unique prefix names a profile; the repo's models/hardware is found from another dir
     let elsewhere = tmp("cwd");
     let model = root().join("models/tiny-llama.ron");
-    let (code, out, err) = run_in(&elsewhere, &[model.to_str().unwrap(), "--world-size", "2", "--seq", "32", "--hardware", "a100"]);
+    let (code, out, err) = run_in(&elsewhere, &[model.to_str().unwrap(), "--world-size", "2", "--seq", "32", "--hardware", "a100-8"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("predicted step time on a100-80gb"), "{out}");
     let (code, out, err) = run(&["models/tiny-llama.ron", "--world-size", "2", "--seq", "32", "--format", "json", "--hardware", "cpu"]);
@@ -161,7 +161,7 @@ fn sweep_table_and_json() {
         "--seq",
         "32",
         "--hardware",
-        "h100",
+        "h100-s",
     ];
     let (code, out, err) = run(&args);
     assert_eq!(code, 0, "{err}");

@@ -236,7 +236,7 @@ fn sample_rows(plan: &Plan, cm: &crate::cost::CostModel, hw: &Hardware, meas: &[
             }
             OpKind::CopyOut { unit } if plan.options.layout == crate::options::Layout::Fsdp2 => {
                 let b = crate::cost::unsharded_bytes(plan.unit(*unit), &plan.options) as f64;
-                add(&[crate::cost::Kernel { flops: 0.0, bytes: 2.0 * b, dtype: fsdp_ir::DType::Float32, work: Work::Memory }], 1, None, t);
+                add(&[crate::cost::Kernel { flops: 0.0, bytes: 2.0 * b, dtype: fsdp_ir::DType::Float32, work: Work::Memory, shape: crate::cost::Shape::None }], 1, None, t);
             }
             _ => {}
         }

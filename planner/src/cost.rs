@@ -1,59 +1,69 @@
 //! Cost model: FLOPs and bytes of each IR op (forward, backward, recompute), their time on
-//! a [`Hardware`] profile, and the time of FSDP's collectives.
+//! a [`Hardware`] profile, and the time of FSDP's collectives. Every term, and where its
+//! constants come from (each GPU profile in `models/hardware/` cites its figures):
 //!
-//! An op is one or more kernels; a kernel takes
+//! **Kernels.** An op is one or more kernels; it takes `Σ kernel time + launches ·
+//! op_overhead_s` (`launches` = the ATen kernels eager PyTorch dispatches for it, following
+//! HF's implementation, [`launches`]; on a GPU `op_overhead_s` is the gap between back-to-back
+//! kernels, ~2.5 µs). A kernel takes the slower of its compute and its memory traffic
+//! (`bytes / (hbm_bandwidth · efficiency.memory)`, streaming efficiency of the part's HBM).
+//! On a GPU profile (`gpu: Some(…)`):
 //!
-//! ```text
-//! t = max(flops / (peak(dtype) · eff), bytes / (hbm_bandwidth · eff_memory))
-//! ```
+//! - **GEMMs by shape** ([`crate::hardware::GemmModel::time`]): a linear `[T, in] @ [in,
+//!   out]` is one GEMM forward and two backward (input grad `[T, out] @ [out, in]`, weight
+//!   grad `[out, T] @ [T, in]`); output tiles run in waves over the SMs, each tile's main loop
+//!   over `K + k_fill`, plus a fixed time — so skinny GEMMs (a GQA key projection, few
+//!   tokens) and partial waves cost what cuBLAS's do. Constants: fitted to XLA's measured H100
+//!   table (375 shapes, 5.9% RMS, `planner/tests/kernels.rs`), peak from the datasheet times
+//!   the part's `clock_factor` (its power limit). MoE experts are grouped GEMMs, each expert
+//!   taking `T·k/E` rows; eager attention's `QKᵀ` and `PV` are batched GEMMs.
+//! - **Attention** (SDPA's flash backend = FlashAttention-2): `flops / measured FA2 FLOP/s` at
+//!   the op's head dim, mask and sequence length (interpolated in log(seq); backward from
+//!   the forward and forward+backward benchmarks), then the output's transpose copy.
+//! - **Element-wise ops** move the bytes of their kernels ([`traffic`]: RMSNorm's float32
+//!   upcast, RoPE's rotate_half, SiLU, products, sums, dropout, the loss's float32 logits);
+//!   their FLOPs are not counted. A GEMM's or attention's bytes (operands and result) only
+//!   matter when they exceed its compute.
 //!
-//! and an op takes `Σ t + launches · op_overhead_s`, `launches` being the ATen kernels eager
-//! PyTorch dispatches for it (HF's implementation: an RMSNorm is six element-wise kernels in
-//! the forward, a Linear one; see [`launches`]). `eff` is `efficiency.matmul` for GEMMs and
-//! `efficiency.attention` for attention kernels. Element-wise ops, norms, embeddings,
-//! rotary, router and loss are memory-bound: their FLOPs are not counted, only bytes.
+//! Without a GPU model (the CPU profile, fitted by `calibrate`): `flops / (peak · eff)`,
+//! `eff` = `efficiency.matmul` or `.attention`, bytes from [`crate::activation`]'s spec
+//! (inputs, params, output, saved tensors, 2 × scratch).
 //!
 //! FLOPs of the forward, with `T` the rows of the op (batch · seq tokens):
 //!
 //! - linear `[T, in] @ [in, out]`: `2·T·in·out` (+ `T·out` with a bias);
 //! - MoE experts (SwiGLU, intermediate `I`, top-k `k`): `2·T·k·(2·I·H + I·H) = 6·T·k·H·I`;
 //! - attention: `4·b·s²·h·hd` (`QKᵀ` and `PV`, `h` query heads of width `hd`), halved when
-//!   causal and run by SDPA / flash-attention: those kernels skip the key tiles above the
-//!   diagonal, so they compute `s(s+tile)/2 ≈ s²/2` scores. Eager attention materializes the
-//!   full `s×s` matrix and is not halved; its softmax, scaling and casts are a second,
-//!   memory-bound kernel over the score tensors.
+//!   causal and run by SDPA / flash-attention (they skip the key tiles above the diagonal);
+//!   eager attention materializes the full `s×s` matrix and is not halved; its softmax,
+//!   scaling and casts are a second, memory-bound kernel over the score tensors.
 //!
-//! Backward: `2×` the forward FLOPs for GEMMs (input grad and weight grad); `2.5×` for
-//! SDPA/flash attention (five `s×s` GEMMs against two: FlashAttention-2 recomputes `QKᵀ`),
-//! `2×` for eager attention. Recompute (activation checkpointing) costs like the forward.
+//! Backward: `2×` the forward FLOPs for GEMMs; `2.5×` for SDPA/flash attention
+//! (FlashAttention-2 recomputes `QKᵀ`), `2×` for eager attention. Recompute (activation
+//! checkpointing) costs like the forward.
 //!
-//! Bytes moved, from [`crate::activation`]'s spec of the op (`cd` = compute dtype):
-//! forward = inputs read + params read (gathered rows for embeddings) + output written +
-//! saved tensors written + 2 × forward scratch (written and read back); backward = output
-//! grad read + input grads written + saved tensors and saved inputs read + 2 × backward
-//! scratch + params read and param grads written.
+//! **Collectives** (NCCL rings, [`nccl_time`] on a GPU): latency `base + steps ·
+//! per-step latency` (NCCL's tuning model, NVLink and network steps apart), then the slower
+//! of the NVLink hops at the measured bus bandwidth and the network, which every node
+//! drives through one NIC per GPU — NCCL pipelines the two. `B` = the full unsharded buffer:
+//! all-gather and reduce-scatter move `(n−1)/n · B` per rank, all-reduce twice that. A group
+//! of one rank per node (HSDP's replicate group) uses one NIC. Constants: busbw from XLA's
+//! measured 8×H100 table (6.2% RMS above 16 MiB, `planner/tests/kernels.rs`), NIC rates
+//! from NVIDIA. FSDP2's copy-in before a collective and the reduce-scatter's `chunk_cat` are
+//! memory traffic on the collective's stream; the copy-out is on the compute stream
+//! ([`crate::timeline`]).
 //!
-//! Collectives (NCCL ring algorithms), `B` = the full unsharded buffer in bytes, `n` ranks,
-//! `α` per-hop latency, `β` link bandwidth per GPU per direction, `e` = `efficiency.comm`:
+//! **Overlap and the CPU** ([`crate::timeline`]): compute overlapping a collective runs
+//! `comm_sm_share` slower (the collective's SMs); the CPU launches every kernel
+//! (`cpu_launch_s` each, FSDP2's hooks `fsdp_cpu_per_unshard_s` per all-gather), so a GPU op
+//! never starts before its launch.
 //!
-//! ```text
-//! all-gather  = reduce-scatter = α·(n−1) + (n−1)/n · B / (β·e)
-//! all-reduce  = 2 × that (reduce-scatter + all-gather)
-//! ```
+//! Without a GPU model, collectives are `α·(n−1) + (n−1)/n · B / (β·e)` per ring with the
+//! profile's link latency `α`, bandwidth `β` and `e` = `efficiency.comm`, hierarchical across
+//! nodes (an inter-node ring over `B/g`, then an intra-node one).
 //!
-//! A group inside one node uses the intra-node link; a group with one rank per node (the
-//! HSDP replicate group) the inter-node link. A group with `g > 1` ranks on each of `N > 1`
-//! nodes runs hierarchically — an inter-node ring over the `N` nodes on `B/g` bytes (each
-//! GPU drives its own NIC), then an intra-node ring over the `g` local ranks on `B`:
-//!
-//! ```text
-//! t = α_inter·(N−1) + (N−1)/N · (B/g) / (β_inter·e)  +  α_intra·(g−1) + (g−1)/g · B / (β_intra·e)
-//! ```
-//!
-//! (reduce-scatter runs the two rings in the other order; the time is the same). Hybrid
-//! sharding: the shard group is `shard_size` consecutive ranks (intra-node when it fits), the
-//! replicate group takes every `shard_size`-th rank. FSDP2's copy-in before a collective and
-//! the reduce-scatter's `chunk_cat` are not costed; the copy-out is (see [`crate::timeline`]).
+//! Hybrid sharding: the shard group is `shard_size` consecutive ranks (intra-node when it
+//! fits), the replicate group takes every `shard_size`-th rank.
 
 use crate::activation::{op_mem, Ctx};
 use crate::hardware::Hardware;
@@ -72,6 +82,16 @@ pub enum Work {
     Memory,
 }
 
+/// The shape a GPU profile times a compute kernel by ([`crate::hardware::Gpu`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Shape {
+    /// `b` GEMMs of `[m, k] @ [k, n]`.
+    Gemm { b: u64, m: u64, n: u64, k: u64 },
+    /// FlashAttention's forward or backward at this head dim, mask and sequence length.
+    Flash { head_dim: u64, causal: bool, seq: u64, backward: bool },
+    None,
+}
+
 /// One kernel of an op.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Kernel {
@@ -79,18 +99,33 @@ pub struct Kernel {
     pub bytes: f64,
     pub dtype: DType,
     pub work: Work,
+    pub shape: Shape,
 }
 
 impl Kernel {
-    /// `max(flops / (peak · eff), bytes / (hbm_bandwidth · eff_memory))`.
+    /// The slower of its compute and its memory traffic. With a GPU model: a GEMM by its
+    /// shape ([`crate::hardware::GemmModel::time`]), attention by FlashAttention-2's measured
+    /// throughput, memory at `hbm_bandwidth · efficiency.memory`; without one (the CPU
+    /// profile), `flops / (peak · efficiency)`.
     pub fn time(&self, hw: &Hardware) -> f64 {
-        let eff = match self.work {
-            Work::Matmul => hw.efficiency.matmul,
-            Work::Attention => hw.efficiency.attention,
-            Work::Memory => 1.0,
-        };
-        let c = if self.work == Work::Memory || self.flops <= 0.0 { 0.0 } else { self.flops / (hw.peak(self.dtype) * eff) };
         let m = self.bytes / (hw.hbm_bandwidth * hw.efficiency.memory);
+        if self.work == Work::Memory || self.flops <= 0.0 {
+            return m;
+        }
+        let c = match (&hw.gpu, self.shape) {
+            (Some(g), Shape::Gemm { b, m, n, k }) => g.gemm.time(g.sms, hw.peak(self.dtype) * g.clock_factor, b, m, n, k),
+            (Some(g), Shape::Flash { head_dim, causal, seq, backward }) => match g.attention_flops(head_dim, causal, seq, backward) {
+                Some(f) => self.flops / f,
+                None => self.flops / (hw.peak(self.dtype) * g.clock_factor * hw.efficiency.attention),
+            },
+            _ => {
+                let eff = match self.work {
+                    Work::Matmul => hw.efficiency.matmul,
+                    _ => hw.efficiency.attention,
+                };
+                self.flops / (hw.peak(self.dtype) * eff * hw.gpu.as_ref().map_or(1.0, |g| g.clock_factor))
+            }
+        };
         c.max(m)
     }
 }
@@ -179,6 +214,9 @@ pub fn ring(bytes: f64, n: f64, latency: f64, bandwidth: f64, eff: f64) -> f64 {
 /// Time of a collective over `n` ranks, `per_node` of them on each node, of a buffer of
 /// `bytes` (the full unsharded size). See the module docs for the formulas.
 pub fn collective_time(hw: &Hardware, kind: Coll, bytes: f64, n: u64, per_node: u64) -> f64 {
+    if let Some(g) = &hw.gpu {
+        return nccl_time(&g.nccl, kind, bytes, n, per_node);
+    }
     let e = hw.efficiency.comm;
     let (ia, ib) = (hw.intra_node.latency, hw.intra_node.bandwidth);
     let (xa, xb) = (hw.inter_node.latency, hw.inter_node.bandwidth);
@@ -198,6 +236,35 @@ pub fn collective_time(hw: &Hardware, kind: Coll, bytes: f64, n: u64, per_node: 
         Coll::AllReduce => 2.0 * one,
         _ => one,
     }
+}
+
+/// NCCL's ring over `n` ranks, `per_node` of them on each node, of a buffer of `bytes`
+/// (nccl-tests' `S`: the gathered output, the scattered input): a latency of
+/// `base + intra steps · nvlink_step + inter steps · net_step` (NCCL's tuning model: a ring
+/// takes `n − 1` steps, `nodes − 1` of them across the network; twice for all-reduce), then
+/// the slower of the NVLink hops at the measured bus bandwidth (`S·(n−1)/n / busbw`) and the
+/// network: every node receives the other nodes' `S·(nodes−1)/nodes` through its NICs (one
+/// per GPU, rail-optimized; a group with one rank per node, HSDP's replicate group, has
+/// one). NCCL pipelines the two, so the slower one bounds the collective.
+pub fn nccl_time(c: &crate::hardware::Nccl, kind: Coll, bytes: f64, n: u64, per_node: u64) -> f64 {
+    if n <= 1 {
+        return 0.0;
+    }
+    let per = per_node.clamp(1, n);
+    let nodes = n.div_ceil(per);
+    let twice = if kind == Coll::AllReduce { 2.0 } else { 1.0 };
+    let steps = twice * (n - 1) as f64;
+    let net_steps = twice * (nodes - 1) as f64;
+    let latency = c.base_latency_s + (steps - net_steps) * c.nvlink_step_s + net_steps * c.net_step_s;
+    let busbw = match kind {
+        Coll::AllGather => c.all_gather_busbw,
+        Coll::ReduceScatter => c.reduce_scatter_busbw,
+        Coll::AllReduce => c.all_reduce_busbw,
+    };
+    let link = if per > 1 { twice * bytes * (n - 1) as f64 / n as f64 / busbw } else { 0.0 };
+    let nics = c.nics_per_node.min(per).max(1) as f64;
+    let net = if nodes > 1 { twice * bytes * (nodes - 1) as f64 / nodes as f64 / (nics * c.nic_bandwidth) } else { 0.0 };
+    latency + link.max(net)
 }
 
 /// Ranks in a process group and how many of them share a node, for a plan's options.
@@ -275,24 +342,50 @@ impl CostModel {
             let b_bytes = out + in_sum + saved + saved_in + if m.saves_output { out } else { 0.0 } + 2.0 * bscratch + 2.0 * params;
             let mf = matmul_flops(&cx, op);
             flops += 3.0 * model_op_flops(&cx, op);
+            // element-wise ops: the bytes their kernels move, from HF's implementation
+            let elementwise = traffic(&cx, op, out, ins.first().copied().unwrap_or(0.0));
             let (f, b) = match &op.kind {
-                OpKind::Attention { .. } => {
+                OpKind::Attention { head_dim, causal, heads, .. } => {
                     let eager = cx.attn == AttnImpl::Eager;
                     let qkvo = in_sum + out;
+                    let (bh, s, hd) = (dims.batch * heads, dims.seq, *head_dim);
                     if eager {
+                        // QKᵀ and PV as batched GEMMs; softmax, scaling, mask and casts over the scores
                         let mem_f = saved + 2.0 * fscratch;
                         let mem_b = saved + 2.0 * bscratch;
                         (
-                            vec![k(mf, qkvo, cd, Work::Attention), k(0.0, mem_f, cd, Work::Memory)],
-                            vec![k(2.0 * mf, 2.0 * qkvo, cd, Work::Attention), k(0.0, mem_b, cd, Work::Memory)],
+                            vec![gemm(bh, s, s, hd, cd), gemm(bh, s, hd, s, cd), k(0.0, mem_f, cd, Work::Memory)],
+                            // dP = dO·Vᵀ, dV = Pᵀ·dO, dQ = dS·K, dK = dSᵀ·Q
+                            vec![gemm(bh, s, s, hd, cd), gemm(bh, s, hd, s, cd), gemm(bh, s, hd, s, cd), gemm(bh, s, hd, s, cd), k(0.0, mem_b, cd, Work::Memory)],
                         )
                     } else {
-                        (vec![k(mf, f_bytes, cd, Work::Attention)], vec![k(2.5 * mf, b_bytes, cd, Work::Attention)])
+                        let flash = |backward| Shape::Flash { head_dim: hd, causal: *causal, seq: s, backward };
+                        // SDPA's kernel, then the output's transpose to [b, s, h·hd] (a copy)
+                        (
+                            vec![Kernel { flops: mf, bytes: qkvo, dtype: cd, work: Work::Attention, shape: flash(false) }, k(0.0, 2.0 * out, cd, Work::Memory)],
+                            vec![Kernel { flops: 2.5 * mf, bytes: 2.0 * qkvo, dtype: cd, work: Work::Attention, shape: flash(true) }, k(0.0, 2.0 * out, cd, Work::Memory)],
+                        )
                     }
                 }
-                OpKind::Linear { .. } | OpKind::Experts { .. } => {
-                    (vec![k(mf, f_bytes, cd, Work::Matmul)], vec![k(2.0 * mf, b_bytes, cd, Work::Matmul)])
+                OpKind::Linear { .. } => match linear_dims(&cx, op) {
+                    // forward, then the input's grad and the weight's grad
+                    Some((rows, i, o)) => (vec![gemm(1, rows, o, i, cd)], vec![gemm(1, rows, i, o, cd), gemm(1, o, i, rows, cd)]),
+                    None => (vec![k(mf, f_bytes, cd, Work::Matmul)], vec![k(2.0 * mf, b_bytes, cd, Work::Matmul)]),
+                },
+                OpKind::Experts { experts, top_k, intermediate, .. } => {
+                    // grouped GEMMs: each expert takes its share of the routed token rows
+                    let h = last_dim(&cx, op);
+                    let rows = numel(&op.shape, dims).unwrap_or(0) / h.max(1);
+                    let (e, i) = ((*experts).max(1), *intermediate);
+                    let re = (rows * top_k).div_ceil(e);
+                    let routing = k(0.0, elementwise.0, cd, Work::Memory);
+                    let routing_b = k(0.0, elementwise.1, cd, Work::Memory);
+                    (
+                        vec![gemm(e, re, 2 * i, h, cd), gemm(e, re, h, i, cd), routing],
+                        vec![gemm(e, re, h, 2 * i, cd), gemm(e, 2 * i, h, re, cd), gemm(e, re, i, h, cd), gemm(e, h, i, re, cd), routing_b],
+                    )
                 }
+                _ if elementwise != (0.0, 0.0) => (vec![k(0.0, elementwise.0, cd, Work::Memory)], vec![k(0.0, elementwise.1, cd, Work::Memory)]),
                 _ => (vec![k(0.0, f_bytes, cd, Work::Memory)], vec![k(0.0, b_bytes, cd, Work::Memory)]),
             };
             let b = if m.differentiable || !op.params.is_empty() { b } else { vec![] };
@@ -324,7 +417,72 @@ impl CostModel {
 }
 
 fn k(flops: f64, bytes: f64, dtype: DType, work: Work) -> Kernel {
-    Kernel { flops, bytes, dtype, work }
+    Kernel { flops, bytes, dtype, work, shape: Shape::None }
+}
+
+/// `b` GEMMs `[m, k] @ [k, n]` in `dtype`: their FLOPs and the bytes of their operands.
+fn gemm(b: u64, m: u64, n: u64, kk: u64, dtype: DType) -> Kernel {
+    let c = dtype.size() as f64;
+    let (bf, mf, nf, kf) = (b as f64, m as f64, n as f64, kk as f64);
+    Kernel { flops: 2.0 * bf * mf * nf * kf, bytes: bf * (mf * kf + kf * nf + mf * nf) * c, dtype, work: Work::Matmul, shape: Shape::Gemm { b, m, n, k: kk } }
+}
+
+/// A linear op's `(rows, in, out)`: `[rows, in] @ [in, out]`.
+fn linear_dims(cx: &Ctx, op: &Op) -> Option<(u64, u64, u64)> {
+    let OpKind::Linear { transposed, .. } = op.kind else { return None };
+    let w = op.params.first().and_then(|p| cx.model.param(p))?;
+    let (o, i) = match (w.shape.as_slice(), transposed) {
+        ([a, b], false) => (*a, *b),
+        ([a, b], true) => (*b, *a),
+        _ => return None,
+    };
+    let out_n = numel(&op.shape, cx.dims)?;
+    Some((out_n / o.max(1), i, o))
+}
+
+/// Bytes the kernels of an element-wise op move (forward, backward), following HF's
+/// implementation kernel by kernel (`c` = bytes of the compute dtype; `n` elements of the
+/// output, `x` bytes of the first input): RMSNorm upcasts to float32 (cast, pow, mean, mul,
+/// cast back, weight: `4c + 28` B/element; its backward ~`7c + 52`), RoPE is `x·cos +
+/// rotate_half(x)·sin` (neg of a half, cat, two muls, an add: `10c`; backward ~`14c`), SiLU
+/// `2c` (backward `3c`), a product `3c` (backward `6c`), a sum `3c` (its backward passes the
+/// grad on; the second use's grad is summed: `3c`), dropout's bernoulli, div and mul `6c`
+/// (`3c`), LayerNorm `2c` (`5c`), an embedding gather `2c` (its backward a scatter-add `3c`);
+/// the loss upcasts the `[T, V]` logits and runs log-softmax and NLL (`c + 16` B per logit,
+/// backward `c + 24`). `(0, 0)`: not an element-wise op (or one the bytes of its tensors
+/// describe well enough).
+fn traffic(cx: &Ctx, op: &Op, out: f64, x: f64) -> (f64, f64) {
+    let c = cx.cd.size() as f64;
+    let n = out / c; // elements of the output, in the compute dtype
+    let cast = cx.cd != DType::Float32;
+    match &op.kind {
+        OpKind::RmsNorm { .. } => match cast {
+            true => (n * (4.0 * c + 28.0), n * (7.0 * c + 52.0)),
+            false => (n * 28.0, n * 64.0),
+        },
+        OpKind::Rope { .. } => (n * 10.0 * c, n * 14.0 * c),
+        OpKind::Activation { act } => {
+            let (lf, lb) = launches(op, cast);
+            match act {
+                fsdp_ir::Act::GeluTanh => (n * 2.0 * c * lf as f64, n * 2.5 * c * lb as f64),
+                _ => (n * 2.0 * c, n * 3.0 * c),
+            }
+        }
+        OpKind::Mul => (n * 3.0 * c, n * 6.0 * c),
+        OpKind::Add => (n * 3.0 * c, n * 3.0 * c),
+        OpKind::Dropout { p } if *p > 0.0 => (n * 6.0 * c, n * 3.0 * c),
+        OpKind::LayerNorm { .. } => (n * 2.0 * c, n * 5.0 * c),
+        OpKind::Embedding | OpKind::PositionEmbedding => (n * 2.0 * c, n * 3.0 * c),
+        OpKind::CrossEntropy { .. } => {
+            let logits = x / c;
+            (logits * (c + 16.0), logits * (c + 24.0))
+        }
+        OpKind::Experts { .. } => {
+            // sort, gathers and scatters of the routed rows: ~10 passes over the hidden states
+            (n * 10.0 * c, n * 14.0 * c)
+        }
+        _ => (0.0, 0.0),
+    }
 }
 
 fn last_dim(cx: &Ctx, op: &Op) -> u64 {

@@ -117,6 +117,148 @@ pub struct Hardware {
     /// runtime. GPUs overlap their streams.
     #[serde(default)]
     pub serial_streams: bool,
+    /// A GPU's kernels modelled from published kernel measurements (GEMM sweeps,
+    /// FlashAttention benchmarks, nccl-tests, launch costs), each figure cited in its profile.
+    /// Without it (the CPU profile, which `calibrate` fits) every kernel takes the
+    /// `efficiency` factors above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<Gpu>,
+}
+
+/// The GPU kernel models ([`crate::cost`] documents how each is used).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Gpu {
+    /// Streaming multiprocessors: GEMM tiles run in waves of this many.
+    pub sms: u32,
+    /// The sustained tensor-core clock under this part's power limit, relative to the part
+    /// the GEMM and attention figures were measured on (1 for that part itself).
+    #[serde(default = "one", deserialize_with = "positive")]
+    pub clock_factor: f64,
+    pub gemm: GemmModel,
+    /// FlashAttention-2's measured throughput (what SDPA's flash backend runs).
+    pub attention: Vec<AttnPoint>,
+    pub nccl: Nccl,
+    /// Share of the SMs a running NCCL collective takes from concurrent compute kernels
+    /// (its CTAs), which then run this much slower.
+    #[serde(deserialize_with = "fraction_or_zero")]
+    pub comm_sm_share: f64,
+    /// CPU time eager PyTorch spends to dispatch and launch one kernel (Python, dispatcher,
+    /// autograd, cudaLaunchKernel): the GPU cannot start a kernel before its launch.
+    #[serde(deserialize_with = "non_negative")]
+    pub cpu_launch_s: f64,
+    /// CPU time of FSDP2's hooks per all-gather (copy-in bookkeeping, stream waits, the
+    /// foreach copies' launches).
+    #[serde(deserialize_with = "non_negative")]
+    pub fsdp_cpu_per_unshard_s: f64,
+}
+
+/// cuBLAS GEMM time: output tiles in waves over the SMs, a pipeline fill per K, a fixed
+/// time (see [`GemmModel::time`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GemmModel {
+    /// Fraction of the dtype's peak a full wave of the best tile sustains.
+    #[serde(deserialize_with = "fraction")]
+    pub efficiency: f64,
+    /// Extra K of each tile's main loop (prologue and epilogue).
+    #[serde(deserialize_with = "non_negative")]
+    pub k_fill: f64,
+    /// Fixed time per GEMM (launch on the GPU, setup, the last tile's tail).
+    #[serde(deserialize_with = "non_negative")]
+    pub fixed_s: f64,
+    /// The tiles cuBLAS's heuristic picks from: (rows, columns, throughput per SM relative to
+    /// the best tile).
+    pub tiles: Vec<(u64, u64, f64)>,
+}
+
+impl GemmModel {
+    /// Seconds for `b` GEMMs of `[m, k] @ [k, n]` on `sms` SMs at `peak` FLOP/s:
+    /// `fixed + min over tiles ⌈b·⌈m/tm⌉·⌈n/tn⌉ / sms⌉ · 2·tm·tn·(k + k_fill) / (peak · e · r / sms)`.
+    pub fn time(&self, sms: u32, peak: f64, b: u64, m: u64, n: u64, k: u64) -> f64 {
+        let sms = sms.max(1) as f64;
+        let per_sm = peak * self.efficiency / sms;
+        let waves = |tm: u64, tn: u64| ((b.max(1) * m.div_ceil(tm.max(1)) * n.div_ceil(tn.max(1))) as f64 / sms).ceil();
+        let best = self
+            .tiles
+            .iter()
+            .map(|&(tm, tn, r)| waves(tm, tn) * 2.0 * (tm * tn) as f64 * (k as f64 + self.k_fill) / (per_sm * r.max(1e-9)))
+            .fold(f64::INFINITY, f64::min);
+        self.fixed_s + if best.is_finite() { best } else { 2.0 * (b * m * n * k) as f64 / (peak * self.efficiency) }
+    }
+}
+
+/// FlashAttention-2 throughput at one head dim, mask and sequence length (FLOPs counted as
+/// the flash-attention benchmarks count them: `4·b·s²·h·hd`, halved when causal; backward
+/// 2.5× forward).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttnPoint {
+    pub head_dim: u64,
+    pub causal: bool,
+    pub seq: u64,
+    /// Forward FLOP/s.
+    #[serde(deserialize_with = "positive")]
+    pub fwd: f64,
+    /// Forward + backward FLOP/s (3.5 forwards' FLOPs over their time).
+    #[serde(deserialize_with = "positive")]
+    pub fwd_bwd: f64,
+}
+
+impl Gpu {
+    /// FLOP/s of FlashAttention-2's forward (or backward) at this head dim, mask and
+    /// sequence length: interpolated in log(seq) between measured points of the nearest
+    /// measured head dim with the same mask, held flat past the ends.
+    pub fn attention_flops(&self, head_dim: u64, causal: bool, seq: u64, backward: bool) -> Option<f64> {
+        let mask: Vec<&AttnPoint> = self.attention.iter().filter(|p| p.causal == causal).collect();
+        let hd = mask.iter().map(|p| p.head_dim).min_by_key(|&h| (h as i64 - head_dim as i64).unsigned_abs())?;
+        let mut pts: Vec<(f64, f64)> = mask
+            .iter()
+            .filter(|p| p.head_dim == hd)
+            .map(|p| {
+                // backward from the two measurements: t_fb = 3.5/fwd_bwd, t_f = 1/fwd per FLOP
+                let v = if backward { 2.5 / (3.5 / p.fwd_bwd - 1.0 / p.fwd).max(1e-30) } else { p.fwd };
+                ((p.seq.max(1) as f64).ln(), v)
+            })
+            .collect();
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let x = (seq.max(1) as f64).ln();
+        let v = match pts.iter().position(|p| p.0 >= x) {
+            None => pts.last()?.1,
+            Some(0) => pts[0].1,
+            Some(i) => {
+                let (a, b) = (pts[i - 1], pts[i]);
+                a.1 + (b.1 - a.1) * (x - a.0) / (b.0 - a.0)
+            }
+        };
+        Some(v * self.clock_factor)
+    }
+}
+
+/// NCCL's ring collectives (all-gather, reduce-scatter; all-reduce) inside a node and across
+/// nodes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Nccl {
+    /// Fixed latency of a ring collective.
+    #[serde(deserialize_with = "non_negative")]
+    pub base_latency_s: f64,
+    /// Latency of each ring step over NVLink, and over the network.
+    #[serde(deserialize_with = "non_negative")]
+    pub nvlink_step_s: f64,
+    #[serde(deserialize_with = "non_negative")]
+    pub net_step_s: f64,
+    /// Bus bandwidth inside one node (nccl-tests' busbw, large messages), per collective.
+    #[serde(deserialize_with = "positive")]
+    pub all_gather_busbw: f64,
+    #[serde(deserialize_with = "positive")]
+    pub reduce_scatter_busbw: f64,
+    #[serde(deserialize_with = "positive")]
+    pub all_reduce_busbw: f64,
+    /// What one NIC sustains (bytes/s, one direction), and NICs per node.
+    #[serde(deserialize_with = "positive")]
+    pub nic_bandwidth: f64,
+    pub nics_per_node: u64,
 }
 
 impl Hardware {
@@ -128,6 +270,19 @@ impl Hardware {
             DType::Float32 if self.allow_tf32 => self.peak_flops.tf32,
             _ => self.peak_flops.fp32,
         }
+    }
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+fn fraction_or_zero<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    let v = f64::deserialize(d)?;
+    if v.is_finite() && (0.0..1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(serde::de::Error::custom(format!("must be in [0, 1), got {v}")))
     }
 }
 

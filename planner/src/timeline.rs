@@ -32,6 +32,11 @@
 //!   phase end, zero_grad and schedule-only compute ops (`post-forward`, freeing the causal
 //!   mask) take `op_overhead_s`.
 //!
+//! - On a GPU profile two costs more ([`gpu_spans`]): the CPU launches every kernel in
+//!   schedule order (an op starts no earlier than its launch, and lasts at least as long as
+//!   launching its kernels takes), and a compute op runs `comm_sm_share` slower while a
+//!   collective runs beside it.
+//!
 //! Metrics: `compute_s` = busy time of the compute stream; `comm_s` = summed collective
 //! time; `exposed_comm_s` = time some collective runs while the compute stream is idle;
 //! model FLOPs per step = `grad_accum · 3 · Σ forward model FLOPs` =
@@ -155,6 +160,11 @@ pub fn implicit_deps(ops: &[ScheduleOp]) -> Vec<Vec<usize>> {
 /// op of the same schedule is honoured too; a cycle is broken by ignoring the unfinished
 /// dependencies of the earliest blocked op.
 pub fn simulate(ops: &[ScheduleOp], extra: &[Vec<usize>], dur: &[f64]) -> Vec<OpSpan> {
+    run_streams(ops, extra, dur, &[])
+}
+
+/// [`simulate`], op `i` also waiting until `release[i]` (when given: the CPU's launch).
+fn run_streams(ops: &[ScheduleOp], extra: &[Vec<usize>], dur: &[f64], release: &[f64]) -> Vec<OpSpan> {
     let n = ops.len();
     let mut end: Vec<Option<f64>> = vec![None; n];
     let mut start = vec![0.0; n];
@@ -174,6 +184,7 @@ pub fn simulate(ops: &[ScheduleOp], extra: &[Vec<usize>], dur: &[f64]) -> Vec<Op
             .filter(|&d| d != i)
             .collect()
     };
+    let released = |i: usize| release.get(i).copied().unwrap_or(0.0);
     let mut done = 0;
     while done < n {
         let mut progressed = false;
@@ -183,7 +194,7 @@ pub fn simulate(ops: &[ScheduleOp], extra: &[Vec<usize>], dur: &[f64]) -> Vec<Op
                 if ds.iter().any(|&d| end[d].is_none()) {
                     break;
                 }
-                let ready = ds.iter().filter_map(|&d| end[d]).fold(0.0, f64::max);
+                let ready = ds.iter().filter_map(|&d| end[d]).fold(released(i), f64::max);
                 start[i] = free[s].max(ready);
                 let e = start[i] + dur[i];
                 end[i] = Some(e);
@@ -198,7 +209,7 @@ pub fn simulate(ops: &[ScheduleOp], extra: &[Vec<usize>], dur: &[f64]) -> Vec<Op
             let Some((s, i)) = (0..4).filter_map(|s| queues[s].get(head[s]).map(|&i| (s, i))).min_by_key(|x| x.1) else {
                 break;
             };
-            let ready = deps_of(i).iter().filter_map(|&d| end[d]).fold(0.0, f64::max);
+            let ready = deps_of(i).iter().filter_map(|&d| end[d]).fold(released(i), f64::max);
             start[i] = free[s].max(ready);
             let e = start[i] + dur[i];
             end[i] = Some(e);
@@ -311,7 +322,9 @@ fn uncovered(a: &[(f64, f64)], b: &[(f64, f64)]) -> f64 {
 pub fn predict(plan: &Plan, model: &Model, hw: &Hardware) -> TimeReport {
     let cm = CostModel::new(plan, model);
     let dur: Vec<f64> = plan.schedule.iter().map(|op| op_duration(plan, &cm, hw, op)).collect();
-    let spans = if hw.serial_streams {
+    let spans = if let Some(g) = &hw.gpu {
+        gpu_spans(plan, &cm, g, &dur)
+    } else if hw.serial_streams {
         // one thread runs every op in schedule order (our CPU runtime)
         let mut t = 0.0;
         plan.schedule
@@ -328,6 +341,61 @@ pub fn predict(plan: &Plan, model: &Model, hw: &Hardware) -> TimeReport {
         simulate(&plan.schedule, &extra, &dur)
     };
     report(plan, hw, cm.model_flops * plan.options.grad_accum as f64, spans)
+}
+
+/// The ops on a GPU: the streams as [`simulate`] runs them, with two costs a GPU adds.
+///
+/// - **The CPU issues every kernel.** Eager PyTorch dispatches an op's kernels one after the
+///   other (`launches · cpu_launch_s`; an all-gather also costs FSDP2's hooks,
+///   `fsdp_cpu_per_unshard_s`), in schedule order, never waiting for the GPU: an op starts
+///   no earlier than its first kernel's launch and ends no earlier than its last.
+/// - **Communication slows concurrent compute.** A running NCCL collective holds
+///   `comm_sm_share` of the SMs: the part of a compute op that overlaps communication runs
+///   at `1 − comm_sm_share` of its speed. The streams are simulated again with the
+///   stretched times until they settle (three rounds).
+fn gpu_spans(plan: &Plan, cm: &CostModel, g: &crate::hardware::Gpu, dur: &[f64]) -> Vec<OpSpan> {
+    let ops = &plan.schedule;
+    let mut clock = 0.0;
+    let issue: Vec<(f64, f64)> = ops
+        .iter()
+        .map(|op| {
+            let kernels = match &op.kind {
+                OpKind::Forward { op: name, .. } | OpKind::Recompute { op: name, .. } => cm.launches(name).0,
+                OpKind::Backward { op: name, .. } => cm.launches(name).1,
+                _ => 1,
+            } as f64;
+            let cpu = kernels * g.cpu_launch_s + if matches!(op.kind, OpKind::AllGather { .. }) { g.fsdp_cpu_per_unshard_s } else { 0.0 };
+            let first = clock + cpu.min(g.cpu_launch_s);
+            clock += cpu;
+            (first, clock)
+        })
+        .collect();
+    let extra = implicit_deps(ops);
+    let release: Vec<f64> = issue.iter().map(|x| x.0).collect();
+    // an op whose kernels take less GPU time than the CPU takes to launch them lasts that long
+    let dur: Vec<f64> = dur.iter().zip(&issue).map(|(d, (first, last))| d.max(last - first)).collect();
+    let mut stretched = dur.clone();
+    let mut spans = run_streams(ops, &extra, &stretched, &release);
+    for _ in 0..3 {
+        let comm = union(spans.iter().filter(|s| s.stream != Stream::Compute).map(|s| (s.start, s.end)).collect());
+        let s = g.comm_sm_share;
+        for (i, sp) in spans.iter().enumerate() {
+            if sp.stream == Stream::Compute && dur[i] > 0.0 {
+                let overlapped = covered(sp.start, sp.end, &comm);
+                // the overlapped part ran at (1 − s): it needed `overlapped·(1 − s)` of the
+                // op's work; the rest runs at full speed
+                let done_slow = overlapped * (1.0 - s);
+                stretched[i] = if done_slow >= dur[i] { dur[i] / (1.0 - s) } else { overlapped + (dur[i] - done_slow) };
+            }
+        }
+        spans = run_streams(ops, &extra, &stretched, &release);
+    }
+    spans
+}
+
+/// Length of `[s, e]` covered by the sorted, disjoint intervals `v`.
+fn covered(s: f64, e: f64, v: &[(f64, f64)]) -> f64 {
+    v.iter().map(|&(a, b)| (b.min(e) - a.max(s)).max(0.0)).sum()
 }
 
 /// (step time, compute-stream busy time, summed collective time, exposed communication) of

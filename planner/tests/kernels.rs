@@ -1,0 +1,79 @@
+//! The GPU kernel models against the kernel-level measurements they come from (not against
+//! training runs): cuBLAS GEMMs on H100 by shape and NCCL collectives on 8 × H100 by size,
+//! from XLA's measured sm_90 tables (tensorflow/tensorflow, `third_party/xla/xla/service/gpu/
+//! model/matmul_interpolator_data.h` @372d578b and `collective_interpolator_data.h` @18c005b3,
+//! copied to `bench/data/`).
+
+use fsdp_planner::cost::{nccl_time, Coll};
+use fsdp_planner::hardware::Hardware;
+use std::path::Path;
+
+fn root() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+fn profile(name: &str) -> Hardware {
+    ron::from_str(&std::fs::read_to_string(root().join(format!("models/hardware/{name}.ron"))).unwrap()).unwrap()
+}
+
+fn csv(name: &str) -> Vec<std::collections::HashMap<String, String>> {
+    let text = std::fs::read_to_string(root().join("bench/data").join(name)).unwrap();
+    let mut lines = text.lines();
+    let head: Vec<String> = lines.next().unwrap().split(',').map(String::from).collect();
+    lines.map(|l| head.iter().cloned().zip(l.split(',').map(String::from)).collect()).collect()
+}
+
+#[test]
+fn gemm_model_matches_measured_h100_gemms() {
+    let hw = profile("h100-sxm");
+    let g = hw.gpu.as_ref().unwrap();
+    let (mut sq, mut n, mut worst_big) = (0.0, 0, 0.0f64);
+    for r in csv("xla-sm90-gemm.csv").iter().filter(|r| r["dtype"] == "bf16xbf16->bf16") {
+        let d = |k: &str| r[k].parse::<u64>().unwrap();
+        let (b, m, nn, k) = (d("b"), d("m"), d("n"), d("k"));
+        let measured = 2.0 * (b * m * nn * k) as f64 / r["flops_per_s"].parse::<f64>().unwrap();
+        let model = g.gemm.time(g.sms, hw.peak_flops.bf16, b, m, nn, k);
+        let e = (model / measured).ln();
+        sq += e * e;
+        n += 1;
+        if m.min(nn).min(k) >= 1024 {
+            worst_big = worst_big.max(e.abs());
+        }
+    }
+    let rms = (sq / n as f64).sqrt();
+    eprintln!("{n} measured GEMMs: RMS error {:.1}%, worst with every dim >= 1024 {:.1}%", 100.0 * rms, 100.0 * worst_big);
+    assert_eq!(n, 375);
+    assert!(rms < 0.065, "RMS {rms}");
+    assert!(worst_big < 0.15, "worst {worst_big}");
+}
+
+#[test]
+fn nccl_model_matches_measured_h100_collectives() {
+    let hw = profile("h100-sxm");
+    let c = &hw.gpu.as_ref().unwrap().nccl;
+    let (mut sq, mut n) = (0.0, 0);
+    for r in csv("xla-sm90-collectives.csv") {
+        let group: u64 = r["num_devices_per_group"].parse().unwrap();
+        let shape_bytes: f64 = r["shape_bytes_derived"].parse().unwrap();
+        let thr: f64 = r["network_throughput_bytes_per_sec"].parse().unwrap();
+        let (kind, total) = match r["opcode"].as_str() {
+            "all-gather" => (Coll::AllGather, shape_bytes),
+            // the table's reduce-scatter shape is the scattered output; throughput is of the input
+            "reduce-scatter" => (Coll::ReduceScatter, shape_bytes * group as f64),
+            "all-reduce" => (Coll::AllReduce, shape_bytes),
+            _ => continue,
+        };
+        // the sizes FSDP moves: a unit's parameters, 16 MiB and up, on a full node
+        if group != 8 || total < 16.0 * 1048576.0 {
+            continue;
+        }
+        let measured = total / thr;
+        let model = nccl_time(c, kind, total, group, group);
+        let e = (model / measured).ln();
+        sq += e * e;
+        n += 1;
+    }
+    let rms = (sq / n as f64).sqrt();
+    eprintln!("{n} measured collectives of 8 GPUs, 16 MiB..2 GiB: RMS error {:.1}%", 100.0 * rms);
+    assert!(n >= 20 && rms < 0.12, "{n} cases, RMS {rms}");
+}
