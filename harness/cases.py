@@ -16,6 +16,7 @@ DEFAULTS = {
     "strategy": "full-shard",         # or "hybrid-shard": 2-D mesh (replicate, shard)
     "shard_group_size": None,         # hybrid-shard: size of the shard mesh dim
     "checkpoint": None,               # module classes under HF gradient checkpointing (non-reentrant)
+    "ac_mode": "full",                # "selective-op": torchtitan's op-level SAC in the checkpoints
     "unit_reshard": None,             # {module path or "last": bool}: reshard_after_forward of
                                       # those units (the planner's --unit-reshard)
     "wrap": None,                     # the modules fully_shard'ed before the root, as the planner's
@@ -155,6 +156,21 @@ BASE_CASES = {
                                   "unit_reshard": {"last": False}},
     "llama4l_ac_block_0_ws3": {"model": "tiny-llama-4l", "world_size": 3,
                                "checkpoint": ["model.layers.0"]},
+    # torchtitan's op-level selective AC: every other mm's output and SDPA's kept, the rest
+    # recomputed (the last mm's kept output is never popped: held to the end of the block's backward)
+    "llama_sac_op_ws2": {"model": "tiny-llama", "world_size": 2, "checkpoint": ["LlamaDecoderLayer"],
+                         "ac_mode": "selective-op"},
+    "llama4l_sac_op_tt_ws2": {"model": "tiny-llama-4l", "world_size": 2,
+                              "checkpoint": ["LlamaDecoderLayer"], "ac_mode": "selective-op",
+                              "unit_reshard": {"last": False}, "param_dtype": "bfloat16",
+                              "reduce_dtype": "float32"},
+    "llama_gqa_sac_op_ws2": {"model": "tiny-llama-gqa", "world_size": 2,
+                             "checkpoint": ["LlamaDecoderLayer"], "ac_mode": "selective-op"},
+    # q/k/v with a bias are addmm: only o_proj, up_proj (the 1st and 3rd mm) are kept
+    "qwen2_sac_op_ws3": {"model": "tiny-qwen2", "world_size": 3, "checkpoint": ["Qwen2DecoderLayer"],
+                         "ac_mode": "selective-op"},
+    "mixtral_sac_op_ws2": {"model": "tiny-mixtral", "world_size": 2,
+                           "checkpoint": ["MixtralDecoderLayer"], "ac_mode": "selective-op"},
     # MoE under checkpointing: the experts' grouped_mm backward chain is the peak
     "mixtral_ac_ws2": {"model": "tiny-mixtral", "world_size": 2, "checkpoint": ["MixtralDecoderLayer"]},
     "mixtral_bf16_ac_ws2": {"model": "tiny-mixtral", "world_size": 2, "checkpoint": ["MixtralDecoderLayer"],
@@ -356,6 +372,15 @@ FAKE_CASES.update({
                                          "param_dtype": "bfloat16", "reduce_dtype": "float32",
                                          "unit_reshard": {"last": False},
                                          "checkpoint": [f"model.layers.{i}" for i in range(1, 32, 2)]},
+    # ... and its published configuration: op-level selective AC on every block, 2 x 8192
+    "llama31_8b_tt_sac_op_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 2,
+                                 "seq": 8192, "model_dtype": "float32",
+                                 "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                 "unit_reshard": {"last": False}, "optimizer": "adamw",
+                                 "checkpoint": ["LlamaDecoderLayer"], "ac_mode": "selective-op"},
+    "qwen3_8b_sac_op_ws8": {"model": "qwen3-8b", "world_size": 8, "batch": 1, "seq": 4096,
+                            "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                            "checkpoint": ["Qwen3DecoderLayer"], "ac_mode": "selective-op"},
 })
 # the tiny checkpointed-region cases of BASE_CASES again, on the deterministic fake group
 for _name in ("llama4l_ac_mlp_units_ws2", "llama4l_ac_attn_units_ws2", "llama4l_ac_nested_ws2",

@@ -305,6 +305,27 @@ def _units(model):
     return units
 
 
+def op_sac_context_fn():
+    """torchtitan's op-level selective AC (parallelize_llama.py @9dec370, `_apply_ac_to_transformer_block`):
+    per checkpoint call, MUST_SAVE the outputs of every other aten.mm (the 1st, 3rd, ...) and of
+    SDPA's kernel (the CPU flash kernel too: these runs are on the CPU), PREFER_RECOMPUTE the rest."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    aten = torch.ops.aten
+    save = {aten.mm.default, aten._scaled_dot_product_efficient_attention.default,
+            aten._scaled_dot_product_flash_attention.default,
+            aten._scaled_dot_product_flash_attention_for_cpu.default}
+    meta = collections.defaultdict(int)
+
+    def policy(ctx, func, *args, **kwargs):
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func == aten.mm.default:
+            meta[f"{mode}_mm_count"] += 1
+        to_save = func in save and not (func == aten.mm.default and meta[f"{mode}_mm_count"] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if to_save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
 def enable_checkpointing(model, case, cfg):
     """HF's non-reentrant gradient checkpointing of the case's layer classes, or of the layers
     named by module path (a subset of the blocks). HF GradientCheckpointingLayer: __call__ runs
@@ -312,7 +333,10 @@ def enable_checkpointing(model, case, cfg):
     checkpoint."""
     if not case["checkpoint"]:
         return
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    kwargs = {"use_reentrant": False}
+    if case.get("ac_mode", "full") == "selective-op":
+        kwargs["context_fn"] = op_sac_context_fn
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     names = set(case["checkpoint"])
     layers = [(path, m) for path, m in model.named_modules() if isinstance(m, GradientCheckpointingLayer)]
     for path, m in layers:
@@ -510,6 +534,8 @@ def _extra_options(case):
         out["checkpoint"] = list(case["checkpoint"])
     if case.get("unit_reshard"):
         out["unit_reshard"] = dict(case["unit_reshard"])
+    if case.get("ac_mode", "full") != "full":
+        out["ac_mode"] = case["ac_mode"]
     return out
 
 

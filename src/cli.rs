@@ -161,6 +161,10 @@ pub(crate) struct Each {
     /// path (`model.layers.3`: any subset of the blocks). Repeatable.
     #[arg(long)]
     pub(crate) checkpoint: Vec<String>,
+    /// What checkpointed regions keep: `full` (only their inputs) or `selective-op`
+    /// (torchtitan's op-level SAC: every other matmul's output and SDPA's).
+    #[arg(long, default_value = "full", value_parser = ["full", "selective-op"])]
+    pub(crate) ac_mode: String,
     /// Sequences per micro-batch on each rank (torchtitan's local batch size).
     #[arg(long, default_value_t = 1)]
     pub(crate) batch: u64,
@@ -188,6 +192,9 @@ pub(crate) struct PlanArgs {
     /// 75GB, 8e10.
     #[arg(long)]
     pub(crate) memory_limit: Option<String>,
+    /// List every buffer live at the peak (largest first): what binds memory.
+    #[arg(long)]
+    pub(crate) peak_buffers: bool,
 }
 
 #[derive(Args)]
@@ -260,6 +267,7 @@ pub(crate) fn options_for(k: &Knobs, world_size: u64, policy: &str, model: &Mode
         backward_prefetch,
         grad_accum: e.grad_accum,
         checkpoint: e.checkpoint.clone(),
+        ac_mode: fsdp_planner::AcMode::parse(&e.ac_mode).unwrap_or_default(),
         optimizer: match o.optimizer.as_str() {
             "adamw" => Optimizer::AdamW,
             "sgd" => Optimizer::Sgd,

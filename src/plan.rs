@@ -34,7 +34,13 @@ pub(crate) fn run(a: PlanArgs, hw: HwOpt) -> Result<()> {
         outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    let body = if a.summary { print::summary(&plan) } else { print::render(&plan, a.full_schedule) };
+    let mut body = if a.summary { print::summary(&plan) } else { print::render(&plan, a.full_schedule) };
+    if a.peak_buffers {
+        body += &format!("\nbuffers live at the peak ({}):\n", plan.memory.peak_at);
+        for b in fsdp_planner::memory::live_at_peak(&plan) {
+            body += &format!("  {:>12}  {:<16} {}\n", print::bytes(b.bytes), b.category.name(), b.name);
+        }
+    }
     out(format_args!("{body}  {}\n{}", print::verdict(peak, limit, &of), timeline::render(&t)));
     Ok(())
 }

@@ -34,6 +34,9 @@ pub(crate) struct SweepArgs {
     /// by `+` (`none,LlamaDecoderLayer`). Default: none.
     #[arg(long = "checkpoint", value_delimiter = ',')]
     pub(crate) checkpoints: Vec<String>,
+    /// What checkpointed regions keep, comma-separated: full,selective-op.
+    #[arg(long = "ac-mode", value_delimiter = ',', value_parser = ["full", "selective-op"])]
+    pub(crate) ac_modes: Vec<String>,
     /// `reshard_after_forward` of the non-root units, comma-separated: true,false (default:
     /// the strategy's).
     #[arg(long = "reshard-after-forward", value_delimiter = ',')]
@@ -98,6 +101,7 @@ fn combinations(a: &SweepArgs) -> Vec<Each> {
             .map(|c| Each { checkpoint: c.map(|c| c.split('+').map(|x| x.trim().to_string()).collect()).unwrap_or_default(), ..e.clone() })
             .collect()
     });
+    extend(&|e| or_default(&a.ac_modes, "full".to_string()).into_iter().map(|m| Each { ac_mode: m, ..e.clone() }).collect());
     extend(&|e| or_default(&a.reshards.iter().map(|&r| Some(r)).collect::<Vec<_>>(), None).into_iter().map(|r| Each { reshard_after_forward: r, ..e.clone() }).collect());
     extend(&|e| optional(&a.param_dtypes).into_iter().map(|d| Each { param_dtype: d, ..e.clone() }).collect());
     extend(&|e| optional(&a.reduce_dtypes).into_iter().map(|d| Each { reduce_dtype: d, ..e.clone() }).collect());
@@ -154,6 +158,7 @@ pub(crate) fn sweep(a: &SweepArgs) -> Result<()> {
                     "seq": r.seq,
                     "grad_accum": r.each.grad_accum,
                     "checkpoint": r.each.checkpoint,
+                    "ac_mode": r.each.ac_mode,
                     "reshard_after_forward": r.each.reshard_after_forward,
                     "param_dtype": r.each.param_dtype,
                     "reduce_dtype": r.each.reduce_dtype,
@@ -186,6 +191,7 @@ pub(crate) fn sweep(a: &SweepArgs) -> Result<()> {
         ("seq", Box::new(|r: &Row| r.seq.to_string())),
         ("grad accum", Box::new(|r: &Row| r.each.grad_accum.to_string())),
         ("checkpoint", Box::new(|r: &Row| if r.each.checkpoint.is_empty() { "none".into() } else { r.each.checkpoint.join("+") })),
+        ("ac mode", Box::new(|r: &Row| r.each.ac_mode.clone())),
         ("raf", Box::new(|r: &Row| r.each.reshard_after_forward.map_or("-".into(), |b| b.to_string()))),
         ("param", Box::new(move |r: &Row| opt(&r.each.param_dtype))),
         ("reduce", Box::new(move |r: &Row| opt(&r.each.reduce_dtype))),

@@ -89,6 +89,34 @@ pub fn per_op(ops: &[ScheduleOp], buffers: &[BufferInfo]) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// The buffers live at the plan's peak (the binding constraint on memory), largest first:
+/// replays the events up to the peak op's allocation that reaches the peak.
+pub fn live_at_peak(plan: &crate::plan::Plan) -> Vec<&BufferInfo> {
+    let mut live: std::collections::BTreeSet<usize> = Default::default();
+    let mut cur = 0u64;
+    'ops: for op in &plan.schedule {
+        for e in &op.events {
+            match *e {
+                crate::plan::Event::Alloc(b) => {
+                    live.insert(b.index());
+                    cur += plan.buffers[b.index()].bytes;
+                }
+                crate::plan::Event::Free(b) => {
+                    if live.remove(&b.index()) {
+                        cur -= plan.buffers[b.index()].bytes;
+                    }
+                }
+            }
+            if op.id == plan.memory.peak_op && cur == plan.memory.peak_bytes {
+                break 'ops;
+            }
+        }
+    }
+    let mut v: Vec<&BufferInfo> = live.into_iter().map(|i| &plan.buffers[i]).filter(|b| b.bytes > 0).collect();
+    v.sort_by_key(|b| std::cmp::Reverse(b.bytes));
+    v
+}
+
 /// Size of the per-rank arena: the largest offset + size.
 pub fn arena_bytes(buffers: &[BufferInfo], spans: &[u64]) -> u64 {
     buffers.iter().zip(spans).map(|(b, s)| b.offset + s).max().unwrap_or(0)

@@ -140,6 +140,37 @@ impl Optimizer {
     }
 }
 
+/// What a checkpointed region keeps from its forward (torchtitan's `--activation_checkpoint.mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum AcMode {
+    /// Only the region's inputs; everything is recomputed (`torch.utils.checkpoint`).
+    #[default]
+    Full,
+    /// torchtitan's op-level selective AC: the outputs of every other `mm` (the 1st, 3rd, …
+    /// of each region call) and of SDPA's kernel are kept (`create_selective_checkpoint_contexts`
+    /// with MUST_SAVE), everything else is recomputed.
+    SelectiveOp,
+}
+
+impl AcMode {
+    pub fn parse(s: &str) -> Option<AcMode> {
+        match s {
+            "full" => Some(AcMode::Full),
+            "selective-op" | "op" => Some(AcMode::SelectiveOp),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            AcMode::Full => "full",
+            AcMode::SelectiveOp => "selective-op",
+        }
+    }
+    fn is_full(&self) -> bool {
+        *self == AcMode::Full
+    }
+}
+
 /// HF `attn_implementation`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AttnImpl {
@@ -244,8 +275,11 @@ pub struct Options {
     pub forward_prefetch: u32,
     pub backward_prefetch: BackwardPrefetch,
     pub grad_accum: u32,
-    /// Module classes run under activation checkpointing.
+    /// Module classes (or module paths) run under activation checkpointing.
     pub checkpoint: Vec<String>,
+    /// What those regions keep from the forward.
+    #[serde(default, skip_serializing_if = "AcMode::is_full")]
+    pub ac_mode: AcMode,
     pub optimizer: Optimizer,
     pub batch: u64,
     pub seq: u64,
@@ -271,6 +305,7 @@ impl Default for Options {
             backward_prefetch: BackwardPrefetch::Implicit,
             grad_accum: 1,
             checkpoint: vec![],
+            ac_mode: AcMode::Full,
             optimizer: Optimizer::Adam,
             batch: 1,
             seq: 2048,

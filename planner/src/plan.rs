@@ -98,7 +98,16 @@ pub enum OpKind {
     /// Wait for the all-gather and copy out into the unsharded params.
     CopyOut { unit: UnitId },
     Forward { op: String, unit: UnitId },
-    Recompute { op: String, unit: UnitId },
+    /// An op of a checkpointed region run again before its backward. `cached`: FSDP2 does
+    /// not run it (selective AC serves its kept output; the early stop ends the recompute
+    /// before it): it takes no time and allocates nothing; it stands in the schedule for our
+    /// runtime, which rebuilds the op's autograd node there.
+    Recompute {
+        op: String,
+        unit: UnitId,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        cached: bool,
+    },
     Backward { op: String, unit: UnitId },
     /// Free the unsharded params (reshard).
     Reshard { unit: UnitId },

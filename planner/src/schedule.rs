@@ -54,6 +54,9 @@ struct B<'a> {
     /// Per model op, its params that have an owner: (primary param index, owning unit).
     op_params: Vec<Vec<(usize, UnitId)>>,
     device: Device,
+    /// Per model op: a checkpointed op whose outputs selective AC keeps from the forward
+    /// (the recompute is served them from its cache, without running the op).
+    sac: Vec<bool>,
     /// The loss the training loop holds (`loss = model(...).loss`): the previous step's or
     /// micro-batch's until the next forward returns, then that one's.
     held_loss: Option<BufferId>,
@@ -457,19 +460,16 @@ struct Tensors {
     inputs: Vec<Vec<(usize, usize)>>,
 }
 
-pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId], attn: AttnImpl) -> Schedule {
-    // activations in param_dtype under MP, else in the model's parameter dtype
-    let cx = Ctx::new(model, opts, attn);
-    let mems: Vec<OpMem> = model.ops.iter().map(|o| op_mem(&cx, o)).collect();
-    let op_index: HashMap<&str, usize> = model.ops.iter().enumerate().map(|(i, o)| (o.name.as_str(), i)).collect();
-    let nops = model.ops.len();
-    let inputs: Vec<Vec<(usize, usize)>> = model
-        .ops
-        .iter()
-        .map(|o| o.inputs.iter().enumerate().filter_map(|(k, n)| op_index.get(n.as_str()).map(|&j| (k, j))).collect())
-        .collect();
-    // Checkpointed ops: inside a module of a checkpointed class (region = that module's
-    // index in the module list), found by walking up the op's module path.
+/// The checkpointed ops whose outputs torchtitan's op-level selective AC keeps: per region
+/// call, every other `aten.mm` (the 1st, 3rd, … linear without bias; a bias makes it
+/// `addmm`, GPT-2's Conv1D too) and SDPA's kernel (eager attention's matmuls are `bmm`).
+pub fn sac_saved_ops(model: &Model, opts: &Options, attn: AttnImpl) -> Vec<bool> {
+    sac_saved(model, opts, &checkpoint_regions(model, opts), attn)
+}
+
+/// The checkpointed region of each model op: the outermost module on its path whose class
+/// or path `--checkpoint` names (its index in the module list), if any.
+pub fn checkpoint_regions(model: &Model, opts: &Options) -> Vec<Option<usize>> {
     let ckpt: HashMap<&str, usize> = model
         .modules
         .iter()
@@ -477,7 +477,7 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
         .filter(|(_, m)| !m.path.is_empty() && opts.checkpoint.iter().any(|c| c == &m.class || c == &m.path))
         .map(|(i, m)| (m.path.as_str(), i))
         .collect();
-    let region: Vec<Option<usize>> = model
+    model
         .ops
         .iter()
         .map(|o| {
@@ -496,7 +496,44 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
                 }
             }
         })
+        .collect()
+}
+
+fn sac_saved(model: &Model, opts: &Options, region: &[Option<usize>], attn: AttnImpl) -> Vec<bool> {
+    let mut out = vec![false; model.ops.len()];
+    if opts.ac_mode != crate::options::AcMode::SelectiveOp {
+        return out;
+    }
+    let mut mm_count: HashMap<usize, u32> = HashMap::default();
+    for (i, op) in model.ops.iter().enumerate() {
+        let Some(r) = region[i] else { continue };
+        out[i] = match op.kind {
+            fsdp_ir::OpKind::Linear { bias: false, transposed: false } => {
+                let c = mm_count.entry(r).or_default();
+                *c += 1;
+                *c % 2 == 1
+            }
+            fsdp_ir::OpKind::Attention { .. } => attn != AttnImpl::Eager,
+            _ => false,
+        };
+    }
+    out
+}
+
+pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId], attn: AttnImpl) -> Schedule {
+    // activations in param_dtype under MP, else in the model's parameter dtype
+    let cx = Ctx::new(model, opts, attn);
+    let mems: Vec<OpMem> = model.ops.iter().map(|o| op_mem(&cx, o)).collect();
+    let op_index: HashMap<&str, usize> = model.ops.iter().enumerate().map(|(i, o)| (o.name.as_str(), i)).collect();
+    let nops = model.ops.len();
+    let inputs: Vec<Vec<(usize, usize)>> = model
+        .ops
+        .iter()
+        .map(|o| o.inputs.iter().enumerate().filter_map(|(k, n)| op_index.get(n.as_str()).map(|&j| (k, j))).collect())
         .collect();
+    // Checkpointed ops: inside a module of a checkpointed class or path (region = that
+    // module's index in the module list)
+    let region = checkpoint_regions(model, opts);
     let mut tz = Tensors {
         alias: (0..nops).collect(),
         consumers: vec![vec![]; nops],
@@ -569,6 +606,7 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
             })
             .collect(),
         device: opts.device,
+        sac: sac_saved(model, opts, &region, attn),
         held_loss: None,
         loss: model
             .ops
@@ -820,8 +858,9 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
             saved_now.push(b.alloc(cat(&[&op.name, " ", s.what]), Category::Activation, s.bytes(), None));
         }
         fwd_scratch(b, &op.name, m, "", Category::Activation);
-        // extra saved tensors of checkpointed ops are dropped right away
-        if in_region {
+        // extra saved tensors of checkpointed ops are dropped right away (selective AC keeps
+        // the outputs of the ops it saves: SDPA's logsumexp with its output)
+        if in_region && !b.sac[i] {
             for s in saved_now.drain(..) {
                 b.free(s);
             }
@@ -834,7 +873,7 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
             {
                 let j = tz.alias[j];
                 remaining[j] = remaining[j].saturating_sub(1);
-                if remaining[j] == 0 && tz.saved_by[j].is_empty() {
+                if remaining[j] == 0 && tz.saved_by[j].is_empty() && !b.sac[j] {
                     if let Some(buf) = out_buf[j].take() {
                         if cached && (pos == 1 || pos == 2) {
                             cache_held.push(buf);
@@ -855,7 +894,7 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
             }
         }
         // outputs nobody reads and nobody saves (but the loss) die at once
-        if tz.alias[i] == i && tz.consumers[i].is_empty() && tz.saved_by[i].is_empty() && !matches!(op.kind, fsdp_ir::OpKind::CrossEntropy { .. }) {
+        if tz.alias[i] == i && tz.consumers[i].is_empty() && tz.saved_by[i].is_empty() && !b.sac[i] && !matches!(op.kind, fsdp_ir::OpKind::CrossEntropy { .. }) {
             if let Some(buf) = out_buf[i].take() {
                 b.free(buf);
             }
@@ -1055,10 +1094,15 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
     let mut recomputed: HashSet<usize> = HashSet::default();
     // each checkpointed region's first op, and its last op that saves a tensor for backward
     let mut region_start: HashMap<usize, usize> = HashMap::default();
+    let mut region_end: HashMap<usize, usize> = HashMap::default();
     let mut last_saver: HashMap<usize, usize> = HashMap::default();
+    // selective AC's cached outputs past the early stop: never popped by the recompute, held
+    // until the region's backward ends (its first op in forward order)
+    let mut unpopped: Vec<bool> = vec![false; mems.len()];
     for (j, r) in region.iter().enumerate() {
         let Some(r) = *r else { continue };
         region_start.entry(r).or_insert(j);
+        region_end.insert(r, j);
         let m = &mems[j];
         if !m.saved.is_empty() || m.saves_output || m.saves_inputs.iter().any(|&x| x) {
             last_saver.insert(r, j);
@@ -1130,6 +1174,14 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                 for j in start..=i {
                     let oj = &model.ops[j];
                     let u = unit_of_op[j];
+                    // selective AC serves a kept op from its cache: not run, nothing allocated;
+                    // and the op whose input-save completes the recompute (early stop packs
+                    // inputs before the op runs) does not run either
+                    let stops_before = j == i && mems[j].saved.is_empty() && !mems[j].saves_output;
+                    if b.sac[j] || stops_before {
+                        b.op(OpKind::Recompute { op: oj.name.clone(), unit: u, cached: true }, Stream::Compute, vec![]);
+                        continue;
+                    }
                     // FSDP2's pre-forward hook of a unit inside the region runs in the recompute:
                     // it gathers the unit's params unless its pre-backward (or a prefetch) already
                     // did (a prefetched gather is waited for here); its post-forward does not
@@ -1142,7 +1194,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                     let umod = units[u.index()].module.as_str();
                     let inside = !units[u.index()].is_root() && (umod == rpath || umod.strip_prefix(rpath).is_some_and(|x| x.starts_with('.')));
                     let category = if inside { Category::Activation } else { Category::Temp };
-                    b.op(OpKind::Recompute { op: oj.name.clone(), unit: u }, Stream::Compute, vec![]);
+                    b.op(OpKind::Recompute { op: oj.name.clone(), unit: u, cached: false }, Stream::Compute, vec![]);
                     if let Some(o) = mems[j].out {
                         if out_buf[j].is_none() {
                             out_buf[j] = Some(b.alloc(cat(&[&oj.name, " ", o.what, " (recomputed)"]), category, o.bytes(), None));
@@ -1177,6 +1229,9 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                         }
                     }
                 }
+                for j in i..=region_end.get(&r).copied().unwrap_or(i) {
+                    unpopped[j] = b.sac[j];
+                }
                 // the early stop unwinds the recomputed forward: what only the ops past it
                 // would have used goes with it
                 for k in start..=i {
@@ -1185,7 +1240,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                             let pos = tz.inputs[c].iter().find(|&&(_, x)| tz.alias[x] == k).map(|&(p, _)| p);
                             c <= i && pos.is_some_and(|p| mems[c].saves_inputs.get(p).copied().unwrap_or(false))
                         });
-                    if tz.alias[k] == k && region[k] == Some(r) && !kept && tz.consumers[k].iter().any(|&c| c > i && region[c] == Some(r)) {
+                    if tz.alias[k] == k && region[k] == Some(r) && !kept && !unpopped[k] && tz.consumers[k].iter().any(|&c| c > i && region[c] == Some(r)) {
                         if let Some(buf) = out_buf[k].take() {
                             b.free(buf);
                         }
@@ -1293,8 +1348,10 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                     }
                 }
                 if region[j].is_some() && region[j] == region[i] {
-                    // recomputed internals: drop once their consumers' backward ran
-                    if tz.consumers[j].iter().all(|&c| c >= i) {
+                    // recomputed internals: drop once their consumers' backward ran (but not
+                    // selective AC's cache entries before the recompute or never popped by it)
+                    let cached = b.sac[j] && (unpopped[j] || region[j].is_some_and(|r| !recomputed.contains(&r)));
+                    if tz.consumers[j].iter().all(|&c| c >= i) && !cached {
                         if let Some(buf) = out_buf[j].take() {
                             b.free(buf);
                         }
@@ -1303,11 +1360,25 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
             }
         }
         let saves_me = tz.saves[i].contains(&me);
-        if saves_me || (matches!(op.kind, fsdp_ir::OpKind::CrossEntropy { .. }) && tz.alias[i] == i) || region[i].is_some() {
+        if saves_me || (matches!(op.kind, fsdp_ir::OpKind::CrossEntropy { .. }) && tz.alias[i] == i) || (region[i].is_some() && !unpopped[i]) {
             savers_left[me] = savers_left[me].saturating_sub(usize::from(saves_me));
             if savers_left[me] == 0 {
                 if let Some(buf) = out_buf[i].take() {
                     b.free(buf);
+                }
+            }
+        }
+        // the region's backward is over: its checkpoint frame goes, with the cache entries the
+        // recompute never reached
+        if let Some(r) = region[i].filter(|r| region_start.get(r) == Some(&i)) {
+            for j in i..=region_end.get(&r).copied().unwrap_or(i) {
+                if std::mem::take(&mut unpopped[j]) {
+                    if let Some(buf) = out_buf[j].take() {
+                        b.free(buf);
+                    }
+                    for x in saved[j].drain(..) {
+                        b.free(x);
+                    }
                 }
             }
         }

@@ -251,6 +251,8 @@ pub fn op_duration(plan: &Plan, model_cost: &CostModel, hw: &Hardware, op: &Sche
             coll(Coll::ReduceScatter, *numel, *dtype, *group) + chunk_cat
         }
         OpKind::AllReduce { numel, dtype, group, .. } => coll(Coll::AllReduce, *numel, *dtype, *group),
+        // FSDP2 does not run a cached recompute (selective AC's kept output, the early stop)
+        OpKind::Recompute { cached: true, .. } => 0.0,
         OpKind::Forward { op: name, .. } | OpKind::Recompute { op: name, .. } => match model_cost.forward(name) {
             Some(k) => cost::op_time(hw, k, model_cost.launches(name).0) + hw.forward_op_overhead_s,
             None => hw.op_overhead_s,
@@ -360,6 +362,7 @@ fn gpu_spans(plan: &Plan, cm: &CostModel, g: &crate::hardware::Gpu, dur: &[f64])
         .iter()
         .map(|op| {
             let kernels = match &op.kind {
+                OpKind::Recompute { cached: true, .. } => 0,
                 OpKind::Forward { op: name, .. } | OpKind::Recompute { op: name, .. } => cm.launches(name).0,
                 OpKind::Backward { op: name, .. } => cm.launches(name).1,
                 _ => 1,

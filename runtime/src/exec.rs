@@ -426,6 +426,15 @@ fn run_step(
             _ => None,
         })
         .collect();
+    // selective AC's kept outputs: held from the forward until the recompute runs the op again
+    let sac_attn = fsdp_planner::AttnImpl::parse(&plan.attn_implementation).unwrap_or(fsdp_planner::AttnImpl::Sdpa);
+    let sac: std::collections::HashSet<&str> = model
+        .ops
+        .iter()
+        .zip(fsdp_planner::schedule::sac_saved_ops(model, &plan.options, sac_attn))
+        .filter(|x| x.1)
+        .map(|x| x.0.name.as_str())
+        .collect();
     let checkpointed: std::collections::HashSet<&str> = model
         .modules
         .iter()
@@ -733,7 +742,7 @@ fn run_step(
                 let keep_out = if is_recompute {
                     rec_int_left.get(o.name.as_str()).copied().unwrap_or(0) > 0
                 } else {
-                    fwd_left.get(o.name.as_str()).copied().unwrap_or(0) > 0 || rec_in_left.get(o.name.as_str()).copied().unwrap_or(0) > 0
+                    sac.contains(o.name.as_str()) || fwd_left.get(o.name.as_str()).copied().unwrap_or(0) > 0 || rec_in_left.get(o.name.as_str()).copied().unwrap_or(0) > 0
                 };
                 if keep_out || o.name == loss_op {
                     env.insert(o.name.clone(), out);
@@ -759,7 +768,7 @@ fn run_step(
                     };
                     let later_fwd = if is_recompute { 0 } else { a };
                     let later_rec = if is_recompute { a + b } else { b };
-                    if later_fwd == 0 && later_rec == 0 {
+                    if later_fwd == 0 && later_rec == 0 && (is_recompute || !sac.contains(n.as_str())) {
                         env.remove(n);
                     }
                 }

@@ -161,6 +161,22 @@ fn measured_peak_is_within_two_percent_of_the_plan() {
             o.unit_reshard = vec![("last".into(), false)];
             o.attn_implementation = Some(fsdp_planner::AttnImpl::Eager);
         }),
+        // torchtitan's op-level selective AC (every other matmul's and SDPA's outputs kept)
+        case("tiny-llama", "selective-op AC", |o| {
+            o.checkpoint = vec!["LlamaDecoderLayer".into()];
+            o.ac_mode = fsdp_planner::AcMode::SelectiveOp;
+        }),
+        case("tiny-llama-gqa", "selective-op AC, eager, bf16/f32", |o| {
+            o.checkpoint = vec!["LlamaDecoderLayer".into()];
+            o.ac_mode = fsdp_planner::AcMode::SelectiveOp;
+            o.attn_implementation = Some(fsdp_planner::AttnImpl::Eager);
+            o.param_dtype = fsdp_ir::DType::parse("bf16");
+            o.reduce_dtype = fsdp_ir::DType::parse("f32");
+        }),
+        case("tiny-mixtral", "selective-op AC", |o| {
+            o.checkpoint = vec!["MixtralDecoderLayer".into()];
+            o.ac_mode = fsdp_planner::AcMode::SelectiveOp;
+        }),
         case("tiny-llama", "checkpointing, --policy size:5000", |o| {
             o.checkpoint = vec!["LlamaDecoderLayer".into()];
             o.policy = Policy::Size(5000);
