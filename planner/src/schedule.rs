@@ -1229,9 +1229,8 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                         }
                     }
                 }
-                for j in i..=region_end.get(&r).copied().unwrap_or(i) {
-                    unpopped[j] = b.sac[j];
-                }
+                let end = region_end.get(&r).copied().unwrap_or(i);
+                unpopped[i..=end].copy_from_slice(&b.sac[i..=end]);
                 // the early stop unwinds the recomputed forward: what only the ops past it
                 // would have used goes with it
                 for k in start..=i {
