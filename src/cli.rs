@@ -51,6 +51,9 @@ pub(crate) enum Cmd {
     /// rank got the same id, barrier and exit (a check for `launch`).
     #[command(hide = true)]
     RendezvousSelftest(crate::launch::SelftestArgs),
+    /// Plan every row of a published-measurements file (bench/data/published-rows.json's
+    /// schema) and print measured against predicted tokens/s/GPU and memory, with the error.
+    Rows(crate::rows::RowsArgs),
     /// Fit a hardware profile to a measured timeline (`run --trace`) of the same plan.
     Calibrate {
         #[command(flatten)]
@@ -133,6 +136,10 @@ pub(crate) struct Fixed {
     /// cuda | cpu: kernel choices and allocator rounding.
     #[arg(long, default_value = "cuda", value_parser = ["cuda", "cpu"])]
     pub(crate) device: String,
+    /// The caching allocator runs with `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`
+    /// (torchtitan's launch script): changes the predicted reserved memory only.
+    #[arg(long)]
+    pub(crate) expandable_segments: bool,
 }
 
 /// The options `sweep` takes lists of (`--batch 1,2,4`).
@@ -279,6 +286,7 @@ pub(crate) fn options_for(k: &Knobs, world_size: u64, policy: &str, model: &Mode
         seq: e.seq.unwrap_or_else(|| default_seq(model)),
         attn_implementation: attn,
         device: Device::parse(&o.device).unwrap_or(Device::Cuda),
+        expandable_segments: o.expandable_segments,
     };
     opts.check()?;
     Ok(opts)
@@ -305,14 +313,15 @@ pub(crate) fn refuse_plan_options(cli: &Cli, m: &clap::ArgMatches) -> Result<()>
         },
         _ => return Ok(()),
     };
-    let Some((_, sub)) = m.subcommand() else { return Ok(()) };
+    let Some((name, sub)) = m.subcommand() else { return Ok(()) };
     let opts = <PlanOpts as Args>::augment_args(clap::Command::new("plan options"));
     let given: Vec<String> = opts
         .get_arguments()
         .filter(|a| {
             // (diff's --policy is its list `policies`)
             let id = match a.get_id().as_str() {
-                "policy" if sub.try_contains_id("policies").is_ok() => "policies",
+                // (release builds do not validate ids: ask by the subcommand's name)
+                "policy" if name == "diff" => "policies",
                 id => id,
             };
             sub.try_contains_id(id).is_ok() && sub.value_source(id) == Some(ValueSource::CommandLine)
@@ -330,4 +339,4 @@ pub(crate) fn refuse_plan_options(cli: &Cli, m: &clap::ArgMatches) -> Result<()>
     Ok(())
 }
 
-pub(crate) const SUBCOMMANDS: &[&str] = &["plan", "compile", "diff", "trace", "plot", "sweep", "run", "launch", "rendezvous-selftest", "consolidate", "calibrate", "import", "help", "--help", "-h", "--version", "-V"];
+pub(crate) const SUBCOMMANDS: &[&str] = &["plan", "compile", "diff", "trace", "plot", "sweep", "run", "launch", "rendezvous-selftest", "consolidate", "calibrate", "rows", "import", "help", "--help", "-h", "--version", "-V"];

@@ -9,6 +9,7 @@ mod import;
 mod io;
 mod launch;
 mod plan;
+mod rows;
 mod run;
 mod sweep;
 mod trace;
@@ -25,6 +26,7 @@ fn dispatch(cli: cli::Cli, m: &clap::ArgMatches) -> anyhow::Result<()> {
         Cmd::Trace(v) => trace::trace(v),
         Cmd::Plot(v) => trace::plot(v),
         Cmd::Sweep(s) => sweep::sweep(&s),
+        Cmd::Rows(r) => rows::run(r),
         Cmd::Run(r) => run::train(r),
         Cmd::Launch(a) => launch::launch(a),
         Cmd::RendezvousSelftest(a) => launch::rendezvous_selftest(a),

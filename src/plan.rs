@@ -21,15 +21,18 @@ pub(crate) fn run(a: PlanArgs, hw: HwOpt) -> Result<()> {
         None => (hw.memory_bytes, hw.name.clone()),
     };
     let t = timeline::predict(&plan, &model, &hw);
-    let peak = plan.memory.peak_bytes;
+    let reserved = fsdp_planner::reserved::predict(&plan, &hw);
+    let need = reserved.needed_bytes(&plan);
     if a.format == "json" {
         let mut v = print::json(&plan);
         v["time"] = timeline::json(&t);
+        v["reserved"] = reserved.json();
         v["fits"] = serde_json::json!({
             "memory_limit_bytes": limit,
             "limit_of": of,
-            "fits": peak <= limit,
-            "headroom_bytes": limit as i128 - peak as i128,
+            "needed_bytes": need,
+            "fits": need <= limit,
+            "headroom_bytes": limit as i128 - need as i128,
         });
         outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -41,6 +44,8 @@ pub(crate) fn run(a: PlanArgs, hw: HwOpt) -> Result<()> {
             body += &format!("  {:>12}  {:<16} {}\n", print::bytes(b.bytes), b.category.name(), b.name);
         }
     }
-    out(format_args!("{body}  {}\n{}", print::verdict(peak, limit, &of), timeline::render(&t)));
+    let res = reserved.render(&plan);
+    let res = if res.is_empty() { res } else { format!("  {res}\n") };
+    out(format_args!("{body}{res}  {}\n{}", print::verdict(need, limit, &of), timeline::render(&t)));
     Ok(())
 }

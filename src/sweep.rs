@@ -68,6 +68,9 @@ struct Row {
     each: Each,
     seq: u64,
     peak: u64,
+    /// What the device needs: reserved + CUDA context + NCCL (the peak on the CPU).
+    need: u64,
+    reserved: u64,
     t: TimeReport,
 }
 
@@ -143,7 +146,9 @@ pub(crate) fn sweep(a: &SweepArgs) -> Result<()> {
                 let opts = options_for(&k, ws, p, &model).map_err(what)?;
                 let plan = fsdp_planner::plan(&model, &opts).map_err(what)?;
                 let t = timeline::predict(&plan, &model, &hw);
-                rows.push(Row { ws, policy: plan.policy.clone(), each: each.clone(), seq: opts.seq, peak: plan.memory.peak_bytes, t });
+                let r = fsdp_planner::reserved::predict(&plan, &hw);
+                let need = r.needed_bytes(&plan);
+                rows.push(Row { ws, policy: plan.policy.clone(), each: each.clone(), seq: opts.seq, peak: plan.memory.peak_bytes, need, reserved: r.max_reserved_bytes, t });
             }
         }
     }
@@ -163,8 +168,10 @@ pub(crate) fn sweep(a: &SweepArgs) -> Result<()> {
                     "param_dtype": r.each.param_dtype,
                     "reduce_dtype": r.each.reduce_dtype,
                     "master_dtype": r.each.master_dtype,
-                    "fits": r.peak <= limit,
+                    "fits": r.need <= limit,
                     "peak_bytes": r.peak,
+                    "max_reserved_bytes": r.reserved,
+                    "needed_bytes": r.need,
                     "step_time_s": r.t.step_time_s,
                     "exposed_comm_s": r.t.exposed_comm_s,
                     "mfu": r.t.mfu,
@@ -202,8 +209,11 @@ pub(crate) fn sweep(a: &SweepArgs) -> Result<()> {
             cols.push(c);
         }
     }
-    cols.push(("fits?", Box::new(move |r: &Row| if r.peak <= limit { "yes".into() } else { "no".into() })));
+    cols.push(("fits?", Box::new(move |r: &Row| if r.need <= limit { "yes".into() } else { "no".into() })));
     cols.push(("peak", Box::new(|r: &Row| fsdp_planner::print::bytes(r.peak))));
+    if rows.iter().any(|r| r.need != r.peak) {
+        cols.push(("on device", Box::new(|r: &Row| fsdp_planner::print::bytes(r.need))));
+    }
     cols.push(("step time", Box::new(|r: &Row| timeline::secs(r.t.step_time_s))));
     cols.push(("tokens/s/GPU", Box::new(|r: &Row| timeline::thousands(r.t.tokens_per_s_per_gpu))));
     cols.push(("MFU", Box::new(|r: &Row| timeline::pct(r.t.mfu))));

@@ -97,6 +97,7 @@ pub fn options_of(f: &Value) -> Options {
         seq: o["seq"].as_u64().unwrap(),
         attn_implementation: AttnImpl::parse(o["attn_implementation"].as_str().unwrap()),
         device: Device::Cpu,
+        expandable_segments: false,
         optimizer: match o["optimizer"].as_str() {
             Some("adam") | None => Optimizer::Adam,
             Some("adamw") => Optimizer::AdamW,

@@ -1,5 +1,6 @@
 //! Figures in the docs come from the binary: every fenced block that follows a
-//! `<!-- fsdp-plan ARGS -->` line in README.md and bench/*.md must be exactly what
+//! `<!-- fsdp-plan ARGS -->` line in README.md and bench/*.md (or, for output that is
+//! Markdown itself, every line up to `<!-- /fsdp-plan -->`) must be exactly what
 //! `fsdp-plan ARGS` prints now. `UPDATE_DOCS=1 cargo test --test readme` rewrites the blocks
 //! (bless), so a change of the model shows up in the docs' diff.
 
@@ -7,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const MARK: &str = "<!-- fsdp-plan ";
+const END: &str = "<!-- /fsdp-plan -->";
 
 fn docs() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -38,16 +40,22 @@ fn regenerate(text: &str) -> (String, Vec<String>) {
             i += 1;
             continue;
         };
-        // the fence right after the mark, its body, its closing fence
+        // the fence right after the mark, its body, its closing fence (or Markdown up to END)
         let fence = lines.get(i + 1).copied().unwrap_or_default();
-        assert!(fence.trim_start().starts_with("```"), "`{MARK}{args} -->` must be followed by a fenced block");
-        let end = (i + 2..lines.len()).find(|&k| lines[k].trim() == "```").unwrap_or_else(|| panic!("unclosed block after `{args}`"));
-        let body: String = lines[i + 2..end].concat();
+        let fenced = fence.trim_start().starts_with("```");
+        let (start, end) = if fenced {
+            (i + 2, (i + 2..lines.len()).find(|&k| lines[k].trim() == "```").unwrap_or_else(|| panic!("unclosed block after `{args}`")))
+        } else {
+            (i + 1, (i + 1..lines.len()).find(|&k| lines[k].trim() == END).unwrap_or_else(|| panic!("`{MARK}{args} -->` must be followed by a fenced block or end at `{END}`")))
+        };
+        let body: String = lines[start..end].concat();
         let now = output(args);
         if body != now {
             stale.push(args.to_string());
         }
-        out.push_str(fence);
+        if fenced {
+            out.push_str(fence);
+        }
         out.push_str(&now);
         if !now.ends_with('\n') {
             out.push('\n');

@@ -135,6 +135,13 @@ pub struct Gpu {
     /// the GEMM and attention figures were measured on (1 for that part itself).
     #[serde(default = "one", deserialize_with = "positive")]
     pub clock_factor: f64,
+    /// Tensor-core throughput under a training step's back-to-back load, relative to the
+    /// short, cool microbenchmarks the GEMM and attention figures come from (they run at
+    /// the maximum boost clock: XLA's table takes 5 runs with host copies between them,
+    /// FlashAttention's benchmark 30 repeats): the part's sustained clock over its maximum.
+    /// Applies to GEMMs and attention, not to memory-bound kernels or NCCL.
+    #[serde(default = "one", deserialize_with = "positive")]
+    pub sustained: f64,
     pub gemm: GemmModel,
     /// FlashAttention-2's measured throughput (what SDPA's flash backend runs).
     pub attention: Vec<AttnPoint>,
@@ -231,7 +238,13 @@ impl Gpu {
                 a.1 + (b.1 - a.1) * (x - a.0) / (b.0 - a.0)
             }
         };
-        Some(v * self.clock_factor)
+        Some(v * self.compute_factor())
+    }
+
+    /// What a compute kernel's measured throughput is multiplied by on this part: its power
+    /// limit's clock and the sustained clock under load.
+    pub fn compute_factor(&self) -> f64 {
+        self.clock_factor * self.sustained
     }
 }
 

@@ -20,6 +20,7 @@ pub mod options;
 pub mod plan;
 pub mod plot;
 pub mod print;
+pub mod reserved;
 pub mod schedule;
 pub mod timeline;
 pub mod trace;

@@ -286,6 +286,11 @@ pub struct Options {
     /// `None` = the model file's default, else `sdpa`.
     pub attn_implementation: Option<AttnImpl>,
     pub device: Device,
+    /// `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` (torchtitan's launch script sets
+    /// it): the caching allocator grows one segment per pool instead of caching fixed ones.
+    /// Changes reserved memory only ([`crate::reserved`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub expandable_segments: bool,
 }
 
 impl Default for Options {
@@ -311,6 +316,7 @@ impl Default for Options {
             seq: 2048,
             attn_implementation: None,
             device: Device::Cuda,
+            expandable_segments: false,
         }
     }
 }

@@ -161,6 +161,12 @@ pub struct BufferInfo {
     /// The unit whose params this buffer holds or serves, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unit: Option<UnitId>,
+    /// The buffers whose storage this one is, relabeled (FSDPMemTracker's view changes, no
+    /// allocation happens: param grads becoming the unit's unsharded grads, the
+    /// reduce-scatter's copy-in becoming its input). They are freed just before it is
+    /// allocated; the caching allocator model ([`crate::reserved`]) keeps their blocks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub continues: Vec<BufferId>,
 }
 
 /// One collective of the steady-state step, as the fixtures record them.

@@ -112,6 +112,7 @@ impl B<'_> {
             alloc: at,
             free: None,
             unit,
+            continues: vec![],
         });
         if let Some(o) = self.ops.last_mut() {
             o.events.push(Event::Alloc(id));
@@ -124,6 +125,17 @@ impl B<'_> {
         if let Some(o) = self.ops.last_mut() {
             o.events.push(Event::Free(b));
         }
+    }
+    /// Frees `from` and allocates their storage again under a new name and category: a
+    /// relabeling of the same memory, which the allocator model does not re-allocate.
+    fn relabel(&mut self, from: Vec<BufferId>, name: String, category: Category, unit: Option<UnitId>) -> BufferId {
+        let bytes = from.iter().map(|b| self.buffers[b.index()].bytes).sum();
+        for &b in &from {
+            self.free(b);
+        }
+        let id = self.alloc(name, category, bytes, unit);
+        self.buffers[id.index()].continues = from;
+        id
     }
     fn transient(&mut self, name: String, category: Category, bytes: u64) {
         let b = self.alloc(name, category, bytes, None);
@@ -303,10 +315,8 @@ impl B<'_> {
         if !sync {
             self.op(OpKind::KeepGrads { unit: u }, Stream::Compute, vec![]);
             for g in grads {
-                let bytes = self.buffers[g.index()].bytes;
                 let name = self.buffers[g.index()].name.clone();
-                self.free(g);
-                let k = self.alloc(name, Category::UnshardedGrad, bytes, Some(u));
+                let k = self.relabel(vec![g], name, Category::UnshardedGrad, Some(u));
                 self.grads[u.index()].push(k);
             }
             self.rekey_grads(u);
@@ -336,12 +346,7 @@ impl B<'_> {
         // unit's grads become one buffer of the same bytes. (Accumulated ones are no param's
         // grad: they stay temp, and this backward's grads were freed into them above.)
         let relabeled = if accumulated.is_empty() {
-            let mut grad_bytes = 0;
-            for g in grads {
-                grad_bytes += self.buffers[g.index()].bytes;
-                self.free(g);
-            }
-            vec![self.alloc(format!("{label} unsharded grads"), Category::UnshardedGrad, grad_bytes, Some(u))]
+            vec![self.relabel(grads, format!("{label} unsharded grads"), Category::UnshardedGrad, Some(u))]
         } else {
             accumulated
         };
@@ -383,10 +388,7 @@ impl B<'_> {
         let converted = rd != orig && !flat;
         let out_category = if converted { Category::Temp } else { Category::ShardedGrad };
         let out = self.alloc(format!("{label} sharded grads"), out_category, numel / ws * rd.size(), Some(u));
-        let rs_in = copy_in.map(|t| {
-            self.free(t);
-            self.alloc(format!("{label} reduce-scatter input"), Category::ReduceScatter, rs_bytes, Some(u))
-        });
+        let rs_in = copy_in.map(|t| self.relabel(vec![t], format!("{label} reduce-scatter input"), Category::ReduceScatter, Some(u)));
         let mut all_reduced = false;
         if let Strategy::HybridShard { .. } = self.opts.strategy {
             if self.opts.replicate_size() > 1 {

@@ -1,0 +1,757 @@
+//! Pass 6 (optional), reserved memory: replays the plan's allocations through a model of
+//! PyTorch's CUDA caching allocator to predict `torch.cuda.max_memory_reserved()` — the
+//! tensor peak plus what block rounding, segment sizes, per-stream pools and fragmentation
+//! add — and what the process holds beyond it (CUDA context, NCCL buffers), which is what
+//! makes a plan that "fits" at 78 GiB fail at 80.
+//!
+//! The allocator (`c10/cuda/CUDACachingAllocator.cpp`, PyTorch 2.x; constants quoted in
+//! `/work/notes/hw-constants.md` §6 and below):
+//! - requests round up to 512 B (`kMinBlockSize`); ≤ 1 MiB (`kSmallSize`) is the small pool;
+//! - pools are per stream: a block freed on one stream serves only that stream's requests
+//!   (FSDP2 allocates all-gather outputs on its all-gather stream, reduce-scatter inputs and
+//!   outputs — the sharded grads are views of them — on its reduce-scatter stream);
+//! - a request takes the smallest cached free block that holds it (best fit, lowest address
+//!   among equals) and splits it if the remainder is ≥ 512 B (small pool, or expandable
+//!   segments) or > 1 MiB (large pool); freed blocks merge with free neighbours;
+//! - with nothing cached that fits, a new segment: 2 MiB for small requests, 20 MiB for
+//!   requests under 10 MiB, else the request rounded up to 2 MiB (`get_allocation_size`);
+//! - `expandable_segments:True`: one segment per pool that grows by mapping pages (2 MiB
+//!   small, 20 MiB large) at its end, extending a free block at the end; best fit prefers
+//!   blocks inside the mapped range;
+//! - when a new segment would exceed the device, cached free segments (and an expandable
+//!   segment's free tail) are released first, then the request fails (out of memory).
+//!
+//! The replay runs three steps: the sharded params exist before the first; the optimizer
+//! state is created lazily at the first optimizer step (torch.optim's `_init_group`), when
+//! the first step's activations lie freed in the cache — which is how real runs fragment.
+//! Buffers of per-param tensors (FSDP2's unsharded params, sharded params, optimizer state)
+//! are allocated one tensor per param; a relabeled buffer ([`BufferInfo::continues`]) keeps
+//! its predecessors' blocks. cuBLAS workspaces come from the same allocator (32 MiB per
+//! handle and stream on sm90, 8 MiB + 128 KiB before: `CublasHandlePool.cpp`), one for the
+//! forward thread and one for the autograd engine's thread.
+
+use crate::hardware::Hardware;
+use crate::options::{Device, Layout, Optimizer, Options, Strategy};
+use crate::plan::{BufferInfo, Category, Event, OpKind, Phase, Plan, Stream};
+use crate::units::Unit;
+use std::collections::{BTreeMap, BTreeSet};
+
+const MIN_BLOCK: u64 = 512;
+const SMALL_SIZE: u64 = 1 << 20;
+const SMALL_BUFFER: u64 = 2 << 20;
+const LARGE_BUFFER: u64 = 20 << 20;
+const MIN_LARGE_ALLOC: u64 = 10 << 20;
+const ROUND_LARGE: u64 = 2 << 20;
+const MIB: u64 = 1 << 20;
+
+/// CUDA context of a process with lazy module loading: "around 400MB if CUDA >= 11.7 is used
+/// and lazy module loading enabled" (ptrblck, pytorch issue #109888); kernels of cuBLAS,
+/// cuDNN and NCCL loaded on first use bring it to ~0.5 GiB (estimate, hw-constants §6.3).
+pub const CUDA_CONTEXT_BYTES: u64 = 512 * MIB;
+/// NCCL's buffers per communicator: Simple 4 MiB + LL 512 KiB + LL128 4.69 MiB per channel
+/// connection (`nccl/src/include/device.h`), ~24 ring channels on 8 NVLink GPUs ≈ 220 MiB
+/// (hw-constants §6.4, derived); taken as 256 MiB per communicator.
+pub const NCCL_COMM_BYTES: u64 = 256 * MIB;
+
+/// What the allocator model predicts for one rank.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Reserved {
+    /// `torch.cuda.max_memory_reserved()`: the most the allocator held in segments.
+    pub max_reserved_bytes: u64,
+    /// `max_memory_allocated()`-like active bytes: blocks handed out (requests rounded to
+    /// 512 B, unsplit remainders included, cuBLAS workspaces included).
+    pub max_active_bytes: u64,
+    /// cuBLAS workspaces held from the first GEMM on.
+    pub workspace_bytes: u64,
+    /// CUDA context (outside the allocator).
+    pub context_bytes: u64,
+    /// NCCL communicator buffers (outside the allocator): one communicator per process group.
+    pub nccl_bytes: u64,
+    /// What the process holds on the device at its peak: reserved + context + NCCL.
+    pub device_bytes: u64,
+    /// Whether a request could not be served within the device's memory even after the
+    /// cache was released (the run would fail with CUDA out of memory).
+    pub out_of_memory: bool,
+    /// Segments (or mapped pages of expandable segments) at the end of the replay.
+    pub segments: usize,
+}
+
+/// The pool a request is served from: its stream and whether it is small.
+type PoolKey = (u8, bool);
+
+#[derive(Debug, Clone, Copy)]
+struct Block {
+    size: u64,
+    free: bool,
+}
+
+/// A segment: contiguous blocks keyed by offset. An expandable segment's `mapped` bytes grow
+/// in pages; a fixed one is `mapped` bytes from its creation.
+struct Segment {
+    pool: PoolKey,
+    blocks: BTreeMap<u64, Block>,
+    mapped: u64,
+    expandable: bool,
+    page: u64,
+    /// Given back to the device (`release_cached`): holds nothing.
+    released: bool,
+}
+
+/// A handed-out block: segment index and offset.
+type Handle = (usize, u64);
+
+struct Allocator {
+    expandable: bool,
+    capacity: u64,
+    segments: Vec<Segment>,
+    /// Free blocks: (pool, size, segment, offset) — best fit is the first at or after
+    /// (pool, request).
+    free: BTreeSet<(PoolKey, u64, usize, u64)>,
+    /// Expandable segment of each pool.
+    grow: BTreeMap<PoolKey, usize>,
+    reserved: u64,
+    active: u64,
+    max_reserved: u64,
+    max_active: u64,
+    oom: bool,
+}
+
+fn round_size(bytes: u64) -> u64 {
+    bytes.max(1).div_ceil(MIN_BLOCK) * MIN_BLOCK
+}
+
+fn allocation_size(size: u64) -> u64 {
+    if size <= SMALL_SIZE {
+        SMALL_BUFFER
+    } else if size < MIN_LARGE_ALLOC {
+        LARGE_BUFFER
+    } else {
+        size.div_ceil(ROUND_LARGE) * ROUND_LARGE
+    }
+}
+
+impl Allocator {
+    fn new(expandable: bool, capacity: u64) -> Self {
+        Allocator {
+            expandable,
+            capacity,
+            segments: vec![],
+            free: BTreeSet::new(),
+            grow: BTreeMap::new(),
+            reserved: 0,
+            active: 0,
+            max_reserved: 0,
+            max_active: 0,
+            oom: false,
+        }
+    }
+
+    fn seg(&mut self, s: usize) -> &mut Segment {
+        &mut self.segments[s]
+    }
+
+    fn should_split(&self, small: bool, remaining: u64) -> bool {
+        if small || self.expandable {
+            remaining >= MIN_BLOCK
+        } else {
+            remaining > SMALL_SIZE
+        }
+    }
+
+    /// The free block at the end of an expandable segment's mapped range, if any.
+    fn tail(&self, s: usize) -> Option<(u64, u64)> {
+        let seg = self.segments.get(s)?;
+        let (&off, b) = seg.blocks.iter().next_back()?;
+        (b.free && off + b.size == seg.mapped).then_some((off, b.size))
+    }
+
+    /// Best fit among cached free blocks; an expandable segment's free tail only if no block
+    /// inside the mapped range fits (its "expandable size" ranks it last).
+    fn find(&self, pool: PoolKey, size: u64) -> Option<(usize, u64, u64)> {
+        let mut tail = None;
+        for &(p, bsize, s, off) in self.free.range((pool, size, 0, 0)..) {
+            if p != pool {
+                break;
+            }
+            if self.segments[s].expandable && self.tail(s) == Some((off, bsize)) {
+                tail.get_or_insert((s, off, bsize));
+                continue;
+            }
+            return Some((s, off, bsize));
+        }
+        tail
+    }
+
+    fn take_free(&mut self, s: usize, off: u64, size: u64) {
+        let pool = self.seg(s).pool;
+        self.free.remove(&(pool, size, s, off));
+    }
+
+    fn put_free(&mut self, s: usize, off: u64, size: u64) {
+        let pool = self.seg(s).pool;
+        self.seg(s).blocks.insert(off, Block { size, free: true });
+        self.free.insert((pool, size, s, off));
+    }
+
+    /// Hands out `size` bytes from the free block at (s, off) of `bsize` bytes.
+    fn carve(&mut self, s: usize, off: u64, bsize: u64, size: u64, small: bool) -> (Handle, u64) {
+        self.take_free(s, off, bsize);
+        let got = if self.should_split(small, bsize - size) {
+            self.put_free(s, off + size, bsize - size);
+            size
+        } else {
+            bsize
+        };
+        self.seg(s).blocks.insert(off, Block { size: got, free: false });
+        ((s, off), got)
+    }
+
+    fn note_reserved(&mut self, add: u64) {
+        self.reserved += add;
+        self.max_reserved = self.max_reserved.max(self.reserved);
+    }
+
+    /// Releases what is cached and unused: fixed segments that are one free block, and the
+    /// free tails of expandable segments (unmapped page by page).
+    fn release_cached(&mut self) {
+        for s in 0..self.segments.len() {
+            let seg = &self.segments[s];
+            if seg.released {
+                continue;
+            }
+            if seg.expandable {
+                if let Some((off, bsize)) = self.tail(s) {
+                    let page = seg.page;
+                    let keep_to = off.div_ceil(page) * page;
+                    let mapped = seg.mapped;
+                    if keep_to < mapped {
+                        self.take_free(s, off, bsize);
+                        self.seg(s).blocks.remove(&off);
+                        if keep_to > off {
+                            self.put_free(s, off, keep_to - off);
+                        }
+                        self.seg(s).mapped = keep_to;
+                        self.reserved -= mapped - keep_to;
+                    }
+                }
+            } else if let [(&off, &b)] = seg.blocks.iter().collect::<Vec<_>>()[..] {
+                if b.free {
+                    self.take_free(s, off, b.size);
+                    self.reserved -= self.segments[s].mapped;
+                    let seg = self.seg(s);
+                    seg.blocks.clear();
+                    seg.mapped = 0;
+                    seg.released = true;
+                }
+            }
+        }
+    }
+
+    fn fits(&self, more: u64) -> bool {
+        self.reserved + more <= self.capacity
+    }
+
+    /// A new fixed segment for `size`, or grows the pool's expandable segment.
+    fn grow(&mut self, pool: PoolKey, size: u64) -> Option<(usize, u64, u64)> {
+        if !self.expandable {
+            let seg_size = allocation_size(size);
+            if !self.fits(seg_size) {
+                self.release_cached();
+                if !self.fits(seg_size) {
+                    return None;
+                }
+            }
+            let s = self.segments.len();
+            self.segments.push(Segment { pool, blocks: BTreeMap::new(), mapped: seg_size, expandable: false, page: seg_size, released: false });
+            self.put_free(s, 0, seg_size);
+            self.note_reserved(seg_size);
+            return Some((s, 0, seg_size));
+        }
+        let page = if pool.1 { SMALL_BUFFER } else { LARGE_BUFFER };
+        let s = match self.grow.get(&pool) {
+            Some(&s) => s,
+            None => {
+                let s = self.segments.len();
+                self.segments.push(Segment { pool, blocks: BTreeMap::new(), mapped: 0, expandable: true, page, released: false });
+                self.grow.insert(pool, s);
+                s
+            }
+        };
+        // the free tail (smaller than the request, or best fit would have taken it) grows
+        let need = |a: &Self| {
+            let (start, have) = a.tail(s).unwrap_or((a.segments[s].mapped, 0));
+            (start, have, (size - have.min(size)).div_ceil(page) * page)
+        };
+        let (mut start, mut have, mut more) = need(self);
+        if !self.fits(more) {
+            self.release_cached();
+            (start, have, more) = need(self);
+            if !self.fits(more) {
+                return None;
+            }
+        }
+        if have > 0 {
+            self.take_free(s, start, have);
+            self.seg(s).blocks.remove(&start);
+        }
+        self.seg(s).mapped += more;
+        self.note_reserved(more);
+        self.put_free(s, start, have + more);
+        Some((s, start, have + more))
+    }
+
+    fn malloc(&mut self, stream: u8, bytes: u64) -> Option<(Handle, u64)> {
+        let size = round_size(bytes);
+        let small = size <= SMALL_SIZE;
+        let pool = (stream, small);
+        let (s, off, bsize) = match self.find(pool, size) {
+            Some(f) => f,
+            None => match self.grow(pool, size) {
+                Some(f) => f,
+                None => {
+                    self.oom = true;
+                    return None;
+                }
+            },
+        };
+        let (h, got) = self.carve(s, off, bsize, size, small);
+        self.active += got;
+        self.max_active = self.max_active.max(self.active);
+        Some((h, got))
+    }
+
+    fn release(&mut self, (s, off): Handle) {
+        let Some(b) = self.seg(s).blocks.get(&off).copied() else { return };
+        self.active -= b.size;
+        let (mut start, mut size) = (off, b.size);
+        let prev = self.seg(s).blocks.range(..off).next_back().map(|(&o, b)| (o, *b));
+        if let Some((po, pb)) = prev.filter(|(po, pb)| pb.free && po + pb.size == off) {
+            self.take_free(s, po, pb.size);
+            self.seg(s).blocks.remove(&off);
+            start = po;
+            size += pb.size;
+        }
+        let next = self.seg(s).blocks.range(off + 1..).next().map(|(&o, b)| (o, *b));
+        if let Some((no, nb)) = next.filter(|(no, nb)| nb.free && *no == off + b.size) {
+            self.take_free(s, no, nb.size);
+            self.seg(s).blocks.remove(&no);
+            size += nb.size;
+        }
+        self.put_free(s, start, size);
+    }
+}
+
+fn stream_index(s: Stream) -> u8 {
+    match s {
+        Stream::Compute => 0,
+        Stream::AllGather => 1,
+        Stream::ReduceScatter => 2,
+        Stream::AllReduce => 3,
+    }
+}
+
+/// The tensors a buffer stands for: one per param for FSDP2's per-param storages (unsharded
+/// params; the setup's sharded params and optimizer state, two states per param for Adam),
+/// else one.
+fn tensors(opts: &Options, units: &[Unit], buf: &BufferInfo) -> Vec<u64> {
+    if buf.bytes == 0 {
+        return vec![];
+    }
+    if let Some(ps) = crate::buffers::param_storages(opts, units, buf) {
+        return ps.into_iter().map(|(_, padded)| padded).collect();
+    }
+    let per_param = opts.layout == Layout::Fsdp2 && opts.strategy != Strategy::NoShard;
+    let copies = match buf.category {
+        Category::ShardedParam => 1,
+        Category::Optstate if opts.optimizer.keeps_state() => 2,
+        _ => return vec![buf.bytes],
+    };
+    let Some(unit) = buf.unit.and_then(|u| units.get(u.index())) else { return vec![buf.bytes] };
+    if !per_param || unit.params.is_empty() || buf.free.is_some() {
+        return vec![buf.bytes];
+    }
+    let ws = opts.shard_size();
+    let w: Vec<u64> = unit.params.iter().map(|p| p.local_numel(ws, 0).max(1)).collect();
+    let total: u64 = w.iter().sum::<u64>() * copies;
+    let mut out = Vec::with_capacity(w.len() * copies as usize);
+    let mut given = 0u64;
+    for _ in 0..copies {
+        for &x in &w {
+            let b = (buf.bytes as u128 * x as u128 / total as u128) as u64;
+            given += b;
+            out.push(b);
+        }
+    }
+    if let Some(last) = out.last_mut() {
+        *last += buf.bytes - given;
+    }
+    out
+}
+
+/// cuBLAS workspace per handle and stream: 32 MiB on sm90 (`4096 * 8 * 1024`), else
+/// `4096 * 1024 * 2 + 16 * 1024 * 8` (`CublasHandlePool.cpp`).
+pub fn cublas_workspace(hw: &Hardware) -> u64 {
+    let hopper = hw.gpu.as_ref().is_some_and(|g| g.sms == 132);
+    if hopper {
+        4096 * 8 * 1024
+    } else {
+        4096 * 1024 * 2 + 16 * 1024 * 8
+    }
+}
+
+/// Process groups the plan communicates over, each an NCCL communicator.
+fn communicators(opts: &Options) -> u64 {
+    match opts.strategy {
+        Strategy::HybridShard { .. } if opts.replicate_size() > 1 => 2,
+        _ if opts.world_size > 1 => 1,
+        _ => 0,
+    }
+}
+
+/// Replays `plan` through the caching allocator model (three steps) on `hw`.
+pub fn predict(plan: &Plan, hw: &Hardware) -> Reserved {
+    let opts = &plan.options;
+    let comms = communicators(opts);
+    let (context, nccl) = match opts.device {
+        Device::Cuda => (CUDA_CONTEXT_BYTES, comms * NCCL_COMM_BYTES),
+        Device::Cpu => (0, 0),
+    };
+    let capacity = hw.memory_bytes.saturating_sub(context + nccl);
+    let mut a = Allocator::new(opts.expandable_segments, capacity);
+    let workspace = if opts.device == Device::Cuda { cublas_workspace(hw) } else { 0 };
+    let n = plan.buffers.len();
+    let mut held: Vec<Vec<Handle>> = vec![vec![]; n];
+    let mut continued = vec![false; n];
+    for b in &plan.buffers {
+        for c in &b.continues {
+            continued[c.index()] = true;
+        }
+    }
+    let stream_of = |b: &BufferInfo| stream_index(plan.schedule.get(b.alloc.index()).map_or(Stream::Compute, |o| o.stream));
+    let alloc = |a: &mut Allocator, held: &mut Vec<Vec<Handle>>, b: &BufferInfo| {
+        if !b.continues.is_empty() {
+            let mut hs = vec![];
+            for c in &b.continues {
+                hs.append(&mut held[c.index()]);
+            }
+            held[b.id.index()] = hs;
+            return;
+        }
+        let st = stream_of(b);
+        for t in tensors(opts, &plan.units, b) {
+            if let Some((h, _)) = a.malloc(st, t) {
+                held[b.id.index()].push(h);
+            }
+        }
+    };
+    let free = |a: &mut Allocator, held: &mut Vec<Vec<Handle>>, b: &BufferInfo| {
+        for h in std::mem::take(&mut held[b.id.index()]) {
+            a.release(h);
+        }
+    };
+    let lazy_state = |b: &BufferInfo| b.category == Category::Optstate && b.free.is_none();
+    let mut workspaces_made = false;
+    for step in 0..3 {
+        let mut state_made = step > 0;
+        for op in &plan.schedule {
+            if matches!(op.kind, OpKind::Setup) && step > 0 {
+                // persistent state lives on; the per-step setup buffers (the previous step's
+                // loss) come again
+                for e in &op.events {
+                    if let Event::Alloc(b) = *e {
+                        let buf = &plan.buffers[b.index()];
+                        if buf.free.is_some() {
+                            alloc(&mut a, &mut held, buf);
+                        }
+                    }
+                }
+                continue;
+            }
+            if !workspaces_made && op.phase == Phase::Forward && matches!(op.kind, OpKind::Forward { .. }) && workspace > 0 {
+                workspaces_made = true;
+                for _ in 0..2 {
+                    a.malloc(0, workspace);
+                }
+            }
+            if !state_made && matches!(op.kind, OpKind::OptimizerStep { .. }) && opts.optimizer != Optimizer::None {
+                state_made = true;
+                for b in plan.buffers.iter().filter(|b| lazy_state(b)) {
+                    alloc(&mut a, &mut held, b);
+                }
+            }
+            for e in &op.events {
+                match *e {
+                    Event::Alloc(b) => {
+                        let buf = &plan.buffers[b.index()];
+                        if step == 0 && lazy_state(buf) {
+                            continue;
+                        }
+                        alloc(&mut a, &mut held, buf);
+                    }
+                    Event::Free(b) => {
+                        if !continued[b.index()] {
+                            free(&mut a, &mut held, &plan.buffers[b.index()]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let segments = a.segments.iter().filter(|s| !s.released).map(|s| if s.expandable { (s.mapped / s.page) as usize } else { 1 }).sum();
+    Reserved {
+        max_reserved_bytes: a.max_reserved,
+        max_active_bytes: a.max_active,
+        workspace_bytes: 2 * workspace,
+        context_bytes: context,
+        nccl_bytes: nccl,
+        device_bytes: a.max_reserved + context + nccl,
+        out_of_memory: a.oom,
+        segments,
+    }
+}
+
+impl Reserved {
+    /// What the plan needs of the device: on a GPU the allocator's reserved peak plus the
+    /// CUDA context and NCCL's buffers; on the CPU (no caching allocator) the tensor peak.
+    pub fn needed_bytes(&self, plan: &Plan) -> u64 {
+        match plan.options.device {
+            Device::Cuda => self.device_bytes,
+            Device::Cpu => plan.memory.peak_bytes,
+        }
+    }
+
+    /// One line: the reserved peak and what the device holds beyond it.
+    pub fn render(&self, plan: &Plan) -> String {
+        use crate::print::bytes;
+        if plan.options.device == Device::Cpu {
+            return String::new();
+        }
+        format!(
+            "max reserved {} (caching allocator{}{}) + CUDA context {} + NCCL {} = {} on the device",
+            bytes(self.max_reserved_bytes),
+            if plan.options.expandable_segments { ", expandable segments" } else { "" },
+            if self.out_of_memory { "; a request fails: CUDA out of memory" } else { "" },
+            bytes(self.context_bytes),
+            bytes(self.nccl_bytes),
+            bytes(self.device_bytes)
+        )
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A segment of the naive allocator: pool, mapped bytes, page, blocks in address order
+    /// (size, free).
+    type NaiveSeg = (PoolKey, u64, u64, Vec<(u64, bool)>);
+
+    /// The allocator's rules written the slow way (every block of every segment scanned per
+    /// request) — the oracle the indexed allocator must agree with on random traces.
+    struct Naive {
+        expandable: bool,
+        segs: Vec<NaiveSeg>,
+        reserved: u64,
+        max_reserved: u64,
+    }
+
+    impl Naive {
+        fn malloc(&mut self, stream: u8, bytes: u64) -> (usize, usize) {
+            let size = round_size(bytes);
+            let small = size <= SMALL_SIZE;
+            let pool = (stream, small);
+            // best fit: (size, segment, offset) smallest; an expandable tail only as a last resort
+            let mut best: Option<(bool, u64, usize, u64, usize)> = None;
+            for (s, (p, mapped, _, blocks)) in self.segs.iter().enumerate() {
+                if *p != pool {
+                    continue;
+                }
+                let mut off = 0;
+                for (i, &(bs, free)) in blocks.iter().enumerate() {
+                    if free && bs >= size {
+                        let tail = self.expandable && off + bs == *mapped && i + 1 == blocks.len();
+                        let key = (tail, bs, s, off, i);
+                        if best.is_none_or(|b| key < b) {
+                            best = Some(key);
+                        }
+                    }
+                    off += bs;
+                }
+            }
+            let (s, i) = match best {
+                Some((_, _, s, _, i)) => (s, i),
+                None if !self.expandable => {
+                    let seg = allocation_size(size);
+                    self.segs.push((pool, seg, seg, vec![(seg, true)]));
+                    self.reserved += seg;
+                    (self.segs.len() - 1, 0)
+                }
+                None => {
+                    let page = if small { SMALL_BUFFER } else { LARGE_BUFFER };
+                    let s = match self.segs.iter().position(|x| x.0 == pool) {
+                        Some(s) => s,
+                        None => {
+                            self.segs.push((pool, 0, page, vec![]));
+                            self.segs.len() - 1
+                        }
+                    };
+                    let seg = &mut self.segs[s];
+                    let have = match seg.3.last() {
+                        Some(&(bs, true)) => {
+                            seg.3.pop();
+                            bs
+                        }
+                        _ => 0,
+                    };
+                    let more = (size - have).div_ceil(page) * page;
+                    seg.1 += more;
+                    seg.3.push((have + more, true));
+                    self.reserved += more;
+                    (s, seg.3.len() - 1)
+                }
+            };
+            self.max_reserved = self.max_reserved.max(self.reserved);
+            let expandable = self.expandable;
+            let blocks = &mut self.segs[s].3;
+            let bs = blocks[i].0;
+            let split = if small || expandable { bs - size >= MIN_BLOCK } else { bs - size > SMALL_SIZE };
+            if split {
+                blocks[i] = (size, false);
+                blocks.insert(i + 1, (bs - size, true));
+            } else {
+                blocks[i].1 = false;
+            }
+            (s, i)
+        }
+
+        /// Frees the `k`-th allocated block of segment `s`.
+        fn free(&mut self, s: usize, off: u64) {
+            let blocks = &mut self.segs[s].3;
+            let mut o = 0;
+            let Some(i) = blocks.iter().position(|&(bs, _)| {
+                let hit = o == off;
+                o += bs;
+                hit
+            }) else {
+                return;
+            };
+            blocks[i].1 = true;
+            if i + 1 < blocks.len() && blocks[i + 1].1 {
+                blocks[i].0 += blocks.remove(i + 1).0;
+            }
+            if i > 0 && blocks[i - 1].1 {
+                let b = blocks.remove(i);
+                blocks[i - 1].0 += b.0;
+            }
+        }
+    }
+
+    fn offset_of(n: &Naive, s: usize, i: usize) -> u64 {
+        n.segs[s].3[..i].iter().map(|b| b.0).sum()
+    }
+
+    /// A deterministic pseudo-random trace of allocations and frees on two streams, sizes
+    /// from 100 B to 60 MiB.
+    fn trace(seed: u64, n: usize) -> Vec<(bool, u8, u64, usize)> {
+        let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        (0..n)
+            .map(|_| {
+                let r = next();
+                let size = match r % 4 {
+                    0 => 100 + next() % 4096,
+                    1 => 1 + next() % (2 * MIB),
+                    2 => next() % (12 * MIB),
+                    _ => next() % (60 * MIB),
+                };
+                (r % 3 != 0, (next() % 2) as u8, size.max(1), (next() % 64) as usize)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn indexed_allocator_agrees_with_the_naive_one() {
+        for expandable in [false, true] {
+            for seed in 0..20 {
+                let mut a = Allocator::new(expandable, u64::MAX);
+                let mut n = Naive { expandable, segs: vec![], reserved: 0, max_reserved: 0 };
+                let mut live: Vec<(Handle, (usize, u64))> = vec![];
+                for (alloc, stream, size, pick) in trace(seed, 400) {
+                    if alloc || live.is_empty() {
+                        let (h, _) = a.malloc(stream, size).expect("no capacity limit");
+                        let (s, i) = n.malloc(stream, size);
+                        let no = (s, offset_of(&n, s, i));
+                        assert_eq!(h, no, "seed {seed} expandable {expandable}: placement");
+                        live.push((h, no));
+                    } else {
+                        let (h, (s, off)) = live.swap_remove(pick % live.len());
+                        a.release(h);
+                        n.free(s, off);
+                    }
+                    assert_eq!(a.reserved, n.reserved, "seed {seed} expandable {expandable}: reserved");
+                }
+                assert_eq!(a.max_reserved, n.max_reserved);
+            }
+        }
+    }
+
+    #[test]
+    fn segment_sizes_and_splits_follow_the_caching_allocator() {
+        let mut a = Allocator::new(false, u64::MAX);
+        // small requests share a 2 MiB segment
+        a.malloc(0, 1000);
+        a.malloc(0, 4000);
+        assert_eq!(a.reserved, 2 * MIB);
+        // 1-10 MiB requests come from 20 MiB segments, split while > 1 MiB remains
+        let (h5, got) = a.malloc(0, 5 * MIB).unwrap();
+        assert_eq!((got, a.reserved), (5 * MIB, 22 * MIB));
+        a.malloc(0, 5 * MIB);
+        assert_eq!(a.reserved, 22 * MIB);
+        // a remainder of <= 1 MiB is not split off: the block is handed out whole
+        let (_, got) = a.malloc(0, 9 * MIB + 512 * 1024).unwrap();
+        assert_eq!((got, a.reserved), (10 * MIB, 22 * MIB));
+        // >= 10 MiB: its own segment, rounded to 2 MiB
+        a.malloc(0, 11 * MIB);
+        assert_eq!(a.reserved, 34 * MIB);
+        // a freed block serves its own stream only
+        a.release(h5);
+        a.malloc(1, 5 * MIB);
+        assert_eq!(a.reserved, 54 * MIB);
+        a.malloc(0, 5 * MIB);
+        assert_eq!(a.reserved, 54 * MIB);
+        assert_eq!(a.max_reserved, 54 * MIB);
+    }
+
+    #[test]
+    fn expandable_segments_grow_in_pages_and_release_under_pressure() {
+        let mut a = Allocator::new(true, 400 * MIB);
+        let (x, _) = a.malloc(0, 100 * MIB).unwrap();
+        a.malloc(0, 100 * MIB);
+        assert_eq!(a.reserved, 200 * MIB);
+        a.release(x);
+        // 150 MiB fits nowhere inside: the segment grows by 8 pages of 20 MiB
+        a.malloc(0, 150 * MIB);
+        assert_eq!(a.reserved, 360 * MIB);
+        // fixed segments: the same trace reserves a segment per large request
+        let mut b = Allocator::new(false, 300 * MIB);
+        let (x, _) = b.malloc(0, 100 * MIB).unwrap();
+        b.malloc(0, 100 * MIB);
+        b.release(x);
+        // 150 MiB does not fit in 300 MiB next to 200 cached: the free 100 MiB segment is
+        // released first
+        b.malloc(0, 150 * MIB);
+        assert_eq!(b.reserved, 250 * MIB);
+        assert!(!b.oom);
+        assert!(b.malloc(0, 200 * MIB).is_none());
+        assert!(b.oom);
+    }
+}

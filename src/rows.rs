@@ -1,0 +1,251 @@
+//! `fsdp-plan rows ROWS.json`: plans every published measurement of a rows file
+//! (`bench/data/published-rows.json`'s schema: model, GPUs, batch, seq, AC, compile, float8,
+//! parallelism, measured tokens/s/GPU and memory) and prints published against predicted,
+//! with the error — the time and memory model held against runs it was not fitted to.
+
+use crate::io::*;
+use anyhow::{bail, Result};
+use clap::Args;
+use fsdp_planner::hardware::Hardware;
+use fsdp_ir::DType;
+use fsdp_planner::{AcMode, BackwardPrefetch, Device, Layout, Optimizer, Options, Policy, Strategy};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+#[derive(Args)]
+pub(crate) struct RowsArgs {
+    /// A rows file (JSON list, the schema of bench/data/published-rows.json).
+    pub(crate) rows: PathBuf,
+    /// `md`: a Markdown table; `json`: every row with its prediction.
+    #[arg(long, default_value = "md", value_parser = ["md", "json"])]
+    pub(crate) format: String,
+}
+
+/// One row's prediction, or why the planner cannot express it.
+struct Outcome {
+    id: String,
+    split: String,
+    what: String,
+    measured_tps: f64,
+    measured_mem_gib: Option<f64>,
+    mem_kind: String,
+    result: Result<Predicted, String>,
+}
+
+struct Predicted {
+    tps: f64,
+    peak_gib: f64,
+    reserved_gib: f64,
+    active_gib: f64,
+    hardware: String,
+}
+
+/// The hardware profile of a row: torchtitan's Grand Teton H100s (96 GB HBM2e, 500 W) are
+/// `h100-96gb-500w`, else the row's `planner_profile`; a network the source states per node
+/// (`network_gbps_per_node`) sets the NIC rate (at NDR's 46 of 50 GB/s achievable, NVIDIA).
+fn hardware_of(row: &Value) -> Result<Hardware> {
+    let h = &row["hardware"];
+    let grand_teton = h["memory_gb"].as_f64() == Some(96.0) && h["planner_profile"].as_str().is_some_and(|p| p.starts_with("h100"));
+    let name = if grand_teton { "h100-96gb-500w" } else { h["planner_profile"].as_str().unwrap_or("h100-sxm") };
+    let mut hw = load_hardware(name)?;
+    if let (Some(gbps), Some(g)) = (h["network_gbps_per_node"].as_f64(), hw.gpu.as_mut()) {
+        let nics = g.nccl.nics_per_node.max(1) as f64;
+        g.nccl.nic_bandwidth = gbps / 8.0 * 1e9 * (46.0 / 50.0) / nics;
+    }
+    Ok(hw)
+}
+
+/// The plan options of a row, or why it is beyond the planner.
+fn options_of(row: &Value, model: &fsdp_ir::Model) -> std::result::Result<Options, String> {
+    let p = &row["parallelism"];
+    for k in ["tp", "pp", "cp"] {
+        if p[k].as_u64().unwrap_or(1) > 1 {
+            return Err(format!("{k} {} (beyond FSDP)", p[k]));
+        }
+    }
+    if row["compile"].as_bool() == Some(true) {
+        return Err("torch.compile (needs --compile)".into());
+    }
+    if row["float8"].as_bool() == Some(true) {
+        return Err("float8 (needs --float8)".into());
+    }
+    let kind = p["kind"].as_str().unwrap_or("FSDP2");
+    let ws = row["hardware"]["world_size"].as_u64().ok_or("no world size")?;
+    let (shard, repl) = (p["dp_shard"].as_u64().unwrap_or(ws), p["dp_replicate"].as_u64().unwrap_or(1));
+    let fsdp1 = kind.starts_with("FSDP1");
+    let strategy = if repl > 1 { Strategy::HybridShard { shard_size: shard } } else { Strategy::FullShard };
+    let layer = model.modules.iter().find(|m| m.class.ends_with("DecoderLayer") || m.class == "GPT2Block").map(|m| m.class.clone()).ok_or("no decoder layer")?;
+    let layers: Vec<String> = model.modules.iter().filter(|m| m.class == layer).map(|m| m.path.clone()).collect();
+    let (checkpoint, ac_mode) = match row["activation_checkpointing"].as_str().unwrap_or("none") {
+        "none" => (vec![], AcMode::Full),
+        "full" => (vec![layer.clone()], AcMode::Full),
+        "selective-op" => (vec![layer.clone()], AcMode::SelectiveOp),
+        // torchtitan's selective_ac_option 2 (and IBM's every-other-block): the odd blocks
+        "selective-layer" => (layers.iter().skip(1).step_by(2).cloned().collect(), AcMode::Full),
+        other => return Err(format!("activation checkpointing `{other}`")),
+    };
+    let mp = &row["mixed_precision"];
+    let dt = |k: &str| mp[k].as_str().and_then(DType::parse);
+    Ok(Options {
+        world_size: ws,
+        policy: Policy::Auto,
+        layout: if fsdp1 { Layout::Flat } else { Layout::Fsdp2 },
+        strategy,
+        reshard_after_forward: None,
+        root_reshard_after_forward: None,
+        // torchtitan's FSDP2 keeps its last block unsharded after forward
+        unit_reshard: if fsdp1 { vec![] } else { vec![("last".into(), false)] },
+        param_dtype: dt("param"),
+        reduce_dtype: dt("reduce"),
+        master_dtype: dt("master"),
+        forward_prefetch: 0,
+        backward_prefetch: if fsdp1 { BackwardPrefetch::Pre } else { BackwardPrefetch::Implicit },
+        grad_accum: row["grad_accum"].as_u64().unwrap_or(1) as u32,
+        checkpoint,
+        ac_mode,
+        optimizer: match row["optimizer"].as_str() {
+            Some("adam") => Optimizer::Adam,
+            Some("sgd") => Optimizer::Sgd,
+            _ => Optimizer::AdamW,
+        },
+        batch: row["local_batch"].as_u64().ok_or("no local batch")?,
+        seq: row["seq_len"].as_u64().ok_or("no seq len")?,
+        attn_implementation: None,
+        device: Device::Cuda,
+        expandable_segments: row["allocator"]["expandable_segments"].as_bool().unwrap_or(false),
+    })
+}
+
+fn describe(row: &Value) -> String {
+    let h = &row["hardware"];
+    format!(
+        "{} · {} × {} · {} × {} · AC {}{}{}",
+        row["model"]["planner_config"].as_str().map(|p| p.trim_start_matches("models/").trim_end_matches(".config.json")).unwrap_or("?"),
+        h["world_size"],
+        h["gpu"].as_str().unwrap_or("?").split(['(', ';']).next().unwrap_or("").trim().trim_start_matches("NVIDIA "),
+        row["local_batch"],
+        row["seq_len"],
+        row["activation_checkpointing"].as_str().unwrap_or("?"),
+        if row["compile"].as_bool() == Some(true) { " · compile" } else { "" },
+        row["parallelism"]["kind"].as_str().map(|k| format!(" · {k}")).unwrap_or_default(),
+    )
+}
+
+fn evaluate(row: &Value, root: &Path) -> Outcome {
+    let m = &row["measured"];
+    let mut out = Outcome {
+        id: row["id"].as_str().unwrap_or("?").to_string(),
+        split: row["split"].as_str().unwrap_or("").to_string(),
+        what: describe(row),
+        measured_tps: m["tokens_per_s_per_gpu"].as_f64().unwrap_or(0.0),
+        measured_mem_gib: m["memory_gib"].as_f64(),
+        mem_kind: m["memory_kind"].as_str().unwrap_or("").to_string(),
+        result: Err(String::new()),
+    };
+    out.result = (|| -> std::result::Result<Predicted, String> {
+        let cfg = row["model"]["planner_config"].as_str().ok_or("no planner config")?;
+        let model = load_model(&root.join(cfg)).map_err(|e| e.to_string())?;
+        let opts = options_of(row, &model)?;
+        let hw = hardware_of(row).map_err(|e| e.to_string())?;
+        let plan = fsdp_planner::plan(&model, &opts).map_err(|e| e.to_string())?;
+        let t = fsdp_planner::timeline::predict(&plan, &model, &hw);
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let reserved = fsdp_planner::reserved::predict(&plan, &hw);
+        Ok(Predicted { tps: t.tokens_per_s_per_gpu, peak_gib: gib(plan.memory.peak_bytes), reserved_gib: gib(reserved.max_reserved_bytes), active_gib: gib(reserved.max_active_bytes), hardware: hw.name.clone() })
+    })();
+    out
+}
+
+/// The predicted memory of the kind the row measured (`max_reserved`, `max_active`).
+fn mem_of(o: &Outcome, p: &Predicted) -> Option<f64> {
+    match o.mem_kind.as_str() {
+        "max_reserved" => Some(p.reserved_gib),
+        "max_active" => Some(p.active_gib),
+        _ => None,
+    }
+}
+
+fn pct(pred: f64, meas: f64) -> f64 {
+    100.0 * (pred / meas - 1.0)
+}
+
+pub(crate) fn run(a: RowsArgs) -> Result<()> {
+    let text = read(&a.rows)?;
+    let rows: Vec<Value> = serde_json::from_str(&text).map_err(|e| json_error(&a.rows, &text, "not a rows file: ", e))?;
+    if rows.is_empty() {
+        bail!(UserError(format!("{}: no rows", a.rows.display())));
+    }
+    // model paths in a rows file are relative to the repository (as bench/data's are)
+    let root = search_dirs("models").into_iter().filter_map(|d| d.parent().map(Path::to_path_buf)).find(|r| r.join("models").is_dir()).unwrap_or_else(|| PathBuf::from("."));
+    let outcomes: Vec<Outcome> = rows.iter().map(|r| evaluate(r, &root)).collect();
+    if a.format == "json" {
+        let v: Vec<Value> = outcomes
+            .iter()
+            .map(|o| {
+                let mut j = serde_json::json!({"id": o.id, "split": o.split, "config": o.what, "measured_tokens_per_s_per_gpu": o.measured_tps, "measured_memory_gib": o.measured_mem_gib, "memory_kind": o.mem_kind});
+                match &o.result {
+                    Ok(p) => {
+                        j["predicted_tokens_per_s_per_gpu"] = p.tps.into();
+                        j["tokens_error_pct"] = pct(p.tps, o.measured_tps).into();
+                        j["predicted_peak_gib"] = p.peak_gib.into();
+                        j["predicted_reserved_gib"] = p.reserved_gib.into();
+                        j["predicted_active_gib"] = p.active_gib.into();
+                        j["hardware"] = p.hardware.clone().into();
+                    }
+                    Err(e) => j["not_expressible"] = e.clone().into(),
+                }
+                j
+            })
+            .collect();
+        outln!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let mut cells = vec![];
+    for o in &outcomes {
+        let (tps, err, mem, merr, hw) = match &o.result {
+            Ok(p) => {
+                let pm = mem_of(o, p).unwrap_or(p.peak_gib);
+                let merr = o.measured_mem_gib.map_or("".into(), |m| format!("{:+.1}%", pct(pm, m)));
+                (format!("{:.0}", p.tps), format!("{:+.1}%", pct(p.tps, o.measured_tps)), format!("{pm:.1}"), merr, p.hardware.clone())
+            }
+            Err(e) => (format!("— {e}"), String::new(), String::new(), String::new(), String::new()),
+        };
+        let mm = o.measured_mem_gib.map_or("".into(), |m| format!("{m:.1} ({})", o.mem_kind.trim_start_matches("max_")));
+        cells.push(vec![o.id.clone(), o.what.clone(), hw, format!("{:.0}", o.measured_tps), tps, err, mm, mem, merr]);
+    }
+    let heads: Vec<String> = ["id", "configuration", "profile", "tok/s/GPU", "predicted", "error", "memory GiB", "predicted", "error"].iter().map(|s| s.to_string()).collect();
+    outln!("{}", markdown(&heads, &cells));
+    // summary per split
+    for split in ["shared", "extra"] {
+        let of: Vec<(&Outcome, &Predicted)> = outcomes.iter().filter(|o| o.split == split).filter_map(|o| o.result.as_ref().ok().map(|p| (o, p))).collect();
+        if of.is_empty() {
+            continue;
+        }
+        let errs: Vec<f64> = of.iter().map(|(o, p)| pct(p.tps, o.measured_tps)).collect();
+        let within = errs.iter().filter(|e| e.abs() <= 10.0).count();
+        let mean = errs.iter().sum::<f64>() / errs.len() as f64;
+        let rms = (errs.iter().map(|e| e * e).sum::<f64>() / errs.len() as f64).sqrt();
+        let mem: Vec<f64> = of.iter().filter_map(|(o, p)| Some(pct(mem_of(o, p)?, o.measured_mem_gib?))).collect();
+        let mem_within = mem.iter().filter(|e| e.abs() <= 5.0).count();
+        outln!(
+            "\n{split}: {} of {} rows expressible · tokens/s/GPU: {within} within 10%, mean error {mean:+.1}%, RMS {rms:.1}% · memory: {mem_within} of {} within 5%",
+            of.len(),
+            outcomes.iter().filter(|o| o.split == split).count(),
+            mem.len()
+        );
+    }
+    Ok(())
+}
+
+/// A Markdown table.
+fn markdown(heads: &[String], rows: &[Vec<String>]) -> String {
+    let line = |c: &[String]| format!("| {} |", c.iter().map(|x| x.replace('|', "/")).collect::<Vec<_>>().join(" | "));
+    let mut s = line(heads);
+    s.push('\n');
+    s.push_str(&format!("|{}|", heads.iter().enumerate().map(|(i, _)| if i >= 3 { "---:" } else { "---" }).collect::<Vec<_>>().join("|")));
+    for r in rows {
+        s.push('\n');
+        s.push_str(&line(r));
+    }
+    s
+}
