@@ -15,7 +15,8 @@ DEFAULTS = {
     "grad_accum": 1,                  # micro-batches per step; grad sync only on the last
     "strategy": "full-shard",         # or "hybrid-shard": 2-D mesh (replicate, shard)
     "shard_group_size": None,         # hybrid-shard: size of the shard mesh dim
-    "checkpoint": None,               # module classes under HF gradient checkpointing (non-reentrant)
+    "checkpoint": None,               # module classes or paths under HF gradient checkpointing
+                                      # (non-reentrant); `NAME=full|selective-op`: its own mode
     "ac_mode": "full",                # "selective-op": torchtitan's op-level SAC in the checkpoints
     "unit_reshard": None,             # {module path or "last": bool}: reshard_after_forward of
                                       # those units (the planner's --unit-reshard)
@@ -156,6 +157,15 @@ BASE_CASES = {
                                   "unit_reshard": {"last": False}},
     "llama4l_ac_block_0_ws3": {"model": "tiny-llama-4l", "world_size": 3,
                                "checkpoint": ["model.layers.0"]},
+    # an AC mode per block: full, op-level SAC, none (what `tune` mixes)
+    "llama4l_ac_mixed_ws2": {"model": "tiny-llama-4l", "world_size": 2,
+                             "checkpoint": ["model.layers.0=full", "model.layers.1=selective-op",
+                                            "model.layers.2=selective-op"],
+                             "unit_reshard": {"last": False}, "param_dtype": "bfloat16",
+                             "reduce_dtype": "float32"},
+    "llama4l_ac_class_sac_block_ws3": {"model": "tiny-llama-4l", "world_size": 3,
+                                       "checkpoint": ["LlamaDecoderLayer",
+                                                      "model.layers.2=selective-op"]},
     # torchtitan's op-level selective AC: every other mm's output and SDPA's kept, the rest
     # recomputed (the last mm's kept output is never popped: held to the end of the block's backward)
     "llama_sac_op_ws2": {"model": "tiny-llama", "world_size": 2, "checkpoint": ["LlamaDecoderLayer"],
@@ -378,6 +388,13 @@ FAKE_CASES.update({
                                  "param_dtype": "bfloat16", "reduce_dtype": "float32",
                                  "unit_reshard": {"last": False}, "optimizer": "adamw",
                                  "checkpoint": ["LlamaDecoderLayer"], "ac_mode": "selective-op"},
+    # a mode per block at torchtitan's shape: 8 blocks full, 16 op-SAC, 8 none
+    "llama31_8b_tt_mixed_ac_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 2,
+                                   "seq": 8192, "model_dtype": "float32",
+                                   "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                   "unit_reshard": {"last": False}, "optimizer": "adamw",
+                                   "checkpoint": [f"model.layers.{i}=full" for i in range(8)]
+                                   + [f"model.layers.{i}=selective-op" for i in range(8, 24)]},
     "qwen3_8b_sac_op_ws8": {"model": "qwen3-8b", "world_size": 8, "batch": 1, "seq": 4096,
                             "param_dtype": "bfloat16", "reduce_dtype": "float32",
                             "checkpoint": ["Qwen3DecoderLayer"], "ac_mode": "selective-op"},

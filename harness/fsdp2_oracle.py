@@ -17,6 +17,7 @@ loss = model(input_ids, labels=labels).loss, labels a copy of the ids) inside FS
 import collections
 import copy
 import inspect
+import functools
 import os
 import sys
 import tempfile
@@ -330,17 +331,28 @@ def enable_checkpointing(model, case, cfg):
     """HF's non-reentrant gradient checkpointing of the case's layer classes, or of the layers
     named by module path (a subset of the blocks). HF GradientCheckpointingLayer: __call__ runs
     torch.utils.checkpoint(partial(nn.Module.__call__)), so FSDP's module hooks run inside the
-    checkpoint."""
+    checkpoint. An entry `NAME=selective-op` / `NAME=full` gives that layer (or class) its own
+    mode (the layer's `_gradient_checkpointing_func`), else the case's ac_mode."""
     if not case["checkpoint"]:
         return
-    kwargs = {"use_reentrant": False}
-    if case.get("ac_mode", "full") == "selective-op":
-        kwargs["context_fn"] = op_sac_context_fn
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    names = set(case["checkpoint"])
+    default = case.get("ac_mode", "full")
+    specs = {}
+    for entry in case["checkpoint"]:
+        name, _, mode = entry.partition("=")
+        specs[name] = mode or default
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    funcs = {
+        "full": functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False),
+        "selective-op": functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False,
+                                          context_fn=op_sac_context_fn),
+    }
+    names = set(specs)
     layers = [(path, m) for path, m in model.named_modules() if isinstance(m, GradientCheckpointingLayer)]
     for path, m in layers:
-        m.gradient_checkpointing = type(m).__name__ in names or path in names
+        mode = specs.get(path, specs.get(type(m).__name__))
+        m.gradient_checkpointing = mode is not None
+        if mode is not None:
+            m._gradient_checkpointing_func = funcs[mode]
     ckpt = [(path, type(m).__name__) for path, m in layers if m.gradient_checkpointing]
     assert {p for p, _ in ckpt} | {c for _, c in ckpt} >= names, (names, ckpt)
     assert all(type(m).__name__ not in names for p, m in layers if not m.gradient_checkpointing)

@@ -165,7 +165,9 @@ pub(crate) struct Each {
     #[arg(long, default_value_t = 1)]
     pub(crate) grad_accum: u32,
     /// Activation checkpointing of a module class (every instance) or of one module by its
-    /// path (`model.layers.3`: any subset of the blocks). Repeatable.
+    /// path (`model.layers.3`; a range `model.layers.{0..7}`: any subset of the blocks), with
+    /// its own mode after `=` (`model.layers.{8..23}=selective-op`; default: --ac-mode).
+    /// Repeatable.
     #[arg(long)]
     pub(crate) checkpoint: Vec<String>,
     /// What checkpointed regions keep: `full` (only their inputs) or `selective-op`

@@ -176,7 +176,8 @@ fn sweep_table_and_json() {
     assert_eq!(rows.len(), 9);
     assert_eq!(v["memory_limit_bytes"], 1 << 20);
     for r in rows {
-        let fits = r["peak_bytes"].as_u64().unwrap() <= 1 << 20;
+        let fits = r["needed_bytes"].as_u64().unwrap() <= 1 << 20;
+        assert!(r["needed_bytes"].as_u64().unwrap() >= r["peak_bytes"].as_u64().unwrap());
         assert_eq!(r["fits"], fits);
         assert!(r["step_time_s"].as_f64().unwrap() > 0.0 && r["tokens_per_s_per_gpu"].as_f64().unwrap() > 0.0);
     }

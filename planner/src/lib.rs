@@ -102,8 +102,8 @@ fn plan_with_hash(model: &Model, opts: &Options, model_hash: impl FnOnce() -> St
     }
     // activation checkpointing names module classes, as FSDP's apply_activation_checkpointing
     // check_fn does: one the model lacks would silently checkpoint nothing
-    for c in &opts.checkpoint {
-        if !model.modules.iter().any(|m| !m.path.is_empty() && (&m.class == c || &m.path == c)) {
+    for (c, _) in opts.checkpoints() {
+        if !model.modules.iter().any(|m| !m.path.is_empty() && (m.class == c || m.path == c)) {
             let mut classes: Vec<&str> = model.modules.iter().filter(|m| !m.path.is_empty()).map(|m| m.class.as_str()).collect();
             classes.sort();
             classes.dedup();

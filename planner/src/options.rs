@@ -171,6 +171,40 @@ impl AcMode {
     }
 }
 
+/// One `--checkpoint` entry: a module class or path, with its own mode after `=`
+/// (`model.layers.3=selective-op`) or `--ac-mode`'s. A path may name a range of blocks as
+/// the shell would, `model.layers.{0..7}` (both ends included).
+pub fn checkpoint_spec(entry: &str, default: AcMode) -> Result<(Vec<String>, AcMode), String> {
+    let (name, mode) = match entry.rsplit_once('=') {
+        None => (entry.trim(), default),
+        Some((name, mode)) => match AcMode::parse(mode.trim()) {
+            Some(m) => (name.trim(), m),
+            None => return Err(format!("`{entry}`: the mode after `=` is full or selective-op")),
+        },
+    };
+    let Some((head, rest)) = name.split_once('{') else { return Ok((vec![name.to_string()], mode)) };
+    let range = rest.split_once('}').and_then(|(r, tail)| {
+        let (a, b) = r.split_once("..")?;
+        Some((a.trim().parse::<u64>().ok()?, b.trim().parse::<u64>().ok()?, tail))
+    });
+    match range {
+        Some((a, b, tail)) if a <= b && b - a < 1_000_000 => Ok(((a..=b).map(|i| format!("{head}{i}{tail}")).collect(), mode)),
+        _ => Err(format!("`{entry}`: a range is written {{FIRST..LAST}}, e.g. model.layers.{{0..7}}")),
+    }
+}
+
+impl Options {
+    /// `--checkpoint`'s entries, ranges expanded: (module class or path, mode). Entries that
+    /// do not parse are dropped here; [`Options::check`] refuses them.
+    pub fn checkpoints(&self) -> Vec<(String, AcMode)> {
+        self.checkpoint
+            .iter()
+            .filter_map(|c| checkpoint_spec(c, self.ac_mode).ok())
+            .flat_map(|(names, m)| names.into_iter().map(move |n| (n, m)))
+            .collect()
+    }
+}
+
 /// HF `attn_implementation`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AttnImpl {
@@ -332,6 +366,9 @@ impl Options {
         }
         if self.seq == 0 {
             return Err(opt_err("--seq", "must be at least 1"));
+        }
+        for c in &self.checkpoint {
+            checkpoint_spec(c, self.ac_mode).map_err(|e| opt_err("--checkpoint", e))?;
         }
         if self.grad_accum == 0 {
             return Err(opt_err("--grad-accum", "must be at least 1"));

@@ -469,16 +469,27 @@ pub fn sac_saved_ops(model: &Model, opts: &Options, attn: AttnImpl) -> Vec<bool>
     sac_saved(model, opts, &checkpoint_regions(model, opts), attn)
 }
 
-/// The checkpointed region of each model op: the outermost module on its path whose class
-/// or path `--checkpoint` names (its index in the module list), if any.
-pub fn checkpoint_regions(model: &Model, opts: &Options) -> Vec<Option<usize>> {
-    let ckpt: HashMap<&str, usize> = model
+/// The AC mode of each checkpointed module (by index in the module list): the mode of the
+/// `--checkpoint` entry naming its path, else of the one naming its class.
+pub fn region_modes(model: &Model, opts: &Options) -> HashMap<usize, crate::options::AcMode> {
+    let specs = opts.checkpoints();
+    model
         .modules
         .iter()
         .enumerate()
-        .filter(|(_, m)| !m.path.is_empty() && opts.checkpoint.iter().any(|c| c == &m.class || c == &m.path))
-        .map(|(i, m)| (m.path.as_str(), i))
-        .collect();
+        .filter(|(_, m)| !m.path.is_empty())
+        .filter_map(|(i, m)| {
+            let by_path = specs.iter().find(|(c, _)| *c == m.path);
+            let by_class = specs.iter().find(|(c, _)| *c == m.class);
+            by_path.or(by_class).map(|&(_, mode)| (i, mode))
+        })
+        .collect()
+}
+
+/// The checkpointed region of each model op: the outermost module on its path whose class
+/// or path `--checkpoint` names (its index in the module list), if any.
+pub fn checkpoint_regions(model: &Model, opts: &Options) -> Vec<Option<usize>> {
+    let ckpt: HashMap<&str, usize> = region_modes(model, opts).into_keys().map(|i| (model.modules[i].path.as_str(), i)).collect();
     model
         .ops
         .iter()
@@ -503,12 +514,16 @@ pub fn checkpoint_regions(model: &Model, opts: &Options) -> Vec<Option<usize>> {
 
 fn sac_saved(model: &Model, opts: &Options, region: &[Option<usize>], attn: AttnImpl) -> Vec<bool> {
     let mut out = vec![false; model.ops.len()];
-    if opts.ac_mode != crate::options::AcMode::SelectiveOp {
+    let modes = region_modes(model, opts);
+    if !modes.values().any(|&m| m == crate::options::AcMode::SelectiveOp) {
         return out;
     }
     let mut mm_count: HashMap<usize, u32> = HashMap::default();
     for (i, op) in model.ops.iter().enumerate() {
         let Some(r) = region[i] else { continue };
+        if modes.get(&r) != Some(&crate::options::AcMode::SelectiveOp) {
+            continue;
+        }
         out[i] = match op.kind {
             fsdp_ir::OpKind::Linear { bias: false, transposed: false } => {
                 let c = mm_count.entry(r).or_default();

@@ -438,7 +438,7 @@ fn run_step(
     let checkpointed: std::collections::HashSet<&str> = model
         .modules
         .iter()
-        .filter(|m| plan.options.checkpoint.iter().any(|c| c == &m.class || c == &m.path))
+        .filter(|m| plan.options.checkpoints().iter().any(|(c, _)| *c == m.class || *c == m.path))
         .map(|m| m.path.as_str())
         .collect();
     let region: HashMap<&str, &str> = model

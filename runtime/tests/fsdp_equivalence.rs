@@ -211,6 +211,7 @@ fn sharded_training_equals_single_device() {
     // op-level selective AC
     check("tiny-llama", Options { checkpoint: vec!["LlamaDecoderLayer".into()], ac_mode: fsdp_planner::AcMode::SelectiveOp, ..opts(3, Layout::Fsdp2, Policy::Auto) }, &mut report);
     check("tiny-mixtral", Options { checkpoint: vec!["MixtralDecoderLayer".into()], ac_mode: fsdp_planner::AcMode::SelectiveOp, ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);
+    check("tiny-llama", Options { checkpoint: vec!["model.layers.0=full".into(), "model.layers.1=selective-op".into()], ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);
     // checkpointed layers that contain units (the recompute runs ops of several units)
     check("tiny-llama", Options { checkpoint: vec!["LlamaDecoderLayer".into()], ..opts(2, Layout::Fsdp2, Policy::Size(5000)) }, &mut report);
     check("tiny-llama", Options { checkpoint: vec!["LlamaDecoderLayer".into()], ..opts(3, Layout::Fsdp2, Policy::Transformer(vec!["LlamaDecoderLayer".into(), "LlamaMLP".into()])) }, &mut report);

@@ -177,6 +177,11 @@ fn measured_peak_is_within_two_percent_of_the_plan() {
             o.checkpoint = vec!["MixtralDecoderLayer".into()];
             o.ac_mode = fsdp_planner::AcMode::SelectiveOp;
         }),
+        // an AC mode per block: full, op-level SAC, none
+        case("tiny-llama-4l", "per-block AC: full, SAC, SAC, none", |o| {
+            o.checkpoint = vec!["model.layers.0=full".into(), "model.layers.{1..2}=selective-op".into()];
+            o.unit_reshard = vec![("last".into(), false)];
+        }),
         case("tiny-llama", "checkpointing, --policy size:5000", |o| {
             o.checkpoint = vec!["LlamaDecoderLayer".into()];
             o.policy = Policy::Size(5000);
