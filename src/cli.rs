@@ -51,6 +51,13 @@ pub(crate) enum Cmd {
     /// rank got the same id, barrier and exit (a check for `launch`).
     #[command(hide = true)]
     RendezvousSelftest(crate::launch::SelftestArgs),
+    /// The fastest configuration that fits: `tune MODEL --world-size N --global-batch B --seq S
+    /// --hardware H [--memory-limit 75GiB]` searches shard groups, micro-batch × accumulation,
+    /// prefetch, reshard and per-block checkpointing, and prints the `plan` command to run.
+    Tune(crate::tune::TuneArgs),
+    /// The largest micro-batch (or `--seq-len`: sequence) that fits a configuration, with the
+    /// global batches gradient accumulation makes of it.
+    Fit(crate::tune::FitArgs),
     /// Plan every row of a published-measurements file (bench/data/published-rows.json's
     /// schema) and print measured against predicted tokens/s/GPU and memory, with the error.
     Rows(crate::rows::RowsArgs),
@@ -341,4 +348,4 @@ pub(crate) fn refuse_plan_options(cli: &Cli, m: &clap::ArgMatches) -> Result<()>
     Ok(())
 }
 
-pub(crate) const SUBCOMMANDS: &[&str] = &["plan", "compile", "diff", "trace", "plot", "sweep", "run", "launch", "rendezvous-selftest", "consolidate", "calibrate", "rows", "import", "help", "--help", "-h", "--version", "-V"];
+pub(crate) const SUBCOMMANDS: &[&str] = &["plan", "compile", "diff", "trace", "plot", "sweep", "run", "launch", "rendezvous-selftest", "consolidate", "calibrate", "rows", "tune", "fit", "import", "help", "--help", "-h", "--version", "-V"];

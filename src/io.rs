@@ -265,6 +265,15 @@ pub(crate) fn looks_like_plan(text: &str) -> bool {
 /// `80GiB`, `80 GiB`, `80G` (= GiB, as docker reads it), `75GB`, `81559MiB`, `8e10` (bytes);
 /// `flag` names the option in the error.
 pub(crate) fn parse_size(flag: &str, s: &str) -> Result<u64> {
+    parse_size_from(flag, s, false)
+}
+
+/// [`parse_size`], zero allowed (a reserve of nothing).
+pub(crate) fn parse_size_or_zero(flag: &str, s: &str) -> Result<u64> {
+    parse_size_from(flag, s, true)
+}
+
+fn parse_size_from(flag: &str, s: &str, zero: bool) -> Result<u64> {
     let t = s.trim();
     let split = t.find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E').unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
@@ -281,7 +290,7 @@ pub(crate) fn parse_size(flag: &str, s: &str) -> Result<u64> {
         u => bail!(UserError(format!("{flag} `{s}`: unknown unit `{u}` (B; KiB, MiB, GiB, TiB or K, M, G, T: powers of 1024; KB, MB, GB, TB: of 1000)"))),
     };
     match num.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 && v * mult < 1.8e19 => Ok((v * mult) as u64),
+        Ok(v) if v.is_finite() && (v > 0.0 || (zero && v == 0.0)) && v * mult < 1.8e19 => Ok((v * mult) as u64),
         _ => bail!(UserError(format!("{flag} `{s}`: expected a size such as 80GiB"))),
     }
 }

@@ -1,6 +1,11 @@
 //! The `fsdp-plan` command line: parses the arguments and dispatches to the command's module
 //! (one per command); a user error exits with code 2, any other failure with 1.
 
+/// mimalloc: planning allocates and drops many small buffers (names, events); `tune`
+/// builds thousands of plans.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod calibrate;
 mod cli;
 mod compile;
@@ -13,6 +18,7 @@ mod rows;
 mod run;
 mod sweep;
 mod trace;
+mod tune;
 
 use cli::Cmd;
 use std::process::ExitCode;
@@ -27,6 +33,8 @@ fn dispatch(cli: cli::Cli, m: &clap::ArgMatches) -> anyhow::Result<()> {
         Cmd::Plot(v) => trace::plot(v),
         Cmd::Sweep(s) => sweep::sweep(&s),
         Cmd::Rows(r) => rows::run(r),
+        Cmd::Tune(t) => tune::run(t),
+        Cmd::Fit(f) => tune::fit(f),
         Cmd::Run(r) => run::train(r),
         Cmd::Launch(a) => launch::launch(a),
         Cmd::RendezvousSelftest(a) => launch::rendezvous_selftest(a),

@@ -70,6 +70,32 @@
 //!
 //! Hybrid sharding: the shard group is `shard_size` consecutive ranks (intra-node when it
 //! fits), the replicate group takes every `shard_size`-th rank.
+//!
+//! **What each knob `tune` trades costs** (the same terms, seen per knob):
+//!
+//! - *Activation checkpointing* (full, per block): the block's forward ops run again before
+//!   its backward (`Recompute` ops, priced as forward ops: GEMMs, attention, element-wise),
+//!   and FSDP2 re-gathers any unit inside the region whose params were resharded. *Op-level
+//!   SAC*: only the ops whose outputs the policy does not keep run again (the kept matmuls and
+//!   attention are `cached` recomputes: zero time), so it costs the elementwise work and every
+//!   other matmul.
+//! - *`reshard_after_forward`*: true frees a unit after forward and all-gathers it again in
+//!   backward (one more all-gather of the unit's params in the param dtype, on the all-gather
+//!   stream); false skips that all-gather and keeps the memory. The all-gather costs step time
+//!   only where the compute stream waits for it (exposed) or shares SMs with it
+//!   (`comm_sm_share`).
+//! - *Prefetch*: FSDP2's implicit prefetch issues the next unit's all-gather when the current
+//!   one's forward (backward) starts; an explicit depth issues more ahead. A shallow prefetch
+//!   exposes an all-gather whenever one unit's compute is shorter than the next unit's
+//!   all-gather (small micro-batches, slow networks).
+//! - *HSDP shard group*: all-gathers and reduce-scatters run over the shard group (NVLink
+//!   inside a node), then each unit's sharded gradient is all-reduced over the replicate group
+//!   (one rank per node per group: one NIC), on its own stream; shards are larger, so memory
+//!   grows with world size / shard size.
+//! - *Micro-batch × accumulation*: every micro-batch runs the forward and backward (GEMM
+//!   efficiency falls with fewer rows); FSDP2 without gradient sync keeps each unit's
+//!   unsharded gradients (in the reduce dtype) across micro-batches and reduce-scatters once.
+//! - *CPU offload* is not modelled yet.
 
 use crate::activation::{op_mem, Ctx};
 use crate::hardware::Hardware;
@@ -77,7 +103,7 @@ use crate::options::{AttnImpl, Optimizer, Options};
 use crate::plan::{Group, Plan};
 use crate::units::Unit;
 use fsdp_ir::{numel, DType, Dims, Model, Op, OpKind};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 /// What bounds a kernel's FLOPs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -314,7 +340,7 @@ impl CostModel {
         let cx = Ctx::new(model, opts, attn);
         let (cd, dims) = (cx.cd, cx.dims);
         // bytes of every tensor by name: op outputs (aliases resolve to their input) and inputs
-        let mut tensor: HashMap<&str, f64> = HashMap::new();
+        let mut tensor: HashMap<&str, f64> = HashMap::default();
         for i in &model.inputs {
             tensor.insert(&i.name, (numel(&i.shape, dims).unwrap_or(0) * i.dtype.size()) as f64);
         }
@@ -329,9 +355,9 @@ impl CostModel {
             mems.push(m);
         }
         let pnumel: HashMap<&str, u64> = model.params.iter().map(|p| (p.name.as_str(), p.numel())).collect();
-        let mut fwd = HashMap::new();
-        let mut bwd = HashMap::new();
-        let mut launch = HashMap::new();
+        let mut fwd = HashMap::default();
+        let mut bwd = HashMap::default();
+        let mut launch = HashMap::default();
         let mut flops = 0.0;
         for (op, m) in model.ops.iter().zip(&mems) {
             let ins: Vec<f64> = op.inputs.iter().map(|n| tensor.get(n.as_str()).copied().unwrap_or(0.0)).collect();

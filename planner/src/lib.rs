@@ -24,6 +24,7 @@ pub mod reserved;
 pub mod schedule;
 pub mod timeline;
 pub mod trace;
+pub mod tune;
 pub mod units;
 pub mod verify;
 pub mod wrap;
@@ -92,7 +93,22 @@ pub fn plan(model: &Model, opts: &Options) -> Result<Plan, PlanError> {
     })
 }
 
+/// The passes without the checker, the arena offsets and the hashes: the same schedule,
+/// buffers, memory and collectives as [`plan`] (a test holds them equal), for searches that
+/// plan thousands of candidates (`tune`) and re-plan their answer with [`plan`].
+pub fn plan_unchecked(model: &Model, opts: &Options) -> Result<Plan, PlanError> {
+    opts.check()?;
+    let recast = opts.master_dtype.filter(|&d| model.params.iter().any(|p| p.dtype.is_float() && p.dtype != d)).map(|d| model.with_param_dtype(d));
+    let planned = recast.as_ref().unwrap_or(model);
+    plan_passes(planned, opts, None)
+}
+
 fn plan_with_hash(model: &Model, opts: &Options, model_hash: impl FnOnce() -> String) -> Result<Plan, PlanError> {
+    plan_passes(model, opts, Some(Box::new(model_hash)))
+}
+
+/// Every pass; with a model hash, the arena and the checker too.
+fn plan_passes(model: &Model, opts: &Options, model_hash: Option<Box<dyn FnOnce() -> String + '_>>) -> Result<Plan, PlanError> {
     // learned positions (GPT-2's wpe) bound the sequence length
     for op in model.ops.iter().filter(|o| matches!(o.kind, fsdp_ir::OpKind::PositionEmbedding)) {
         let table = op.params.first().and_then(|n| model.params.iter().find(|p| &p.name == n));
@@ -143,6 +159,26 @@ fn plan_with_hash(model: &Model, opts: &Options, model_hash: impl FnOnce() -> St
     }
     // Arena offsets and the arena half of the checker run on a second thread, beside the
     // memory replay and the rest of the checker (neither reads offsets).
+    let Some(model_hash) = model_hash else {
+        let memory = memory::simulate(&sched.ops, &sched.buffers, &units)?;
+        let collectives = memory::collectives(&sched.ops, &units);
+        let schedule::Schedule { ops, buffers } = sched;
+        return Ok(Plan {
+            format_version: FORMAT_VERSION,
+            model_name: model.name.clone(),
+            model_hash: String::new(),
+            plan_hash: String::new(),
+            options: opts.clone(),
+            attn_implementation: attn.name().to_string(),
+            policy: policy.to_string(),
+            units,
+            schedule: ops,
+            buffers,
+            collectives,
+            memory,
+            shared: vec![],
+        });
+    };
     let spans = buffers::spans(opts, &units, &sched.buffers);
     let (offsets, memory, collectives) = std::thread::scope(|s| {
         let arena = s.spawn(|| {

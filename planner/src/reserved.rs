@@ -21,7 +21,7 @@
 //! - when a new segment would exceed the device, cached free segments (and an expandable
 //!   segment's free tail) are released first, then the request fails (out of memory).
 //!
-//! The replay runs three steps: the sharded params exist before the first; the optimizer
+//! The replay runs two steps: the sharded params exist before the first; the optimizer
 //! state is created lazily at the first optimizer step (torch.optim's `_init_group`), when
 //! the first step's activations lie freed in the cache — which is how real runs fragment.
 //! Buffers of per-param tensors (FSDP2's unsharded params, sharded params, optimizer state)
@@ -43,6 +43,9 @@ const LARGE_BUFFER: u64 = 20 << 20;
 const MIN_LARGE_ALLOC: u64 = 10 << 20;
 const ROUND_LARGE: u64 = 2 << 20;
 const MIB: u64 = 1 << 20;
+/// Steps replayed: the first creates the optimizer state amid the freed activations; the
+/// second is the steady state (a third repeats the second's peak: tested).
+pub const STEPS: usize = 2;
 
 /// CUDA context of a process with lazy module loading: "around 400MB if CUDA >= 11.7 is used
 /// and lazy module loading enabled" (ptrblck, pytorch issue #109888); kernels of cuBLAS,
@@ -353,10 +356,20 @@ fn stream_index(s: Stream) -> u8 {
 /// The tensors a buffer stands for: one per param for FSDP2's per-param storages (unsharded
 /// params; the setup's sharded params and optimizer state, two states per param for Adam),
 /// else one.
-fn tensors(opts: &Options, units: &[Unit], buf: &BufferInfo) -> Vec<u64> {
+fn tensors(opts: &Options, units: &[Unit], buf: &BufferInfo, out: &mut Vec<u64>) {
+    out.clear();
     if buf.bytes == 0 {
-        return vec![];
+        return;
     }
+    let one = matches!(buf.category, Category::Activation | Category::Temp | Category::Inputs | Category::Buffer | Category::AllGather | Category::ReduceScatter | Category::ShardedGrad);
+    if one {
+        out.push(buf.bytes);
+        return;
+    }
+    out.extend(tensors_of(opts, units, buf));
+}
+
+fn tensors_of(opts: &Options, units: &[Unit], buf: &BufferInfo) -> Vec<u64> {
     if let Some(ps) = crate::buffers::param_storages(opts, units, buf) {
         return ps.into_iter().map(|(_, padded)| padded).collect();
     }
@@ -408,8 +421,13 @@ fn communicators(opts: &Options) -> u64 {
     }
 }
 
-/// Replays `plan` through the caching allocator model (three steps) on `hw`.
+/// Replays `plan` through the caching allocator model ([`STEPS`] steps) on `hw`.
 pub fn predict(plan: &Plan, hw: &Hardware) -> Reserved {
+    predict_steps(plan, hw, STEPS)
+}
+
+/// [`predict`] over `steps` training steps.
+pub fn predict_steps(plan: &Plan, hw: &Hardware, steps: usize) -> Reserved {
     let opts = &plan.options;
     let comms = communicators(opts);
     let (context, nccl) = match opts.device {
@@ -420,7 +438,9 @@ pub fn predict(plan: &Plan, hw: &Hardware) -> Reserved {
     let mut a = Allocator::new(opts.expandable_segments, capacity);
     let workspace = if opts.device == Device::Cuda { cublas_workspace(hw) } else { 0 };
     let n = plan.buffers.len();
-    let mut held: Vec<Vec<Handle>> = vec![vec![]; n];
+    // each buffer's blocks: the first inline, more (per-param tensors) in the vector
+    let mut held: Vec<(Option<Handle>, Vec<Handle>)> = vec![(None, vec![]); n];
+    let mut sizes: Vec<u64> = Vec::with_capacity(64);
     let mut continued = vec![false; n];
     for b in &plan.buffers {
         for c in &b.continues {
@@ -428,30 +448,39 @@ pub fn predict(plan: &Plan, hw: &Hardware) -> Reserved {
         }
     }
     let stream_of = |b: &BufferInfo| stream_index(plan.schedule.get(b.alloc.index()).map_or(Stream::Compute, |o| o.stream));
-    let alloc = |a: &mut Allocator, held: &mut Vec<Vec<Handle>>, b: &BufferInfo| {
+    type Held = Vec<(Option<Handle>, Vec<Handle>)>;
+    let alloc = |a: &mut Allocator, held: &mut Held, sizes: &mut Vec<u64>, b: &BufferInfo| {
         if !b.continues.is_empty() {
             let mut hs = vec![];
             for c in &b.continues {
-                hs.append(&mut held[c.index()]);
+                let (first, rest) = std::mem::take(&mut held[c.index()]);
+                hs.extend(first);
+                hs.extend(rest);
             }
-            held[b.id.index()] = hs;
+            held[b.id.index()] = (None, hs);
             return;
         }
         let st = stream_of(b);
-        for t in tensors(opts, &plan.units, b) {
+        tensors(opts, &plan.units, b, sizes);
+        for &t in sizes.iter() {
             if let Some((h, _)) = a.malloc(st, t) {
-                held[b.id.index()].push(h);
+                let slot = &mut held[b.id.index()];
+                match slot.0 {
+                    None => slot.0 = Some(h),
+                    Some(_) => slot.1.push(h),
+                }
             }
         }
     };
-    let free = |a: &mut Allocator, held: &mut Vec<Vec<Handle>>, b: &BufferInfo| {
-        for h in std::mem::take(&mut held[b.id.index()]) {
+    let free = |a: &mut Allocator, held: &mut Held, b: &BufferInfo| {
+        let (first, rest) = std::mem::take(&mut held[b.id.index()]);
+        for h in first.into_iter().chain(rest) {
             a.release(h);
         }
     };
     let lazy_state = |b: &BufferInfo| b.category == Category::Optstate && b.free.is_none();
     let mut workspaces_made = false;
-    for step in 0..3 {
+    for step in 0..steps {
         let mut state_made = step > 0;
         for op in &plan.schedule {
             if matches!(op.kind, OpKind::Setup) && step > 0 {
@@ -461,7 +490,7 @@ pub fn predict(plan: &Plan, hw: &Hardware) -> Reserved {
                     if let Event::Alloc(b) = *e {
                         let buf = &plan.buffers[b.index()];
                         if buf.free.is_some() {
-                            alloc(&mut a, &mut held, buf);
+                            alloc(&mut a, &mut held, &mut sizes, buf);
                         }
                     }
                 }
@@ -476,7 +505,7 @@ pub fn predict(plan: &Plan, hw: &Hardware) -> Reserved {
             if !state_made && matches!(op.kind, OpKind::OptimizerStep { .. }) && opts.optimizer != Optimizer::None {
                 state_made = true;
                 for b in plan.buffers.iter().filter(|b| lazy_state(b)) {
-                    alloc(&mut a, &mut held, b);
+                    alloc(&mut a, &mut held, &mut sizes, b);
                 }
             }
             for e in &op.events {
@@ -486,7 +515,7 @@ pub fn predict(plan: &Plan, hw: &Hardware) -> Reserved {
                         if step == 0 && lazy_state(buf) {
                             continue;
                         }
-                        alloc(&mut a, &mut held, buf);
+                        alloc(&mut a, &mut held, &mut sizes, buf);
                     }
                     Event::Free(b) => {
                         if !continued[b.index()] {

@@ -101,7 +101,7 @@ fn is_collective(k: &OpKind) -> bool {
 /// earlier ops.
 pub fn implicit_deps(ops: &[ScheduleOp]) -> Vec<Vec<usize>> {
     let mut deps = vec![vec![]; ops.len()];
-    let mut last_reshard: std::collections::HashMap<crate::ids::UnitId, usize> = Default::default();
+    let mut last_reshard: rustc_hash::FxHashMap<crate::ids::UnitId, usize> = Default::default();
     let mut copyouts: Vec<usize> = vec![]; // copy-outs of the current pass
     let mut pass: Option<(Phase, u32)> = None;
     let mut before_pass: Option<usize> = None; // last compute op before the current pass
@@ -174,7 +174,7 @@ fn run_streams(ops: &[ScheduleOp], extra: &[Vec<usize>], dur: &[f64], release: &
     }
     let mut head = [0usize; 4];
     let mut free = [0.0f64; 4];
-    let index_of: std::collections::HashMap<OpId, usize> = ops.iter().enumerate().map(|(i, o)| (o.id, i)).collect();
+    let index_of: rustc_hash::FxHashMap<OpId, usize> = ops.iter().enumerate().map(|(i, o)| (o.id, i)).collect();
     let deps_of = |i: usize| -> Vec<usize> {
         ops[i]
             .deps

@@ -1,0 +1,46 @@
+//! `tune`'s search speed over its whole space (issue: Llama-3-8B on 8 GPUs in < 1 s,
+//! Llama-3.1-405B at world size 16,384 in < 10 s, on 2 cores): each scenario searched three
+//! times, the median printed as a Markdown row for bench/RESULTS.md.
+//!
+//!     cargo bench --bench tune
+
+use fsdp_planner::tune::{self, Limit};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+use fsdp_planner::Options;
+use std::time::Instant;
+
+fn main() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let hw: fsdp_planner::hardware::Hardware = ron::from_str(&std::fs::read_to_string(format!("{root}/models/hardware/h100-sxm.ron")).unwrap()).unwrap();
+    let scenarios: &[(&str, u64, u64)] = &[("llama-3-8b", 8, 16), ("llama-3-8b", 8, 32), ("llama-3-70b", 64, 64), ("llama-3.1-405b", 2048, 2048), ("llama-3.1-405b", 16384, 16384)];
+    println!("| model | GPUs | global batch × seq | configurations in the space | plans built | best tokens/s/GPU | median time |");
+    println!("|---|---:|---|---:|---:|---:|---:|");
+    for &(name, ws, gb) in scenarios {
+        let m = fsdp_ir::parse_model(&std::fs::read_to_string(format!("{root}/models/{name}.ron")).unwrap(), name).unwrap();
+        let base = Options {
+            world_size: ws,
+            seq: 8192,
+            param_dtype: fsdp_ir::DType::parse("bf16"),
+            reduce_dtype: fsdp_ir::DType::parse("f32"),
+            master_dtype: fsdp_ir::DType::parse("f32"),
+            optimizer: fsdp_planner::Optimizer::AdamW,
+            ..Options::default()
+        };
+        let limit = Limit { bytes: hw.memory_bytes, reserve: None };
+        let mut times = vec![];
+        let mut last = None;
+        for _ in 0..3 {
+            let t0 = Instant::now();
+            let space = tune::space(&m, &base, ws, gb, hw.gpus_per_node).unwrap();
+            let r = tune::search(&m, &base, &hw, &space, limit, 2, &|_, _, _| {});
+            times.push(t0.elapsed().as_secs_f64());
+            let size = tune::outers(&space).len() * (space.blocks.len() + 1) * (space.blocks.len() + 2) / 2;
+            last = Some((size, r.plans_built, r.best.map(|b| b.tokens_per_s_per_gpu)));
+        }
+        times.sort_by(f64::total_cmp);
+        let (size, planned, best) = last.unwrap();
+        println!("| {name} | {ws} | {gb} × 8192 | {size} | {planned} | {} | **{:.2} s** |", best.map_or("does not fit".into(), |b| format!("{b:.0}")), times[1]);
+    }
+}

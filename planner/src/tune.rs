@@ -1,0 +1,537 @@
+//! `tune`: the fastest configuration that fits — a search over a typed space of plan
+//! options, every candidate planned and timed by the same passes as `plan`.
+//!
+//! **Space** ([`Space`], each point a [`Config`] that maps to `plan` flags):
+//! - the HSDP shard-group size (divisors of the world size; the world size is plain FSDP);
+//! - micro-batch × gradient accumulation for the global batch (sequences per optimizer step
+//!   over all ranks, so `micro_batch · accum · world_size = global_batch`);
+//! - prefetch: FSDP2's implicit one-ahead, or explicit (forward 1, backward 2);
+//! - `reshard_after_forward` of the blocks: all (FSDP2's default), all but the last
+//!   (torchtitan's), none (ZeRO-2-like: no backward all-gathers);
+//! - activation checkpointing per block: the first `full` blocks fully checkpointed, the
+//!   next `sac` blocks under op-level selective AC, the rest not checkpointed.
+//!
+//! **Cost**: the step time the timeline predicts for the planned schedule (tokens/s/GPU is
+//! its inverse); **constraint**: the memory the device needs — the caching allocator's
+//! predicted reserved peak plus the CUDA context and NCCL buffers ([`crate::reserved`]) —
+//! or, with a stated reserve, the tensor peak plus that reserve, within the limit.
+//!
+//! **Search** (exact over the space under two monotonicity properties of the model that
+//! the tests check by brute force): checkpointing one more block, or moving one from
+//! op-level SAC to full, never makes the step faster (it adds recompute) and never raises
+//! the memory needed. For each outer point (shard group, micro-batch, prefetch, reshard):
+//! its time with no checkpointing bounds every AC choice from below (outer points are taken
+//! fastest first and dropped once that bound cannot beat the best found); if everything
+//! fully checkpointed does not fit, nothing in it does; else for `full` = 0, 1, … the least
+//! `sac` that fits is found by bisection, and the loop stops once the time with `full`
+//! blocks and no SAC cannot beat the best. Which blocks: with identical blocks the
+//! recompute does not depend on which ones, and checkpointing the first ones frees their
+//! activations' recompute earliest in the backward (the least memory; checked by brute
+//! force over every assignment on a 4-block model).
+
+use crate::hardware::Hardware;
+use crate::options::{AcMode, BackwardPrefetch, Options, Strategy};
+use crate::plan::Plan;
+use crate::timeline;
+use crate::PlanError;
+use fsdp_ir::Model;
+use std::collections::HashMap;
+
+/// Which blocks reshard their params after forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reshard {
+    /// Every block (FSDP2's default).
+    All,
+    /// Every block but the last (torchtitan: the backward needs it right away).
+    AllButLast,
+    /// None: parameters stay gathered from forward to backward (no backward all-gather).
+    None,
+}
+
+impl Reshard {
+    pub const ALL: [Reshard; 3] = [Reshard::All, Reshard::AllButLast, Reshard::None];
+    pub fn name(self) -> &'static str {
+        match self {
+            Reshard::All => "all",
+            Reshard::AllButLast => "all but last",
+            Reshard::None => "none",
+        }
+    }
+}
+
+/// The choices outside the blocks' checkpointing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub struct Outer {
+    /// HSDP shard-group size (= the world size: FSDP).
+    pub shard: u64,
+    pub micro_batch: u64,
+    pub accum: u32,
+    /// 0: FSDP2's implicit prefetch; else explicit (forward 1, backward this deep).
+    pub prefetch: u32,
+    pub reshard: Reshard,
+}
+
+/// A point of the space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub struct Config {
+    pub outer: Outer,
+    /// The first `full` blocks fully checkpointed …
+    pub full: u32,
+    /// … the next `sac` under op-level selective AC.
+    pub sac: u32,
+}
+
+/// What is searched.
+#[derive(Debug, Clone)]
+pub struct Space {
+    pub shards: Vec<u64>,
+    /// (micro-batch, accumulation) pairs.
+    pub batches: Vec<(u64, u32)>,
+    pub prefetch: Vec<u32>,
+    pub reshard: Vec<Reshard>,
+    /// The blocks' module paths in forward order.
+    pub blocks: Vec<String>,
+    /// Whether op-level SAC is a choice (else only full checkpointing).
+    pub sac: bool,
+}
+
+/// The memory a configuration must fit in.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limit {
+    pub bytes: u64,
+    /// `Some(r)`: the tensor peak plus `r` must fit; `None`: the allocator model's reserved
+    /// peak plus the CUDA context and NCCL ([`crate::reserved::Reserved::needed_bytes`]).
+    pub reserve: Option<u64>,
+}
+
+/// A planned configuration.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Eval {
+    pub config: Config,
+    pub step_time_s: f64,
+    pub tokens_per_s_per_gpu: f64,
+    pub mfu: f64,
+    pub exposed_comm_s: f64,
+    pub peak_bytes: u64,
+    /// What the device needs (reserved + context + NCCL, or peak + reserve); `None` when the
+    /// peak alone already exceeds the limit (the allocator was not replayed).
+    pub needed_bytes: Option<u64>,
+    pub fits: bool,
+    /// Where the peak is reached.
+    pub peak_at: String,
+}
+
+/// The search's answer.
+#[derive(Debug, Clone)]
+pub struct Tuned {
+    pub best: Option<Eval>,
+    /// The best configuration of each outer point that has one that fits, fastest first.
+    pub per_outer: Vec<Eval>,
+    /// Every configuration both timed and checked against the limit.
+    pub evaluated: Vec<Eval>,
+    /// Plans built (probes of the fit alone, bounds of the time alone included).
+    pub plans_built: usize,
+}
+
+/// The space for `global_batch` sequences per step on `world_size` ranks: shard groups
+/// dividing the world size (intra-node sizes and multiples of a node), micro-batches
+/// dividing the per-rank batch, both prefetch modes and reshard choices, the model's blocks
+/// (the units the transformer policy wraps).
+pub fn space(model: &Model, base: &Options, world_size: u64, global_batch: u64, gpus_per_node: u64) -> Result<Space, PlanError> {
+    if global_batch == 0 || !global_batch.is_multiple_of(world_size) {
+        return Err(crate::error::opt_err("--global-batch", format!("{global_batch} sequences do not split evenly over {world_size} ranks: give a multiple of the world size")));
+    }
+    let local = global_batch / world_size;
+    let batches: Vec<(u64, u32)> = (1..=local).filter(|m| local.is_multiple_of(*m)).map(|m| (m, (local / m) as u32)).collect();
+    let node = gpus_per_node.max(1);
+    let shards: Vec<u64> = (1..=world_size)
+        .filter(|d| world_size.is_multiple_of(*d))
+        .filter(|&d| d == world_size || (d >= 2 && (node.is_multiple_of(d) || d.is_multiple_of(node))))
+        .collect();
+    let probe = crate::plan_unchecked(model, &Options { world_size, batch: 1, checkpoint: vec![], ..base.clone() })?;
+    let blocks: Vec<String> = probe.units.iter().filter(|u| !u.is_root()).map(|u| u.module.clone()).collect();
+    Ok(Space { shards, batches, prefetch: vec![0, 2], reshard: Reshard::ALL.to_vec(), blocks, sac: true })
+}
+
+/// The plan options of a configuration (on top of `base`: dtypes, optimizer, seq, …).
+pub fn options(base: &Options, space: &Space, c: &Config) -> Options {
+    let o = &c.outer;
+    let mut opts = base.clone();
+    opts.strategy = if o.shard == base.world_size { Strategy::FullShard } else { Strategy::HybridShard { shard_size: o.shard } };
+    opts.batch = o.micro_batch;
+    opts.grad_accum = o.accum;
+    (opts.forward_prefetch, opts.backward_prefetch) = match o.prefetch {
+        0 => (0, BackwardPrefetch::Implicit),
+        k => (1, BackwardPrefetch::Depth(k)),
+    };
+    opts.reshard_after_forward = Some(o.reshard != Reshard::None);
+    opts.unit_reshard = if o.reshard == Reshard::AllButLast { vec![("last".into(), false)] } else { vec![] };
+    opts.ac_mode = AcMode::Full;
+    opts.checkpoint = checkpoint_entries(&space.blocks, c.full as usize, c.sac as usize);
+    opts
+}
+
+/// `--checkpoint` entries for the first `full` blocks (full) and the next `sac` (op-level
+/// SAC), runs of numbered paths written as ranges (`model.layers.{0..7}=full`).
+pub fn checkpoint_entries(blocks: &[String], full: usize, sac: usize) -> Vec<String> {
+    let mut out = vec![];
+    let full = full.min(blocks.len());
+    let sac = sac.min(blocks.len() - full);
+    for (range, mode) in [(0..full, "full"), (full..full + sac, "selective-op")] {
+        let mut i = range.start;
+        while i < range.end {
+            // a run of `prefix{n}`, `prefix{n+1}`, …
+            let split = |p: &str| p.rfind('.').and_then(|d| p[d + 1..].parse::<u64>().ok().map(|n| (p[..d + 1].to_string(), n)));
+            let mut j = i + 1;
+            if let Some((pre, n)) = split(&blocks[i]) {
+                while j < range.end && split(&blocks[j]) == Some((pre.clone(), n + (j - i) as u64)) {
+                    j += 1;
+                }
+                if j - i > 1 {
+                    out.push(format!("{pre}{{{n}..{}}}={mode}", n + (j - i - 1) as u64));
+                    i = j;
+                    continue;
+                }
+            }
+            out.push(format!("{}={mode}", blocks[i]));
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The `plan` flags of a configuration (what differs from `plan`'s defaults among the
+/// options tune decides; the caller adds the fixed ones: dtypes, seq, optimizer, hardware).
+pub fn flags(space: &Space, base: &Options, c: &Config) -> Vec<String> {
+    let o = &c.outer;
+    let mut f = vec!["--world-size".into(), base.world_size.to_string(), "--batch".into(), o.micro_batch.to_string()];
+    if o.accum > 1 {
+        f.extend(["--grad-accum".into(), o.accum.to_string()]);
+    }
+    if o.shard != base.world_size {
+        f.extend(["--strategy".into(), "hybrid-shard".into(), "--shard-group-size".into(), o.shard.to_string()]);
+    }
+    if o.prefetch > 0 {
+        f.extend(["--forward-prefetch".into(), "1".into(), "--backward-prefetch".into(), o.prefetch.to_string()]);
+    }
+    match o.reshard {
+        Reshard::All => {}
+        Reshard::AllButLast => f.extend(["--unit-reshard".into(), "last=false".into()]),
+        Reshard::None => f.extend(["--reshard-after-forward".into(), "false".into()]),
+    }
+    for e in checkpoint_entries(&space.blocks, c.full as usize, c.sac as usize) {
+        f.extend(["--checkpoint".into(), e]);
+    }
+    f
+}
+
+/// What is known of a configuration so far: its time, its memory, or both.
+#[derive(Debug, Clone, Default)]
+struct Known {
+    time: Option<(f64, f64, f64, f64)>,
+    memory: Option<(u64, Option<u64>, String)>,
+    refused: bool,
+}
+
+/// Plans, times and checks configurations lazily — the time (plan + timeline) and the fit
+/// (plan + allocator replay) each once — keeping the last plan for the other half.
+pub struct Evaluator<'a> {
+    pub model: &'a Model,
+    pub base: &'a Options,
+    pub hw: &'a Hardware,
+    pub space: &'a Space,
+    pub limit: Limit,
+    known: HashMap<Config, Known>,
+    order: Vec<Config>,
+    /// The last few plans (most recent last): a probe's time and fit come from one plan.
+    recent: Vec<(Config, Plan)>,
+    planned: usize,
+}
+
+/// Plans kept by an [`Evaluator`].
+const RECENT: usize = 4;
+
+impl<'a> Evaluator<'a> {
+    pub fn new(model: &'a Model, base: &'a Options, hw: &'a Hardware, space: &'a Space, limit: Limit) -> Self {
+        Evaluator { model, base, hw, space, limit, known: HashMap::new(), order: vec![], recent: vec![], planned: 0 }
+    }
+
+    /// How many plans were built.
+    pub fn planned(&self) -> usize {
+        self.planned
+    }
+
+    fn plan(&mut self, c: Config) -> Option<&Plan> {
+        match self.recent.iter().position(|(rc, _)| *rc == c) {
+            Some(i) => {
+                let hit = self.recent.remove(i);
+                self.recent.push(hit);
+            }
+            None => {
+                self.planned += 1;
+                match crate::plan_unchecked(self.model, &options(self.base, self.space, &c)) {
+                    Ok(p) => {
+                        if self.recent.len() == RECENT {
+                            self.recent.remove(0);
+                        }
+                        self.recent.push((c, p));
+                    }
+                    Err(_) => {
+                        self.known.entry(c).or_default().refused = true;
+                        return None;
+                    }
+                }
+            }
+        }
+        self.recent.last().map(|(_, p)| p)
+    }
+
+    fn entry(&mut self, c: Config) -> &mut Known {
+        if !self.known.contains_key(&c) {
+            self.order.push(c);
+        }
+        self.known.entry(c).or_default()
+    }
+
+    /// The predicted step time (`None`: the planner refuses the configuration).
+    pub fn time(&mut self, c: Config) -> Option<f64> {
+        if let Some(k) = self.known.get(&c) {
+            if k.refused {
+                return None;
+            }
+            if let Some(t) = k.time {
+                return Some(t.0);
+            }
+        }
+        let (model, hw) = (self.model, self.hw);
+        let t = timeline::predict(self.plan(c)?, model, hw);
+        self.entry(c).time = Some((t.step_time_s, t.tokens_per_s_per_gpu, t.mfu, t.exposed_comm_s));
+        Some(t.step_time_s)
+    }
+
+    /// Whether it fits the limit.
+    pub fn fits(&mut self, c: Config) -> bool {
+        if let Some(k) = self.known.get(&c) {
+            if k.refused {
+                return false;
+            }
+            if let Some((_, needed, _)) = &k.memory {
+                return needed.is_some_and(|n| n <= self.limit.bytes);
+            }
+        }
+        let (hw, limit) = (self.hw, self.limit);
+        let Some(plan) = self.plan(c) else { return false };
+        let needed = needed_bytes(plan, hw, limit);
+        let m = (plan.memory.peak_bytes, needed, plan.memory.peak_at.clone());
+        self.entry(c).memory = Some(m);
+        needed.is_some_and(|n| n <= limit.bytes)
+    }
+
+    /// Time and memory (planning what is missing).
+    pub fn eval(&mut self, c: Config) -> Option<Eval> {
+        self.time(c)?;
+        self.fits(c);
+        self.known_eval(c)
+    }
+
+    fn known_eval(&self, c: Config) -> Option<Eval> {
+        let k = self.known.get(&c)?;
+        let (step_time_s, tokens_per_s_per_gpu, mfu, exposed_comm_s) = k.time?;
+        let (peak_bytes, needed_bytes, peak_at) = k.memory.clone()?;
+        Some(Eval { config: c, step_time_s, tokens_per_s_per_gpu, mfu, exposed_comm_s, peak_bytes, needed_bytes, fits: needed_bytes.is_some_and(|n| n <= self.limit.bytes), peak_at })
+    }
+
+    /// Every configuration both timed and checked.
+    pub fn evaluated(&self) -> Vec<Eval> {
+        self.order.iter().filter_map(|c| self.known_eval(*c)).collect()
+    }
+}
+
+/// What the device needs for `plan` under `limit`'s rule; `None` when the tensor peak alone
+/// (a floor of the reserved memory) is already over the limit.
+fn needed_bytes(plan: &Plan, hw: &Hardware, limit: Limit) -> Option<u64> {
+    let peak = plan.memory.peak_bytes;
+    match limit.reserve {
+        Some(r) => Some(peak.saturating_add(r)),
+        None if plan.options.device == crate::options::Device::Cuda && peak + crate::reserved::CUDA_CONTEXT_BYTES > limit.bytes => None,
+        None => Some(crate::reserved::predict(plan, hw).needed_bytes(plan)),
+    }
+}
+
+/// Time and memory of a planned configuration against the limit.
+pub fn evaluate(plan: &Plan, model: &Model, hw: &Hardware, limit: Limit, config: Config) -> Eval {
+    let t = timeline::predict(plan, model, hw);
+    let needed = needed_bytes(plan, hw, limit);
+    Eval {
+        config,
+        step_time_s: t.step_time_s,
+        tokens_per_s_per_gpu: t.tokens_per_s_per_gpu,
+        mfu: t.mfu,
+        exposed_comm_s: t.exposed_comm_s,
+        peak_bytes: plan.memory.peak_bytes,
+        needed_bytes: needed,
+        fits: needed.is_some_and(|n| n <= limit.bytes),
+        peak_at: plan.memory.peak_at.clone(),
+    }
+}
+
+/// The outer points of the space.
+pub fn outers(space: &Space) -> Vec<Outer> {
+    let mut v = vec![];
+    for &shard in &space.shards {
+        for &(micro_batch, accum) in &space.batches {
+            for &prefetch in &space.prefetch {
+                for &reshard in &space.reshard {
+                    v.push(Outer { shard, micro_batch, accum, prefetch, reshard });
+                }
+            }
+        }
+    }
+    v
+}
+
+/// Consecutive rises of the boundary's time that end the walk over `full` (0: walk until
+/// the bound alone stops it).
+pub const PATIENCE: u32 = 2;
+
+/// `a` is faster than `b` (ties to the smaller configuration: deterministic answers).
+fn faster(a: (f64, Config), b: Option<(f64, Config)>) -> bool {
+    b.is_none_or(|b| a.0 < b.0 || (a.0 == b.0 && a.1 < b.1))
+}
+
+/// The best configuration of one outer point that beats `bound`, if any (see the module
+/// doc: the least SAC that fits for each number of fully checkpointed blocks — which never
+/// grows with it — until the time with no SAC cannot win).
+fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> Option<(f64, Config)> {
+    let l = ev.space.blocks.len() as u32;
+    let sac_max = |full: u32| if ev.space.sac { l - full } else { 0 };
+    let cfg = |full, sac| Config { outer: o, full, sac };
+    let c00 = cfg(0, 0);
+    let t00 = ev.time(c00)?;
+    if !faster((t00, c00), bound) {
+        return None;
+    }
+    if ev.fits(c00) {
+        return Some((t00, c00));
+    }
+    if !ev.fits(cfg(l, 0)) {
+        return None;
+    }
+    // (timed too: the least-memory end of the Pareto front)
+    ev.time(cfg(l, 0));
+    let mut local: Option<(f64, Config)> = None;
+    let mut prev: Option<u32> = None;
+    let mut drop = 1u32;
+    let mut worse = 0;
+    for full in 0..=l {
+        // the boundary's time along `full` rises once more full blocks cost more than the
+        // SAC blocks they replace: two rises in a row end the walk (brute force checks it)
+        if worse >= PATIENCE {
+            break;
+        }
+        // the least sac that fits: at most the previous one (more full blocks need less)
+        let top = prev.unwrap_or(sac_max(full)).min(sac_max(full));
+        if !ev.fits(cfg(full, top)) {
+            continue;
+        }
+        // probe where the boundary moved last time, gallop past it, then bisect
+        let (mut lo, mut hi) = (0u32, top);
+        let mut step = if prev.is_some() { drop.max(1) } else { 1 };
+        while hi > 0 {
+            let probe = hi.saturating_sub(step);
+            if ev.fits(cfg(full, probe)) {
+                hi = probe;
+                step = step.saturating_mul(2);
+            } else {
+                lo = probe + 1;
+                break;
+            }
+        }
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if ev.fits(cfg(full, mid)) {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        drop = prev.map_or(1, |p| p.saturating_sub(hi));
+        prev = Some(hi);
+        let Some(t) = ev.time(cfg(full, hi)) else { continue };
+        if !faster((t, cfg(full, hi)), bound) && full > 0 && ev.time(cfg(full, 0)).is_none_or(|lb| !faster((lb, cfg(full, 0)), bound)) {
+            // nothing from here on can beat the bound
+            break;
+        }
+        if faster((t, cfg(full, hi)), local) {
+            local = Some((t, cfg(full, hi)));
+            worse = 0;
+        } else {
+            worse += 1;
+        }
+    }
+    local.filter(|&l| faster(l, bound))
+}
+
+/// The search (see the module doc) on `threads` threads, each taking every `threads`-th
+/// outer point (fastest first) with its own bound, so that the answer does not depend on
+/// timing. `progress(planned, outer points done, of)` is called as outer points finish.
+pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit: Limit, threads: usize, progress: &(dyn Fn(usize, usize, usize) + Sync)) -> Tuned {
+    let all = outers(space);
+    let threads = threads.clamp(1, all.len().max(1));
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let planned = std::sync::atomic::AtomicUsize::new(0);
+    let n = all.len();
+    // the fastest (no checkpointing) time of each outer point orders the search
+    // per lane: the best of each outer point it searched, and what it evaluated
+    type Lane = (Vec<(f64, Config)>, Vec<Eval>);
+    let results: Vec<Lane> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let mine: Vec<Outer> = all.iter().copied().skip(t).step_by(threads).collect();
+                let (done, planned) = (&done, &planned);
+                s.spawn(move || {
+                    let mut ev = Evaluator::new(model, base, hw, space, limit);
+                    let mut firsts: Vec<(f64, Outer)> = mine.iter().filter_map(|&o| ev.time(Config { outer: o, full: 0, sac: 0 }).map(|t| (t, o))).collect();
+                    firsts.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                    let mut best: Option<(f64, Config)> = None;
+                    let mut found = vec![];
+                    let mut counted = 0;
+                    for (_, o) in firsts {
+                        if let Some(r) = search_outer(&mut ev, o, best) {
+                            found.push(r);
+                            best = Some(r);
+                        }
+                        planned.fetch_add(ev.planned() - counted, std::sync::atomic::Ordering::Relaxed);
+                        counted = ev.planned();
+                        let d = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                        progress(planned.load(std::sync::atomic::Ordering::Relaxed), d, n);
+                    }
+                    (found, ev.evaluated())
+                })
+            })
+            .collect();
+        handles.into_iter().filter_map(|h| h.join().ok()).collect()
+    });
+    let mut per_outer: Vec<(f64, Config)> = results.iter().flat_map(|r| r.0.iter().copied()).collect();
+    per_outer.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mut evaluated: Vec<Eval> = results.into_iter().flat_map(|r| r.1).collect();
+    evaluated.sort_by_key(|a| a.config);
+    let by_config: HashMap<Config, Eval> = evaluated.iter().map(|e| (e.config, e.clone())).collect();
+    let per_outer: Vec<Eval> = per_outer.iter().filter_map(|(_, c)| by_config.get(c).cloned()).collect();
+    Tuned { best: per_outer.first().cloned(), per_outer, evaluated, plans_built: planned.into_inner() }
+}
+
+/// The evaluated configurations no other beats on both memory and speed (least memory
+/// first): the Pareto front of memory needed against tokens/s.
+pub fn pareto(evals: &[Eval]) -> Vec<Eval> {
+    let mut v: Vec<&Eval> = evals.iter().filter(|e| e.needed_bytes.is_some()).collect();
+    v.sort_by(|a, b| a.needed_bytes.cmp(&b.needed_bytes).then(b.tokens_per_s_per_gpu.total_cmp(&a.tokens_per_s_per_gpu)));
+    let mut out: Vec<Eval> = vec![];
+    for e in v {
+        if out.last().is_none_or(|l| e.tokens_per_s_per_gpu > l.tokens_per_s_per_gpu) {
+            out.push(e.clone());
+        }
+    }
+    out
+}

@@ -1,0 +1,92 @@
+//! `tune` against brute force: on spaces small enough to enumerate — every assignment of
+//! {none, full, op-SAC} to each block (not only tune's prefix patterns), every reshard and
+//! prefetch choice, shard group and micro-batch split — no configuration that fits predicts
+//! a shorter step than tune's answer (within 0.5%), at limits across the whole range.
+
+use fsdp_planner::hardware::Hardware;
+use fsdp_planner::tune::{self, Config, Limit, Outer};
+use fsdp_planner::Options;
+use std::path::Path;
+
+fn root() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+fn model(name: &str) -> fsdp_ir::Model {
+    fsdp_ir::parse_model(&std::fs::read_to_string(root().join(format!("models/{name}.ron"))).unwrap(), name).unwrap()
+}
+
+fn hw(name: &str) -> Hardware {
+    ron::from_str(&std::fs::read_to_string(root().join(format!("models/hardware/{name}.ron"))).unwrap()).unwrap()
+}
+
+/// Every configuration of the brute-force space: (outer, per-block mode 0 none / 1 full / 2 SAC).
+/// (outer, per-block modes, tensor peak, what the device needs by the allocator model, step time)
+type Point = (Outer, Vec<u8>, u64, u64, f64);
+
+fn brute(m: &fsdp_ir::Model, base: &Options, h: &Hardware, space: &tune::Space) -> Vec<Point> {
+    let l = space.blocks.len();
+    let mut out = vec![];
+    for o in tune::outers(space) {
+        for code in 0..3usize.pow(l as u32) {
+            let modes: Vec<u8> = (0..l).map(|i| ((code / 3usize.pow(i as u32)) % 3) as u8).collect();
+            let mut opts = tune::options(base, space, &Config { outer: o, full: 0, sac: 0 });
+            opts.checkpoint = modes
+                .iter()
+                .zip(&space.blocks)
+                .filter(|(m, _)| **m > 0)
+                .map(|(m, b)| format!("{b}={}", if *m == 1 { "full" } else { "selective-op" }))
+                .collect();
+            let Ok(plan) = fsdp_planner::plan_unchecked(m, &opts) else { continue };
+            let t = fsdp_planner::timeline::predict(&plan, m, h);
+            let need = fsdp_planner::reserved::predict(&plan, h).needed_bytes(&plan);
+            out.push((o, modes, plan.memory.peak_bytes, need, t.step_time_s));
+        }
+    }
+    out
+}
+
+fn check(name: &str, ws: u64, global_batch: u64, base: Options, allocator: bool) {
+    let m = model(name);
+    let h = hw("h100-sxm");
+    let base = Options { world_size: ws, ..base };
+    let space = tune::space(&m, &base, ws, global_batch, h.gpus_per_node).unwrap();
+    assert!(space.blocks.len() <= 4, "brute force is 3^blocks per outer point");
+    let all = brute(&m, &base, &h, &space);
+    // the memory judged: the tensor peak (reserve 0) or the allocator model's need
+    let mem = |x: &Point| if allocator { x.3 } else { x.2 };
+    let (lo, hi) = (all.iter().map(mem).min().unwrap(), all.iter().map(mem).max().unwrap());
+    let mut checked = 0;
+    for k in 0..=8u64 {
+        // limits from below the least to above the most
+        let limit = Limit { bytes: lo - (hi - lo) / 16 + k * (hi - lo) / 7, reserve: if allocator { None } else { Some(0) } };
+        let tuned = tune::search(&m, &base, &h, &space, limit, 2, &|_, _, _| {});
+        let best_brute = all.iter().filter(|x| mem(x) <= limit.bytes).map(|x| x.4).fold(f64::INFINITY, f64::min);
+        match &tuned.best {
+            None => assert!(best_brute.is_infinite(), "{name} limit {}: brute force fits at {best_brute} s, tune found nothing", limit.bytes),
+            Some(b) => {
+                assert!(b.fits && b.needed_bytes.is_some_and(|n| n <= limit.bytes));
+                assert!(b.step_time_s <= best_brute * 1.005, "{name} limit {}: tune {} s ({:?}) vs brute force {best_brute} s", limit.bytes, b.step_time_s, b.config);
+                // what `plan` predicts for the emitted options is what tune reported
+                let p = fsdp_planner::plan(&m, &tune::options(&base, &space, &b.config)).unwrap();
+                let t = fsdp_planner::timeline::predict(&p, &m, &h);
+                assert_eq!((p.memory.peak_bytes, t.step_time_s), (b.peak_bytes, b.step_time_s));
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 4, "{name}: too few limits with an answer ({checked})");
+}
+
+#[test]
+fn tune_equals_brute_force_on_a_4_block_llama() {
+    let bf16 = fsdp_ir::DType::parse("bf16");
+    let base = Options { seq: 64, param_dtype: bf16, reduce_dtype: fsdp_ir::DType::parse("f32"), ..Options::default() };
+    check("tiny-llama-4l", 4, 8, base.clone(), false);
+    check("tiny-llama-4l", 4, 8, base, true);
+}
+
+#[test]
+fn tune_equals_brute_force_on_a_2_block_mixtral() {
+    check("tiny-mixtral", 2, 4, Options { seq: 32, ..Options::default() }, false);
+}

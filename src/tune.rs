@@ -1,0 +1,412 @@
+//! `fsdp-plan tune`: the fastest configuration that fits (see `fsdp_planner::tune` for the
+//! space and the search), printed as the `plan` command to run, the runner-ups, the Pareto
+//! front and the binding constraint; and `fsdp-plan fit`: the largest micro-batch that fits
+//! one configuration, with the global batches around it.
+
+use crate::cli::{options, HwOpt, PlanOpts};
+use fsdp_planner::parse_dtype;
+use crate::io::*;
+use anyhow::{bail, Result};
+use clap::Args;
+use fsdp_planner::hardware::Hardware;
+use fsdp_planner::print::{bytes, table};
+use fsdp_planner::timeline;
+use fsdp_planner::tune::{self, Config, Eval, Limit, Space, Tuned};
+use fsdp_planner::{AttnImpl, Device, Optimizer, Options};
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Args)]
+pub(crate) struct TuneArgs {
+    /// Model file (.ron, or an HF config.json imported on the fly).
+    pub(crate) model: PathBuf,
+    #[arg(long, default_value_t = 8)]
+    pub(crate) world_size: u64,
+    /// Sequences per optimizer step over all ranks (torchtitan's global batch size):
+    /// micro-batch × gradient accumulation × world size.
+    #[arg(long)]
+    pub(crate) global_batch: u64,
+    /// Tokens per sequence (default: 2048, or the model's learned positions if fewer).
+    #[arg(long)]
+    pub(crate) seq: Option<u64>,
+    /// MixedPrecisionPolicy.param_dtype (bf16, f32, f16; default: the master dtype).
+    #[arg(long)]
+    pub(crate) param_dtype: Option<String>,
+    /// MixedPrecisionPolicy.reduce_dtype (default: the param dtype).
+    #[arg(long)]
+    pub(crate) reduce_dtype: Option<String>,
+    /// The dtype of the sharded (master) params, grads and optimizer state (default: the
+    /// model file's).
+    #[arg(long)]
+    pub(crate) master_dtype: Option<String>,
+    #[arg(long, default_value = "adamw", value_parser = ["adamw", "adam", "sgd", "none"])]
+    pub(crate) optimizer: String,
+    /// sdpa | eager | flash_attention_2 (default: the model file's, else sdpa).
+    #[arg(long)]
+    pub(crate) attn_implementation: Option<String>,
+    /// The caching allocator runs with expandable segments (changes reserved memory only).
+    #[arg(long)]
+    pub(crate) expandable_segments: bool,
+    #[command(flatten)]
+    pub(crate) hw: HwOpt,
+    /// Memory per GPU (default: the hardware profile's), e.g. 80GiB, 75GB, 8e10.
+    #[arg(long)]
+    pub(crate) memory_limit: Option<String>,
+    /// Judge fit by the tensor peak plus this reserve (e.g. 4GiB) instead of the caching
+    /// allocator model's reserved memory plus the CUDA context and NCCL buffers.
+    #[arg(long)]
+    pub(crate) reserve: Option<String>,
+    /// Leave op-level selective AC out of the space (full checkpointing only).
+    #[arg(long)]
+    pub(crate) no_sac: bool,
+    /// Runner-ups to list.
+    #[arg(long, default_value_t = 5)]
+    pub(crate) top: usize,
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    pub(crate) format: String,
+}
+
+/// The options tune does not decide, as `plan` options and as flags.
+fn base_options(a: &TuneArgs, model: &fsdp_ir::Model) -> Result<(Options, Vec<String>)> {
+    let mut flags = vec![];
+    let dt = |flag: &str, v: &Option<String>, flags: &mut Vec<String>| -> Result<Option<fsdp_ir::DType>> {
+        let Some(s) = v else { return Ok(None) };
+        flags.extend([flag.to_string(), s.clone()]);
+        Ok(Some(parse_dtype(flag, s).map_err(user)?))
+    };
+    let param_dtype = dt("--param-dtype", &a.param_dtype, &mut flags)?;
+    let reduce_dtype = dt("--reduce-dtype", &a.reduce_dtype, &mut flags)?;
+    let master_dtype = dt("--master-dtype", &a.master_dtype, &mut flags)?;
+    let seq = a.seq.unwrap_or_else(|| crate::cli::default_seq(model));
+    flags.extend(["--seq".into(), seq.to_string()]);
+    let optimizer = match a.optimizer.as_str() {
+        "adam" => Optimizer::Adam,
+        "sgd" => Optimizer::Sgd,
+        "none" => Optimizer::None,
+        _ => Optimizer::AdamW,
+    };
+    if a.optimizer != "adamw" {
+        flags.extend(["--optimizer".into(), a.optimizer.clone()]);
+    }
+    let attn = match &a.attn_implementation {
+        None => None,
+        Some(s) => {
+            flags.extend(["--attn-implementation".into(), s.clone()]);
+            Some(AttnImpl::parse(s).ok_or_else(|| user(format!("--attn-implementation `{s}`: expected sdpa, eager or flash_attention_2")))?)
+        }
+    };
+    if a.expandable_segments {
+        flags.push("--expandable-segments".into());
+    }
+    flags.extend(["--hardware".into(), a.hw.hardware.clone()]);
+    let o = Options {
+        world_size: a.world_size,
+        param_dtype,
+        reduce_dtype,
+        master_dtype,
+        optimizer,
+        seq,
+        attn_implementation: attn,
+        device: Device::Cuda,
+        expandable_segments: a.expandable_segments,
+        ..Options::default()
+    };
+    o.check().map_err(user)?;
+    Ok((o, flags))
+}
+
+fn limit_of(memory_limit: &Option<String>, reserve: &Option<String>, hw: &Hardware) -> Result<(Limit, String)> {
+    let bytes = match memory_limit {
+        Some(s) => parse_size("--memory-limit", s)?,
+        None => hw.memory_bytes,
+    };
+    let reserve = reserve.as_deref().map(|s| parse_size_or_zero("--reserve", s)).transpose()?;
+    let how = match reserve {
+        Some(r) => format!("tensor peak + {} reserve", fsdp_planner::print::bytes(r)),
+        None => "caching allocator's reserved peak + CUDA context + NCCL buffers".into(),
+    };
+    Ok((Limit { bytes, reserve }, how))
+}
+
+/// A configuration in a few words.
+fn describe(space: &Space, world: u64, c: &Config) -> String {
+    let o = &c.outer;
+    let l = space.blocks.len() as u32;
+    let mut v = vec![];
+    v.push(if o.shard == world { "FSDP".to_string() } else { format!("HSDP shard {}", o.shard) });
+    v.push(format!("micro-batch {} × {}", o.micro_batch, o.accum));
+    v.push(format!("reshard {}", o.reshard.name()));
+    if o.prefetch > 0 {
+        v.push(format!("prefetch {}", o.prefetch));
+    }
+    let none = l - c.full - c.sac;
+    v.push(match (c.full, c.sac, none) {
+        (0, 0, _) => "no AC".into(),
+        (f, 0, 0) if f == l => "full AC".into(),
+        (0, s, 0) if s == l => "op-SAC".into(),
+        (f, s, n) => format!("AC {f} full / {s} SAC / {n} none"),
+    });
+    v.join(" · ")
+}
+
+fn command(model: &std::path::Path, space: &Space, base: &Options, fixed: &[String], c: &Config) -> (Vec<String>, String) {
+    let mut f = tune::flags(space, base, c);
+    f.extend(fixed.iter().cloned());
+    let quoted: Vec<String> = f.iter().map(|x| if x.contains(['{', '}', ' ']) { format!("'{x}'") } else { x.clone() }).collect();
+    (f, format!("fsdp-plan plan {} {}", model.display(), quoted.join(" ")))
+}
+
+fn predicted(e: &Eval) -> serde_json::Value {
+    serde_json::json!({
+        "peak_bytes": e.peak_bytes,
+        "needed_bytes": e.needed_bytes,
+        "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
+        "step_time_s": e.step_time_s,
+        "mfu": e.mfu,
+        "exposed_comm_s": e.exposed_comm_s,
+    })
+}
+
+/// The smallest change that makes the least-memory configuration fit: more GPUs (same
+/// per-rank batch), or a shorter sequence.
+fn suggestions(model: &fsdp_ir::Model, base: &Options, hw: &Hardware, space: &Space, limit: Limit) -> Vec<String> {
+    let l = space.blocks.len() as u32;
+    let least = |ws: u64, seq: u64| -> Option<Eval> {
+        let b = Options { world_size: ws, seq, ..base.clone() };
+        let s = Space { shards: vec![ws], ..space.clone() };
+        let c = Config { outer: tune::Outer { shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All }, full: l, sac: 0 };
+        let plan = fsdp_planner::plan_unchecked(model, &tune::options(&b, &s, &c)).ok()?;
+        Some(tune::evaluate(&plan, model, hw, limit, c))
+    };
+    let mut out = vec![];
+    match (1..=6).map(|k| base.world_size << k).find(|&ws| least(ws, base.seq).is_some_and(|e| e.fits)) {
+        Some(ws) => out.push(format!("{ws} GPUs (micro-batch 1, every block checkpointed) fit")),
+        None => out.push(format!("even {} GPUs do not fit it", base.world_size << 6)),
+    }
+    let mut seq = base.seq / 2;
+    while seq >= 128 {
+        if least(base.world_size, seq).is_some_and(|e| e.fits) {
+            out.push(format!("--seq {seq} fits on {} GPUs (micro-batch 1, every block checkpointed)", base.world_size));
+            break;
+        }
+        seq /= 2;
+    }
+    out.push("CPU offload (FSDP2's CPUOffloadPolicy) is not in the planner's space yet".into());
+    out
+}
+
+pub(crate) fn run(a: TuneArgs) -> Result<()> {
+    let t0 = Instant::now();
+    let model = load_model(&a.model)?;
+    let hw = load_hardware(&a.hw.hardware)?;
+    let (base, fixed) = base_options(&a, &model)?;
+    let (limit, how) = limit_of(&a.memory_limit, &a.reserve, &hw)?;
+    let mut space = tune::space(&model, &base, a.world_size, a.global_batch, hw.gpus_per_node).map_err(user)?;
+    space.sac &= !a.no_sac;
+    if space.blocks.is_empty() {
+        bail!(UserError(format!("{}: no decoder blocks to tune (the transformer policy wraps none)", a.model.display())));
+    }
+    let last = std::sync::Mutex::new(Instant::now());
+    let progress = |planned: usize, done: usize, of: usize| {
+        let Ok(mut last) = last.lock() else { return };
+        if t0.elapsed().as_secs_f64() > 1.0 && last.elapsed().as_secs_f64() > 1.0 {
+            eprintln!("tune: {done}/{of} outer choices searched, {planned} plans built ({:.1} s)", t0.elapsed().as_secs_f64());
+            *last = Instant::now();
+        }
+    };
+    // two lanes whatever the machine: the planned set (runner-ups, Pareto front) is the same
+    // everywhere
+    let threads = 2;
+    let Tuned { best, per_outer, evaluated, plans_built } = tune::search(&model, &base, &hw, &space, limit, threads, &progress);
+    let elapsed = t0.elapsed().as_secs_f64();
+    let pareto = tune::pareto(&evaluated);
+    let best_plan = match &best {
+        Some(b) => Some(fsdp_planner::plan(&model, &tune::options(&base, &space, &b.config)).map_err(user)?),
+        None => None,
+    };
+    let sugg = if best.is_none() { suggestions(&model, &base, &hw, &space, limit) } else { vec![] };
+    if a.format == "json" {
+        let entry = |e: &Eval| {
+            let (flags, _) = command(&a.model, &space, &base, &fixed, &e.config);
+            serde_json::json!({"flags": flags, "config": describe(&space, a.world_size, &e.config), "predicted": predicted(e)})
+        };
+        let doc = serde_json::json!({
+            "model": model.name,
+            "hardware": hw.name,
+            "world_size": a.world_size,
+            "global_batch": a.global_batch,
+            "memory_limit_bytes": limit.bytes,
+            "fit_judged_by": how,
+            "best": best.as_ref().map(entry),
+            "binding": best_plan.as_ref().map(|p| p.memory.peak_at.clone()),
+            "runner_ups": per_outer.iter().skip(1).take(a.top).map(entry).collect::<Vec<_>>(),
+            "pareto": pareto.iter().map(entry).collect::<Vec<_>>(),
+            "does_not_fit": sugg,
+            "searched": plans_built,
+            "fully_evaluated": evaluated.len(),
+            "plans_built": plans_built,
+            "space_size": space_size(&space),
+            "elapsed_s": elapsed,
+        });
+        outln!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    eprintln!("tune: {plans_built} plans built in {elapsed:.2} s");
+    let mut s = format!(
+        "tune {} on {} × {} · global batch {} × seq {} · limit {} ({how})\nsearched the space's {} configurations with {plans_built} plans\n\n",
+        model.name,
+        a.world_size,
+        hw.name,
+        a.global_batch,
+        base.seq,
+        bytes(limit.bytes),
+        space_size(&space),
+    );
+    let Some(b) = &best else {
+        s += "does not fit: no configuration in the space fits the limit\n";
+        for x in &sugg {
+            s += &format!("  - {x}\n");
+        }
+        out(format_args!("{s}"));
+        return Ok(());
+    };
+    let (_, cmd) = command(&a.model, &space, &base, &fixed, &b.config);
+    s += &format!(
+        "best: {} tokens/s/GPU · step {} · MFU {} · needs {} (peak {})\n  {}\n  {cmd}\n",
+        timeline::thousands(b.tokens_per_s_per_gpu),
+        timeline::secs(b.step_time_s),
+        timeline::pct(b.mfu),
+        b.needed_bytes.map(bytes).unwrap_or_default(),
+        bytes(b.peak_bytes),
+        describe(&space, a.world_size, &b.config),
+    );
+    if let Some(p) = &best_plan {
+        s += &format!("  binding: memory peaks at {}; exposed communication {}\n", p.memory.peak_at, timeline::secs(b.exposed_comm_s));
+    }
+    let row = |e: &Eval| {
+        vec![
+            timeline::thousands(e.tokens_per_s_per_gpu),
+            format!("{:+.1}%", 100.0 * (e.tokens_per_s_per_gpu / b.tokens_per_s_per_gpu - 1.0)),
+            e.needed_bytes.map(bytes).unwrap_or_else(|| "-".into()),
+            if e.fits { "yes".into() } else { "no".into() },
+            describe(&space, a.world_size, &e.config),
+        ]
+    };
+    let heads: Vec<String> = ["tokens/s/GPU", "vs best", "needs", "fits", "configuration"].iter().map(|x| x.to_string()).collect();
+    let runners: Vec<Vec<String>> = per_outer.iter().skip(1).take(a.top).map(row).collect();
+    if !runners.is_empty() {
+        s += &format!("\nrunner-ups (the best of other choices):\n{}\n", table(&heads, &runners));
+    }
+    let front: Vec<Vec<String>> = pareto.iter().map(row).collect();
+    s += &format!("\nPareto front of the configurations planned (memory needed vs tokens/s):\n{}\n", table(&heads, &front));
+    out(format_args!("{s}"));
+    Ok(())
+}
+
+/// Points in the space (outer choices × checkpoint splits).
+fn space_size(space: &Space) -> u64 {
+    let l = space.blocks.len() as u64;
+    let ac = if space.sac { (l + 1) * (l + 2) / 2 } else { l + 1 };
+    tune::outers(space).len() as u64 * ac
+}
+
+#[derive(Args)]
+pub(crate) struct FitArgs {
+    /// Model file (.ron, or an HF config.json imported on the fly).
+    pub(crate) model: PathBuf,
+    #[command(flatten)]
+    pub(crate) o: PlanOpts,
+    #[command(flatten)]
+    pub(crate) hw: HwOpt,
+    /// Memory per GPU (default: the hardware profile's), e.g. 80GiB, 75GB, 8e10.
+    #[arg(long)]
+    pub(crate) memory_limit: Option<String>,
+    /// Judge fit by the tensor peak plus this reserve instead of the allocator model.
+    #[arg(long)]
+    pub(crate) reserve: Option<String>,
+    /// Find the longest sequence instead of the largest micro-batch.
+    #[arg(long)]
+    pub(crate) seq_len: bool,
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    pub(crate) format: String,
+}
+
+/// `fit`: the largest micro-batch (or sequence) that fits, by bisection (memory grows with
+/// both), and the global batches gradient accumulation makes of it.
+pub(crate) fn fit(a: FitArgs) -> Result<()> {
+    let model = load_model(&a.model)?;
+    let hw = load_hardware(&a.hw.hardware)?;
+    let base = options(&a.o, &a.o.policy, &model).map_err(user)?;
+    let (limit, how) = limit_of(&a.memory_limit, &a.reserve, &hw)?;
+    let what = if a.seq_len { "sequence length" } else { "micro-batch" };
+    let try_n = |n: u64| -> Option<Eval> {
+        let opts = if a.seq_len { Options { seq: n, ..base.clone() } } else { Options { batch: n, ..base.clone() } };
+        let plan = fsdp_planner::plan_unchecked(&model, &opts).ok()?;
+        let c = Config { outer: tune::Outer { shard: opts.world_size, micro_batch: opts.batch, accum: opts.grad_accum, prefetch: 0, reshard: tune::Reshard::All }, full: 0, sac: 0 };
+        Some(tune::evaluate(&plan, &model, &hw, limit, c))
+    };
+    let fits = |n: u64| try_n(n).is_some_and(|e| e.fits);
+    let unit = if a.seq_len { 128 } else { 1 };
+    if !fits(unit) {
+        bail!(UserError(format!("{}: not even {what} {unit} fits in {} ({how}): see `fsdp-plan tune` for checkpointing, HSDP and more GPUs", model.name, bytes(limit.bytes))));
+    }
+    // grow by doubling, then bisect
+    let mut lo = unit;
+    let mut hi = unit * 2;
+    while fits(hi) {
+        lo = hi;
+        hi *= 2;
+        if hi > (1 << 24) {
+            break;
+        }
+    }
+    while hi - lo > unit {
+        let mid = (lo + (hi - lo) / 2) / unit * unit;
+        if mid == lo {
+            break;
+        }
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let best = try_n(lo);
+    let mut sizes: Vec<u64> = std::iter::successors(Some(unit), |&n| (n * 2 <= lo).then_some(n * 2)).collect();
+    if sizes.last() != Some(&lo) {
+        sizes.push(lo);
+    }
+    let rows: Vec<(u64, Eval)> = sizes.iter().filter_map(|&n| try_n(n).map(|e| (n, e))).collect();
+    if a.format == "json" {
+        let doc = serde_json::json!({
+            "model": model.name,
+            "hardware": hw.name,
+            "memory_limit_bytes": limit.bytes,
+            "fit_judged_by": how,
+            "largest": lo,
+            "of": if a.seq_len { "seq" } else { "batch" },
+            "predicted": best.as_ref().map(predicted),
+            "table": rows.iter().map(|(n, e)| serde_json::json!({"value": n, "predicted": predicted(e)})).collect::<Vec<_>>(),
+        });
+        outln!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    let ws = base.world_size;
+    let mut s = format!("fit {} on {} × {} · limit {} ({how})\nlargest {what} that fits: {lo}", model.name, ws, hw.name, bytes(limit.bytes));
+    if let Some(e) = &best {
+        s += &format!(" (needs {}, {} tokens/s/GPU)\n\n", e.needed_bytes.map(bytes).unwrap_or_default(), timeline::thousands(e.tokens_per_s_per_gpu));
+    }
+    let heads: Vec<String> = [what, "needs", "tokens/s/GPU", "global batch at accum 1", "2", "4", "8"].iter().map(|x| x.to_string()).collect();
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|(n, e)| {
+            let per_rank = if a.seq_len { base.batch } else { *n };
+            let mut r = vec![n.to_string(), e.needed_bytes.map(bytes).unwrap_or_default(), timeline::thousands(e.tokens_per_s_per_gpu)];
+            r.extend([1, 2, 4, 8].iter().map(|k| (per_rank * k * ws).to_string()));
+            r
+        })
+        .collect();
+    s += &table(&heads, &cells);
+    outln!("{s}");
+    Ok(())
+}

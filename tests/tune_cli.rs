@@ -1,0 +1,100 @@
+//! `tune` and `fit` end to end: the answer's flags re-planned by `plan` predict what tune
+//! said; every runner-up and Pareto entry is a command `plan` accepts; nothing fits → what
+//! would; `fit`'s micro-batch fits and one more does not; bad input exits 2.
+
+use std::path::Path;
+use std::process::Command;
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let o = Command::new(env!("CARGO_BIN_EXE_fsdp-plan")).current_dir(Path::new(env!("CARGO_MANIFEST_DIR"))).args(args).output().unwrap();
+    (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).to_string(), String::from_utf8_lossy(&o.stderr).to_string())
+}
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let (code, out, err) = run(args);
+    assert_eq!(code, 0, "{args:?}: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}\n{out}"))
+}
+
+/// `plan MODEL FLAGS --format json`: (fits, needed bytes, peak bytes, tokens/s/GPU).
+fn replan(model: &str, flags: &[String], limit: &str) -> (bool, u64, u64, f64) {
+    let mut a: Vec<&str> = vec!["plan", model];
+    a.extend(flags.iter().map(String::as_str));
+    a.extend(["--memory-limit", limit, "--format", "json"]);
+    let v = json(&a);
+    (
+        v["fits"]["fits"].as_bool().unwrap(),
+        v["fits"]["needed_bytes"].as_u64().unwrap(),
+        v["memory"]["peak_bytes"].as_u64().unwrap(),
+        v["time"]["tokens_per_s_per_gpu"].as_f64().unwrap(),
+    )
+}
+
+#[test]
+fn tune_answers_with_flags_plan_accepts() {
+    let model = "models/tiny-llama-4l.ron";
+    // a limit between the least and the most memory the space needs
+    let limit = "900MiB";
+    let v = json(&["tune", model, "--world-size", "4", "--global-batch", "8", "--seq", "64", "--param-dtype", "bf16", "--reduce-dtype", "f32", "--memory-limit", limit, "--format", "json"]);
+    let best = &v["best"];
+    let flags: Vec<String> = best["flags"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()).collect();
+    let (fits, needed, peak, tps) = replan(model, &flags, limit);
+    assert!(fits, "{flags:?}");
+    assert_eq!(Some(needed), best["predicted"]["needed_bytes"].as_u64());
+    assert_eq!(Some(peak), best["predicted"]["peak_bytes"].as_u64());
+    assert_eq!(Some(tps), best["predicted"]["tokens_per_s_per_gpu"].as_f64());
+    for e in v["pareto"].as_array().unwrap().iter().chain(v["runner_ups"].as_array().unwrap()) {
+        let f: Vec<String> = e["flags"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()).collect();
+        let (_, _, _, t) = replan(model, &f, limit);
+        assert_eq!(Some(t), e["predicted"]["tokens_per_s_per_gpu"].as_f64());
+        // nothing that fits is faster than the answer
+        if e["predicted"]["needed_bytes"].as_u64().is_some_and(|n| n <= 900 << 20) {
+            assert!(t <= tps, "{f:?} fits and is faster");
+        }
+    }
+    assert!(v["searched"].as_u64().unwrap() > 0 && v["elapsed_s"].as_f64().is_some());
+    // the text form names the command
+    let (code, out, _) = run(&["tune", model, "--world-size", "4", "--global-batch", "8", "--seq", "64", "--memory-limit", limit]);
+    assert_eq!(code, 0);
+    assert!(out.contains("best:") && out.contains("fsdp-plan plan models/tiny-llama-4l.ron --world-size 4") && out.contains("Pareto front"), "{out}");
+}
+
+#[test]
+fn tune_says_what_would_fit() {
+    // activations bind: a shorter sequence fits (more GPUs shard only the params)
+    let (code, out, _) = run(&["tune", "models/tiny-llama-4l.ron", "--world-size", "2", "--global-batch", "2", "--seq", "1024", "--memory-limit", "3MiB", "--reserve", "0"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("does not fit") && out.contains("--seq 512 fits") && out.contains("offload"), "{out}");
+    // params bind: more GPUs fit
+    let (code, out, _) = run(&["tune", "models/tiny-llama-4l.ron", "--world-size", "2", "--global-batch", "2", "--seq", "64", "--memory-limit", "600KiB", "--reserve", "0"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("does not fit") && out.contains("8 GPUs"), "{out}");
+}
+
+#[test]
+fn tune_refuses_bad_input() {
+    for (args, want) in [
+        (vec!["tune", "models/tiny-llama-4l.ron", "--world-size", "3", "--global-batch", "8"], "--global-batch"),
+        (vec!["tune", "models/tiny-llama-4l.ron", "--global-batch", "8", "--memory-limit", "80 parsecs"], "--memory-limit"),
+        (vec!["tune", "models/nope.ron", "--global-batch", "8"], "nope.ron"),
+        (vec!["tune", "models/tiny-llama-4l.ron", "--global-batch", "8", "--param-dtype", "f12"], "--param-dtype"),
+    ] {
+        let (code, _, err) = run(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn fit_finds_the_largest_micro_batch() {
+    let model = "models/tiny-llama-4l.ron";
+    let limit = "6MiB";
+    let v = json(&["fit", model, "--world-size", "2", "--seq", "64", "--memory-limit", limit, "--reserve", "0", "--format", "json"]);
+    let n = v["largest"].as_u64().unwrap();
+    assert!(n >= 2, "{v}");
+    let peak = |b: u64| json(&["plan", model, "--world-size", "2", "--seq", "64", "--batch", &b.to_string(), "--format", "json"])["memory"]["peak_bytes"].as_u64().unwrap();
+    assert!(peak(n) <= 6 << 20 && peak(n + 1) > 6 << 20, "{n}");
+    let (code, _, err) = run(&["fit", model, "--memory-limit", "1KiB", "--reserve", "0"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("not even"), "{err}");
+}
