@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate every ground-truth fixture (needs .venv with torch==2.11.0, transformers==5.17.0):
 #   bash harness/regen.sh            (from the repo root or anywhere; about half an hour on 2 CPU cores)
-# Writes tests/fixtures/hf_params/*.json, tests/fixtures/fsdp2{,_fake}/*.json,
+# Writes tests/fixtures/hf_params/*.json, tests/fixtures/fsdp2{,_fake}/*.json, tests/fixtures/train/,
 # tests/fixtures/fsdp1/*.json and tests/fixtures/runtime/<name>/ (each file atomically), then
 # deletes fixtures whose model config / case no longer exists.
 set -euo pipefail
@@ -13,6 +13,7 @@ PY=.venv/bin/python
 "$PY" harness/fsdp2_fake.py
 "$PY" harness/fsdp1_oracle.py
 "$PY" harness/hf_parity.py
+"$PY" harness/train_parity.py
 # torch.optim's results at each x86-64 CPU capability (run on an AVX-512 machine for avx512)
 for cap in default avx2 avx512; do ATEN_CPU_CAPABILITY=$cap "$PY" harness/optim_parity.py; done
 for f in tests/fixtures/hf_params/*.json; do

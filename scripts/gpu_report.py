@@ -21,8 +21,23 @@ import sys
 def load(path):
     with open(path) as f:
         text = f.read()
-    # `fsdp-plan launch` prefixes lines with "[rank k] "; a run's JSON is the last object
+    # `fsdp-plan launch` prefixes lines with "[rank k] "
     lines = [l.split("] ", 1)[1] if l.startswith("[rank ") else l for l in text.splitlines()]
+    # `run --format json`: one JSON line per step, then {"summary": …} (rank 0's); other
+    # files are one JSON document
+    objs = []
+    for l in lines:
+        l = l.strip()
+        if l.startswith("{") and l.endswith("}"):
+            try:
+                objs.append(json.loads(l))
+            except ValueError:
+                objs = None
+                break
+    if objs and any("summary" in o for o in objs):
+        doc = dict(next(o["summary"] for o in objs if "summary" in o))
+        doc["steps"] = [o for o in objs if "step" in o]
+        return doc
     text = "\n".join(lines)
     start = text.find("{")
     return json.loads(text[start:])

@@ -42,7 +42,7 @@ pub(crate) enum Cmd {
     /// Plan a model over world sizes and policies: fits?, peak, step time, tokens/s/GPU.
     Sweep(crate::sweep::SweepArgs),
     /// Train on CPU rank threads: `run MODEL [plan options]` or `run PLAN.ron --model MODEL`.
-    Run(crate::run::RunArgs),
+    Run(Box<crate::run::RunArgs>),
     /// Start N local ranks like torchrun: `launch --nproc-per-node N MODEL|PLAN [run options]`
     /// runs `fsdp-plan run …` N times with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
     /// MASTER_ADDR=127.0.0.1 and MASTER_PORT set, output prefixed `[rank k]`.

@@ -38,6 +38,16 @@ impl std::fmt::Display for UserError {
 }
 impl std::error::Error for UserError {}
 
+/// Training stopped on a non-finite loss or gradient norm: exit code 3.
+#[derive(Debug)]
+pub(crate) struct NonFinite(pub(crate) String);
+impl std::fmt::Display for NonFinite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for NonFinite {}
+
 pub(crate) fn user<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow!(UserError(e.to_string()))
 }

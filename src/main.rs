@@ -1,5 +1,6 @@
 //! The `fsdp-plan` command line: parses the arguments and dispatches to the command's module
-//! (one per command); a user error exits with code 2, any other failure with 1.
+//! (one per command); a user error exits with code 2, a training run stopped by a
+//! non-finite loss with 3, any other failure with 1.
 
 /// mimalloc: planning allocates and drops many small buffers (names, events); `tune`
 /// builds thousands of plans.
@@ -35,7 +36,7 @@ fn dispatch(cli: cli::Cli, m: &clap::ArgMatches) -> anyhow::Result<()> {
         Cmd::Rows(r) => rows::run(r),
         Cmd::Tune(t) => tune::run(t),
         Cmd::Fit(f) => tune::fit(f),
-        Cmd::Run(r) => run::train(r),
+        Cmd::Run(r) => run::train(*r),
         Cmd::Launch(a) => launch::launch(a),
         Cmd::RendezvousSelftest(a) => launch::rendezvous_selftest(a),
         Cmd::Calibrate { p, trace, hardware, output } => calibrate::run(p, trace, hardware, output),
@@ -64,6 +65,8 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             if e.downcast_ref::<io::UserError>().is_some() {
                 ExitCode::from(2)
+            } else if e.downcast_ref::<io::NonFinite>().is_some() {
+                ExitCode::from(3)
             } else {
                 ExitCode::from(1)
             }

@@ -31,16 +31,59 @@ pub(crate) struct RunArgs {
     pub(crate) backend: String,
     #[arg(long, default_value_t = 10)]
     pub(crate) steps: usize,
+    /// The (peak) learning rate.
     #[arg(long, default_value_t = 1e-3)]
     pub(crate) lr: f64,
+    /// constant | linear | cosine | wsd (torchtitan's warmup-stable-decay: --warmup-steps of
+    /// linear warmup, then linear/cosine decay to --min-lr over --decay-steps; wsd holds the
+    /// rate and decays over the last --decay-steps, default a tenth of the run).
+    #[arg(long, default_value = "constant", value_parser = ["constant", "linear", "cosine", "wsd"])]
+    pub(crate) lr_schedule: String,
+    #[arg(long, default_value_t = 0)]
+    pub(crate) warmup_steps: u64,
+    /// Steps of the decay (default: linear/cosine every step after the warmup; wsd a tenth).
+    #[arg(long)]
+    pub(crate) decay_steps: Option<u64>,
+    /// The learning rate the decay ends at.
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) min_lr: f64,
+    /// clip_grad_norm_ before each optimizer step: the global L2 norm over every rank's shards.
+    #[arg(long)]
+    pub(crate) clip_grad_norm: Option<f64>,
+    /// AdamW's decoupled weight decay (default: torch's 0.01).
+    #[arg(long)]
+    pub(crate) weight_decay: Option<f64>,
+    #[arg(long, default_value_t = 0.9)]
+    pub(crate) beta1: f64,
+    #[arg(long, default_value_t = 0.999)]
+    pub(crate) beta2: f64,
+    #[arg(long, default_value_t = 1e-8)]
+    pub(crate) eps: f64,
+    /// Skip a step whose loss or gradient norm is not finite (default: stop, exit 3).
+    #[arg(long)]
+    pub(crate) skip_nonfinite: bool,
+    /// Keep only the newest N checkpoints (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) keep_last: usize,
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: i64,
     /// Initial weights: an HF-named safetensors file (default: HF-style random init).
     #[arg(long)]
     pub(crate) weights: Option<PathBuf>,
-    /// `synthetic` (random tokens) or a file of little-endian u32 token ids.
+    /// `synthetic` (random tokens) or a token file: raw uint16 (nanoGPT's `.bin`), raw
+    /// uint32 (`.u32`) or `.npy`, read through a memory map one step at a time; step k reads
+    /// the k-th window of global-batch × seq tokens, in order, starting over after the last
+    /// whole one (an epoch).
     #[arg(long, default_value = "synthetic")]
     pub(crate) data: String,
+    /// The token file's format: auto (by extension: .bin/.u16 uint16, .u32 uint32, .npy), u16,
+    /// u32 or npy.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "u16", "u32", "npy"])]
+    pub(crate) data_format: String,
+    /// Stop after this many passes over the token file (default: run --steps, starting over
+    /// at the end of the file as often as needed).
+    #[arg(long)]
+    pub(crate) epochs: Option<u64>,
     /// Write sharded checkpoints (safetensors per rank + metadata + plan) into this directory.
     #[arg(long)]
     pub(crate) save: Option<PathBuf>,
@@ -64,8 +107,13 @@ pub(crate) struct RunArgs {
     /// before it ends the run with an error naming the peer.
     #[arg(long, default_value_t = 600.0)]
     pub(crate) timeout_s: f64,
+    /// text: a progress bar on a terminal, else a line per step (stderr); json: one JSON line
+    /// per step and a closing summary line (stdout).
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     pub(crate) format: String,
+    /// The hardware profile MFU is reported against (default: cpu, or h100-sxm on cuda).
+    #[arg(long)]
+    pub(crate) hardware: Option<String>,
 }
 
 /// `--timeout-s`: a positive number of seconds, at most 10⁹ (a `Duration`).
@@ -88,6 +136,26 @@ pub(crate) fn run_inputs(r: &RunArgs) -> Result<(Plan, Model)> {
     if !(r.lr.is_finite() && r.lr >= 0.0) {
         // torch.optim raises "Invalid learning rate" for these too
         bail!(UserError(format!("--lr {}: expected a finite learning rate >= 0", r.lr)));
+    }
+    if !(r.min_lr.is_finite() && (0.0..=r.lr).contains(&r.min_lr)) {
+        bail!(UserError(format!("--min-lr {}: expected a rate between 0 and --lr {}", r.min_lr, r.lr)));
+    }
+    if r.warmup_steps >= r.steps as u64 && r.warmup_steps > 0 {
+        bail!(UserError(format!("--warmup-steps {}: the run has only {} steps", r.warmup_steps, r.steps)));
+    }
+    if let Some(c) = r.clip_grad_norm.filter(|c| !(c.is_finite() && *c > 0.0)) {
+        bail!(UserError(format!("--clip-grad-norm {c}: expected a positive max norm")));
+    }
+    for (flag, v, ok) in [("--beta1", r.beta1, (0.0..1.0).contains(&r.beta1)), ("--beta2", r.beta2, (0.0..1.0).contains(&r.beta2)), ("--eps", r.eps, r.eps.is_finite() && r.eps >= 0.0)] {
+        if !ok {
+            // torch.optim's own checks
+            bail!(UserError(format!("{flag} {v}: torch.optim requires 0 <= beta < 1 and eps >= 0")));
+        }
+    }
+    if let Some(w) = r.weight_decay {
+        if !(w.is_finite() && w >= 0.0) {
+            bail!(UserError(format!("--weight-decay {w}: expected a finite value >= 0")));
+        }
     }
     let cuda = r.backend == "cuda";
     let (plan, model) = match &r.model {
@@ -114,6 +182,9 @@ pub(crate) fn run_inputs(r: &RunArgs) -> Result<(Plan, Model)> {
     if let Some(t) = &r.trace {
         not_an_input(t, &[&r.file])?;
     }
+    if r.weight_decay.is_some() && plan.options.optimizer != fsdp_planner::Optimizer::AdamW {
+        bail!(UserError(format!("--weight-decay: the plan's optimizer is {} (decoupled weight decay is AdamW's; plan with --optimizer adamw)", plan.options.optimizer.name())));
+    }
     if plan.options.seq < 2 {
         bail!(UserError(format!("--seq {}: a causal-LM loss needs at least 2 tokens per sequence (it predicts token t+1 from token t)", plan.options.seq)));
     }
@@ -137,6 +208,15 @@ pub(crate) fn train(r: RunArgs) -> Result<()> {
         seed: r.seed,
         weights: r.weights.clone(),
         data: if r.data == "synthetic" { None } else { Some(PathBuf::from(&r.data)) },
+        data_format: fsdp_runtime::data::Format::parse(&r.data_format).unwrap_or(fsdp_runtime::data::Format::Auto),
+        lr_schedule: fsdp_runtime::lr::Kind::parse(&r.lr_schedule).unwrap_or(fsdp_runtime::lr::Kind::Constant),
+        warmup_steps: r.warmup_steps,
+        decay_steps: r.decay_steps,
+        min_lr: r.min_lr,
+        clip_grad_norm: r.clip_grad_norm,
+        hyper: fsdp_runtime::optim::Hyper { beta1: r.beta1, beta2: r.beta2, eps: r.eps, weight_decay: r.weight_decay },
+        skip_nonfinite: r.skip_nonfinite,
+        keep_last: r.keep_last,
         save: r.save.clone(),
         save_every: r.save_every,
         resume: r.resume.clone(),
@@ -145,11 +225,41 @@ pub(crate) fn train(r: RunArgs) -> Result<()> {
         exit_after: test_exit_after()?,
         ..fsdp_runtime::train::RunConfig::new(r.steps)
     };
+    // the data: its format and size checked before any rank starts; --epochs caps the steps
+    let data = fsdp_runtime::train::data_of(&plan, &model, &cfg).map_err(user)?;
+    let mut cfg = cfg;
+    if let (Some(e), Some(w)) = (r.epochs, data.windows()) {
+        if e == 0 {
+            bail!(UserError("--epochs 0: expected at least 1".into()));
+        }
+        if e.saturating_mul(w) < cfg.steps as u64 {
+            if env.rank == 0 {
+                eprintln!("data: --epochs {e} of {w} steps each ends the run after step {} (of --steps {})", e * w, cfg.steps);
+            }
+            cfg.steps = (e * w) as usize;
+        }
+    }
+    drop(data);
+    let epoch_said = std::sync::atomic::AtomicU64::new(0);
     let text = r.format == "text";
+    let hw = load_hardware(r.hardware.as_deref().unwrap_or(if cuda { "h100-sxm" } else { "cpu" }))?;
+    let progress = std::sync::Mutex::new(Progress::new(&plan, &model, &hw, cfg.steps, text && std::io::IsTerminal::is_terminal(&std::io::stderr())));
     // every rank computes the same reports: rank 0 prints them
     let print = |s: &fsdp_runtime::train::StepReport| {
-        if text && env.rank == 0 {
-            eprintln!("step {:>4}  loss {:.6}  {:>10.1} tokens/s  peak {} (rank 0, measured)", s.step, s.loss, s.tokens_per_s, fsdp_planner::print::bytes(s.peak_bytes));
+        if env.rank != 0 {
+            return;
+        }
+        let mut p = progress.lock().unwrap_or_else(|e| e.into_inner());
+        if s.epoch > epoch_said.load(std::sync::atomic::Ordering::Relaxed) {
+            epoch_said.store(s.epoch, std::sync::atomic::Ordering::Relaxed);
+            p.note(&format!("data: {} read whole {} time(s); step {} starts over at its first token", r.data, s.epoch, s.step));
+        }
+        p.step(s, text);
+        for n in &s.notes {
+            p.note(n);
+        }
+        if s.skipped {
+            p.note(&format!("step {}: loss {} / gradient norm {}: not finite, update skipped (--skip-nonfinite)", s.step, s.loss, s.grad_norm.unwrap_or(f64::NAN)));
         }
     };
     let reports = if per_process {
@@ -161,10 +271,14 @@ pub(crate) fn train(r: RunArgs) -> Result<()> {
         fsdp_runtime::train::run_process(&plan, &model, &cfg, &env, backend, timeout_secs(r.timeout_s)?, print).map_err(|e| match e {
             // a peer that died or hung is not bad input: exit 1, not 2
             fsdp_runtime::RtError::Comm(m) => anyhow!(m),
+            fsdp_runtime::RtError::NonFinite(m) => anyhow!(NonFinite(m)),
             e => user(e),
         })?
     } else {
-        fsdp_runtime::train::run_cpu(&plan, &model, &cfg, print).map_err(user)?
+        fsdp_runtime::train::run_cpu(&plan, &model, &cfg, print).map_err(|e| match e {
+            fsdp_runtime::RtError::NonFinite(m) => anyhow!(NonFinite(m)),
+            e => user(e),
+        })?
     };
     if env.rank != 0 {
         return Ok(());
@@ -181,20 +295,135 @@ pub(crate) fn train(r: RunArgs) -> Result<()> {
             a.overlaps
         );
     }
-    if !text {
+    let p = progress.into_inner().unwrap_or_else(|e| e.into_inner());
+    let summary = p.summary(&plan, &reports);
+    if text {
+        eprintln!("{}", summary.0);
+    } else {
         let doc = serde_json::json!({
-            "arena": arena,
-            "model": plan.model_name,
-            "plan_hash": plan.plan_hash,
-            "world_size": plan.options.world_size,
-            "backend": r.backend,
-            "processes": if per_process { env.world_size } else { 1 },
-            "steps": reports,
-            "predicted_peak_bytes": plan.memory.peak_bytes,
+            "summary": {
+                "arena": arena,
+                "model": plan.model_name,
+                "plan_hash": plan.plan_hash,
+                "world_size": plan.options.world_size,
+                "backend": r.backend,
+                "processes": if per_process { env.world_size } else { 1 },
+                "steps": reports.len(),
+                "final_loss": reports.last().map(|s| s.loss),
+                "measured_peak_bytes": reports.iter().map(|s| s.peak_bytes).max(),
+                "predicted_peak_bytes": plan.memory.peak_bytes,
+                "mean_tokens_per_s": summary.1,
+            }
         });
-        outln!("{}", serde_json::to_string_pretty(&doc)?);
+        outln!("{}", serde_json::to_string(&doc)?);
     }
     Ok(())
+}
+
+/// Rank 0's view of a run: a progress bar on a terminal, else a line (text) or a JSON line
+/// (`--format json`) per step; notes (checkpoints, epochs) on their own lines.
+#[cfg(feature = "runtime")]
+struct Progress {
+    steps: usize,
+    flops_per_token: f64,
+    peak_flops: f64,
+    planned_peak: u64,
+    bar: bool,
+    started: std::time::Instant,
+    first_step: Option<usize>,
+    line_open: bool,
+}
+
+#[cfg(feature = "runtime")]
+impl Progress {
+    fn new(plan: &Plan, model: &Model, hw: &fsdp_planner::hardware::Hardware, steps: usize, bar: bool) -> Progress {
+        let o = &plan.options;
+        let attn = fsdp_planner::AttnImpl::parse(&plan.attn_implementation).unwrap_or(fsdp_planner::AttnImpl::Sdpa);
+        let tokens = (o.batch * o.seq) as f64;
+        let dtype = o.param_dtype.or(o.master_dtype).unwrap_or(fsdp_ir::DType::Float32);
+        Progress {
+            steps,
+            flops_per_token: fsdp_planner::cost::model_flops(model, o, attn) / tokens.max(1.0),
+            peak_flops: hw.peak(dtype) * o.world_size as f64,
+            planned_peak: plan.memory.peak_bytes,
+            bar,
+            started: std::time::Instant::now(),
+            first_step: None,
+            line_open: false,
+        }
+    }
+
+    fn mfu(&self, tokens_per_s: f64) -> f64 {
+        tokens_per_s * self.flops_per_token / self.peak_flops.max(1.0)
+    }
+
+    fn note(&mut self, n: &str) {
+        if self.line_open {
+            eprintln!();
+            self.line_open = false;
+        }
+        eprintln!("{n}");
+    }
+
+    fn step(&mut self, s: &fsdp_runtime::train::StepReport, text: bool) {
+        let first = *self.first_step.get_or_insert(s.step);
+        let mfu = self.mfu(s.tokens_per_s);
+        if !text {
+            let line = serde_json::json!({
+                "step": s.step, "epoch": s.epoch, "loss": s.loss, "lr": s.lr, "grad_norm": s.grad_norm,
+                "tokens_per_s": s.tokens_per_s, "mfu": mfu, "peak_bytes": s.peak_bytes,
+                "planned_peak_bytes": self.planned_peak, "skipped": s.skipped,
+            });
+            outln!("{line}");
+            return;
+        }
+        let norm = s.grad_norm.map_or("-".into(), |g| format!("{g:.3}"));
+        if !self.bar {
+            eprintln!("step {:>4}  loss {:.6}  lr {:.3e}  grad norm {norm}  {:>10.1} tokens/s  MFU {:.2}%  peak {} (rank 0, measured)", s.step, s.loss, s.lr, s.tokens_per_s, 100.0 * mfu, fsdp_planner::print::bytes(s.peak_bytes));
+            return;
+        }
+        let done = (s.step + 1 - first) as f64;
+        let per = self.started.elapsed().as_secs_f64() / done.max(1.0);
+        let left = per * (self.steps - s.step) as f64;
+        let width = 24;
+        let filled = (width as f64 * s.step as f64 / self.steps.max(1) as f64).round() as usize;
+        eprint!(
+            "\r[{}{}] {}/{}  loss {:.4}  lr {:.2e}  |g| {norm}  {:.0} tok/s  MFU {:.1}%  left {}   ",
+            "=".repeat(filled.min(width)),
+            " ".repeat(width - filled.min(width)),
+            s.step,
+            self.steps,
+            s.loss,
+            s.lr,
+            s.tokens_per_s,
+            100.0 * mfu,
+            fsdp_planner::timeline::secs(left)
+        );
+        self.line_open = true;
+    }
+
+    /// The closing lines (text) and the mean tokens/s.
+    fn summary(mut self, plan: &Plan, reps: &[fsdp_runtime::train::StepReport]) -> (String, f64) {
+        if self.line_open {
+            eprintln!();
+            self.line_open = false;
+        }
+        // the first step records the arena and warms up: the mean is over the rest
+        let later: Vec<f64> = reps.iter().skip(1).map(|s| s.tokens_per_s).collect();
+        let tps = if later.is_empty() { reps.iter().map(|s| s.tokens_per_s).sum::<f64>() / reps.len().max(1) as f64 } else { later.iter().sum::<f64>() / later.len() as f64 };
+        let measured = reps.iter().map(|s| s.peak_bytes).max().unwrap_or(0);
+        let text = format!(
+            "done: {} steps in {}, final loss {:.6}; {:.1} tokens/s ({:.2}% MFU); peak {} measured (rank 0) vs {} planned",
+            reps.len(),
+            fsdp_planner::timeline::secs(self.started.elapsed().as_secs_f64()),
+            reps.last().map_or(f64::NAN, |s| s.loss),
+            tps,
+            100.0 * self.mfu(tps),
+            fsdp_planner::print::bytes(measured),
+            fsdp_planner::print::bytes(plan.memory.peak_bytes)
+        );
+        (text, tps)
+    }
 }
 
 /// `FSDP_PLAN_TEST_EXIT_AFTER=RANK:STEP`: that rank aborts after that step (fault injection

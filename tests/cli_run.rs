@@ -36,12 +36,14 @@ fn tokens(path: &Path, ids: &[u32]) {
 #[test]
 fn bad_run_options_and_data_are_refused_by_name() {
     let d = scratch("opts");
-    let (bad_vocab, short, odd) = (d.join("vocab.bin"), d.join("short.bin"), d.join("odd.bin"));
+    let (bad_vocab, short, odd) = (d.join("vocab.u32"), d.join("short.u32"), d.join("odd.u32"));
     let mut ids = vec![5u32; 64];
     ids[40] = 300;
     tokens(&bad_vocab, &ids);
     tokens(&short, &[5; 10]);
     std::fs::write(&odd, b"abc").unwrap();
+    let txt = d.join("tokens.txt");
+    std::fs::write(&txt, b"text, not ids").unwrap();
     let cases: Vec<(Vec<&str>, String)> = vec![
         (with(&["--steps", "0"]), "--steps 0: expected at least 1 step".into()),
         (with(&["--lr", "nan"]), "--lr NaN: expected a finite learning rate >= 0".into()),
@@ -50,7 +52,9 @@ fn bad_run_options_and_data_are_refused_by_name() {
         (with(&["--timeout-s", "1e30"]), "expected a positive number of seconds (at most 1e9)".into()),
         (with(&["--data", bad_vocab.to_str().unwrap()]), format!("{}: token 300 at index 40 (byte 160) is not below the model's vocabulary size 256", bad_vocab.display())),
         (with(&["--data", short.to_str().unwrap()]), format!("{}: 10 tokens, but a step needs 32", short.display())),
-        (with(&["--data", odd.to_str().unwrap()]), format!("{}: 3 bytes: expected little-endian u32 token ids", odd.display())),
+        (with(&["--data", odd.to_str().unwrap()]), format!("{}: 3 bytes: not a whole number of uint32 token ids (4 bytes each)", odd.display())),
+        (with(&["--data", txt.to_str().unwrap()]), "cannot tell the format of a `.txt` file: give --data-format".into()),
+        (with(&["--data", bad_vocab.to_str().unwrap(), "--epochs", "0"]), "--epochs 0".into()),
         (vec!["launch", "--nproc-per-node", "3", "--master-port", "0", M, "--world-size", "2", "--batch", "2", "--seq", "8"], "launch: the plan is for world size 2, but --nproc-per-node 3 starts 3 ranks".into()),
         (vec!["launch", "--nproc-per-node", "2", "--master-port", "0", M, "--world-size", "2", "--bogus"], "launch: the ranks' arguments: error: unexpected argument '--bogus'".into()),
         (vec!["launch", "--nproc-per-node", "2", "--master-port", "0", M, "--world-size", "2", "--timeout-s", "1e30"], "--timeout-s 1000000000000000000000000000000: expected a positive number".into()),
@@ -160,4 +164,59 @@ fn launch_across_nodes_numbers_ranks_as_torchrun() {
     let (code, _, err) = run(&["launch", "--nnodes", "2", "--nproc-per-node", "1", "models/tiny-llama.ron", "--world-size", "4", "--seq", "8"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--nnodes 2 × --nproc-per-node 1 starts 2 ranks: plan with --world-size 2"), "{err}");
+}
+
+/// The trainer as a user meets it: a nanoGPT uint16 `.bin` trains, a file shorter than the
+/// run starts over once and says so (or `--epochs` ends the run), one JSON line per step
+/// with the learning rate of the schedule and the gradient norm, a non-finite loss stops the
+/// run with exit 3 (or is skipped), checkpoints are announced and thinned by `--keep-last`,
+/// and resuming with other options is told.
+#[test]
+fn the_trainer_reads_nanogpt_bins_schedules_and_reports() {
+    let d = scratch("trainer");
+    // 3 steps of 2 ranks × 2 × 8 tokens (tiny-llama's vocabulary is 256)
+    let bin = d.join("train.bin");
+    std::fs::write(&bin, (0..96u16).map(|i| (i * 7 + 3) % 256).flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+    let b = bin.to_str().unwrap();
+    let (code, out, err) = run(&with(&["--data", b, "--steps", "7", "--lr-schedule", "cosine", "--warmup-steps", "2", "--min-lr", "1e-4", "--clip-grad-norm", "0.5", "--format", "json"]));
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let steps: Vec<&serde_json::Value> = lines.iter().filter(|l| l.get("step").is_some()).collect();
+    assert_eq!(steps.len(), 7);
+    let lr: Vec<f64> = steps.iter().map(|s| s["lr"].as_f64().unwrap()).collect();
+    assert!((lr[0] - 1e-3 / 3.0).abs() < 1e-12 && (lr[6] - 1e-4).abs() < 1e-12, "{lr:?}");
+    assert!(steps.iter().all(|s| s["grad_norm"].as_f64().is_some_and(|g| g > 0.0) && s["planned_peak_bytes"].as_u64().is_some() && s["mfu"].as_f64().is_some()));
+    assert_eq!(steps[3]["epoch"], 1);
+    assert!(lines.last().unwrap()["summary"]["final_loss"].as_f64().is_some());
+    assert!(err.contains("read whole 1 time(s); step 4 starts over"), "{err}");
+    // --epochs 1: three steps
+    let (code, out, err) = run(&with(&["--data", b, "--steps", "7", "--epochs", "1", "--format", "json"]));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.lines().filter(|l| l.contains("\"step\"")).count(), 3);
+    assert!(err.contains("--epochs 1 of 3 steps each ends the run after step 3"), "{err}");
+    // a non-finite loss: exit 3, or skipped
+    let (code, _, err) = run(&with(&["--data", b, "--steps", "3", "--lr", "1e30"]));
+    assert!(code == 3 && err.contains("step 2: the gradient norm is NaN"), "{code}: {err}");
+    let (code, _, err) = run(&with(&["--data", b, "--steps", "3", "--lr", "1e30", "--skip-nonfinite"]));
+    assert!(code == 0 && err.contains("update skipped"), "{code}: {err}");
+    // checkpoints: announced, the last 2 kept; a resume with another --lr is told
+    let ck = d.join("ck");
+    let c = ck.to_str().unwrap();
+    let (code, _, err) = run(&with(&["--data", b, "--steps", "3", "--save", c, "--save-every", "1", "--keep-last", "2"]));
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("checkpoint: saved step 3 to") && err.contains("(removed step-00000001)"), "{err}");
+    let kept: Vec<_> = std::fs::read_dir(&ck).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("step-")).collect();
+    assert_eq!(kept.len(), 2);
+    let (code, _, err) = run(&with(&["--data", b, "--steps", "4", "--resume", c, "--lr", "5e-4"]));
+    assert!(code == 0 && err.contains("resuming with options that differ from the checkpoint's: lr 0.001 → 0.0005"), "{err}");
+    // bad schedule options are refused by name
+    for (args, want) in [
+        (vec!["--min-lr", "1"], "--min-lr 1: expected a rate between 0 and --lr"),
+        (vec!["--warmup-steps", "10", "--steps", "3"], "--warmup-steps 10: the run has only 3 steps"),
+        (vec!["--clip-grad-norm", "0"], "--clip-grad-norm 0"),
+        (vec!["--beta2", "1"], "--beta2 1: torch.optim requires"),
+    ] {
+        let (code, _, err) = run(&with(&args));
+        assert!(code == 2 && err.contains(want), "{args:?}: {err}");
+    }
 }

@@ -24,6 +24,18 @@ pub struct RankMeta {
     /// Steps completed.
     pub step: usize,
     pub adam_steps: Vec<i64>,
+    /// The run options that shape training (learning-rate schedule, clipping, optimizer
+    /// hyper-parameters, seed): a resume that differs is told ([`crate::train::RunConfig::recorded`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<serde_json::Value>,
+}
+
+/// What [`load_any`] learned besides the state.
+#[derive(Debug, Clone, Default)]
+pub struct Loaded {
+    /// The checkpoint's world size when it was saved under another plan (resharded on load).
+    pub resharded_from: Option<u64>,
+    pub run: Option<serde_json::Value>,
 }
 
 fn io(file: &Path, e: impl std::fmt::Display) -> RtError {
@@ -57,7 +69,7 @@ fn tmp_dir(dir: &Path, step: usize) -> PathBuf {
 }
 
 /// Every rank: write this rank's files into the step's temp directory.
-pub fn save_rank(dir: &Path, plan: &Plan, rank_idx: usize, rank: &Rank, step: usize) -> Result<(), RtError> {
+pub fn save_rank(dir: &Path, plan: &Plan, rank_idx: usize, rank: &Rank, step: usize, run: &serde_json::Value) -> Result<(), RtError> {
     let tmp = tmp_dir(dir, step);
     std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
     let mut named: Vec<(String, Tensor)> = vec![];
@@ -80,6 +92,7 @@ pub fn save_rank(dir: &Path, plan: &Plan, rank_idx: usize, rank: &Rank, step: us
         rank: rank_idx,
         step,
         adam_steps: rank.opt.iter().map(|s| s.step).collect(),
+        run: Some(run.clone()),
     };
     let json = serde_json::to_vec_pretty(&meta).map_err(|e| io(&st, e))?;
     write_atomic(&tmp.join(format!("rank-{rank_idx}.json")), &json)
@@ -157,7 +170,108 @@ pub fn load_rank(ckpt: &Path, plan: &Plan, rank_idx: usize) -> Result<(Rank, usi
         });
         shards.push(s);
     }
-    Ok((Rank { shards, opt, arena: None }, meta.step))
+    Ok((Rank { shards, opt, arena: None, last_grad_norm: None, skipped: false }, meta.step))
+}
+
+/// Removes all but the newest `keep` step directories (0: keeps all); returns their names.
+pub fn keep_last(dir: &Path, keep: usize) -> Result<Vec<String>, RtError> {
+    if keep == 0 {
+        return Ok(vec![]);
+    }
+    let mut steps: Vec<(usize, String)> = std::fs::read_dir(dir)
+        .map_err(|e| io(dir, e))?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| step_of(n).map(|s| (s, n.to_string()))))
+        .collect();
+    steps.sort();
+    let drop = steps.len().saturating_sub(keep);
+    let mut gone = vec![];
+    for (_, name) in steps.into_iter().take(drop) {
+        let p = dir.join(&name);
+        std::fs::remove_dir_all(&p).map_err(|e| io(&p, e))?;
+        gone.push(name);
+    }
+    Ok(gone)
+}
+
+/// Loads this rank's state for `plan` from a checkpoint: directly when it was saved under the
+/// same plan; when saved under another plan of the same model (another world size, wrap or
+/// layout), by reassembling every full parameter and optimizer state from the saved ranks'
+/// shards and sharding them for `plan`, as PyTorch DCP reshards on load.
+pub fn load_any(ckpt: &Path, plan: &Plan, rank_idx: usize) -> Result<(Rank, usize, Loaded), RtError> {
+    let mp = ckpt.join(format!("rank-{rank_idx}.json"));
+    let m0 = ckpt.join("rank-0.json");
+    let text = std::fs::read_to_string(&m0).map_err(|e| io(&m0, e))?;
+    let meta: RankMeta = serde_json::from_str(&text).map_err(|e| io(&m0, format!("corrupted metadata: {e}")))?;
+    if meta.plan_hash == plan.plan_hash {
+        let run = meta.run.clone();
+        let (r, step) = load_rank(ckpt, plan, rank_idx)?;
+        return Ok((r, step, Loaded { resharded_from: None, run }));
+    }
+    if meta.model_hash != plan.model_hash {
+        return Err(io(&mp, "saved for another model (its hash differs): nothing to reshard from"));
+    }
+    let pp = ckpt.join("plan.ron");
+    let text = std::fs::read_to_string(&pp).map_err(|e| io(&pp, e))?;
+    let old: Plan = ron::from_str(&text).map_err(|e| io(&pp, format!("corrupted plan: {e}")))?;
+    if old.options.optimizer.keeps_state() != plan.options.optimizer.keeps_state() {
+        return Err(io(&pp, format!("saved with optimizer {}, this run's is {}: the optimizer state does not carry over", old.options.optimizer.name(), plan.options.optimizer.name())));
+    }
+    let (full, m, v, step, adam) = gather_full(ckpt, &old)?;
+    let mut rank = Rank::from_full(plan, &full, rank_idx)?;
+    if plan.options.optimizer.keeps_state() {
+        let ms = Rank::from_full(plan, &m, rank_idx)?;
+        let vs = Rank::from_full(plan, &v, rank_idx)?;
+        for (u, st) in rank.opt.iter_mut().enumerate() {
+            st.m = ms.shards[u].shallow_clone();
+            st.v = vs.shards[u].shallow_clone();
+            st.step = adam;
+        }
+    } else {
+        for st in rank.opt.iter_mut() {
+            st.step = adam;
+        }
+    }
+    Ok((rank, step, Loaded { resharded_from: Some(old.options.world_size), run: meta.run }))
+}
+
+type Full = std::collections::HashMap<String, Tensor>;
+
+/// Every parameter of a checkpoint saved under `plan` in full (and AdamW's two states), with
+/// the step and the optimizer's step count.
+fn gather_full(ckpt: &Path, plan: &Plan) -> Result<(Full, Full, Full, usize, i64), RtError> {
+    let ws = plan.options.shard_size() as usize;
+    let mut per_rank = vec![];
+    let mut step0 = None;
+    for r in 0..ws {
+        let (rank, step) = load_rank(ckpt, plan, r)?;
+        let s0 = *step0.get_or_insert(step);
+        if step != s0 {
+            return Err(io(&ckpt.join(format!("rank-{r}.json")), format!("saved after step {step}, rank 0's after step {s0}: the ranks' files are of different steps")));
+        }
+        per_rank.push(rank);
+    }
+    let adam = per_rank.first().and_then(|r| r.opt.iter().map(|s| s.step).max()).unwrap_or(0);
+    let (mut full, mut m, mut v) = (Full::new(), Full::new(), Full::new());
+    let keeps = plan.options.optimizer.keeps_state();
+    for (u, unit) in plan.units.iter().enumerate() {
+        let cat = |f: &dyn Fn(&Rank) -> Tensor| Tensor::cat(&per_rank.iter().map(f).collect::<Vec<_>>(), 0);
+        let pw = crate::exec::copy_out(plan, u, &cat(&|r| r.shards[u].shallow_clone()));
+        let (pm, pv) = match keeps {
+            true => (crate::exec::copy_out(plan, u, &cat(&|r| r.opt[u].m.shallow_clone())), crate::exec::copy_out(plan, u, &cat(&|r| r.opt[u].v.shallow_clone()))),
+            false => (Full::new(), Full::new()),
+        };
+        for p in &unit.params {
+            if let Some(t) = pw.get(&p.name) {
+                full.insert(p.name.clone(), t.shallow_clone());
+            }
+            if let (Some(a), Some(b)) = (pm.get(&p.name), pv.get(&p.name)) {
+                m.insert(p.name.clone(), a.shallow_clone());
+                v.insert(p.name.clone(), b.shallow_clone());
+            }
+        }
+    }
+    Ok((full, m, v, step0.unwrap_or(0), adam))
 }
 
 /// Reassembles full HF-named parameters from every rank's shards (`consolidate`).

@@ -15,4 +15,7 @@ pub enum RtError {
     /// A collective failed: a peer left or did not answer in time, an NCCL error.
     #[error("{0}")]
     Comm(String),
+    /// A non-finite loss or gradient norm (the run stops: exit 3).
+    #[error("non-finite: {0}")]
+    NonFinite(String),
 }

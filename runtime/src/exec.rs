@@ -33,6 +33,41 @@ pub struct Rank {
     /// it ([`crate::placement::assign`]), made from the first arena step's record and
     /// replayed by the next ones.
     pub arena: Option<(shim::Arena, Option<shim::Assignment>)>,
+    /// The last step's global gradient norm (before clipping; over every rank's shards), and
+    /// whether its update was skipped for being non-finite.
+    pub last_grad_norm: Option<f64>,
+    pub skipped: bool,
+}
+
+/// The optimizer phase of a step: FSDP2's `clip_grad_norm_` (the global L2 norm of the
+/// sharded gradients, computed over the shard group: replicas hold the same shards), then
+/// the optimizer on each shard.
+#[derive(Debug, Clone, Copy)]
+pub struct Update {
+    pub opt: Optim,
+    /// `max_norm`: gradients scaled by `min(1, max_norm / (norm + 1e-6))`, as torch does.
+    pub clip: Option<f64>,
+    /// A non-finite gradient norm skips the update (else the step fails with
+    /// [`RtError::NonFinite`]).
+    pub skip_nonfinite: bool,
+}
+
+impl From<Optim> for Update {
+    fn from(opt: Optim) -> Update {
+        Update { opt, clip: None, skip_nonfinite: false }
+    }
+}
+
+impl From<&crate::optim::AdamW> for Update {
+    fn from(a: &crate::optim::AdamW) -> Update {
+        Optim::from(a).into()
+    }
+}
+
+impl From<crate::optim::AdamW> for Update {
+    fn from(a: crate::optim::AdamW) -> Update {
+        Optim::from(&a).into()
+    }
 }
 
 fn err(m: impl Into<String>) -> RtError {
@@ -91,7 +126,7 @@ impl Rank {
         }
         // the state of the optimizer the plan names (none for SGD: the plan has none)
         let opt = shards.iter().map(|s| State::for_optim(plan.options.optimizer, s)).collect();
-        Ok(Rank { shards, opt, arena: None })
+        Ok(Rank { shards, opt, arena: None, last_grad_norm: None, skipped: false })
     }
 
     /// The same state on `device` (shards, optimizer state), for a rank that runs on a GPU.
@@ -103,6 +138,8 @@ impl Rank {
         Rank {
             shards: self.shards.iter().map(mv).collect(),
             opt: self.opt.iter().map(|o| State { m: mv(&o.m), v: mv(&o.v), step: o.step }).collect(),
+            last_grad_norm: self.last_grad_norm,
+            skipped: self.skipped,
             arena: None,
         }
     }
@@ -222,7 +259,7 @@ fn rs_input(plan: &Plan, u: usize, grads: &HashMap<String, Tensor>, kind: Kind) 
 /// inputs (`input_ids`, `labels`). Returns the mean loss of this rank's micro-batches.
 /// `comm` is the world group: fine for full sharding and no-shard; hybrid sharding needs
 /// [`step_timed`] with its shard and replicate groups.
-pub fn step(plan: &Plan, model: &Model, comm: &dyn Collective, rank: &mut Rank, batches: &[HashMap<String, Tensor>], cx: &OpCx, opt: impl Into<Optim>) -> Result<f64, RtError> {
+pub fn step(plan: &Plan, model: &Model, comm: &dyn Collective, rank: &mut Rank, batches: &[HashMap<String, Tensor>], cx: &OpCx, opt: impl Into<Update>) -> Result<f64, RtError> {
     let groups = Groups::flat(comm, plan.options.strategy == fsdp_planner::Strategy::NoShard);
     step_timed(plan, model, &groups, rank, batches, cx, opt, None, None)
 }
@@ -335,7 +372,7 @@ pub fn step_timed(
     rank: &mut Rank,
     batches: &[HashMap<String, Tensor>],
     cx: &OpCx,
-    opt: impl Into<Optim>,
+    opt: impl Into<Update>,
     mut spans: Option<&mut Vec<(f64, f64)>>,
     stats: Option<&mut StepStats>,
 ) -> Result<f64, RtError> {
@@ -371,7 +408,7 @@ pub fn step_timed(
     let persistent = held_bytes(rank.shards.iter().chain(rank.opt.iter().flat_map(|o| [&o.m, &o.v])).chain(batches.iter().flat_map(|b| b.values())));
     let mut per_op = vec![];
     let mut probe = tracker.as_ref().map(|t| (t, &mut per_op));
-    let opt: Optim = opt.into();
+    let opt: Update = opt.into();
     let r = run_step(plan, model, comm, rank, batches, cx, &opt, &mut spans, &mut probe, arena.as_ref().map(|a| &a.0));
     let arena_stats = arena.as_ref().map(|a| a.0.stats());
     if let Some((a, map)) = &mut arena {
@@ -405,7 +442,7 @@ fn run_step(
     rank: &mut Rank,
     batches: &[HashMap<String, Tensor>],
     cx: &OpCx,
-    opt: &Optim,
+    update: &Update,
     spans: &mut Option<&mut Vec<(f64, f64)>>,
     probe: &mut Option<(&Probe, &mut Vec<(u64, u64)>)>,
     arena: Option<&shim::Arena>,
@@ -502,6 +539,7 @@ fn run_step(
     // the order each unit's param grads were made in (the plan's, for the arena)
     let mut pgrad_order: Vec<Vec<String>> = vec![vec![]; nu];
     let mut sgrads: Vec<Option<Tensor>> = (0..nu).map(|_| None).collect();
+    let mut normed = false;
     // hybrid sharding: reduce-scattered grads waiting for their all-reduce across replicas
     let hybrid = matches!(plan.options.strategy, fsdp_planner::Strategy::HybridShard { .. }) && plan.options.replicate_size() > 1;
     let mut pending: Vec<Option<Tensor>> = (0..nu).map(|_| None).collect();
@@ -865,6 +903,38 @@ fn run_step(
             }
             OpKind::OptimizerStep { unit } => {
                 let u = unit.index();
+                if !normed {
+                    // before the first unit's step: the norm of all of them (clip_grad_norm_)
+                    normed = true;
+                    rank.skipped = false;
+                    let local = tch::no_grad(|| -> Result<f64, RtError> {
+                        let mut sq = 0.0f64;
+                        for g in sgrads.iter().flatten() {
+                            sq += g.f_to_kind(Kind::Double)?.f_square()?.f_sum(Kind::Double)?.double_value(&[]);
+                        }
+                        Ok(sq)
+                    })?;
+                    let n = comm.shard.size() as f64;
+                    let dev = rank.shards.first().map(|s| s.device()).unwrap_or(tch::Device::Cpu);
+                    let total = comm.shard.all_reduce_avg(&Tensor::from(local).to_device(dev))?.double_value(&[]) * n;
+                    let norm = total.sqrt();
+                    rank.last_grad_norm = Some(norm);
+                    if !norm.is_finite() {
+                        if !update.skip_nonfinite {
+                            return Err(RtError::NonFinite(format!("the gradient norm is {norm}")));
+                        }
+                        rank.skipped = true;
+                    } else if let Some(max) = update.clip {
+                        let coef = (max / (norm + 1e-6)).min(1.0);
+                        for g in sgrads.iter_mut().flatten() {
+                            let _ = tch::no_grad(|| g.f_mul_scalar_(coef))?;
+                        }
+                    }
+                }
+                if rank.skipped {
+                    continue;
+                }
+                let opt = &update.opt;
                 if let Some(g) = &sgrads[u] {
                     // FSDP2's optimizer steps one sharded param at a time; FSDP1's flat
                     // parameter is one tensor

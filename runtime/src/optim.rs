@@ -16,7 +16,33 @@ pub enum Optim {
     None,
 }
 
+/// Hyper-parameters a run may set (`run --weight-decay --beta1 --beta2 --eps`): torch's
+/// defaults otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Hyper {
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    /// AdamW's decoupled weight decay (`None`: torch's 0.01; Adam: none).
+    pub weight_decay: Option<f64>,
+}
+
+impl Default for Hyper {
+    fn default() -> Self {
+        Hyper { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: None }
+    }
+}
+
 impl Optim {
+    /// The plan's optimizer at learning rate `lr` with `h`.
+    pub fn with(o: fsdp_planner::Optimizer, lr: f64, h: &Hyper) -> Optim {
+        match o {
+            fsdp_planner::Optimizer::Adam => Optim::Adam(AdamW { lr, beta1: h.beta1, beta2: h.beta2, eps: h.eps, weight_decay: 0.0 }),
+            fsdp_planner::Optimizer::AdamW => Optim::Adam(AdamW { lr, beta1: h.beta1, beta2: h.beta2, eps: h.eps, weight_decay: h.weight_decay.unwrap_or(0.01) }),
+            o => Optim::of_plan(o, lr),
+        }
+    }
+
     /// What the plan's `optimizer` option names, at learning rate `lr` and torch's defaults.
     pub fn of_plan(o: fsdp_planner::Optimizer, lr: f64) -> Optim {
         match o {

@@ -18,12 +18,27 @@ use tch::{Kind, Tensor};
 #[derive(Debug, Clone)]
 pub struct RunConfig {
     pub steps: usize,
+    /// The (peak) learning rate.
     pub lr: f64,
+    /// `--lr-schedule`, `--warmup-steps`, `--decay-steps`, `--min-lr` ([`crate::lr`]).
+    pub lr_schedule: crate::lr::Kind,
+    pub warmup_steps: u64,
+    pub decay_steps: Option<u64>,
+    pub min_lr: f64,
+    /// `--clip-grad-norm`: FSDP2's `clip_grad_norm_` before each optimizer step.
+    pub clip_grad_norm: Option<f64>,
+    /// `--weight-decay --beta1 --beta2 --eps`.
+    pub hyper: crate::optim::Hyper,
+    /// A non-finite loss or gradient norm skips the step instead of stopping the run.
+    pub skip_nonfinite: bool,
+    /// Keep only the newest N checkpoints (0: all).
+    pub keep_last: usize,
     pub seed: i64,
     /// HF-named safetensors with the initial weights; `None` = HF-style random init.
     pub weights: Option<PathBuf>,
-    /// Raw little-endian u32 token ids; `None` = synthetic random tokens.
+    /// A token file ([`crate::data`]); `None` = synthetic tokens.
     pub data: Option<PathBuf>,
+    pub data_format: crate::data::Format,
     /// Write sharded checkpoints here (every `save_every` steps and at the end).
     pub save: Option<PathBuf>,
     pub save_every: usize,
@@ -43,13 +58,42 @@ pub struct RunConfig {
 }
 
 impl RunConfig {
+    /// The learning-rate schedule over the run's steps.
+    pub fn schedule(&self) -> crate::lr::Schedule {
+        crate::lr::Schedule { kind: self.lr_schedule, lr: self.lr, warmup: self.warmup_steps, decay: self.decay_steps, min_lr: self.min_lr, steps: self.steps as u64 }
+    }
+
+    /// The options a checkpoint records and a resume compares (what changes the training).
+    pub fn recorded(&self) -> serde_json::Value {
+        serde_json::json!({
+            "lr": self.lr,
+            "lr_schedule": self.lr_schedule,
+            "warmup_steps": self.warmup_steps,
+            "decay_steps": self.decay_steps,
+            "min_lr": self.min_lr,
+            "steps": self.steps,
+            "clip_grad_norm": self.clip_grad_norm,
+            "hyper": self.hyper,
+            "seed": self.seed,
+        })
+    }
+
     pub fn new(steps: usize) -> RunConfig {
         RunConfig {
             steps,
             lr: 1e-3,
+            lr_schedule: crate::lr::Kind::Constant,
+            warmup_steps: 0,
+            decay_steps: None,
+            min_lr: 0.0,
+            clip_grad_norm: None,
+            hyper: crate::optim::Hyper::default(),
+            skip_nonfinite: false,
+            keep_last: 0,
             seed: 0,
             weights: None,
             data: None,
+            data_format: crate::data::Format::Auto,
             save: None,
             save_every: 0,
             resume: None,
@@ -64,6 +108,19 @@ impl RunConfig {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct StepReport {
     pub step: usize,
+    /// The data epoch the step read from (0-based; a token file's windows start over each).
+    pub epoch: u64,
+    /// The learning rate the step's update used.
+    pub lr: f64,
+    /// The global gradient norm before clipping.
+    pub grad_norm: Option<f64>,
+    /// The update was skipped (non-finite, `--skip-nonfinite`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub skipped: bool,
+    /// What happened besides the step: a checkpoint saved, options that differ from the
+    /// resumed checkpoint's.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
     /// Mean over ranks of each rank's mean micro-batch loss.
     pub loss: f64,
     /// Tokens of the global batch per second of wall time (all ranks).
@@ -116,28 +173,6 @@ fn init(model: &Model, seed: i64) -> HashMap<String, Tensor> {
         .collect()
 }
 
-/// `--data`: raw little-endian u32 token ids, each below `vocab`.
-fn load_tokens(path: &PathBuf, vocab: i64) -> Result<Tensor, RtError> {
-    let bytes = std::fs::read(path).map_err(|e| RtError::File {
-        file: path.display().to_string(),
-        message: e.to_string(),
-    })?;
-    if bytes.len() % 4 != 0 || bytes.is_empty() {
-        return Err(RtError::File {
-            file: path.display().to_string(),
-            message: format!("{} bytes: expected little-endian u32 token ids (a non-empty multiple of 4 bytes)", bytes.len()),
-        });
-    }
-    let ids: Vec<i64> = bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64).collect();
-    if let Some((i, t)) = ids.iter().enumerate().find(|(_, &t)| t >= vocab) {
-        return Err(RtError::File {
-            file: path.display().to_string(),
-            message: format!("token {t} at index {i} (byte {}) is not below the model's vocabulary size {vocab}", 4 * i),
-        });
-    }
-    Ok(Tensor::from_slice(&ids))
-}
-
 /// The first token of step `step`'s window in a file of `n` tokens, `per_step` tokens a step:
 /// the file's whole windows in order, back to the first after the last (an epoch); `None`
 /// when not even one window fits.
@@ -146,39 +181,34 @@ pub fn window_start(n: u64, per_step: u64, step: u64) -> Option<u64> {
     Some(step % windows * per_step)
 }
 
-/// Every rank's data for the run: step → rank → micro-batch → token ids `[batch, seq]` (the
-/// labels are the ids: the model shifts them), the same in every process of a job.
-fn all_batches(plan: &Plan, model: &Model, cfg: &RunConfig) -> Result<Vec<Vec<Vec<Tensor>>>, RtError> {
-    let ws = plan.options.world_size as usize;
-    let (b, s) = (plan.options.batch as i64, plan.options.seq as i64);
-    let k = plan.options.grad_accum as i64;
+/// The run's data ([`crate::data`]): the token file mapped, or synthetic tokens.
+pub fn data_of(plan: &Plan, model: &Model, cfg: &RunConfig) -> Result<crate::data::Data, RtError> {
+    let o = &plan.options;
+    let per_step = o.world_size * o.grad_accum as u64 * o.batch * o.seq;
     let vocab = vocab_size(model);
-    let tokens = match &cfg.data {
-        Some(p) => Some(load_tokens(p, vocab)?),
-        None => None,
+    let source = match &cfg.data {
+        Some(p) => {
+            let f = crate::data::TokenFile::open(p, cfg.data_format)?;
+            if f.len < per_step {
+                return Err(RtError::File { file: p.display().to_string(), message: format!("{} tokens, but a step needs {per_step} (world size × grad accum × batch × seq)", f.len) });
+            }
+            crate::data::Source::File(f)
+        }
+        None => crate::data::Source::Synthetic { seed: cfg.seed as u64 ^ 0xDA7A },
     };
-    let per_step = ws as i64 * k * b * s;
-    let mut rng = Rng(cfg.seed as u64 ^ 0xDA7A);
-    let mut batches: Vec<Vec<Vec<Tensor>>> = vec![];
-    for st in 0..cfg.steps as i64 {
-        let global = match &tokens {
-            Some(t) => {
-                let n = t.size()[0];
-                let Some(start) = window_start(n as u64, per_step as u64, st as u64) else {
-                    let file = cfg.data.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
-                    return Err(RtError::File { file, message: format!("{n} tokens, but a step needs {per_step} (world size × grad accum × batch × seq)") });
-                };
-                t.narrow(0, start as i64, per_step)
-            }
-            None => {
-                let ids: Vec<i64> = (0..per_step).map(|_| (rng.next() % vocab as u64) as i64).collect();
-                Tensor::from_slice(&ids)
-            }
-        };
-        let g = global.reshape([ws as i64, k, b, s]);
-        batches.push((0..ws as i64).map(|r| (0..k).map(|m| g.get(r).get(m).copy()).collect()).collect());
-    }
-    Ok(batches)
+    Ok(crate::data::Data { source, per_step, vocab })
+}
+
+/// Rank `r`'s micro-batches of step `step` (0-based): each `[batch, seq]` ids (the labels
+/// are the ids: the model shifts them). Every rank reads (and checks) the whole window, so
+/// that a bad id stops every rank alike.
+fn rank_batches(plan: &Plan, data: &crate::data::Data, step: u64, r: usize) -> Result<Vec<Tensor>, RtError> {
+    let o = &plan.options;
+    let (k, b, s) = (o.grad_accum as i64, o.batch as i64, o.seq as i64);
+    let all = data.read(step, 0, data.per_step)?;
+    let per_rank = (k * b * s) as usize;
+    let mine = Tensor::from_slice(&all[r * per_rank..(r + 1) * per_rank]).reshape([k, b, s]);
+    Ok((0..k).map(|m| mine.get(m).copy()).collect())
 }
 
 /// The ids a batch may hold: below the rows of every embedding the ids index and the classes
@@ -236,16 +266,30 @@ fn rank_loop(
     mesh: &crate::comm::Groups,
     device: tch::Device,
     full: &HashMap<String, Tensor>,
-    mine_all: &[Vec<Tensor>],
+    data: &crate::data::Data,
     start: Instant,
     last: &std::sync::Mutex<LastStep>,
     mut progress: Option<&mut dyn FnMut(&StepReport)>,
 ) -> Result<Vec<StepReport>, RtError> {
     let g = mesh.world;
     let b = plan.options.batch as i64;
-    let opt = Optim::of_plan(plan.options.optimizer, cfg.lr);
+    let schedule = cfg.schedule();
+    let mut notes = vec![];
     let setup = match &cfg.resume {
-        Some(dir) => crate::checkpoint::latest(dir).and_then(|c| crate::checkpoint::load_rank(&c, plan, g.rank())),
+        Some(dir) => crate::checkpoint::latest(dir).and_then(|c| {
+            let (r, step, meta) = crate::checkpoint::load_any(&c, plan, g.rank())?;
+            if let Some(n) = meta.resharded_from {
+                notes.push(format!("checkpoint: {} was saved by world size {n} (or another wrap): resharded on load", c.display()));
+            }
+            let now = cfg.recorded();
+            if let Some(then) = meta.run.as_ref().and_then(|v| v.as_object()) {
+                let differ: Vec<String> = then.iter().filter(|(k, v)| now.get(k.as_str()) != Some(v)).map(|(k, v)| format!("{k} {v} → {}", now.get(k.as_str()).cloned().unwrap_or_default())).collect();
+                if !differ.is_empty() {
+                    notes.push(format!("resuming with options that differ from the checkpoint's: {}", differ.join(", ")));
+                }
+            }
+            Ok((r, step))
+        }),
         None => Rank::from_full(plan, full, g.rank()).map(|r| (r, 0)),
     };
     // Every rank learns whether every rank could start, so that one rank's bad checkpoint
@@ -281,7 +325,8 @@ fn rank_loop(
     let last_step = cfg.stop_after.unwrap_or(cfg.steps).min(cfg.steps);
     let mut out = vec![];
     let mut prev = 0.0;
-    for (i, st) in mine_all.iter().enumerate().take(last_step).skip(done) {
+    for i in done..last_step {
+        let st = rank_batches(plan, data, i as u64, g.rank())?;
         let mine: Vec<HashMap<String, Tensor>> = st
             .iter()
             .map(|ids| {
@@ -295,30 +340,51 @@ fn rank_loop(
         // the op timeline is only written as rank 0's `--trace` (on a GPU it costs an event
         // per op and a synchronization per step)
         let timed = cfg.trace.is_some() && g.rank() == 0;
-        let l = crate::exec::step_timed(plan, model, mesh, &mut rank, &mine, &cx, opt, timed.then_some(&mut spans), Some(&mut stats))?;
+        let lr = schedule.lr_at(i as u64);
+        let update = crate::exec::Update { opt: Optim::with(plan.options.optimizer, lr, &cfg.hyper), clip: cfg.clip_grad_norm, skip_nonfinite: cfg.skip_nonfinite };
+        let l = crate::exec::step_timed(plan, model, mesh, &mut rank, &mine, &cx, update, timed.then_some(&mut spans), Some(&mut stats)).map_err(|e| match e {
+            RtError::NonFinite(m) => RtError::NonFinite(format!("step {}: {m}; the last good checkpoint is kept (--skip-nonfinite skips such steps)", i + 1)),
+            e => e,
+        })?;
         let peak = world_avg(g, if g.rank() == 0 { stats.peak_bytes as f64 * g.size() as f64 } else { 0.0 }, device)? as u64;
         if g.rank() == 0 {
             *last.lock().unwrap_or_else(|e| e.into_inner()) = LastStep { spans, mem: Some(stats) };
         }
         let avg = world_avg(g, l, device)?;
+        if !avg.is_finite() && !cfg.skip_nonfinite {
+            return Err(RtError::NonFinite(format!("step {}: the loss is {avg}; the last good checkpoint is kept (--skip-nonfinite skips such steps)", i + 1)));
+        }
         let now = start.elapsed().as_secs_f64();
-        let rep = StepReport { step: i + 1, loss: avg, tokens_per_s: tokens_per_step(plan) / (now - prev).max(1e-9), peak_bytes: peak, memory: None };
+        let n = i + 1;
+        if let Some(dir) = &cfg.save {
+            if (cfg.save_every > 0 && n % cfg.save_every == 0) || n == cfg.steps {
+                crate::checkpoint::save_rank(dir, plan, g.rank(), &rank, n, &cfg.recorded())?;
+                world_avg(g, 0.0, device)?; // every rank has written
+                if g.rank() == 0 {
+                    crate::checkpoint::commit(dir, plan, n)?;
+                    let gone = crate::checkpoint::keep_last(dir, cfg.keep_last)?;
+                    notes.push(format!("checkpoint: saved step {n} to {}{}", crate::checkpoint::step_dir(dir, n).display(), if gone.is_empty() { String::new() } else { format!(" (removed {})", gone.join(", ")) }));
+                }
+                world_avg(g, 0.0, device)?;
+            }
+        }
+        let rep = StepReport {
+            step: n,
+            epoch: data.epoch(i as u64),
+            lr,
+            grad_norm: rank.last_grad_norm,
+            skipped: rank.skipped || !avg.is_finite(),
+            notes: std::mem::take(&mut notes),
+            loss: avg,
+            tokens_per_s: tokens_per_step(plan) / (now - prev).max(1e-9),
+            peak_bytes: peak,
+            memory: None,
+        };
         prev = now;
         if let Some(p) = progress.as_mut() {
             p(&rep);
         }
         out.push(rep);
-        let n = i + 1;
-        if let Some(dir) = &cfg.save {
-            if (cfg.save_every > 0 && n % cfg.save_every == 0) || n == cfg.steps {
-                crate::checkpoint::save_rank(dir, plan, g.rank(), &rank, n)?;
-                world_avg(g, 0.0, device)?; // every rank has written
-                if g.rank() == 0 {
-                    crate::checkpoint::commit(dir, plan, n)?;
-                }
-                world_avg(g, 0.0, device)?;
-            }
-        }
         if cfg.exit_after == Some((g.rank(), n)) {
             // fault injection for the failure tests: this rank dies here, as a crashed one
             eprintln!("rank {}: exiting after step {n} (FSDP_PLAN_TEST_EXIT_AFTER)", g.rank());
@@ -348,39 +414,43 @@ fn finish(plan: &Plan, trace: Option<&std::path::Path>, mut reps: Vec<StepReport
 
 /// Trains with every rank a thread of this process (collectives through
 /// [`crate::comm::CpuGroup`]); returns one report per step.
-pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl FnMut(&StepReport)) -> Result<Vec<StepReport>, RtError> {
+pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl FnMut(&StepReport) + Send) -> Result<Vec<StepReport>, RtError> {
     check_model(plan, model)?;
     let ws = plan.options.world_size as usize;
     let full = initial_weights(model, cfg)?;
-    let batches = all_batches(plan, model, cfg)?;
+    let data = data_of(plan, model, cfg)?;
+    let data = &data;
     // world, shard and replicate groups (the latter two differ from the world for hybrid
     // sharding and no-shard)
     let groups = crate::comm::cpu_mesh(ws, plan.options.shard_size() as usize);
     let start = Instant::now();
     // Tensors are Send but not Sync: each rank thread gets its own handles.
     type Mesh = (CpuGroup, CpuGroup, CpuGroup);
-    type RankInput = (Mesh, HashMap<String, Tensor>, Vec<Vec<Tensor>>);
+    type RankInput = (Mesh, HashMap<String, Tensor>);
     let per_rank: Vec<RankInput> = groups
         .into_iter()
         .map(|m| {
             let w: HashMap<String, Tensor> = full.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
-            let mine: Vec<Vec<Tensor>> = batches.iter().map(|st| st[m.0.rank()].iter().map(|t| t.shallow_clone()).collect()).collect();
-            (m, w, mine)
+            (m, w)
         })
         .collect();
     let last = std::sync::Mutex::new(LastStep::default());
     let last = &last;
+    // rank 0 reports each step as it ends
+    let mut hear: Option<&mut (dyn FnMut(&StepReport) + Send)> = Some(&mut on_step);
     let results: Vec<Result<Vec<StepReport>, RtError>> = std::thread::scope(|sc| {
         let hs: Vec<_> = per_rank
             .into_iter()
-            .map(|((g, shard, replicate), full, mine_all)| {
+            .map(|((g, shard, replicate), full)| {
+                let progress = if g.rank() == 0 { hear.take() } else { None };
                 sc.spawn(move || -> Result<Vec<StepReport>, RtError> {
                     // rank threads share the cores; one rank has them all
                     if ws > 1 {
                         tch::set_num_threads(1);
                     }
                     let mesh = crate::comm::Groups { world: &g, shard: &shard, replicate: &replicate };
-                    rank_loop(plan, model, cfg, &mesh, tch::Device::Cpu, &full, &mine_all, start, last, None)
+                    let progress = progress.map(|p| p as &mut dyn FnMut(&StepReport));
+                    rank_loop(plan, model, cfg, &mesh, tch::Device::Cpu, &full, data, start, last, progress)
                 })
             })
             .collect();
@@ -412,9 +482,7 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
     }
     let r0 = oks.into_iter().next().unwrap_or_default();
     let last = std::mem::take(&mut *last.lock().unwrap_or_else(|e| e.into_inner()));
-    let reps = finish(plan, cfg.trace.as_deref(), r0, last)?;
-    reps.iter().for_each(&mut on_step);
-    Ok(reps)
+    finish(plan, cfg.trace.as_deref(), r0, last)
 }
 
 /// The device and collectives of a rank that runs in its own process.
@@ -444,9 +512,7 @@ pub fn run_process(plan: &Plan, model: &Model, cfg: &RunConfig, env: &crate::lau
         )));
     }
     let full = initial_weights(model, cfg)?;
-    let batches = all_batches(plan, model, cfg)?;
-    let mine_all: Vec<Vec<Tensor>> = batches.iter().map(|st| st[env.rank].iter().map(|t| t.shallow_clone()).collect()).collect();
-    drop(batches);
+    let data = data_of(plan, model, cfg)?;
     let rcfg = crate::rendezvous::Config::from_env(env, timeout);
     let last = std::sync::Mutex::new(LastStep::default());
     let start = Instant::now();
@@ -458,7 +524,7 @@ pub fn run_process(plan: &Plan, model: &Model, cfg: &RunConfig, env: &crate::lau
             let world = crate::comm_tcp::TcpGroup::new(rz, Some(timeout));
             let (shard, replicate) = crate::comm::SubGroup::mesh(&world, shard_size);
             let mesh = crate::comm::Groups { world: &world, shard: &shard, replicate: &replicate };
-            rank_loop(plan, model, cfg, &mesh, tch::Device::Cpu, &full, &mine_all, start, &last, Some(&mut on_step))?
+            rank_loop(plan, model, cfg, &mesh, tch::Device::Cpu, &full, &data, start, &last, Some(&mut on_step))?
         }
         Backend::Cuda => {
             let rz = crate::nccl::rendezvous(&rcfg).map_err(RtError::Comm)?;
@@ -496,7 +562,7 @@ pub fn run_process(plan: &Plan, model: &Model, cfg: &RunConfig, env: &crate::lau
             })
             .map_err(|e| RtError::Comm(format!("rank {}: {e}", env.rank)))?;
             let mesh = crate::comm::Groups { world: &world, shard, replicate };
-            rank_loop(plan, model, cfg, &mesh, device, &full, &mine_all, start, &last, Some(&mut on_step))?
+            rank_loop(plan, model, cfg, &mesh, device, &full, &data, start, &last, Some(&mut on_step))?
         }
     };
     let last = last.into_inner().unwrap_or_else(|e| e.into_inner());
@@ -517,6 +583,15 @@ fn job_key(plan: &Plan, cfg: &RunConfig, backend: Backend) -> Vec<(&'static str,
         ("backend", format!("{backend:?}").to_lowercase()),
         ("steps", cfg.steps.to_string()),
         ("lr", cfg.lr.to_string()),
+        ("schedule, clipping and optimizer options", {
+            let mut r = cfg.recorded();
+            if let Some(o) = r.as_object_mut() {
+                for k in ["steps", "lr", "seed"] {
+                    o.remove(k); // (their own entries)
+                }
+            }
+            r.to_string()
+        }),
         ("seed", cfg.seed.to_string()),
         ("weights", given(&cfg.weights, "random init")),
         ("data", given(&cfg.data, "synthetic tokens")),

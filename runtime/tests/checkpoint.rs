@@ -1,6 +1,7 @@
 //! Checkpoints: resuming from `--save` gives bit-identical losses; a run killed after step
-//! k loses nothing before its last checkpoint; a checkpoint of another plan or a corrupted
-//! file is refused; `consolidate` writes the full HF-named parameters. Weights files of
+//! k loses nothing before its last checkpoint; a checkpoint saved at another world size is
+//! resharded on load (the run continues as if uninterrupted, within rounding); one of another
+//! model or a corrupted file is refused; `consolidate` writes the full HF-named parameters. Weights files of
 //! another model, another dtype, or cut short are refused naming the tensor.
 
 use fsdp_planner::{Device, Options};
@@ -60,12 +61,17 @@ fn sgd_resume_is_bit_identical() {
     let m = fsdp_ir::hf::import_hf(&std::fs::read_to_string(root().join(cfg)).unwrap(), cfg, "tiny-llama").unwrap();
     let opts = Options { world_size: 3, batch: 2, seq: 8, device: Device::Cpu, optimizer: fsdp_planner::Optimizer::Sgd, ..Options::default() };
     let plan = fsdp_planner::plan(&m, &opts).unwrap();
-    let run = |c: RunConfig| losses(&plan, &m, &RunConfig { lr: 0.1, ..c });
-    let full = run(RunConfig::new(4));
+    // the same batch every step (one window, four times): SGD must lower its loss
     let dir = tmp("sgd");
-    assert_eq!(run(RunConfig { save: Some(dir.clone()), ..RunConfig::new(2) }), full[..2].to_vec());
-    assert_eq!(run(RunConfig { resume: Some(dir.clone()), ..RunConfig::new(4) }), full[2..].to_vec());
-    assert!(full[3].1 < full[0].1, "SGD at lr 0.1 lowers the loss: {full:?}");
+    let window: Vec<u32> = (0..48u32).map(|i| (i * 37 + 11) % 256).collect();
+    let data = dir.join("same.u32");
+    std::fs::write(&data, window.iter().cycle().take(4 * 48).flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+    let run = |c: RunConfig| losses(&plan, &m, &RunConfig { lr: 0.1, data: Some(data.clone()), ..c });
+    let full = run(RunConfig::new(4));
+    let ck = dir.join("ck");
+    assert_eq!(run(RunConfig { save: Some(ck.clone()), ..RunConfig::new(2) }), full[..2].to_vec());
+    assert_eq!(run(RunConfig { resume: Some(ck.clone()), ..RunConfig::new(4) }), full[2..].to_vec());
+    assert!(full.windows(2).all(|w| w[1].1 < w[0].1), "SGD at lr 0.1 lowers the loss of one batch: {full:?}");
 }
 
 #[test]
@@ -73,15 +79,37 @@ fn other_plan_and_corruption_are_refused() {
     let (m, plan) = setup(2);
     let dir = tmp("refuse");
     losses(&plan, &m, &RunConfig { save: Some(dir.clone()), ..RunConfig::new(2) });
-    // another world size: another plan hash
-    let (m4, plan4) = setup(4);
-    let e = run_cpu(&plan4, &m4, &RunConfig { resume: Some(dir.clone()), ..RunConfig::new(3) }, |_| {}).unwrap_err().to_string();
-    assert!(e.contains("saved for plan"), "{e}");
+    // another model: nothing to reshard from
+    let cfg = "models/tiny-llama-gqa.config.json";
+    let mg = fsdp_ir::hf::import_hf(&std::fs::read_to_string(root().join(cfg)).unwrap(), cfg, "tiny-llama-gqa").unwrap();
+    let pg = fsdp_planner::plan(&mg, &Options { world_size: 2, batch: 2, seq: 8, device: Device::Cpu, ..Options::default() }).unwrap();
+    let e = run_cpu(&pg, &mg, &RunConfig { resume: Some(dir.clone()), ..RunConfig::new(3) }, |_| {}).unwrap_err().to_string();
+    assert!(e.contains("saved for another model"), "{e}");
     // a corrupted shard file
     let st = fsdp_runtime::checkpoint::latest(&dir).unwrap().join("rank-1.safetensors");
     std::fs::write(&st, b"garbage").unwrap();
     let e = run_cpu(&plan, &m, &RunConfig { resume: Some(dir.clone()), ..RunConfig::new(3) }, |_| {}).unwrap_err().to_string();
     assert!(e.contains("rank-1.safetensors: not a safetensors file: 7 bytes, shorter than the 8-byte header length"), "{e}");
+}
+
+/// Saved by 2 ranks (batch 2 each), resumed by 4 (batch 1 each, the same global batch and
+/// so the same data windows): every parameter and AdamW state reassembled and resharded; the
+/// run continues as the uninterrupted one (within the rounding of averaging over 4 ranks
+/// instead of 2), and says that it resharded.
+#[test]
+fn resume_at_another_world_size_reshards() {
+    let (m, plan2) = setup(2);
+    let opts4 = Options { world_size: 4, batch: 1, seq: 8, device: Device::Cpu, ..Options::default() };
+    let plan4 = fsdp_planner::plan(&m, &opts4).unwrap();
+    let full = losses(&plan2, &m, &RunConfig::new(5));
+    let dir = tmp("reshard");
+    losses(&plan2, &m, &RunConfig { save: Some(dir.clone()), ..RunConfig::new(3) });
+    let reps = run_cpu(&plan4, &m, &RunConfig { resume: Some(dir.clone()), ..RunConfig::new(5) }, |_| {}).unwrap();
+    assert!(reps[0].notes.iter().any(|n| n.contains("saved by world size 2") && n.contains("resharded on load")), "{:?}", reps[0].notes);
+    for (r, (step, want)) in reps.iter().zip(&full[3..]) {
+        assert_eq!(r.step, *step);
+        assert!((r.loss - want).abs() / want < 1e-5, "step {step}: {} vs {want} uninterrupted", r.loss);
+    }
 }
 
 /// A rank's files copied in from another step (the directory of step 2 holding rank 1's

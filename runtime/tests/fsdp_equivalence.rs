@@ -300,7 +300,7 @@ fn mixed_precision_tracks_fp32() {
                     let full = Params::from_safetensors(m, &root().join("tests/fixtures/runtime/tiny-llama/weights.safetensors")).unwrap();
                     let mut rank = Rank::from_full(plan, &full.tensors, g.rank()).unwrap();
                     let cx = OpCx::eval(Attn::Sdpa, Kind::BFloat16);
-                    mine.iter().map(|ids| step(plan, m, &g, &mut rank, &[batch(ids)], &cx, &AdamW::default()).unwrap()).collect()
+                    mine.iter().map(|ids| step(plan, m, &g, &mut rank, &[batch(ids)], &cx, AdamW::default()).unwrap()).collect()
                 })
             })
             .collect();
