@@ -23,7 +23,7 @@
 #      b. fsdp-plan run --backend cuda on the same weights, tokens, optimizer, batch, seq: in
 #         the plan's arena (the default), then with --no-arena (libtorch's caching allocator);
 #      c. the CUDA run's losses against the CPU runtime's (a short run, same weights/tokens);
-#      d. fsdp-plan's prediction (plan --hardware h100);
+#      d. fsdp-plan's prediction (plan --hardware h100-sxm);
 #      e. scripts/gpu_report.py: tokens/s and peak memory of both, the predicted peak, the
 #         loss checks -> RESULTS-gpu.md (rows for bench/RESULTS.md);
 #      f. fsdp-plan calibrate on the CUDA run's measured timeline (`run --trace`: device
@@ -136,7 +136,7 @@ json.dump(d, open(sys.argv[2], "w"), indent=1)' "models/$M.config.json" "$W/mode
   # losses: CUDA vs the CPU runtime on a short run of the same weights and tokens
   json "$LOG/$M-cuda-short.json" "$B" run "${COMMON[@]}" --batch "${SHORT[0]}" --seq "${SHORT[1]}" --steps 3 --backend "$DEV"
   json "$LOG/$M-cpu-short.json" "$B" run "${COMMON[@]}" --batch "${SHORT[0]}" --seq "${SHORT[1]}" --steps 3 --backend cpu
-  json "$LOG/$M-plan.json" "$B" plan "$W/model.ron" --world-size 1 --policy auto --optimizer adamw --batch "$BS" --seq "$SEQ" --hardware h100 --device "$DEV" --format json
+  json "$LOG/$M-plan.json" "$B" plan "$W/model.ron" --world-size 1 --policy auto --optimizer adamw --batch "$BS" --seq "$SEQ" --hardware h100-sxm --device "$DEV" --format json
   step "$M-report" "$PY" scripts/gpu_report.py --name "$M" --ours-cuda "$LOG/$M-cuda.json" --ours-heap "$LOG/$M-cuda-heap.json" --loss-cuda "$LOG/$M-cuda-short.json" \
     --ours-cpu "$LOG/$M-cpu-short.json" --fsdp2 "$LOG/$M-fsdp2.json" --plan "$LOG/$M-plan.json" --rtol "$RTOL" --fsdp2-rtol "$F2RTOL" --out "$LOG/RESULTS-gpu.md"
   # the time model: the hardware profile fitted to this run's measured timeline (device

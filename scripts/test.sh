@@ -24,8 +24,9 @@ step cargo build --features cuda --locked
 # the runtime's unit tests in the cuda build: the GPU arena's allocator over a fake caching
 # allocator, and its installation in front of libtorch's (GPU tests print SKIPPED without one)
 step cargo test -p fsdp-runtime --features cuda --lib --locked
-# `run`, `launch` and `consolidate` end to end: bad input refused by name, user files kept
-step cargo test --features cuda --test cli_run --locked
+# `run`, `launch` and `consolidate` end to end: bad input refused by name, user files kept;
+# the trainer's data, schedules and reports; an export transformers loads
+step cargo test --features cuda --test cli_run --test hf_export --locked
 # the GPU side by side's plumbing, on the CPU: PyTorch FSDP2 (gloo) and fsdp-plan on the same
 # weights and tokens, the loss comparison and the report (scripts/gpu-check.sh on a GPU)
 step env GPU_CHECK_DRY=cpu FSDP_PLAN_BIN=target/debug/fsdp-plan bash scripts/gpu-check.sh

@@ -79,8 +79,16 @@ pub(crate) enum Cmd {
     Consolidate {
         /// A checkpoint directory (its `latest`) or one `step-N` directory.
         dir: PathBuf,
-        #[arg(short, long)]
-        output: PathBuf,
+        /// One safetensors file of HF-named parameters.
+        #[arg(short, long, required_unless_present = "hf", conflicts_with = "hf")]
+        output: Option<PathBuf>,
+        /// A directory transformers loads (`AutoModelForCausalLM.from_pretrained(DIR)`):
+        /// config.json, model.safetensors, generation_config.json.
+        #[arg(long)]
+        hf: Option<PathBuf>,
+        /// The model's HF config.json (default: models/<model>.config.json).
+        #[arg(long, requires = "hf")]
+        config: Option<PathBuf>,
     },
     /// Import a model from a Hugging Face config.json.
     Import {

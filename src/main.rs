@@ -40,7 +40,7 @@ fn dispatch(cli: cli::Cli, m: &clap::ArgMatches) -> anyhow::Result<()> {
         Cmd::Launch(a) => launch::launch(a),
         Cmd::RendezvousSelftest(a) => launch::rendezvous_selftest(a),
         Cmd::Calibrate { p, trace, hardware, output } => calibrate::run(p, trace, hardware, output),
-        Cmd::Consolidate { dir, output } => run::consolidate(&dir, &output),
+        Cmd::Consolidate { dir, output, hf, config } => run::consolidate(&dir, output.as_deref(), hf.as_deref(), config.as_deref()),
         Cmd::Import { from } => import::run(from),
     }
 }

@@ -65,6 +65,14 @@ pub(crate) struct RunArgs {
     /// Keep only the newest N checkpoints (0: all).
     #[arg(long, default_value_t = 0)]
     pub(crate) keep_last: usize,
+    /// Held-out token file (same formats as --data): the mean loss over its first
+    /// --eval-batches global batches, without gradients, every --eval-every steps and at the end.
+    #[arg(long)]
+    pub(crate) eval_data: Option<PathBuf>,
+    #[arg(long, default_value_t = 0)]
+    pub(crate) eval_every: usize,
+    #[arg(long, default_value_t = 1)]
+    pub(crate) eval_batches: usize,
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: i64,
     /// Initial weights: an HF-named safetensors file (default: HF-style random init).
@@ -217,6 +225,9 @@ pub(crate) fn train(r: RunArgs) -> Result<()> {
         hyper: fsdp_runtime::optim::Hyper { beta1: r.beta1, beta2: r.beta2, eps: r.eps, weight_decay: r.weight_decay },
         skip_nonfinite: r.skip_nonfinite,
         keep_last: r.keep_last,
+        eval_data: r.eval_data.clone(),
+        eval_every: r.eval_every,
+        eval_batches: r.eval_batches,
         save: r.save.clone(),
         save_every: r.save_every,
         resume: r.resume.clone(),
@@ -240,6 +251,17 @@ pub(crate) fn train(r: RunArgs) -> Result<()> {
         }
     }
     drop(data);
+    if let Some(e) = &cfg.eval_data {
+        // its format and size, and every id it will be asked for, before training
+        let eval = fsdp_runtime::train::data_of(&plan, &model, &fsdp_runtime::train::RunConfig { data: Some(e.clone()), ..cfg.clone() }).map_err(user)?;
+        let windows = eval.windows().unwrap_or(0) as usize;
+        if windows < cfg.eval_batches.max(1) {
+            bail!(UserError(format!("--eval-data {}: {windows} global batch(es) of {} tokens, --eval-batches asks for {}", e.display(), eval.per_step, cfg.eval_batches)));
+        }
+        for w in 0..cfg.eval_batches.max(1) {
+            eval.read(w as u64, 0, eval.per_step).map_err(user)?;
+        }
+    }
     let epoch_said = std::sync::atomic::AtomicU64::new(0);
     let text = r.format == "text";
     let hw = load_hardware(r.hardware.as_deref().unwrap_or(if cuda { "h100-sxm" } else { "cpu" }))?;
@@ -255,6 +277,9 @@ pub(crate) fn train(r: RunArgs) -> Result<()> {
             p.note(&format!("data: {} read whole {} time(s); step {} starts over at its first token", r.data, s.epoch, s.step));
         }
         p.step(s, text);
+        if let Some(e) = s.eval_loss {
+            p.note(&format!("eval after step {}: loss {e:.6}", s.step));
+        }
         for n in &s.notes {
             p.note(n);
         }
@@ -371,7 +396,7 @@ impl Progress {
         if !text {
             let line = serde_json::json!({
                 "step": s.step, "epoch": s.epoch, "loss": s.loss, "lr": s.lr, "grad_norm": s.grad_norm,
-                "tokens_per_s": s.tokens_per_s, "mfu": mfu, "peak_bytes": s.peak_bytes,
+                "tokens_per_s": s.tokens_per_s, "mfu": mfu, "peak_bytes": s.peak_bytes, "eval_loss": s.eval_loss,
                 "planned_peak_bytes": self.planned_peak, "skipped": s.skipped,
             });
             outln!("{line}");
@@ -439,16 +464,55 @@ pub(crate) fn test_exit_after() -> Result<Option<(usize, usize)>> {
 }
 
 #[cfg(feature = "runtime")]
-pub(crate) fn consolidate(dir: &Path, out: &Path) -> Result<()> {
-    not_an_input(out, &[dir])?;
+pub(crate) fn consolidate(dir: &Path, out: Option<&Path>, hf: Option<&Path>, config: Option<&Path>) -> Result<()> {
     let ckpt = if dir.join("latest").exists() { fsdp_runtime::checkpoint::latest(dir).map_err(user)? } else { dir.to_path_buf() };
-    let n = fsdp_runtime::checkpoint::consolidate(&ckpt, out).map_err(user)?;
-    eprintln!("wrote {} ({n} tensors, HF names) from {}", out.display(), ckpt.display());
+    if let Some(out) = out {
+        not_an_input(out, &[dir])?;
+        let n = fsdp_runtime::checkpoint::consolidate(&ckpt, out).map_err(user)?;
+        eprintln!("wrote {} ({n} tensors, HF names) from {}", out.display(), ckpt.display());
+        return Ok(());
+    }
+    let Some(hf) = hf else { bail!(UserError("consolidate: give -o FILE or --hf DIR".into())) };
+    not_an_input(hf, &[dir])?;
+    // the model's HF config: given, or the shipped one beside models/<model>.ron
+    let plan_text = read(&ckpt.join("plan.ron"))?;
+    let plan: Plan = ron::from_str(&plan_text).map_err(|e| user(format!("{}: corrupted plan: {e}", ckpt.join("plan.ron").display())))?;
+    let cfg_path = match config {
+        Some(c) => c.to_path_buf(),
+        None => search_dirs("models")
+            .into_iter()
+            .map(|d| d.join(format!("{}.config.json", plan.model_name)))
+            .find(|p| p.exists())
+            .ok_or_else(|| user(format!("no HF config.json for model `{}` in models/: give --config CONFIG.json (the one the model was imported from)", plan.model_name)))?,
+    };
+    let text = read(&cfg_path)?;
+    let mut cfg: serde_json::Value = serde_json::from_str(&text).map_err(|e| json_error(&cfg_path, &text, "not a config.json: ", e))?;
+    // the config must describe the model the checkpoint holds
+    let model = fsdp_ir::hf::import_hf(&text, &cfg_path.display().to_string(), &plan.model_name).map_err(user)?;
+    for p in plan.units.iter().flat_map(|u| &u.params) {
+        if model.param(&p.name).is_none_or(|q| q.shape != p.shape) {
+            bail!(UserError(format!("{}: describes another model than the checkpoint's `{}` (parameter `{}`)", cfg_path.display(), plan.model_name, p.name)));
+        }
+    }
+    std::fs::create_dir_all(hf).map_err(|e| user(format!("{}: {e}", hf.display())))?;
+    let weights = hf.join("model.safetensors");
+    let n = fsdp_runtime::checkpoint::consolidate(&ckpt, &weights).map_err(user)?;
+    // the weights are float32 as trained (the masters)
+    cfg["torch_dtype"] = "float32".into();
+    write_atomic(&hf.join("config.json"), &format!("{}\n", serde_json::to_string_pretty(&cfg)?))?;
+    let mut gen = serde_json::json!({"_from_model_config": true});
+    for k in ["bos_token_id", "eos_token_id", "pad_token_id"] {
+        if let Some(v) = cfg.get(k).filter(|v| !v.is_null()) {
+            gen[k] = v.clone();
+        }
+    }
+    write_atomic(&hf.join("generation_config.json"), &format!("{}\n", serde_json::to_string_pretty(&gen)?))?;
+    eprintln!("wrote {} (config.json, model.safetensors with {n} tensors, generation_config.json) from {}: AutoModelForCausalLM.from_pretrained loads it", hf.display(), ckpt.display());
     Ok(())
 }
 
 #[cfg(not(feature = "runtime"))]
-pub(crate) fn consolidate(_: &Path, _: &Path) -> Result<()> {
+pub(crate) fn consolidate(_: &Path, _: Option<&Path>, _: Option<&Path>, _: Option<&Path>) -> Result<()> {
     train_missing()
 }
 

@@ -220,3 +220,23 @@ fn the_trainer_reads_nanogpt_bins_schedules_and_reports() {
         assert!(code == 2 && err.contains(want), "{args:?}: {err}");
     }
 }
+
+/// `--eval-data`: the held-out loss of the model as it stands. With one window of data the
+/// run trains on the same batch every step, so the eval after step k (gathered parameters,
+/// no gradients) is the training loss of step k + 1 (the sharded executor's forward).
+#[test]
+fn eval_loss_is_the_loss_of_the_model_as_it_stands() {
+    let d = scratch("eval");
+    let one = d.join("one.u32");
+    std::fs::write(&one, (0..32u32).map(|i| (i * 11 + 5) % 256).flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+    let o = one.to_str().unwrap();
+    let (code, out, err) = run(&with(&["--data", o, "--eval-data", o, "--eval-every", "1", "--steps", "4", "--lr", "1e-2", "--format", "json"]));
+    assert_eq!(code, 0, "{err}");
+    let steps: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()).filter(|l| l.get("step").is_some()).collect();
+    for k in 0..3 {
+        let (e, next) = (steps[k]["eval_loss"].as_f64().unwrap(), steps[k + 1]["loss"].as_f64().unwrap());
+        assert!((e - next).abs() / next < 1e-5, "eval after step {} = {e}, training loss of step {} = {next}", k + 1, k + 2);
+    }
+    let (code, _, err) = run(&with(&["--data", o, "--eval-data", o, "--eval-batches", "3"]));
+    assert!(code == 2 && err.contains("1 global batch(es) of 32 tokens, --eval-batches asks for 3"), "{err}");
+}

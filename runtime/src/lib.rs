@@ -30,3 +30,5 @@ pub mod train;
 pub mod watchdog;
 
 pub use error::RtError;
+/// The tch the runtime is built with (for callers' tests).
+pub use tch;

@@ -94,6 +94,17 @@ const HF_BUFFERS: &[&str] = &[".rotary_emb.inv_freq", ".attn.bias", ".attn.maske
 
 /// Runs the whole forward graph; returns the loss (the last op's output).
 pub fn forward_loss(model: &Model, params: &Params, inputs: &HashMap<String, Tensor>, cx: &OpCx) -> Result<Tensor, RtError> {
+    forward_until(model, params, inputs, cx, None)
+}
+
+/// The logits: the output of the op the loss reads (`lm_head`).
+pub fn forward_logits(model: &Model, params: &Params, inputs: &HashMap<String, Tensor>, cx: &OpCx) -> Result<Tensor, RtError> {
+    let logits = model.ops.last().and_then(|o| o.inputs.first()).ok_or_else(|| RtError::Plan("the model has no loss op".into()))?;
+    forward_until(model, params, inputs, cx, Some(logits))
+}
+
+/// Runs the forward graph up to op `stop` (default: every op) and returns its output.
+fn forward_until(model: &Model, params: &Params, inputs: &HashMap<String, Tensor>, cx: &OpCx, stop: Option<&str>) -> Result<Tensor, RtError> {
     let mut env: HashMap<&str, Tensor> = HashMap::new();
     let mut last = None;
     for op in &model.ops {
@@ -111,6 +122,9 @@ pub fn forward_loss(model: &Model, params: &Params, inputs: &HashMap<String, Ten
         let out = forward(cx, op, &ins, &ps)?;
         env.insert(op.name.as_str(), out);
         last = Some(op.name.as_str());
+        if stop == Some(op.name.as_str()) {
+            break;
+        }
     }
     let last = last.ok_or_else(|| RtError::Plan("model has no ops".into()))?;
     env.remove(last).ok_or_else(|| RtError::Plan("no loss".into()))

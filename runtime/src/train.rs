@@ -33,6 +33,11 @@ pub struct RunConfig {
     pub skip_nonfinite: bool,
     /// Keep only the newest N checkpoints (0: all).
     pub keep_last: usize,
+    /// `--eval-data`: held-out tokens (same formats as `data`), evaluated every
+    /// `eval_every` steps (and after the last) over its first `eval_batches` windows.
+    pub eval_data: Option<PathBuf>,
+    pub eval_every: usize,
+    pub eval_batches: usize,
     pub seed: i64,
     /// HF-named safetensors with the initial weights; `None` = HF-style random init.
     pub weights: Option<PathBuf>,
@@ -90,6 +95,9 @@ impl RunConfig {
             hyper: crate::optim::Hyper::default(),
             skip_nonfinite: false,
             keep_last: 0,
+            eval_data: None,
+            eval_every: 0,
+            eval_batches: 1,
             seed: 0,
             weights: None,
             data: None,
@@ -114,6 +122,9 @@ pub struct StepReport {
     pub lr: f64,
     /// The global gradient norm before clipping.
     pub grad_norm: Option<f64>,
+    /// The mean loss over the held-out batches, on the steps that evaluate.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_loss: Option<f64>,
     /// The update was skipped (non-finite, `--skip-nonfinite`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub skipped: bool,
@@ -209,6 +220,35 @@ fn rank_batches(plan: &Plan, data: &crate::data::Data, step: u64, r: usize) -> R
     let per_rank = (k * b * s) as usize;
     let mine = Tensor::from_slice(&all[r * per_rank..(r + 1) * per_rank]).reshape([k, b, s]);
     Ok((0..k).map(|m| mine.get(m).copy()).collect())
+}
+
+/// The mean loss of the model as it stands over the first `n` windows of `eval` (each split
+/// over the ranks as a training step's is): every unit's parameters gathered in full, the
+/// forward run without gradients (in the plan's compute dtype), the loss averaged over ranks
+/// and windows.
+fn evaluate(plan: &Plan, model: &Model, mesh: &crate::comm::Groups, rank: &Rank, eval: &crate::data::Data, n: usize, cx: &OpCx) -> Result<f64, RtError> {
+    let device = rank.shards.first().map(|s| s.device()).unwrap_or(tch::Device::Cpu);
+    let mut full = HashMap::new();
+    for (u, shard) in rank.shards.iter().enumerate() {
+        let gathered = mesh.shard.all_gather(shard)?;
+        for (name, t) in crate::exec::copy_out(plan, u, &gathered) {
+            full.insert(name, t.to_kind(cx.kind));
+        }
+    }
+    let params = crate::reference::Params { tensors: full };
+    let ecx = OpCx { train: None, ..*cx };
+    let mut sum = 0.0;
+    for w in 0..n {
+        let mbs = rank_batches(plan, eval, w as u64, mesh.world.rank())?;
+        let mut local = 0.0;
+        for ids in &mbs {
+            let ids = ids.to_device(device);
+            let inputs = HashMap::from([("input_ids".to_string(), ids.shallow_clone()), ("labels".to_string(), ids)]);
+            local += tch::no_grad(|| crate::reference::forward_loss(model, &params, &inputs, &ecx))?.double_value(&[]);
+        }
+        sum += world_avg(mesh.world, local / mbs.len().max(1) as f64, device)?;
+    }
+    Ok(sum / n.max(1) as f64)
 }
 
 /// The ids a batch may hold: below the rows of every embedding the ids index and the classes
@@ -323,6 +363,11 @@ fn rank_loop(
         }
     }
     let last_step = cfg.stop_after.unwrap_or(cfg.steps).min(cfg.steps);
+    let eval = match &cfg.eval_data {
+        Some(p) => Some(crate::data::Data { source: crate::data::Source::File(crate::data::TokenFile::open(p, cfg.data_format)?), per_step: data.per_step, vocab: data.vocab }),
+        None => None,
+    };
+    let eval = eval.as_ref();
     let mut out = vec![];
     let mut prev = 0.0;
     for i in done..last_step {
@@ -368,11 +413,16 @@ fn rank_loop(
                 world_avg(g, 0.0, device)?;
             }
         }
+        let eval_loss = match eval {
+            Some(e) if (cfg.eval_every > 0 && n % cfg.eval_every == 0) || n == cfg.steps => Some(evaluate(plan, model, mesh, &rank, e, cfg.eval_batches.max(1), &cx)?),
+            _ => None,
+        };
         let rep = StepReport {
             step: n,
             epoch: data.epoch(i as u64),
             lr,
             grad_norm: rank.last_grad_norm,
+            eval_loss,
             skipped: rank.skipped || !avg.is_finite(),
             notes: std::mem::take(&mut notes),
             loss: avg,
