@@ -14,6 +14,7 @@ PY=.venv/bin/python
 "$PY" harness/fsdp1_oracle.py
 "$PY" harness/hf_parity.py
 "$PY" harness/train_parity.py
+"$PY" harness/tokenizer_fixture.py
 # torch.optim's results at each x86-64 CPU capability (run on an AVX-512 machine for avx512)
 for cap in default avx2 avx512; do ATEN_CPU_CAPABILITY=$cap "$PY" harness/optim_parity.py; done
 for f in tests/fixtures/hf_params/*.json; do

@@ -18,6 +18,8 @@ mod plan;
 mod rows;
 mod run;
 mod sweep;
+#[cfg(feature = "runtime")]
+mod tokenize;
 mod trace;
 mod tune;
 

@@ -84,6 +84,10 @@ pub(crate) struct RunArgs {
     /// whole one (an epoch).
     #[arg(long, default_value = "synthetic")]
     pub(crate) data: String,
+    /// Text in: tokenize --data (and --eval-data) with this HF tokenizer.json into a cached
+    /// token file beside it (reused while the text and tokenizer are the same).
+    #[arg(long)]
+    pub(crate) tokenizer: Option<PathBuf>,
     /// The token file's format: auto (by extension: .bin/.u16 uint16, .u32 uint32, .npy), u16,
     /// u32 or npy.
     #[arg(long, default_value = "auto", value_parser = ["auto", "u16", "u32", "npy"])]
@@ -211,11 +215,21 @@ pub(crate) fn train(r: RunArgs) -> Result<()> {
     }
     let per_process = cuda || env.world_size > 1;
     let (plan, model) = run_inputs(&r)?;
+    // text in: tokenized once into a cached token file
+    let vocab = fsdp_runtime::train::vocab_size(&model) as u64;
+    let tokens_of = |p: PathBuf| -> Result<PathBuf> {
+        match &r.tokenizer {
+            Some(t) if crate::tokenize::is_text(&p) => Ok(crate::tokenize::tokenized(&p, t, vocab)?.0),
+            _ => Ok(p),
+        }
+    };
+    let data_file = if r.data == "synthetic" { None } else { Some(tokens_of(PathBuf::from(&r.data))?) };
+    let eval_file = r.eval_data.clone().map(tokens_of).transpose()?;
     let cfg = fsdp_runtime::train::RunConfig {
         lr: r.lr,
         seed: r.seed,
         weights: r.weights.clone(),
-        data: if r.data == "synthetic" { None } else { Some(PathBuf::from(&r.data)) },
+        data: data_file,
         data_format: fsdp_runtime::data::Format::parse(&r.data_format).unwrap_or(fsdp_runtime::data::Format::Auto),
         lr_schedule: fsdp_runtime::lr::Kind::parse(&r.lr_schedule).unwrap_or(fsdp_runtime::lr::Kind::Constant),
         warmup_steps: r.warmup_steps,
@@ -225,7 +239,7 @@ pub(crate) fn train(r: RunArgs) -> Result<()> {
         hyper: fsdp_runtime::optim::Hyper { beta1: r.beta1, beta2: r.beta2, eps: r.eps, weight_decay: r.weight_decay },
         skip_nonfinite: r.skip_nonfinite,
         keep_last: r.keep_last,
-        eval_data: r.eval_data.clone(),
+        eval_data: eval_file,
         eval_every: r.eval_every,
         eval_batches: r.eval_batches,
         save: r.save.clone(),
@@ -274,7 +288,7 @@ pub(crate) fn train(r: RunArgs) -> Result<()> {
         let mut p = progress.lock().unwrap_or_else(|e| e.into_inner());
         if s.epoch > epoch_said.load(std::sync::atomic::Ordering::Relaxed) {
             epoch_said.store(s.epoch, std::sync::atomic::Ordering::Relaxed);
-            p.note(&format!("data: {} read whole {} time(s); step {} starts over at its first token", r.data, s.epoch, s.step));
+            p.note(&format!("data: {} read in full {} time(s); step {} starts over at its first token", r.data, s.epoch, s.step));
         }
         p.step(s, text);
         if let Some(e) = s.eval_loss {

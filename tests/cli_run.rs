@@ -188,7 +188,7 @@ fn the_trainer_reads_nanogpt_bins_schedules_and_reports() {
     assert!(steps.iter().all(|s| s["grad_norm"].as_f64().is_some_and(|g| g > 0.0) && s["planned_peak_bytes"].as_u64().is_some() && s["mfu"].as_f64().is_some()));
     assert_eq!(steps[3]["epoch"], 1);
     assert!(lines.last().unwrap()["summary"]["final_loss"].as_f64().is_some());
-    assert!(err.contains("read whole 1 time(s); step 4 starts over"), "{err}");
+    assert!(err.contains("read in full 1 time(s); step 4 starts over"), "{err}");
     // --epochs 1: three steps
     let (code, out, err) = run(&with(&["--data", b, "--steps", "7", "--epochs", "1", "--format", "json"]));
     assert_eq!(code, 0, "{err}");
@@ -239,4 +239,39 @@ fn eval_loss_is_the_loss_of_the_model_as_it_stands() {
     }
     let (code, _, err) = run(&with(&["--data", o, "--eval-data", o, "--eval-batches", "3"]));
     assert!(code == 2 && err.contains("1 global batch(es) of 32 tokens, --eval-batches asks for 3"), "{err}");
+}
+
+/// Text in: `--data corpus.txt --tokenizer tokenizer.json` tokenizes once into a cached token
+/// file beside the text, with the ids HF tokenizers (Python) gives; a second run reuses it; a
+/// tokenizer larger than the model's vocabulary is refused.
+#[test]
+fn text_is_tokenized_as_hf_tokenizers_does_and_cached() {
+    let d = scratch("tok");
+    let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer");
+    let text = d.join("sample.txt");
+    std::fs::copy(fx.join("sample.txt"), &text).unwrap();
+    let tok = fx.join("bpe-200.json");
+    let args = |extra: &[&'static str]| {
+        let mut a: Vec<String> = ["run", M, "--world-size", "2", "--batch", "2", "--seq", "8", "--steps", "2", "--data"].iter().map(|s| s.to_string()).collect();
+        a.push(text.to_str().unwrap().into());
+        a.push("--tokenizer".into());
+        a.push(tok.to_str().unwrap().into());
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let a = args(&[]);
+    let (code, _, err) = run(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(code == 0 && err.contains("data: tokenized") && err.contains("(2190 tokens)"), "{err}");
+    let cache: Vec<PathBuf> = std::fs::read_dir(&d).unwrap().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "bin")).collect();
+    assert_eq!(cache.len(), 1);
+    let ids: Vec<u64> = std::fs::read(&cache[0]).unwrap().chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]) as u64).collect();
+    let want: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fx.join("sample.ids.json")).unwrap()).unwrap();
+    let want: Vec<u64> = want["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    assert_eq!(ids, want);
+    // reused
+    let (code, _, err) = run(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(code == 0 && !err.contains("data: tokenized"), "{err}");
+    // tiny-gpt2's vocabulary (211) is smaller than the byte-level tokenizer's 256
+    let (code, _, err) = run(&["run", "models/tiny-gpt2.ron", "--world-size", "1", "--seq", "8", "--data", text.to_str().unwrap(), "--tokenizer", "models/tokenizers/bytes-256.json"]);
+    assert!(code == 2 && err.contains("256 tokens, more than the model's vocabulary of 211"), "{err}");
 }

@@ -122,7 +122,7 @@ impl TokenFile {
                 ext => {
                     return Err(err(
                         path,
-                        format!("cannot tell the format of a `.{ext}` file: give --data-format u16 (nanoGPT's .bin), u32 or npy"),
+                        format!("cannot tell the format of a `.{ext}` file: give --data-format u16 (nanoGPT's .bin), u32 or npy; text is read with --tokenizer tokenizer.json"),
                     ))
                 }
             },

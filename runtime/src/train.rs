@@ -253,7 +253,7 @@ fn evaluate(plan: &Plan, model: &Model, mesh: &crate::comm::Groups, rank: &Rank,
 
 /// The ids a batch may hold: below the rows of every embedding the ids index and the classes
 /// of the loss (the labels are the ids).
-fn vocab_size(model: &Model) -> i64 {
+pub fn vocab_size(model: &Model) -> i64 {
     let rows = model.ops.iter().filter_map(|o| match &o.kind {
         fsdp_ir::OpKind::Embedding => o.params.first().and_then(|n| model.params.iter().find(|p| &p.name == n)).and_then(|p| p.shape.first().copied()),
         fsdp_ir::OpKind::CrossEntropy { vocab } => Some(*vocab),
