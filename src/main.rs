@@ -38,7 +38,7 @@ fn dispatch(cli: cli::Cli, m: &clap::ArgMatches) -> anyhow::Result<()> {
         Cmd::Rows(r) => rows::run(r),
         Cmd::Tune(t) => tune::run(t),
         Cmd::Fit(f) => tune::fit(f),
-        Cmd::Run(r) => run::train(*r),
+        Cmd::Run(r) => run::train(*r, m.subcommand_matches("run")),
         Cmd::Launch(a) => launch::launch(a),
         Cmd::RendezvousSelftest(a) => launch::rendezvous_selftest(a),
         Cmd::Calibrate { p, trace, hardware, output } => calibrate::run(p, trace, hardware, output),

@@ -203,8 +203,49 @@ pub(crate) fn run_inputs(r: &RunArgs) -> Result<(Plan, Model)> {
     Ok((plan, model))
 }
 
+/// `--resume`: the schedule, clipping, optimizer and seed options the checkpoint recorded,
+/// for every one not given on this command line (torchtitan restores its scheduler's state
+/// from the checkpoint the same way); returns the names taken.
 #[cfg(feature = "runtime")]
-pub(crate) fn train(r: RunArgs) -> Result<()> {
+fn restore_options(r: &mut RunArgs, m: Option<&clap::ArgMatches>) -> Result<Vec<&'static str>> {
+    let Some(dir) = r.resume.clone() else { return Ok(vec![]) };
+    let Ok(ckpt) = fsdp_runtime::checkpoint::latest(&dir) else { return Ok(vec![]) }; // (the run says why)
+    let Ok(text) = std::fs::read_to_string(ckpt.join("rank-0.json")) else { return Ok(vec![]) };
+    let Ok(meta) = serde_json::from_str::<fsdp_runtime::checkpoint::RankMeta>(&text) else { return Ok(vec![]) };
+    let Some(run) = meta.run else { return Ok(vec![]) };
+    let given = |id: &str| m.is_some_and(|m| m.value_source(id) == Some(clap::parser::ValueSource::CommandLine));
+    let mut taken = vec![];
+    let f = |k: &str| run.get(k).and_then(|v| v.as_f64());
+    let h = &run["hyper"];
+    macro_rules! take {
+        ($id:literal, $flag:literal, $field:expr, $val:expr) => {
+            if !given($id) {
+                if let Some(v) = $val {
+                    if $field != v {
+                        $field = v;
+                        taken.push($flag);
+                    }
+                }
+            }
+        };
+    }
+    take!("lr", "--lr", r.lr, f("lr"));
+    take!("lr_schedule", "--lr-schedule", r.lr_schedule, run["lr_schedule"].as_str().map(String::from));
+    take!("warmup_steps", "--warmup-steps", r.warmup_steps, run["warmup_steps"].as_u64());
+    take!("decay_steps", "--decay-steps", r.decay_steps, Some(run["decay_steps"].as_u64()));
+    take!("min_lr", "--min-lr", r.min_lr, f("min_lr"));
+    take!("clip_grad_norm", "--clip-grad-norm", r.clip_grad_norm, Some(f("clip_grad_norm")));
+    take!("weight_decay", "--weight-decay", r.weight_decay, Some(h["weight_decay"].as_f64()));
+    take!("beta1", "--beta1", r.beta1, h["beta1"].as_f64());
+    take!("beta2", "--beta2", r.beta2, h["beta2"].as_f64());
+    take!("eps", "--eps", r.eps, h["eps"].as_f64());
+    take!("seed", "--seed", r.seed, run["seed"].as_i64());
+    Ok(taken)
+}
+
+#[cfg(feature = "runtime")]
+pub(crate) fn train(mut r: RunArgs, m: Option<&clap::ArgMatches>) -> Result<()> {
+    let restored = restore_options(&mut r, m)?;
     use fsdp_runtime::launch_env;
     // Under a launcher (WORLD_SIZE > 1), or on a GPU, this process is one rank of the job;
     // otherwise every rank is a thread of this process.
@@ -265,6 +306,9 @@ pub(crate) fn train(r: RunArgs) -> Result<()> {
         }
     }
     drop(data);
+    if !restored.is_empty() && env.rank == 0 {
+        eprintln!("resume: {} as the checkpoint recorded them (not given here)", restored.join(", "));
+    }
     if let Some(e) = &cfg.eval_data {
         // its format and size, and every id it will be asked for, before training
         let eval = fsdp_runtime::train::data_of(&plan, &model, &fsdp_runtime::train::RunConfig { data: Some(e.clone()), ..cfg.clone() }).map_err(user)?;
@@ -531,7 +575,7 @@ pub(crate) fn consolidate(_: &Path, _: Option<&Path>, _: Option<&Path>, _: Optio
 }
 
 #[cfg(not(feature = "runtime"))]
-pub(crate) fn train(_: RunArgs) -> Result<()> {
+pub(crate) fn train(_: RunArgs, _: Option<&clap::ArgMatches>) -> Result<()> {
     train_missing()
 }
 

@@ -209,6 +209,16 @@ fn the_trainer_reads_nanogpt_bins_schedules_and_reports() {
     assert_eq!(kept.len(), 2);
     let (code, _, err) = run(&with(&["--data", b, "--steps", "4", "--resume", c, "--lr", "5e-4"]));
     assert!(code == 0 && err.contains("resuming with options that differ from the checkpoint's: lr 0.001 → 0.0005"), "{err}");
+    // options not given again on resume are the checkpoint's
+    let ck2 = d.join("ck2");
+    let c2 = ck2.to_str().unwrap();
+    let (code, _, err) = run(&with(&["--data", b, "--steps", "2", "--save", c2, "--lr-schedule", "linear", "--warmup-steps", "1", "--clip-grad-norm", "0.5"]));
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = run(&with(&["--data", b, "--steps", "3", "--resume", c2, "--format", "json"]));
+    assert!(code == 0 && err.contains("resume: --lr-schedule, --warmup-steps, --clip-grad-norm as the checkpoint recorded them"), "{err}");
+    let last: serde_json::Value = serde_json::from_str(out.lines().find(|l| l.contains("\"step\":3")).unwrap()).unwrap();
+    // linear decay over steps 2..3 of 3: the last step at --min-lr 0
+    assert!(last["lr"].as_f64().unwrap().abs() < 1e-12, "{last}");
     // bad schedule options are refused by name
     for (args, want) in [
         (vec!["--min-lr", "1"], "--min-lr 1: expected a rate between 0 and --lr"),

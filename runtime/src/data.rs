@@ -289,6 +289,32 @@ mod tests {
         assert!(e.contains(".npy dtype `<f4`"), "{e}");
     }
 
+    /// A 6 GiB (sparse) token file: opened and read at its last window without reading the
+    /// rest — the pipeline's memory is one step's ids whatever the file's size.
+    #[test]
+    fn a_file_larger_than_memory_budgets_is_read_a_window_at_a_time() {
+        let d = std::env::temp_dir().join(format!("fsdp-data-big-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let p = d.join("huge.bin");
+        let f = std::fs::File::create(&p).unwrap();
+        let ids: u64 = 3 << 30; // 3 Gi uint16 ids = 6 GiB, all zero (a hole) …
+        f.set_len(ids * 2).unwrap();
+        // … but the last window's, written at the end
+        use std::os::unix::fs::FileExt;
+        let per_step = 1024u64;
+        let last: Vec<u8> = (0..per_step as u16).flat_map(|t| (t % 100).to_le_bytes()).collect();
+        f.write_all_at(&last, (ids - per_step) * 2).unwrap();
+        let t0 = std::time::Instant::now();
+        let data = Data { source: Source::File(TokenFile::open(&p, Format::Auto).unwrap()), per_step, vocab: 100 };
+        let windows = data.windows().unwrap();
+        assert_eq!(windows, ids / per_step);
+        let got = data.read(windows - 1, 0, per_step).unwrap();
+        assert_eq!(got, (0..per_step as i64).map(|t| t % 100).collect::<Vec<_>>());
+        assert_eq!(data.read(0, 0, 4).unwrap(), vec![0; 4]);
+        assert!(t0.elapsed().as_secs_f64() < 5.0, "took {:?}: read more than its windows?", t0.elapsed());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
     #[test]
     fn synthetic_tokens_depend_on_the_position_only() {
         let d = Data { source: Source::Synthetic { seed: 3 }, per_step: 8, vocab: 50 };
