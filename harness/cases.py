@@ -181,6 +181,15 @@ BASE_CASES = {
                          "ac_mode": "selective-op"},
     "mixtral_sac_op_ws2": {"model": "tiny-mixtral", "world_size": 2,
                            "checkpoint": ["MixtralDecoderLayer"], "ac_mode": "selective-op"},
+    # Qwen3-MoE: experts of their own width, top-k not renormalized (norm_topk_prob false),
+    # a dense layer among the sparse ones (mlp_only_layers), per-head q/k norm
+    "qwen3_moe_ws2": {"model": "tiny-qwen3-moe", "world_size": 2},
+    "qwen3_moe_ac_ws3": {"model": "tiny-qwen3-moe", "world_size": 3, "checkpoint": ["Qwen3MoeDecoderLayer"]},
+    "qwen3_moe_bf16_ws2": {"model": "tiny-qwen3-moe", "world_size": 2, "param_dtype": "bfloat16",
+                           "reduce_dtype": "float32"},
+    "qwen3_moe_bf16_sac_op_ws2": {"model": "tiny-qwen3-moe", "world_size": 2, "param_dtype": "bfloat16",
+                                  "reduce_dtype": "float32", "checkpoint": ["Qwen3MoeDecoderLayer"],
+                                  "ac_mode": "selective-op"},
     # MoE under checkpointing: the experts' grouped_mm backward chain is the peak
     "mixtral_ac_ws2": {"model": "tiny-mixtral", "world_size": 2, "checkpoint": ["MixtralDecoderLayer"]},
     "mixtral_bf16_ac_ws2": {"model": "tiny-mixtral", "world_size": 2, "checkpoint": ["MixtralDecoderLayer"],
@@ -388,6 +397,13 @@ FAKE_CASES.update({
                                  "param_dtype": "bfloat16", "reduce_dtype": "float32",
                                  "unit_reshard": {"last": False}, "optimizer": "adamw",
                                  "checkpoint": ["LlamaDecoderLayer"], "ac_mode": "selective-op"},
+    # Qwen3-30B-A3B (128 experts, top-8 renormalized, weights cast back to bf16)
+    "qwen3_30b_a3b_bf16_ac_ws8": {"model": "qwen3-30b-a3b", "world_size": 8, "batch": 1, "seq": 4096,
+                                  "model_dtype": "float32", "param_dtype": "bfloat16",
+                                  "reduce_dtype": "float32", "optimizer": "adamw",
+                                  "checkpoint": ["Qwen3MoeDecoderLayer"]},
+    "qwen3_30b_a3b_bf16_ws8": {"model": "qwen3-30b-a3b", "world_size": 8, "batch": 1, "seq": 2048,
+                               "param_dtype": "bfloat16", "reduce_dtype": "float32"},
     # a mode per block at torchtitan's shape: 8 blocks full, 16 op-SAC, 8 none
     "llama31_8b_tt_mixed_ac_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 2,
                                    "seq": 8192, "model_dtype": "float32",

@@ -33,6 +33,7 @@ PARITY_MODELS = [
     "tiny-mixtral",
     "tiny-llama31",
     "tiny-qwen3",
+    "tiny-qwen3-moe",
 ]
 BATCH = 2
 SEQ = 16

@@ -58,6 +58,9 @@ pub(crate) enum Cmd {
     /// The largest micro-batch (or `--seq-len`: sequence) that fits a configuration, with the
     /// global batches gradient accumulation makes of it.
     Fit(crate::tune::FitArgs),
+    /// The shipped models (models/*.ron): architecture, parameters and one configuration's
+    /// peak per GPU.
+    Models(crate::models::ModelsArgs),
     /// Plan every row of a published-measurements file (bench/data/published-rows.json's
     /// schema) and print measured against predicted tokens/s/GPU and memory, with the error.
     Rows(crate::rows::RowsArgs),
@@ -356,4 +359,4 @@ pub(crate) fn refuse_plan_options(cli: &Cli, m: &clap::ArgMatches) -> Result<()>
     Ok(())
 }
 
-pub(crate) const SUBCOMMANDS: &[&str] = &["plan", "compile", "diff", "trace", "plot", "sweep", "run", "launch", "rendezvous-selftest", "consolidate", "calibrate", "rows", "tune", "fit", "import", "help", "--help", "-h", "--version", "-V"];
+pub(crate) const SUBCOMMANDS: &[&str] = &["plan", "compile", "diff", "trace", "plot", "sweep", "run", "launch", "rendezvous-selftest", "consolidate", "calibrate", "rows", "tune", "fit", "models", "import", "help", "--help", "-h", "--version", "-V"];

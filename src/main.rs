@@ -14,6 +14,7 @@ mod diff;
 mod import;
 mod io;
 mod launch;
+mod models;
 mod plan;
 mod rows;
 mod run;
@@ -36,6 +37,7 @@ fn dispatch(cli: cli::Cli, m: &clap::ArgMatches) -> anyhow::Result<()> {
         Cmd::Plot(v) => trace::plot(v),
         Cmd::Sweep(s) => sweep::sweep(&s),
         Cmd::Rows(r) => rows::run(r),
+        Cmd::Models(a) => models::run(a),
         Cmd::Tune(t) => tune::run(t),
         Cmd::Fit(f) => tune::fit(f),
         Cmd::Run(r) => run::train(*r, m.subcommand_matches("run")),

@@ -4,7 +4,7 @@
 //! keys missing from the config take that version's config-class defaults, so a partial
 //! config imports to the parameters HF builds from it. Supported: GPT2LMHeadModel,
 //! LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
-//! MixtralForCausalLM.
+//! MixtralForCausalLM, Qwen3MoeForCausalLM.
 
 use crate::error::IrError;
 use crate::model::*;
@@ -19,10 +19,11 @@ pub enum Family {
     Qwen2,
     Qwen3,
     Mixtral,
+    Qwen3Moe,
 }
 
 impl Family {
-    const ALL: [Family; 6] = [Family::Gpt2, Family::Llama, Family::Mistral, Family::Qwen2, Family::Qwen3, Family::Mixtral];
+    const ALL: [Family; 7] = [Family::Gpt2, Family::Llama, Family::Mistral, Family::Qwen2, Family::Qwen3, Family::Mixtral, Family::Qwen3Moe];
 
     /// `not a supported model (supported: gpt2 (GPT2LMHeadModel), llama (…), …)`.
     fn unsupported() -> String {
@@ -38,6 +39,7 @@ impl Family {
             Family::Qwen2 => "qwen2",
             Family::Qwen3 => "qwen3",
             Family::Mixtral => "mixtral",
+            Family::Qwen3Moe => "qwen3_moe",
         }
     }
     fn from_model_type(t: &str) -> Option<Family> {
@@ -48,6 +50,7 @@ impl Family {
             "qwen2" => Family::Qwen2,
             "qwen3" => Family::Qwen3,
             "mixtral" => Family::Mixtral,
+            "qwen3_moe" => Family::Qwen3Moe,
             _ => return None,
         })
     }
@@ -59,6 +62,7 @@ impl Family {
             "Qwen2ForCausalLM" => Family::Qwen2,
             "Qwen3ForCausalLM" => Family::Qwen3,
             "MixtralForCausalLM" => Family::Mixtral,
+            "Qwen3MoeForCausalLM" => Family::Qwen3Moe,
             _ => return None,
         })
     }
@@ -71,6 +75,7 @@ impl Family {
             Family::Qwen2 => "Qwen2",
             Family::Qwen3 => "Qwen3",
             Family::Mixtral => "Mixtral",
+            Family::Qwen3Moe => "Qwen3Moe",
         }
     }
     pub fn architecture(self) -> String {
@@ -115,7 +120,7 @@ const IGNORED_KEYS: &[&str] = &[
     "reorder_and_upcast_attn", "router_aux_loss_coef", "output_router_logits", "router_jitter_noise",
     "layer_types", "use_mrope", "rope_scaling", "rope_parameters", "rope_theta", "torch_dtype", "dtype",
     "architectures", "model_type", "gradient_checkpointing", "use_bfloat16", "bias", "auto_map",
-    "output_past",
+    "output_past", "max_window_layers",
 ];
 
 /// The closest of `known` to `k` within two edits (Levenshtein), for "did you mean".
@@ -557,12 +562,14 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
         Mistral => (32000, 14336, Some(8), 1e-6, 10000.0),
         Qwen2 | Qwen3 => (151936, 22016, None, 1e-6, 10000.0),
         Mixtral => (32000, 14336, Some(8), 1e-5, 1e6),
+        Qwen3Moe => (151936, 6144, Some(4), 1e-6, 10000.0),
         Gpt2 => unreachable!("gpt2 has its own builder"),
     };
+    let (d_d, layers_d) = if f == Qwen3Moe { (2048, 24) } else { (4096, 32) };
     let vocab = c.u("vocab_size", vocab_d)?;
-    let d = c.u("hidden_size", 4096)?;
+    let d = c.u("hidden_size", d_d)?;
     let inter = c.u("intermediate_size", inter_d)?;
-    let layers = c.u("num_hidden_layers", 32)?;
+    let layers = c.u("num_hidden_layers", layers_d)?;
     if layers > MAX_LAYERS {
         return Err(c.err(format!("`num_hidden_layers` {layers}: at most {MAX_LAYERS}")));
     }
@@ -588,7 +595,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
     let tie = c.b("tie_word_embeddings", false)?;
     let (attn_bias, o_bias) = match f {
         Qwen2 => (true, false),
-        Llama | Qwen3 => {
+        Llama | Qwen3 | Qwen3Moe => {
             let ab = c.b("attention_bias", false)?;
             (ab, ab)
         }
@@ -600,17 +607,34 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
         let a = c.s("hidden_act", "silu")?;
         act_of(a).ok_or_else(|| c.err(format!("unsupported hidden_act `{a}`")))?
     };
-    let (experts, top_k) = if f == Mixtral {
-        (c.u("num_local_experts", 8)?, c.u("num_experts_per_tok", 2)?)
-    } else {
-        (0, 0)
+    let (experts, top_k) = match f {
+        Mixtral => (c.u("num_local_experts", 8)?, c.u("num_experts_per_tok", 2)?),
+        Qwen3Moe => (c.u("num_experts", 128)?, c.u("num_experts_per_tok", 8)?),
+        _ => (0, 0),
+    };
+    // Qwen3-MoE: experts of their own width, renormalized only with norm_topk_prob, and MoE
+    // on the layers `decoder_sparse_step` picks that `mlp_only_layers` does not name
+    let (moe_inter, normalize) = match f {
+        Qwen3Moe => (c.u("moe_intermediate_size", 768)?, c.b("norm_topk_prob", false)?),
+        _ => (inter, true),
+    };
+    let sparse_step = if f == Qwen3Moe { c.u("decoder_sparse_step", 1)?.max(1) } else { 1 };
+    let mlp_only: Vec<u64> = match c.get("mlp_only_layers") {
+        Some(Value::Array(a)) => a.iter().map(|x| x.as_u64().ok_or_else(|| c.err("`mlp_only_layers` must be a list of layer indices"))).collect::<Result<_, _>>()?,
+        Some(Value::Null) | None => vec![],
+        Some(_) => return Err(c.err("`mlp_only_layers` must be a list of layer indices")),
+    };
+    let moe_layer = |i: u64| match f {
+        Mixtral => true,
+        Qwen3Moe => experts > 0 && !mlp_only.contains(&i) && (i + 1) % sparse_step == 0,
+        _ => false,
     };
     // Sliding-window attention: Mistral (class default 4096, null = off); Qwen2 only with
     // use_sliding_window, from layer max_window_layers on.
     let sw = match (f, c.get("sliding_window")) {
         (Mistral, None) => Some(4096),
         (Mistral | Mixtral, Some(_)) => c.opt_u("sliding_window")?,
-        (Qwen2 | Qwen3, _) if c.b("use_sliding_window", false)? => Some(c.opt_u("sliding_window")?.unwrap_or(4096)),
+        (Qwen2 | Qwen3 | Qwen3Moe, _) if c.b("use_sliding_window", false)? => Some(c.opt_u("sliding_window")?.unwrap_or(4096)),
         _ => None,
     };
     let max_window_layers = if matches!(f, Qwen2 | Qwen3) { c.u("max_window_layers", 28)? } else { 0 };
@@ -641,7 +665,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
         let v = b.linear_module(&format!("{sa}.v_proj"), "Linear", d, kv * hd, attn_bias, false);
         let o = b.linear_module(&format!("{sa}.o_proj"), "Linear", heads * hd, d, o_bias, false);
         // Qwen3: an RMSNorm over each head of q and of k, before RoPE
-        let qk_norm = (f == Qwen3).then(|| {
+        let qk_norm = matches!(f, Qwen3 | Qwen3Moe).then(|| {
             b.module(&format!("{sa}.q_norm"), &norm_class);
             let qn = b.param(format!("{sa}.q_norm.weight"), vec![hd]);
             b.module(&format!("{sa}.k_norm"), &norm_class);
@@ -649,14 +673,23 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
             (qn, kn)
         });
         let mlp = format!("{p}.mlp");
-        let mlp_params = if f == Mixtral {
-            b.module(&mlp, "MixtralSparseMoeBlock");
-            b.module(&format!("{mlp}.gate"), "MixtralTopKRouter");
-            let g = b.param(format!("{mlp}.gate.weight"), vec![experts, d]);
-            b.module(&format!("{mlp}.experts"), "MixtralExperts");
-            let gu = b.param(format!("{mlp}.experts.gate_up_proj"), vec![experts, 2 * inter, d]);
-            let dn = b.param(format!("{mlp}.experts.down_proj"), vec![experts, d, inter]);
+        let moe = moe_layer(i);
+        let mlp_params = if moe {
+            b.module(&mlp, &format!("{pre}SparseMoeBlock"));
+            // (registration order: Mixtral's block makes its gate first, Qwen3-MoE's its experts)
+            let gate = |b: &mut Builder| {
+                b.module(&format!("{mlp}.gate"), &format!("{pre}TopKRouter"));
+                b.param(format!("{mlp}.gate.weight"), vec![experts, d])
+            };
+            let g = if f == Mixtral { Some(gate(b)) } else { None };
+            b.module(&format!("{mlp}.experts"), &format!("{pre}Experts"));
+            let gu = b.param(format!("{mlp}.experts.gate_up_proj"), vec![experts, 2 * moe_inter, d]);
+            let dn = b.param(format!("{mlp}.experts.down_proj"), vec![experts, d, moe_inter]);
             b.module(&format!("{mlp}.experts.act_fn"), act_class);
+            let g = match g {
+                Some(g) => g,
+                None => gate(b),
+            };
             vec![vec![g], vec![gu, dn]]
         } else {
             b.module(&mlp, &format!("{pre}MLP"));
@@ -710,17 +743,21 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
             vec![ln2],
             bsd(d),
         );
-        let m = if f == Mixtral {
+        let m = if moe {
             let mut mp = mlp_params.into_iter();
             let gate = mp.next().unwrap_or_default();
             let ex = mp.next().unwrap_or_default();
-            let r = b.op(&format!("{mlp}.gate"), OpKind::Router { experts, top_k }, &format!("{mlp}.gate"), &[&h], gate, bsd(top_k));
+            // the router: its linear (an `aten.mm` of its own: op-level SAC counts it), then
+            // softmax, top-k and the renormalization
+            let logits = b.linear_op(&format!("{mlp}.gate"), &h, gate, experts, false);
+            let router = OpKind::Router { experts, top_k, normalize, cast: f == Qwen3Moe };
+            let r = b.op(&format!("{mlp}.gate.route"), router, &format!("{mlp}.gate"), &[&logits], vec![], bsd(top_k));
             b.op(
                 &format!("{mlp}.experts"),
                 OpKind::Experts {
                     experts,
                     top_k,
-                    intermediate: inter,
+                    intermediate: moe_inter,
                     act,
                 },
                 &format!("{mlp}.experts"),

@@ -131,6 +131,10 @@ fn yes() -> bool {
     true
 }
 
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
 /// A parameter. An alias of a tied weight has `tied_to` set to the primary's name.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -244,8 +248,18 @@ pub enum OpKind {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sliding_window: Option<u64>,
     },
-    /// MoE router: softmax over `experts` logits (input), top-k selection and renormalize.
-    Router { experts: u64, top_k: u64 },
+    /// MoE router over the gate's logits (input: the `Linear` of the router's weight):
+    /// softmax over `experts` in float32, top-k selection,
+    /// renormalized over the k (`normalize`: Mixtral always, Qwen3-MoE's `norm_topk_prob`),
+    /// the weights cast back to the logits' dtype (`cast`: Qwen3-MoE) or kept in float32.
+    Router {
+        experts: u64,
+        top_k: u64,
+        #[serde(default = "yes", skip_serializing_if = "is_true")]
+        normalize: bool,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        cast: bool,
+    },
     /// MoE experts: SwiGLU per expert over routed tokens. Inputs: hidden, router output.
     /// Params: `gate_up_proj [E, 2I, H]`, `down_proj [E, H, I]`.
     Experts {

@@ -431,11 +431,10 @@ fn check_kind(op: &Op, i: &[&Shape], p: &[&Param]) -> Result<(), String> {
             }
             expect_eq("output", out, &with_last(i[0], q))
         }
-        OpKind::Router { experts, top_k } => {
-            arity(op, 1, 1..=1, i, p)?;
-            let w = &p[0].shape;
-            if w.len() != 2 || w[0] != *experts || Some(&n(w[1])) != last(i[0]) {
-                return Err(format!("router weight `{}` {:?} should be [{experts}, hidden]", p[0].name, w));
+        OpKind::Router { experts, top_k, .. } => {
+            arity(op, 1, 0..=0, i, p)?;
+            if last(i[0]) != Some(&n(*experts)) {
+                return Err(format!("router input (the gate's logits) should end in {experts} experts, got {}", shape_str(i[0])));
             }
             if top_k > experts {
                 return Err(format!("top_k {top_k} > experts {experts}"));

@@ -318,16 +318,27 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             let masked = sliding_window.is_some_and(|w| cx.dims.seq > w);
             attention(cx, op, &mut m, *heads, *kv_heads, *head_dim, *dropout, masked)
         }
-        OpKind::Router { experts, top_k } => {
-            // F.linear(h, w) -> logits; softmax(logits.float()) saved; topk values/indices;
-            // renormalized in place.
+        OpKind::Router { experts, top_k, normalize, cast } => {
+            // (the logits come from the gate's Linear op) softmax(logits.float()) saved; topk
+            // values/indices; renormalized in place (Mixtral; Qwen3-MoE with norm_topk_prob);
+            // Qwen3-MoE then casts the weights back to the logits' dtype.
             let tok = cx.tokens();
-            m.saves_inputs = vec![true];
-            m.out = Some(t(tok * top_k, DType::Float32, "router top-k weights"));
-            m.saved.push(t(tok * experts, DType::Float32, "router probs"));
+            let f = DType::Float32;
+            m.saves_inputs = vec![false];
+            let recast = *cast && cd != f;
+            m.out = Some(t(tok * top_k, if recast { cd } else { f }, "router top-k weights"));
+            m.saved.push(t(tok * experts, f, "router probs"));
             m.saved.push(t(tok * top_k, DType::Int64, "router top-k indices"));
-            m.saved.push(t(tok, DType::Float32, "router top-k sum"));
-            m.fwd_scratch.push(t(tok * experts, cd, "router logits"));
+            if *normalize {
+                m.saved.push(t(tok, f, "router top-k sum"));
+            }
+            // the in-place renormalization's node keeps its float32 result: the output itself
+            // (Mixtral: the experts read it), or the copy Qwen3-MoE casts back from
+            if *normalize && recast {
+                m.saved.push(t(tok * top_k, f, "router top-k weights (f32)"));
+            } else if recast {
+                m.fwd_scratch.push(t(tok * top_k, f, "router top-k weights (f32)"));
+            }
         }
         OpKind::Experts {
             top_k,
@@ -345,8 +356,15 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             let routed = tok * top_k;
             let h = n / tok.max(1);
             let i = *intermediate;
-            let f = DType::Float32;
-            m.saves_inputs = vec![false, true];
+            // the routing weights' dtype (float32, or the compute dtype when the router casts
+            // them back: Qwen3-MoE) sets the dtype of the weighted outputs and their sum
+            let router = op.inputs.get(1).and_then(|r| cx.model.ops.iter().find(|o| &o.name == r)).map(|r| &r.kind);
+            let router_casts = matches!(router, Some(OpKind::Router { cast: true, .. }));
+            let f = if router_casts { cd } else { DType::Float32 };
+            // the router's output stays saved (its renormalization node keeps it) only when it
+            // is the renormalized float32 weights themselves (Mixtral)
+            let kept = matches!(router, Some(OpKind::Router { normalize: true, .. })) && !(router_casts && cd != DType::Float32);
+            m.saves_inputs = vec![false, kept];
             const INPUTS: usize = 0;
             const GATE_UP: usize = 1;
             const ACT: usize = 2;

@@ -207,10 +207,10 @@ pub fn launches(op: &Op, cast: bool) -> (u32, u32) {
                 (3, 4)
             }
         }
-        // linear, (cast), softmax, topk, sum, div, cast, cat; backward: the two GEMMs of the
-        // linear, softmax backward, topk's zero fill + scatter, div's two-sided backward (4),
+        // (the gate's linear is its own op) (cast), softmax, topk, sum, div, cast, cat;
+        // backward: softmax backward, topk's zero fill + scatter, div's two-sided backward (4),
         // sum's expand-add, the add of the two uses
-        OpKind::Router { .. } => (7 + c, 12 + c),
+        OpKind::Router { .. } => (6 + c, 10 + c),
         // grouped_mm_experts_forward: cast, sort (copy + sort), two gathers, bincount (min,
         // max, fill, count), cumsum, three masks, two grouped matmuls (an offsets cast, a
         // zero fill and one GEMM per expert each), silu, mul, routing weights, arange +

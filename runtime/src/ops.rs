@@ -260,16 +260,20 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
             dropout,
             ..
         } => attention(cx, op, inputs, *heads as i64, *kv_heads as i64, *head_dim as i64, *sliding_window, *dropout)?,
-        OpKind::Router { top_k, .. } => {
-            // MixtralTopKRouter: softmax(linear(h).float()), top-k, renormalized. The output
-            // packs the weights and the expert indices (as float): [tokens, 2k].
-            need(1, 1)?;
-            let h = inputs[0];
-            let hd = *dims(h).last().unwrap_or(&1);
-            let logits = h.reshape([-1, hd]).linear(params[0], None::<&Tensor>);
+        OpKind::Router { top_k, normalize, cast, .. } => {
+            // MixtralTopKRouter / Qwen3MoeTopKRouter after the gate's linear (its own op):
+            // softmax(logits.float()), top-k,
+            // renormalized (always / with norm_topk_prob), Qwen3-MoE's cast back to the
+            // logits' dtype. The output packs the weights and the expert indices (as the
+            // weights' dtype: exact for up to 256 experts): [tokens, 2k].
+            need(1, 0)?;
+            let l = inputs[0];
+            let e = *dims(l).last().unwrap_or(&1);
+            let logits = l.reshape([-1, e]);
             let probs = up(&logits).softmax(-1, None::<Kind>);
             let (vals, idx) = probs.topk(*top_k as i64, -1, true, true);
-            let vals = &vals / vals.sum_dim_intlist(-1, true, None::<Kind>);
+            let vals = if *normalize { &vals / vals.sum_dim_intlist(-1, true, None::<Kind>) } else { vals };
+            let vals = if *cast { vals.to_kind(logits.kind()) } else { vals };
             let k = vals.kind();
             Tensor::cat(&[vals, idx.to_kind(k)], -1)
         }

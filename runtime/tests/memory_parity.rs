@@ -120,6 +120,14 @@ fn measured_peak_is_within_two_percent_of_the_plan() {
         }),
         // the peak is inside the experts' backward (the plan's node-by-node chain)
         case("tiny-mixtral", "MoE, checkpointing", |o| o.checkpoint = vec!["MixtralDecoderLayer".into()]),
+        // Qwen3-MoE: top-k not renormalized, a dense layer among the sparse ones
+        case("tiny-qwen3-moe", "Qwen3-MoE, ws 2", |_| {}),
+        case("tiny-qwen3-moe", "Qwen3-MoE, bf16 params, selective-op AC", |o| {
+            o.checkpoint = vec!["Qwen3MoeDecoderLayer".into()];
+            o.ac_mode = fsdp_planner::AcMode::SelectiveOp;
+            o.param_dtype = fsdp_ir::DType::parse("bf16");
+            o.reduce_dtype = fsdp_ir::DType::parse("f32");
+        }),
         case("tiny-mixtral", "MoE, checkpointing, bf16 params", |o| {
             o.checkpoint = vec!["MixtralDecoderLayer".into()];
             o.param_dtype = fsdp_ir::DType::parse("bf16");
