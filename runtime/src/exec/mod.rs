@@ -14,11 +14,18 @@
 //! Memory is measured by a counting CPU allocator ([`crate::shim::MemTracker`]), or on a GPU
 //! by libtorch's CUDA caching allocator's counters.
 
+pub mod cuda;
+pub mod ops;
+pub mod optim;
+pub mod placement;
+pub mod reference;
+pub mod shim;
+
 use crate::comm::{Collective, Groups};
 use crate::error::RtError;
 use crate::ops::{forward, OpCx};
 use crate::optim::{Optim, State};
-use crate::shim::{self, Edge, MemTracker};
+use crate::shim::{Edge, MemTracker};
 use fsdp_ir::Model;
 use fsdp_planner::{Group, Layout, OpKind, Plan};
 use std::collections::HashMap;

@@ -5,6 +5,9 @@
 //! their stdout and stderr line by line with a `[rank k]` prefix, and when a rank exits
 //! non-zero or is killed, kills the others and reports that rank.
 
+pub mod env;
+pub mod watchdog;
+
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;

@@ -2,6 +2,11 @@
 //! between CPU processes implement the same trait); [`CpuGroup`] runs it between rank threads
 //! of one process; [`SubGroup`] makes a mesh's shard and replicate groups out of a world group.
 
+pub mod nccl;
+pub mod rendezvous;
+pub mod selftest;
+pub mod tcp;
+
 use crate::error::RtError;
 use std::sync::{Arc, Barrier, Mutex};
 use tch::Tensor;

@@ -3,6 +3,11 @@
 //! under a launcher ([`run_process`]: CPU over the rendezvous sockets, or a GPU with NCCL).
 //! Both run the same per-rank loop.
 
+pub mod checkpoint;
+pub mod data;
+pub mod lr;
+pub mod st_file;
+
 use crate::comm::{Collective, CpuGroup};
 use crate::error::RtError;
 use crate::exec::Rank;
