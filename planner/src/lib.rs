@@ -15,6 +15,7 @@ pub mod diff;
 pub mod error;
 pub mod hardware;
 pub mod ids;
+pub mod layout;
 pub mod memory;
 pub mod options;
 pub mod plan;

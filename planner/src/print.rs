@@ -127,6 +127,10 @@ pub fn render(plan: &Plan, full_schedule: bool) -> String {
     for sh in &plan.shared {
         let _ = writeln!(s, "  tied: {} = {} (owned by {}; modules {})", sh.param, sh.aliases.join(", "), sh.unit, sh.modules.join(", "));
     }
+    let _ = writeln!(s, "\nunit tree:");
+    for l in crate::layout::unit_tree(plan).lines() {
+        let _ = writeln!(s, "  {l}");
+    }
     let _ = writeln!(s, "\nschedule ({} ops):", plan.schedule.len());
     let mut i = 0;
     let ops = &plan.schedule;
@@ -172,15 +176,11 @@ pub fn render(plan: &Plan, full_schedule: bool) -> String {
             }
             _ => String::new(),
         };
-        let deps = if op.deps.is_empty() {
-            String::new()
-        } else {
-            format!("  after {}", op.deps.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(","))
-        };
+        let deps: Vec<String> = op.deps.iter().map(|d| d.to_string()).collect();
         let desc = describe(op, Some(&plan.units));
         let desc = desc.split_once(' ').map(|x| x.1).unwrap_or(&desc).to_string();
         let mark = if i == plan.memory.peak_op.index() { "  <- peak" } else { "" };
-        let _ = writeln!(s, "  {:<14} {:<14} {desc}{extra}{deps}{mark}", op.id.to_string(), stream);
+        s += &crate::layout::op_line(&op.id.to_string(), stream, &format!("{desc}{extra}"), &deps, mark);
         i += 1;
     }
     let mut per_kind: BTreeMap<(&str, &str), (u64, u64)> = BTreeMap::new();
