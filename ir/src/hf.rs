@@ -626,7 +626,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
     };
     let moe_layer = |i: u64| match f {
         Mixtral => true,
-        Qwen3Moe => experts > 0 && !mlp_only.contains(&i) && (i + 1) % sparse_step == 0,
+        Qwen3Moe => experts > 0 && !mlp_only.contains(&i) && (i + 1).is_multiple_of(sparse_step),
         _ => false,
     };
     // Sliding-window attention: Mistral (class default 4096, null = off); Qwen2 only with
