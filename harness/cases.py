@@ -190,6 +190,17 @@ BASE_CASES = {
     "qwen3_moe_bf16_sac_op_ws2": {"model": "tiny-qwen3-moe", "world_size": 2, "param_dtype": "bfloat16",
                                   "reduce_dtype": "float32", "checkpoint": ["Qwen3MoeDecoderLayer"],
                                   "ac_mode": "selective-op"},
+    # OLMo-2: norms after the sublayers, q/k norm over the whole projection, the weight
+    # multiplied in float32 before the cast back
+    "olmo2_ws2": {"model": "tiny-olmo2", "world_size": 2},
+    "olmo2_bf16_ws2": {"model": "tiny-olmo2", "world_size": 2, "param_dtype": "bfloat16",
+                       "reduce_dtype": "float32"},
+    # (checkpointing with bf16 params fails in PyTorch itself for OLMo-2: its recomputed RoPE
+    # products come out float32 where the forward's were bf16 — torch.utils.checkpoint's
+    # metadata check refuses them; so these run in fp32)
+    "olmo2_ac_ws3": {"model": "tiny-olmo2", "world_size": 3, "checkpoint": ["Olmo2DecoderLayer"]},
+    "olmo2_sac_op_ws2": {"model": "tiny-olmo2", "world_size": 2, "checkpoint": ["Olmo2DecoderLayer"],
+                         "ac_mode": "selective-op"},
     # MoE under checkpointing: the experts' grouped_mm backward chain is the peak
     "mixtral_ac_ws2": {"model": "tiny-mixtral", "world_size": 2, "checkpoint": ["MixtralDecoderLayer"]},
     "mixtral_bf16_ac_ws2": {"model": "tiny-mixtral", "world_size": 2, "checkpoint": ["MixtralDecoderLayer"],
@@ -397,6 +408,11 @@ FAKE_CASES.update({
                                  "param_dtype": "bfloat16", "reduce_dtype": "float32",
                                  "unit_reshard": {"last": False}, "optimizer": "adamw",
                                  "checkpoint": ["LlamaDecoderLayer"], "ac_mode": "selective-op"},
+    # OLMo-2-7B (post-norms, f32-weight RMSNorms) at a 4k sequence
+    "olmo2_7b_bf16_ws8": {"model": "olmo-2-7b", "world_size": 8, "batch": 1, "seq": 4096,
+                          "param_dtype": "bfloat16", "reduce_dtype": "float32", "optimizer": "adamw"},
+    "olmo2_13b_bf16_ws8": {"model": "olmo-2-13b", "world_size": 8, "batch": 1, "seq": 2048,
+                           "param_dtype": "bfloat16", "reduce_dtype": "float32"},
     # Qwen3-30B-A3B (128 experts, top-8 renormalized, weights cast back to bf16)
     "qwen3_30b_a3b_bf16_ac_ws8": {"model": "qwen3-30b-a3b", "world_size": 8, "batch": 1, "seq": 4096,
                                   "model_dtype": "float32", "param_dtype": "bfloat16",

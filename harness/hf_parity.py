@@ -34,6 +34,7 @@ PARITY_MODELS = [
     "tiny-llama31",
     "tiny-qwen3",
     "tiny-qwen3-moe",
+    "tiny-olmo2",
 ]
 BATCH = 2
 SEQ = 16

@@ -20,10 +20,11 @@ pub enum Family {
     Qwen3,
     Mixtral,
     Qwen3Moe,
+    Olmo2,
 }
 
 impl Family {
-    const ALL: [Family; 7] = [Family::Gpt2, Family::Llama, Family::Mistral, Family::Qwen2, Family::Qwen3, Family::Mixtral, Family::Qwen3Moe];
+    const ALL: [Family; 8] = [Family::Gpt2, Family::Llama, Family::Mistral, Family::Qwen2, Family::Qwen3, Family::Mixtral, Family::Qwen3Moe, Family::Olmo2];
 
     /// `not a supported model (supported: gpt2 (GPT2LMHeadModel), llama (…), …)`.
     fn unsupported() -> String {
@@ -40,6 +41,7 @@ impl Family {
             Family::Qwen3 => "qwen3",
             Family::Mixtral => "mixtral",
             Family::Qwen3Moe => "qwen3_moe",
+            Family::Olmo2 => "olmo2",
         }
     }
     fn from_model_type(t: &str) -> Option<Family> {
@@ -51,6 +53,7 @@ impl Family {
             "qwen3" => Family::Qwen3,
             "mixtral" => Family::Mixtral,
             "qwen3_moe" => Family::Qwen3Moe,
+            "olmo2" => Family::Olmo2,
             _ => return None,
         })
     }
@@ -63,6 +66,7 @@ impl Family {
             "Qwen3ForCausalLM" => Family::Qwen3,
             "MixtralForCausalLM" => Family::Mixtral,
             "Qwen3MoeForCausalLM" => Family::Qwen3Moe,
+            "Olmo2ForCausalLM" => Family::Olmo2,
             _ => return None,
         })
     }
@@ -76,6 +80,7 @@ impl Family {
             Family::Qwen3 => "Qwen3",
             Family::Mixtral => "Mixtral",
             Family::Qwen3Moe => "Qwen3Moe",
+            Family::Olmo2 => "Olmo2",
         }
     }
     pub fn architecture(self) -> String {
@@ -438,6 +443,7 @@ fn build(c: &Cfg, name: &str, dtype_override: Option<DType>) -> Result<Model, Ir
     };
     match family {
         Family::Gpt2 => gpt2(c, &mut b)?,
+        Family::Olmo2 => olmo2(c, &mut b)?,
         f => llama_like(c, f, &mut b)?,
     }
     let problems = crate::validate::validate(&b.m);
@@ -555,6 +561,103 @@ fn lm_head(b: &mut Builder, h: &str, d: u64, vocab: u64, tie: bool, embed: &str)
     b.op("loss", OpKind::CrossEntropy { vocab }, "", &[&logits, "labels"], vec![], vec![]);
 }
 
+/// OLMo-2 (transformers' Olmo2): Llama's blocks with the norms after the sublayers
+/// (`x + post_attention_layernorm(attn(x))`, `x + post_feedforward_layernorm(mlp(x))`, no
+/// input norm), an RMSNorm over the whole q and k projections before RoPE, and every
+/// RMSNorm multiplying its weight in float32 before the cast back.
+fn olmo2(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
+    let vocab = c.u("vocab_size", 50304)?;
+    let d = c.u("hidden_size", 4096)?;
+    let inter = c.u("intermediate_size", 11008)?;
+    let layers = c.u("num_hidden_layers", 32)?;
+    if layers > MAX_LAYERS {
+        return Err(c.err(format!("`num_hidden_layers` {layers}: at most {MAX_LAYERS}")));
+    }
+    let heads = c.u("num_attention_heads", 32)?;
+    let kv = c.opt_u("num_key_value_heads")?.unwrap_or(heads);
+    if d % heads != 0 {
+        return Err(c.err(format!("hidden_size {d} is not a multiple of num_attention_heads {heads}")));
+    }
+    let hd = c.opt_u("head_dim")?.unwrap_or(d / heads);
+    if kv == 0 || heads % kv != 0 {
+        return Err(c.err(format!("num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")));
+    }
+    let eps = c.f("rms_norm_eps", 1e-5)?;
+    let theta = c.rope_theta(10000.0)?;
+    let scaling = c.rope_scaling()?;
+    let tie = c.b("tie_word_embeddings", false)?;
+    let bias = c.b("attention_bias", false)?;
+    let attn_p = c.f("attention_dropout", 0.0)?;
+    let (act, act_class) = {
+        let a = c.s("hidden_act", "silu")?;
+        act_of(a).ok_or_else(|| c.err(format!("unsupported hidden_act `{a}`")))?
+    };
+    let norm = |head_dim: Option<u64>| OpKind::RmsNorm { eps, head_dim, weight_f32: true };
+    b.module("", "Olmo2ForCausalLM");
+    b.module("model", "Olmo2Model");
+    b.module("model.embed_tokens", "Embedding");
+    let embed = b.param("model.embed_tokens.weight".into(), vec![vocab, d]);
+    b.module("model.layers", "ModuleList");
+    let mut x = b.op("model.embed_tokens", OpKind::Embedding, "model.embed_tokens", &["input_ids"], vec![embed.clone()], bsd(d));
+    let rot = b.op("model.rotary_emb", OpKind::RotaryEmbedding { theta, head_dim: hd, scaling, f32_tables: true }, "model.rotary_emb", &["input_ids"], vec![], vec![Dim::N(1), sym("seq"), Dim::N(hd)]);
+    for i in 0..layers {
+        let p = format!("model.layers.{i}");
+        let sa = format!("{p}.self_attn");
+        b.module(&p, "Olmo2DecoderLayer");
+        b.module(&sa, "Olmo2Attention");
+        let q = b.linear_module(&format!("{sa}.q_proj"), "Linear", d, heads * hd, bias, false);
+        let k = b.linear_module(&format!("{sa}.k_proj"), "Linear", d, kv * hd, bias, false);
+        let v = b.linear_module(&format!("{sa}.v_proj"), "Linear", d, kv * hd, bias, false);
+        let o = b.linear_module(&format!("{sa}.o_proj"), "Linear", heads * hd, d, bias, false);
+        b.module(&format!("{sa}.q_norm"), "Olmo2RMSNorm");
+        let qn = b.param(format!("{sa}.q_norm.weight"), vec![heads * hd]);
+        b.module(&format!("{sa}.k_norm"), "Olmo2RMSNorm");
+        let kn = b.param(format!("{sa}.k_norm.weight"), vec![kv * hd]);
+        let mlp = format!("{p}.mlp");
+        b.module(&mlp, "Olmo2MLP");
+        let g = b.linear_module(&format!("{mlp}.gate_proj"), "Linear", d, inter, false, false);
+        let u = b.linear_module(&format!("{mlp}.up_proj"), "Linear", d, inter, false, false);
+        let dn = b.linear_module(&format!("{mlp}.down_proj"), "Linear", inter, d, false, false);
+        b.module(&format!("{mlp}.act_fn"), act_class);
+        b.module(&format!("{p}.post_attention_layernorm"), "Olmo2RMSNorm");
+        let ln1 = b.param(format!("{p}.post_attention_layernorm.weight"), vec![d]);
+        b.module(&format!("{p}.post_feedforward_layernorm"), "Olmo2RMSNorm");
+        let ln2 = b.param(format!("{p}.post_feedforward_layernorm.weight"), vec![d]);
+
+        let qo = b.linear_op(&format!("{sa}.q_proj"), &x, q, heads * hd, false);
+        let ko = b.linear_op(&format!("{sa}.k_proj"), &x, k, kv * hd, false);
+        let vo = b.linear_op(&format!("{sa}.v_proj"), &x, v, kv * hd, false);
+        let (qs, ks) = (format!("{sa}.q_norm"), format!("{sa}.k_norm"));
+        let qo = b.op(&qs, norm(None), &qs, &[&qo], vec![qn], bsd(heads * hd));
+        let ko = b.op(&ks, norm(None), &ks, &[&ko], vec![kn], bsd(kv * hd));
+        let qr = b.op(&format!("{sa}.rope_q"), OpKind::Rope { head_dim: hd }, &sa, &[&qo, &rot], vec![], bsd(heads * hd));
+        let kr = b.op(&format!("{sa}.rope_k"), OpKind::Rope { head_dim: hd }, &sa, &[&ko, &rot], vec![], bsd(kv * hd));
+        let attn = OpKind::Attention { heads, kv_heads: kv, head_dim: hd, causal: true, dropout: attn_p, sliding_window: None };
+        let a = b.op(&format!("{sa}.sdpa"), attn, &sa, &[&qr, &kr, &vo], vec![], bsd(heads * hd));
+        let ao = b.linear_op(&format!("{sa}.o_proj"), &a, o, d, false);
+        let pa = format!("{p}.post_attention_layernorm");
+        let ao = b.op(&pa, norm(None), &pa, &[&ao], vec![ln1], bsd(d));
+        x = b.op(&format!("{p}.residual_attn"), OpKind::Add, &p, &[&x, &ao], vec![], bsd(d));
+        let go = b.linear_op(&format!("{mlp}.gate_proj"), &x, g, inter, false);
+        let ga = b.op(&format!("{mlp}.act_fn"), OpKind::Activation { act }, &format!("{mlp}.act_fn"), &[&go], vec![], bsd(inter));
+        let uo = b.linear_op(&format!("{mlp}.up_proj"), &x, u, inter, false);
+        let gu = b.op(&format!("{mlp}.mul"), OpKind::Mul, &mlp, &[&ga, &uo], vec![], bsd(inter));
+        let m = b.linear_op(&format!("{mlp}.down_proj"), &gu, dn, d, false);
+        let pf = format!("{p}.post_feedforward_layernorm");
+        let m = b.op(&pf, norm(None), &pf, &[&m], vec![ln2], bsd(d));
+        x = b.op(&format!("{p}.residual_mlp"), OpKind::Add, &p, &[&x, &m], vec![], bsd(d));
+    }
+    b.module("model.norm", "Olmo2RMSNorm");
+    let nw = b.param("model.norm.weight".into(), vec![d]);
+    let h = b.op("model.norm", norm(None), "model.norm", &[&x], vec![nw], bsd(d));
+    b.module("model.rotary_emb", "Olmo2RotaryEmbedding");
+    for n in ["inv_freq", "original_inv_freq"] {
+        b.m.buffers.push(Buffer { name: format!("model.rotary_emb.{n}"), shape: vec![hd / 2], dtype: DType::Float32, persistent: false });
+    }
+    lm_head(b, &h, d, vocab, tie, &embed);
+    Ok(())
+}
+
 fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
     use Family::*;
     let (vocab_d, inter_d, kv_d, eps_d, theta_d) = match f {
@@ -563,7 +666,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
         Qwen2 | Qwen3 => (151936, 22016, None, 1e-6, 10000.0),
         Mixtral => (32000, 14336, Some(8), 1e-5, 1e6),
         Qwen3Moe => (151936, 6144, Some(4), 1e-6, 10000.0),
-        Gpt2 => unreachable!("gpt2 has its own builder"),
+        Gpt2 | Olmo2 => unreachable!("gpt2 and olmo2 have their own builders"),
     };
     let (d_d, layers_d) = if f == Qwen3Moe { (2048, 24) } else { (4096, 32) };
     let vocab = c.u("vocab_size", vocab_d)?;
@@ -648,7 +751,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
     let mut x = b.op("model.embed_tokens", OpKind::Embedding, "model.embed_tokens", &["input_ids"], vec![embed.clone()], bsd(d));
     let rot = b.op(
         "model.rotary_emb",
-        OpKind::RotaryEmbedding { theta, head_dim: hd, scaling },
+        OpKind::RotaryEmbedding { theta, head_dim: hd, scaling, f32_tables: false },
         "model.rotary_emb",
         &["input_ids"],
         vec![],
@@ -704,13 +807,13 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
         b.module(&format!("{p}.post_attention_layernorm"), &norm_class);
         let ln2 = b.param(format!("{p}.post_attention_layernorm.weight"), vec![d]);
 
-        let h = b.op(&format!("{p}.input_layernorm"), OpKind::RmsNorm { eps, head_dim: None }, &format!("{p}.input_layernorm"), &[&x], vec![ln1], bsd(d));
+        let h = b.op(&format!("{p}.input_layernorm"), OpKind::RmsNorm { eps, head_dim: None, weight_f32: false }, &format!("{p}.input_layernorm"), &[&x], vec![ln1], bsd(d));
         let qo = b.linear_op(&format!("{sa}.q_proj"), &h, q, heads * hd, false);
         let ko = b.linear_op(&format!("{sa}.k_proj"), &h, k, kv * hd, false);
         let vo = b.linear_op(&format!("{sa}.v_proj"), &h, v, kv * hd, false);
         let (qo, ko) = match qk_norm {
             Some((qn, kn)) => {
-                let norm = OpKind::RmsNorm { eps, head_dim: Some(hd) };
+                let norm = OpKind::RmsNorm { eps, head_dim: Some(hd), weight_f32: false };
                 let (qs, ks) = (format!("{sa}.q_norm"), format!("{sa}.k_norm"));
                 (b.op(&qs, norm.clone(), &qs, &[&qo], vec![qn], bsd(heads * hd)), b.op(&ks, norm, &ks, &[&ko], vec![kn], bsd(kv * hd)))
             }
@@ -737,7 +840,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
         x = b.op(&format!("{p}.residual_attn"), OpKind::Add, &p, &[&x, &ao], vec![], bsd(d));
         let h = b.op(
             &format!("{p}.post_attention_layernorm"),
-            OpKind::RmsNorm { eps, head_dim: None },
+            OpKind::RmsNorm { eps, head_dim: None, weight_f32: false },
             &format!("{p}.post_attention_layernorm"),
             &[&x],
             vec![ln2],
@@ -778,7 +881,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
     }
     b.module("model.norm", &norm_class);
     let nw = b.param("model.norm.weight".into(), vec![d]);
-    let h = b.op("model.norm", OpKind::RmsNorm { eps, head_dim: None }, "model.norm", &[&x], vec![nw], bsd(d));
+    let h = b.op("model.norm", OpKind::RmsNorm { eps, head_dim: None, weight_f32: false }, "model.norm", &[&x], vec![nw], bsd(d));
     b.module("model.rotary_emb", &format!("{pre}RotaryEmbedding"));
     for n in ["inv_freq", "original_inv_freq"] {
         b.m.buffers.push(Buffer {

@@ -217,6 +217,10 @@ pub enum OpKind {
         eps: f64,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         head_dim: Option<u64>,
+        /// OLMo-2's order: the weight multiplies the float32 normalized values, then the
+        /// product is cast back (`(weight * x32n).to(dtype)`), where Llama casts first.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        weight_f32: bool,
     },
     /// Element-wise sum of two inputs.
     Add,
@@ -233,6 +237,11 @@ pub enum OpKind {
         /// HF `rope_scaling` (`rope_parameters`) other than the default.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         scaling: Option<RopeScaling>,
+        /// The tables stay float32 (OLMo-2's rotary module does not cast them to the
+        /// activations' dtype; under FSDP2 mixed precision each layer's forward-input cast
+        /// makes its own low-precision copy).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        f32_tables: bool,
     },
     /// Applies RoPE to q or k (inputs: the projection, the `RotaryEmbedding` output).
     Rope { head_dim: u64 },

@@ -112,6 +112,9 @@ pub struct Ctx<'a> {
     pub cd: DType,
     pub attn: AttnImpl,
     pub device: Device,
+    /// FSDP2 casts each unit's floating-point forward inputs to this (MixedPrecisionPolicy's
+    /// `cast_forward_inputs` with a `param_dtype`).
+    pub input_cast: Option<DType>,
 }
 
 impl<'a> Ctx<'a> {
@@ -127,6 +130,7 @@ impl<'a> Ctx<'a> {
             cd: compute_dtype(model, opts),
             attn,
             device: opts.device,
+            input_cast: opts.param_dtype,
         }
     }
 }
@@ -191,14 +195,16 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             m.saved.push(t(rows, stat, "layer_norm rstd"));
             m.bwd_scratch.push(t(n, cd, "layer_norm grad scratch"));
         }
-        OpKind::RmsNorm { head_dim, .. } => {
+        OpKind::RmsNorm { head_dim, weight_f32, .. } => {
             // HF RMSNorm: x32 = x.to(f32); var = x32.pow(2).mean(-1); r = rsqrt(var + eps);
             // xn = x32 * r; out = weight * xn.to(dtype). Saved: x32 (x itself in f32), r, xn.
-            // Per head (Qwen3's q/k norm), r has a row per head of each token.
+            // OLMo-2 (`weight_f32`): out = (weight * xn).to(dtype): xn is saved in f32 and the
+            // f32 product is cast back. Per head (Qwen3's q/k norm), r has a row per head.
             let normed = head_dim.or_else(|| op.shape.last().and_then(|d| d.eval(cx.dims)));
             let rows = n / normed.unwrap_or(1).max(1);
             let f = DType::Float32;
             let upcast = cd != f;
+            let late_cast = *weight_f32 && upcast;
             // Under MP, x32 is a new f32 copy and the low-precision input is not saved.
             m.saves_inputs = vec![!upcast];
             if upcast {
@@ -207,25 +213,43 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             let rsqrt = m.saved.len();
             m.saved.push(t(rows, f, "rms_norm rsqrt"));
             let xn = m.saved.len();
-            m.saved.push(t(n, cd, "rms_norm normalized"));
+            m.saved.push(t(n, if late_cast { f } else { cd }, "rms_norm normalized"));
             m.fwd_scratch.push(t(n, f, "rms_norm x^2"));
+            if late_cast {
+                m.fwd_scratch.push(t(n, f, "rms_norm weighted (f32)"));
+            }
             // The backward, node by node (measured: Llama-3-70B's HSDP peak is in its pow node)
             let mut c = Chain::default();
-            // MulBackward0 (weight * xn): grad * xn (summed to the weight's shape by
-            // validate_outputs), grad * weight
-            let a1 = c.make(t(n, cd, "rms_norm weight grad product"));
-            let a2 = c.make(t(n, cd, "rms_norm normalized grad"));
-            c.drop_out_grad();
-            c.param_grad(0);
-            c.drop(a1);
-            c.release(xn);
-            // ToCopyBackward (xn.to(dtype)): back to f32
-            let a3 = if upcast {
-                let x = c.make(t(n, f, "rms_norm normalized grad (f32)"));
-                c.drop(a2);
-                x
-            } else {
+            let a3 = if late_cast {
+                // ToCopyBackward ((weight * xn).to(dtype)): the output's grad in f32
+                let a0 = c.make(t(n, f, "rms_norm output grad (f32)"));
+                c.drop_out_grad();
+                // MulBackward0 (weight * xn, in f32): grad * xn (summed to the weight's
+                // shape, cast to its dtype), grad * weight
+                let a1 = c.make(t(n, f, "rms_norm weight grad product"));
+                let a2 = c.make(t(n, f, "rms_norm normalized grad"));
+                c.drop(a0);
+                c.param_grad(0);
+                c.drop(a1);
+                c.release(xn);
                 a2
+            } else {
+                // MulBackward0 (weight * xn): grad * xn (summed to the weight's shape by
+                // validate_outputs), grad * weight
+                let a1 = c.make(t(n, cd, "rms_norm weight grad product"));
+                let a2 = c.make(t(n, cd, "rms_norm normalized grad"));
+                c.drop_out_grad();
+                c.param_grad(0);
+                c.drop(a1);
+                c.release(xn);
+                // ToCopyBackward (xn.to(dtype)): back to f32
+                if upcast {
+                    let x = c.make(t(n, f, "rms_norm normalized grad (f32)"));
+                    c.drop(a2);
+                    x
+                } else {
+                    a2
+                }
             };
             // MulBackward0 (x32 * r): grad * r, grad * x32 (summed to r's shape)
             let a4 = c.make(t(n, f, "rms_norm input grad (product)"));
@@ -292,15 +316,28 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
                 m.out = None;
             }
         }
-        OpKind::RotaryEmbedding { head_dim, .. } => {
-            // cos and sin, [1, seq, head_dim] each, in the activation dtype; no grad.
-            m.out = Some(t(2 * cx.dims.seq * head_dim, cd, "rotary cos+sin"));
+        OpKind::RotaryEmbedding { head_dim, f32_tables, .. } => {
+            // cos and sin, [1, seq, head_dim] each, in the activation dtype (OLMo-2: float32);
+            // no grad.
+            m.out = Some(t(2 * cx.dims.seq * head_dim, if *f32_tables { DType::Float32 } else { cd }, "rotary cos+sin"));
             m.differentiable = false;
             m.fwd_scratch.push(t(cx.dims.seq * head_dim, DType::Float32, "rotary freqs"));
         }
-        OpKind::Rope { .. } => {
+        OpKind::Rope { head_dim } => {
             // (x*cos) + (rotate_half(x)*sin): saves cos/sin only (held by the rotary op).
             m.saves_inputs = vec![false, true];
+            // float32 tables (OLMo-2) under mixed precision: each layer's FSDP2 forward-input
+            // cast makes a low-precision copy of cos and sin, which the layer's RoPEs save
+            // (counted with its first, `rope_q`); the float32 tables then live only as long
+            // as the forward needs them
+            let tables = op.inputs.get(1).and_then(|r| cx.model.ops.iter().find(|o| &o.name == r));
+            let f32_tables = tables.is_some_and(|r| matches!(r.kind, OpKind::RotaryEmbedding { f32_tables: true, .. }));
+            if f32_tables && cx.input_cast.is_some_and(|d| d != DType::Float32) {
+                m.saves_inputs = vec![false, false];
+                if op.name.ends_with("rope_q") {
+                    m.saved.push(t(2 * cx.dims.seq * head_dim, cd, "rotary cos+sin (the layer's input cast)"));
+                }
+            }
             m.fwd_scratch.push(t(n, cd, "rope x*cos"));
             m.fwd_scratch.push(t(n, cd, "rope rotate_half"));
             m.fwd_scratch.push(t(n, cd, "rope rot*sin"));

@@ -122,6 +122,13 @@ fn measured_peak_is_within_two_percent_of_the_plan() {
         case("tiny-mixtral", "MoE, checkpointing", |o| o.checkpoint = vec!["MixtralDecoderLayer".into()]),
         // Qwen3-MoE: top-k not renormalized, a dense layer among the sparse ones
         case("tiny-qwen3-moe", "Qwen3-MoE, ws 2", |_| {}),
+        // OLMo-2: post-norms, q/k norm over the whole projection, float32 rotary tables
+        case("tiny-olmo2", "OLMo-2, ws 2", |_| {}),
+        case("tiny-olmo2", "OLMo-2, bf16 params, ws 3", |o| {
+            o.world_size = 3;
+            o.param_dtype = fsdp_ir::DType::parse("bf16");
+            o.reduce_dtype = fsdp_ir::DType::parse("f32");
+        }),
         case("tiny-qwen3-moe", "Qwen3-MoE, bf16 params, selective-op AC", |o| {
             o.checkpoint = vec!["Qwen3MoeDecoderLayer".into()];
             o.ac_mode = fsdp_planner::AcMode::SelectiveOp;

@@ -156,7 +156,7 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
             let d = *dims(inputs[0]).last().unwrap_or(&1);
             inputs[0].layer_norm([d], Some(params[0]), Some(params[1]), *eps, true)
         }
-        OpKind::RmsNorm { eps, head_dim } => {
+        OpKind::RmsNorm { eps, head_dim, weight_f32 } => {
             // HF LlamaRMSNorm: x32 * rsqrt(mean(x32^2) + eps), cast back, times weight.
             // Per head (Qwen3's q_norm / k_norm): on the input viewed [..., heads, head_dim].
             need(1, 1)?;
@@ -175,7 +175,8 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
             let x32 = up(x);
             let var = x32.pow_tensor_scalar(2).mean_dim(-1, true, None::<Kind>);
             let xn = &x32 * (var + *eps).rsqrt();
-            let out = params[0] * xn.to_kind(x.kind());
+            // OLMo-2 multiplies in float32 and casts after; Llama casts, then multiplies
+            let out = if *weight_f32 { (params[0] * &xn).to_kind(x.kind()) } else { params[0] * xn.to_kind(x.kind()) };
             match head_dim {
                 Some(_) => out.view(dims_in.as_slice()),
                 None => out,
@@ -210,7 +211,7 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
                 _ => inputs[0].shallow_clone(),
             }
         }
-        OpKind::RotaryEmbedding { theta, head_dim, scaling } => {
+        OpKind::RotaryEmbedding { theta, head_dim, scaling, .. } => {
             // HF default rope: inv_freq = 1 / theta^(arange(0, hd, 2) / hd) (Llama 3.1's
             // scaling applied to it); freqs = pos ⊗ inv_freq (f32); emb = cat(freqs, freqs);
             // cos and sin stacked as [2, s, hd].
