@@ -5,7 +5,7 @@
 use crate::io::{is_plan_file, UserError};
 use anyhow::{bail, Result};
 use clap::{Args, Parser, Subcommand};
-use fsdp_ir::Model;
+use fsdp_ir::{DType, Model};
 use fsdp_planner::{parse_dtype, AttnImpl, BackwardPrefetch, Device, Layout, Optimizer, Options, PlanError, Policy, Strategy};
 use std::path::PathBuf;
 
@@ -160,13 +160,10 @@ pub(crate) struct Fixed {
     pub(crate) expandable_segments: bool,
 }
 
-/// The options `sweep` takes lists of (`--batch 1,2,4`).
+/// The dtypes of FSDP2's `MixedPrecisionPolicy` and of the sharded params (shared by `plan`,
+/// `sweep` and `tune`).
 #[derive(Args, Clone, Default)]
-pub(crate) struct Each {
-    /// FSDP2's `reshard_after_forward` of the non-root units (default: true for full-shard and
-    /// hybrid-shard, false for shard-grad-op and no-shard).
-    #[arg(long)]
-    pub(crate) reshard_after_forward: Option<bool>,
+pub(crate) struct Precision {
     /// MixedPrecisionPolicy.param_dtype: the dtype params are all-gathered and computed in
     /// (bf16, f32, f16; default: the master dtype, no mixed precision).
     #[arg(long)]
@@ -179,6 +176,37 @@ pub(crate) struct Each {
     /// (default: the model file's, HF's torch_dtype; torchtitan keeps float32 masters).
     #[arg(long)]
     pub(crate) master_dtype: Option<String>,
+}
+
+/// The dtypes of [`Precision`] parsed: (param, reduce, master); `None` is the default.
+pub(crate) type Dtypes = (Option<DType>, Option<DType>, Option<DType>);
+
+impl Precision {
+    /// (param, reduce, master) parsed; a bad name is an error naming its flag.
+    pub(crate) fn parse(&self) -> Result<Dtypes, PlanError> {
+        let one = |flag: &str, v: &Option<String>| v.as_deref().map(|s| parse_dtype(flag, s)).transpose();
+        Ok((one("--param-dtype", &self.param_dtype)?, one("--reduce-dtype", &self.reduce_dtype)?, one("--master-dtype", &self.master_dtype)?))
+    }
+
+    /// The flags that give these dtypes, for a printed command.
+    pub(crate) fn flags(&self) -> Vec<String> {
+        [("--param-dtype", &self.param_dtype), ("--reduce-dtype", &self.reduce_dtype), ("--master-dtype", &self.master_dtype)]
+            .into_iter()
+            .filter_map(|(f, v)| v.as_ref().map(|v| [f.to_string(), v.clone()]))
+            .flatten()
+            .collect()
+    }
+}
+
+/// The options `sweep` takes lists of (`--batch 1,2,4`).
+#[derive(Args, Clone, Default)]
+pub(crate) struct Each {
+    /// FSDP2's `reshard_after_forward` of the non-root units (default: true for full-shard and
+    /// hybrid-shard, false for shard-grad-op and no-shard).
+    #[arg(long)]
+    pub(crate) reshard_after_forward: Option<bool>,
+    #[command(flatten)]
+    pub(crate) precision: Precision,
     /// Micro-batches per optimizer step (gradient accumulation; the gradient sync runs in the last).
     #[arg(long, default_value_t = 1)]
     pub(crate) grad_accum: u32,
@@ -253,6 +281,7 @@ pub(crate) fn options_for(k: &Knobs, world_size: u64, policy: &str, model: &Mode
         },
         _ => Strategy::FullShard,
     };
+    let (param_dtype, reduce_dtype, master_dtype) = e.precision.parse()?;
     let backward_prefetch = match o.backward_prefetch.as_deref() {
         None => match layout {
             Layout::Fsdp2 => BackwardPrefetch::Implicit,
@@ -287,9 +316,9 @@ pub(crate) fn options_for(k: &Knobs, world_size: u64, policy: &str, model: &Mode
                 _ => Err(fsdp_planner::error::opt_err("--unit-reshard", format!("`{s}`: expected UNIT=true or UNIT=false (UNIT a module path, root or last)"))),
             })
             .collect::<Result<_, _>>()?,
-        param_dtype: e.param_dtype.as_deref().map(|s| parse_dtype("--param-dtype", s)).transpose()?,
-        reduce_dtype: e.reduce_dtype.as_deref().map(|s| parse_dtype("--reduce-dtype", s)).transpose()?,
-        master_dtype: e.master_dtype.as_deref().map(|s| parse_dtype("--master-dtype", s)).transpose()?,
+        param_dtype,
+        reduce_dtype,
+        master_dtype,
         forward_prefetch: o.forward_prefetch,
         backward_prefetch,
         grad_accum: e.grad_accum,

@@ -2,7 +2,7 @@
 //! policies, micro-batch, sequence length, gradient accumulation, checkpointing, reshard after
 //! forward, dtypes): fits?, peak, step time, tokens/s/GPU.
 
-use crate::cli::{options_for, Each, Fixed, HwOpt, Knobs};
+use crate::cli::{options_for, Each, Fixed, HwOpt, Knobs, Precision};
 use crate::io::*;
 use anyhow::{bail, Result};
 use clap::Args;
@@ -106,9 +106,9 @@ fn combinations(a: &SweepArgs) -> Vec<Each> {
     });
     extend(&|e| or_default(&a.ac_modes, "full".to_string()).into_iter().map(|m| Each { ac_mode: m, ..e.clone() }).collect());
     extend(&|e| or_default(&a.reshards.iter().map(|&r| Some(r)).collect::<Vec<_>>(), None).into_iter().map(|r| Each { reshard_after_forward: r, ..e.clone() }).collect());
-    extend(&|e| optional(&a.param_dtypes).into_iter().map(|d| Each { param_dtype: d, ..e.clone() }).collect());
-    extend(&|e| optional(&a.reduce_dtypes).into_iter().map(|d| Each { reduce_dtype: d, ..e.clone() }).collect());
-    extend(&|e| optional(&a.master_dtypes).into_iter().map(|d| Each { master_dtype: d, ..e.clone() }).collect());
+    extend(&|e| optional(&a.param_dtypes).into_iter().map(|d| Each { precision: Precision { param_dtype: d, ..e.precision.clone() }, ..e.clone() }).collect());
+    extend(&|e| optional(&a.reduce_dtypes).into_iter().map(|d| Each { precision: Precision { reduce_dtype: d, ..e.precision.clone() }, ..e.clone() }).collect());
+    extend(&|e| optional(&a.master_dtypes).into_iter().map(|d| Each { precision: Precision { master_dtype: d, ..e.precision.clone() }, ..e.clone() }).collect());
     out
 }
 
@@ -165,9 +165,9 @@ pub(crate) fn sweep(a: &SweepArgs) -> Result<()> {
                     "checkpoint": r.each.checkpoint,
                     "ac_mode": r.each.ac_mode,
                     "reshard_after_forward": r.each.reshard_after_forward,
-                    "param_dtype": r.each.param_dtype,
-                    "reduce_dtype": r.each.reduce_dtype,
-                    "master_dtype": r.each.master_dtype,
+                    "param_dtype": r.each.precision.param_dtype,
+                    "reduce_dtype": r.each.precision.reduce_dtype,
+                    "master_dtype": r.each.precision.master_dtype,
                     "fits": r.need <= limit,
                     "peak_bytes": r.peak,
                     "max_reserved_bytes": r.reserved,
@@ -200,9 +200,9 @@ pub(crate) fn sweep(a: &SweepArgs) -> Result<()> {
         ("checkpoint", Box::new(|r: &Row| if r.each.checkpoint.is_empty() { "none".into() } else { r.each.checkpoint.join("+") })),
         ("ac mode", Box::new(|r: &Row| r.each.ac_mode.clone())),
         ("raf", Box::new(|r: &Row| r.each.reshard_after_forward.map_or("-".into(), |b| b.to_string()))),
-        ("param", Box::new(move |r: &Row| opt(&r.each.param_dtype))),
-        ("reduce", Box::new(move |r: &Row| opt(&r.each.reduce_dtype))),
-        ("master", Box::new(move |r: &Row| opt(&r.each.master_dtype))),
+        ("param", Box::new(move |r: &Row| opt(&r.each.precision.param_dtype))),
+        ("reduce", Box::new(move |r: &Row| opt(&r.each.precision.reduce_dtype))),
+        ("master", Box::new(move |r: &Row| opt(&r.each.precision.master_dtype))),
     ];
     for c in varying {
         if rows.iter().any(|r| (c.1)(r) != (c.1)(&rows[0])) {

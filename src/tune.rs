@@ -3,8 +3,7 @@
 //! front and the binding constraint; and `fsdp-plan fit`: the largest micro-batch that fits
 //! one configuration, with the global batches around it.
 
-use crate::cli::{options, HwOpt, PlanOpts};
-use fsdp_planner::parse_dtype;
+use crate::cli::{options, HwOpt, PlanOpts, Precision};
 use crate::io::*;
 use anyhow::{bail, Result};
 use clap::Args;
@@ -29,16 +28,8 @@ pub(crate) struct TuneArgs {
     /// Tokens per sequence (default: 2048, or the model's learned positions if fewer).
     #[arg(long)]
     pub(crate) seq: Option<u64>,
-    /// MixedPrecisionPolicy.param_dtype (bf16, f32, f16; default: the master dtype).
-    #[arg(long)]
-    pub(crate) param_dtype: Option<String>,
-    /// MixedPrecisionPolicy.reduce_dtype (default: the param dtype).
-    #[arg(long)]
-    pub(crate) reduce_dtype: Option<String>,
-    /// The dtype of the sharded (master) params, grads and optimizer state (default: the
-    /// model file's).
-    #[arg(long)]
-    pub(crate) master_dtype: Option<String>,
+    #[command(flatten)]
+    pub(crate) precision: Precision,
     #[arg(long, default_value = "adamw", value_parser = ["adamw", "adam", "sgd", "none"])]
     pub(crate) optimizer: String,
     /// sdpa | eager | flash_attention_2 (default: the model file's, else sdpa).
@@ -49,13 +40,8 @@ pub(crate) struct TuneArgs {
     pub(crate) expandable_segments: bool,
     #[command(flatten)]
     pub(crate) hw: HwOpt,
-    /// Memory per GPU (default: the hardware profile's), e.g. 80GiB, 75GB, 8e10.
-    #[arg(long)]
-    pub(crate) memory_limit: Option<String>,
-    /// Judge fit by the tensor peak plus this reserve (e.g. 4GiB) instead of the caching
-    /// allocator model's reserved memory plus the CUDA context and NCCL buffers.
-    #[arg(long)]
-    pub(crate) reserve: Option<String>,
+    #[command(flatten)]
+    pub(crate) limit: LimitOpt,
     /// Leave op-level selective AC out of the space (full checkpointing only).
     #[arg(long)]
     pub(crate) no_sac: bool,
@@ -69,14 +55,8 @@ pub(crate) struct TuneArgs {
 /// The options tune does not decide, as `plan` options and as flags.
 fn base_options(a: &TuneArgs, model: &fsdp_ir::Model) -> Result<(Options, Vec<String>)> {
     let mut flags = vec![];
-    let dt = |flag: &str, v: &Option<String>, flags: &mut Vec<String>| -> Result<Option<fsdp_ir::DType>> {
-        let Some(s) = v else { return Ok(None) };
-        flags.extend([flag.to_string(), s.clone()]);
-        Ok(Some(parse_dtype(flag, s).map_err(user)?))
-    };
-    let param_dtype = dt("--param-dtype", &a.param_dtype, &mut flags)?;
-    let reduce_dtype = dt("--reduce-dtype", &a.reduce_dtype, &mut flags)?;
-    let master_dtype = dt("--master-dtype", &a.master_dtype, &mut flags)?;
+    let (param_dtype, reduce_dtype, master_dtype) = a.precision.parse().map_err(user)?;
+    flags.extend(a.precision.flags());
     let seq = a.seq.unwrap_or_else(|| crate::cli::default_seq(model));
     flags.extend(["--seq".into(), seq.to_string()]);
     let optimizer = match a.optimizer.as_str() {
@@ -115,17 +95,33 @@ fn base_options(a: &TuneArgs, model: &fsdp_ir::Model) -> Result<(Options, Vec<St
     Ok((o, flags))
 }
 
-fn limit_of(memory_limit: &Option<String>, reserve: &Option<String>, hw: &Hardware) -> Result<(Limit, String)> {
-    let bytes = match memory_limit {
-        Some(s) => parse_size("--memory-limit", s)?,
-        None => hw.memory_bytes,
-    };
-    let reserve = reserve.as_deref().map(|s| parse_size_or_zero("--reserve", s)).transpose()?;
-    let how = match reserve {
-        Some(r) => format!("tensor peak + {} reserve", fsdp_planner::print::bytes(r)),
-        None => "caching allocator's reserved peak + CUDA context + NCCL buffers".into(),
-    };
-    Ok((Limit { bytes, reserve }, how))
+/// What "fits" means for `tune` and `fit`.
+#[derive(Args)]
+pub(crate) struct LimitOpt {
+    /// Memory per GPU (default: the hardware profile's), e.g. 80GiB, 75GB, 8e10.
+    #[arg(long)]
+    pub(crate) memory_limit: Option<String>,
+    /// Judge fit by the tensor peak plus this reserve (e.g. 4GiB) instead of the caching
+    /// allocator model's reserved memory plus the CUDA context and NCCL buffers.
+    #[arg(long)]
+    pub(crate) reserve: Option<String>,
+}
+
+impl LimitOpt {
+    /// The limit and how it is judged, in words.
+    fn of(&self, hw: &Hardware) -> Result<(Limit, String)> {
+        let (memory_limit, reserve) = (&self.memory_limit, &self.reserve);
+        let bytes = match memory_limit {
+            Some(s) => parse_size("--memory-limit", s)?,
+            None => hw.memory_bytes,
+        };
+        let reserve = reserve.as_deref().map(|s| parse_size_or_zero("--reserve", s)).transpose()?;
+        let how = match reserve {
+            Some(r) => format!("tensor peak + {} reserve", fsdp_planner::print::bytes(r)),
+            None => "caching allocator's reserved peak + CUDA context + NCCL buffers".into(),
+        };
+        Ok((Limit { bytes, reserve }, how))
+    }
 }
 
 /// A configuration in a few words.
@@ -200,7 +196,7 @@ pub(crate) fn run(a: TuneArgs) -> Result<()> {
     let model = load_model(&a.model)?;
     let hw = load_hardware(&a.hw.hardware)?;
     let (base, fixed) = base_options(&a, &model)?;
-    let (limit, how) = limit_of(&a.memory_limit, &a.reserve, &hw)?;
+    let (limit, how) = a.limit.of(&hw)?;
     let mut space = tune::space(&model, &base, a.world_size, a.global_batch, hw.gpus_per_node).map_err(user)?;
     space.sac &= !a.no_sac;
     if space.blocks.is_empty() {
@@ -318,12 +314,8 @@ pub(crate) struct FitArgs {
     pub(crate) o: PlanOpts,
     #[command(flatten)]
     pub(crate) hw: HwOpt,
-    /// Memory per GPU (default: the hardware profile's), e.g. 80GiB, 75GB, 8e10.
-    #[arg(long)]
-    pub(crate) memory_limit: Option<String>,
-    /// Judge fit by the tensor peak plus this reserve instead of the allocator model.
-    #[arg(long)]
-    pub(crate) reserve: Option<String>,
+    #[command(flatten)]
+    pub(crate) limit: LimitOpt,
     /// Find the longest sequence instead of the largest micro-batch.
     #[arg(long)]
     pub(crate) seq_len: bool,
@@ -337,7 +329,7 @@ pub(crate) fn fit(a: FitArgs) -> Result<()> {
     let model = load_model(&a.model)?;
     let hw = load_hardware(&a.hw.hardware)?;
     let base = options(&a.o, &a.o.policy, &model).map_err(user)?;
-    let (limit, how) = limit_of(&a.memory_limit, &a.reserve, &hw)?;
+    let (limit, how) = a.limit.of(&hw)?;
     let what = if a.seq_len { "sequence length" } else { "micro-batch" };
     let try_n = |n: u64| -> Option<Eval> {
         let opts = if a.seq_len { Options { seq: n, ..base.clone() } } else { Options { batch: n, ..base.clone() } };
