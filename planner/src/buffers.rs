@@ -21,10 +21,7 @@ pub fn param_storages(opts: &Options, units: &[Unit], buf: &BufferInfo) -> Optio
         unit.params
             .iter()
             .map(|p| {
-                let d = match opts.param_dtype {
-                    Some(d) if p.dtype.is_float() => d,
-                    _ => p.dtype,
-                };
+                let d = opts.gathered_dtype(p.dtype);
                 (p.numel * d.size(), p.padded_numel.max(p.numel) * d.size())
             })
             .collect(),

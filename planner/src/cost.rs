@@ -609,15 +609,7 @@ pub fn model_flops(model: &Model, opts: &Options, attn: AttnImpl) -> f64 {
 
 /// Bytes of a unit's unsharded params in the compute dtype (what the copy-out writes).
 pub fn unsharded_bytes(unit: &Unit, opts: &Options) -> u64 {
-    unit.params
-        .iter()
-        .map(|p| {
-            let d = match opts.param_dtype {
-                Some(d) if p.dtype.is_float() => d,
-                _ => p.dtype,
-            };
-            p.padded_numel * d.size()
-        })
+    unit.params.iter().map(|p| p.padded_numel * opts.gathered_dtype(p.dtype).size())
         .sum()
 }
 

@@ -160,25 +160,25 @@ fn plan_passes(model: &Model, opts: &Options, model_hash: Option<Box<dyn FnOnce(
     }
     // Arena offsets and the arena half of the checker run on a second thread, beside the
     // memory replay and the rest of the checker (neither reads offsets).
+    let bare = |units, sched: schedule::Schedule, collectives, memory| Plan {
+        format_version: FORMAT_VERSION,
+        model_name: model.name.clone(),
+        model_hash: String::new(),
+        plan_hash: String::new(),
+        options: opts.clone(),
+        attn_implementation: attn.name().to_string(),
+        policy: policy.to_string(),
+        units,
+        schedule: sched.ops,
+        buffers: sched.buffers,
+        collectives,
+        memory,
+        shared: vec![],
+    };
     let Some(model_hash) = model_hash else {
         let memory = memory::simulate(&sched.ops, &sched.buffers, &units)?;
         let collectives = memory::collectives(&sched.ops, &units);
-        let schedule::Schedule { ops, buffers } = sched;
-        return Ok(Plan {
-            format_version: FORMAT_VERSION,
-            model_name: model.name.clone(),
-            model_hash: String::new(),
-            plan_hash: String::new(),
-            options: opts.clone(),
-            attn_implementation: attn.name().to_string(),
-            policy: policy.to_string(),
-            units,
-            schedule: ops,
-            buffers,
-            collectives,
-            memory,
-            shared: vec![],
-        });
+        return Ok(bare(units, sched, collectives, memory));
     };
     let spans = buffers::spans(opts, &units, &sched.buffers);
     let (offsets, memory, collectives) = std::thread::scope(|s| {
@@ -193,13 +193,13 @@ fn plan_passes(model: &Model, opts: &Options, model_hash: Option<Box<dyn FnOnce(
         let memory = rules?;
         Ok::<_, PlanError>((offsets?, memory, collectives))
     })?;
-    let mut memory = memory;
-    let schedule::Schedule { ops, mut buffers } = sched;
-    for (b, o) in buffers.iter_mut().zip(offsets) {
+    let mut plan = bare(units, sched, collectives, memory);
+    for (b, o) in plan.buffers.iter_mut().zip(offsets) {
         b.offset = o;
     }
-    memory.arena_bytes = memory::arena_bytes(&buffers, &spans);
-    let shared = units
+    plan.memory.arena_bytes = memory::arena_bytes(&plan.buffers, &spans);
+    plan.shared = plan
+        .units
         .iter()
         .flat_map(|u| {
             u.params.iter().filter(|p| !p.aliases.is_empty()).map(move |p| SharedParam {
@@ -213,23 +213,8 @@ fn plan_passes(model: &Model, opts: &Options, model_hash: Option<Box<dyn FnOnce(
             })
         })
         .collect();
-    let mh = model_hash();
+    plan.model_hash = model_hash();
     let opt_text = serde_json::to_string(opts).unwrap_or_default();
-    let plan_hash = hex(&Sha256::digest(format!("{FORMAT_VERSION}\n{mh}\n{opt_text}\n{}", attn.name()).as_bytes()));
-    let plan = Plan {
-        format_version: FORMAT_VERSION,
-        model_name: model.name.clone(),
-        model_hash: mh,
-        plan_hash,
-        options: opts.clone(),
-        attn_implementation: attn.name().to_string(),
-        policy: policy.to_string(),
-        units,
-        schedule: ops,
-        buffers,
-        collectives,
-        memory,
-        shared,
-    };
+    plan.plan_hash = hex(&Sha256::digest(format!("{FORMAT_VERSION}\n{}\n{opt_text}\n{}", plan.model_hash, attn.name()).as_bytes()));
     Ok(plan)
 }

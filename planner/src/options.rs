@@ -194,6 +194,15 @@ pub fn checkpoint_spec(entry: &str, default: AcMode) -> Result<(Vec<String>, AcM
 }
 
 impl Options {
+    /// The dtype a param of dtype `d` is all-gathered and computed in: `param_dtype` for
+    /// floating-point params (MixedPrecisionPolicy casts only those), else its own.
+    pub fn gathered_dtype(&self, d: DType) -> DType {
+        match self.param_dtype {
+            Some(pd) if d.is_float() => pd,
+            _ => d,
+        }
+    }
+
     /// `--checkpoint`'s entries, ranges expanded: (module class or path, mode). Entries that
     /// do not parse are dropped here; [`Options::check`] refuses them.
     pub fn checkpoints(&self) -> Vec<(String, AcMode)> {

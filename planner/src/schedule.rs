@@ -152,17 +152,7 @@ impl B<'_> {
         self.opts.reduce_dtype.unwrap_or_else(|| self.param_dtype(u))
     }
     fn unsharded_bytes(&self, u: &Unit) -> u64 {
-        let pd = self.opts.param_dtype;
-        u.params
-            .iter()
-            .map(|p| {
-                let d = match pd {
-                    Some(d) if p.dtype.is_float() => d,
-                    _ => p.dtype,
-                };
-                p.padded_numel * d.size()
-            })
-            .sum()
+        crate::cost::unsharded_bytes(u, self.opts)
     }
     fn ag_numel_dtype(&self, u: &Unit) -> (u64, DType) {
         let d = self.param_dtype(u);
