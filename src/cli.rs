@@ -158,6 +158,10 @@ pub(crate) struct Fixed {
     /// (torchtitan's launch script): changes the predicted reserved memory only.
     #[arg(long)]
     pub(crate) expandable_segments: bool,
+    /// torchtitan's --compile: each decoder block under torch.compile (inductor fuses the
+    /// element-wise ops: norms, rotary, SwiGLU). Changes the predicted time only.
+    #[arg(long)]
+    pub(crate) compile: bool,
 }
 
 /// The dtypes of FSDP2's `MixedPrecisionPolicy` and of the sharded params (shared by `plan`,
@@ -336,6 +340,7 @@ pub(crate) fn options_for(k: &Knobs, world_size: u64, policy: &str, model: &Mode
         attn_implementation: attn,
         device: Device::parse(&o.device).unwrap_or(Device::Cuda),
         expandable_segments: o.expandable_segments,
+        compile: o.compile,
     };
     opts.check()?;
     Ok(opts)

@@ -63,9 +63,6 @@ fn options_of(row: &Value, model: &fsdp_ir::Model) -> std::result::Result<Option
             return Err(format!("{k} {} (beyond FSDP)", p[k]));
         }
     }
-    if row["compile"].as_bool() == Some(true) {
-        return Err("torch.compile (needs --compile)".into());
-    }
     if row["float8"].as_bool() == Some(true) {
         return Err("float8 (needs --float8)".into());
     }
@@ -113,6 +110,7 @@ fn options_of(row: &Value, model: &fsdp_ir::Model) -> std::result::Result<Option
         attn_implementation: None,
         device: Device::Cuda,
         expandable_segments: row["allocator"]["expandable_segments"].as_bool().unwrap_or(false),
+        compile: row["compile"].as_bool() == Some(true),
     })
 }
 

@@ -38,6 +38,9 @@ pub(crate) struct TuneArgs {
     /// The caching allocator runs with expandable segments (changes reserved memory only).
     #[arg(long)]
     pub(crate) expandable_segments: bool,
+    /// Rank configurations as run under torchtitan's --compile (changes predicted time only).
+    #[arg(long)]
+    pub(crate) compile: bool,
     #[command(flatten)]
     pub(crate) hw: HwOpt,
     #[command(flatten)]
@@ -78,6 +81,9 @@ fn base_options(a: &TuneArgs, model: &fsdp_ir::Model) -> Result<(Options, Vec<St
     if a.expandable_segments {
         flags.push("--expandable-segments".into());
     }
+    if a.compile {
+        flags.push("--compile".into());
+    }
     flags.extend(["--hardware".into(), a.hw.hardware.clone()]);
     let o = Options {
         world_size: a.world_size,
@@ -89,6 +95,7 @@ fn base_options(a: &TuneArgs, model: &fsdp_ir::Model) -> Result<(Options, Vec<St
         attn_implementation: attn,
         device: Device::Cuda,
         expandable_segments: a.expandable_segments,
+        compile: a.compile,
         ..Options::default()
     };
     o.check().map_err(user)?;

@@ -98,6 +98,7 @@ pub fn options_of(f: &Value) -> Options {
         attn_implementation: AttnImpl::parse(o["attn_implementation"].as_str().unwrap()),
         device: Device::Cpu,
         expandable_segments: false,
+        compile: false,
         optimizer: match o["optimizer"].as_str() {
             Some("adam") | None => Optimizer::Adam,
             Some("adamw") => Optimizer::AdamW,

@@ -29,7 +29,9 @@
 //!   their FLOPs are not counted. HF's eager RMSNorm and RoPE run slower than their bytes
 //!   at streaming speed: they are scaled to their measured time ([`EAGER_RMSNORM`],
 //!   [`EAGER_ROPE`], Liger-Kernel's benchmarks of the HF modules). A GEMM's or attention's bytes (operands and result) only
-//!   matter when they exceed its compute.
+//!   matter when they exceed its compute. Under `--compile` the decoder blocks' element-wise
+//!   ops are inductor's fused kernels instead ([`Fusion`], [`COMPILED_RMSNORM`],
+//!   [`COMPILED_ROPE`]): fewer bytes, one launch each, memory unchanged.
 //!
 //! Without a GPU model (the CPU profile, fitted by `calibrate`): `flops / (peak · eff)`,
 //! `eff` = `efficiency.matmul` or `.attention`, bytes from [`crate::activation`]'s spec
@@ -163,9 +165,95 @@ impl Kernel {
 }
 
 /// Time of an op made of `kernels`, dispatched as `launches` eager kernels: their times plus
-/// the per-dispatch overhead.
+/// the per-dispatch overhead. An op with neither (one `torch.compile` fused into its
+/// consumer) takes no time.
 pub fn op_time(hw: &Hardware, kernels: &[Kernel], launches: u32) -> f64 {
+    if kernels.is_empty() && launches == 0 {
+        return 0.0;
+    }
     kernels.iter().map(|k| k.time(hw)).sum::<f64>() + launches.max(1) as f64 * hw.op_overhead_s
+}
+
+/// `torch.compile`d HF `LlamaRMSNorm` measured on H100 NVL (bf16, 2048 rows × 32768,
+/// 67M elements — the size of Llama-3-8B's norms at 2 × 8192 tokens: forward 0.156 ms,
+/// backward 0.588 ms; linkedin/Liger-Kernel `benchmark/data/h100_all_benchmark_data.csv`
+/// @3534d446, `rms_norm,torchcompile`) over [`Fusion`]'s bytes (`2c`, `4c`) at that part's
+/// streaming rate (3.9 TB/s × 0.78): forward ×1.77, backward ×3.33 (the weight's grad is a
+/// reduction over every row). The same file's eager HF rows are 0.609 / 1.580 ms at half
+/// that size: compile is ~8× faster forward, ~5× backward.
+pub const COMPILED_RMSNORM: (f64, f64) = (1.77, 3.33);
+/// `torch.compile`d HF `apply_rotary_pos_emb` on H100 NVL (bf16, 8192 tokens, 32 q heads
+/// and 8 kv heads of 256: 84M elements; forward 0.264 ms, backward 0.596 ms; same file,
+/// `rope,torchcompile`) over `2c` per element at the streaming rate: ×2.40, ×5.41.
+pub const COMPILED_ROPE: (f64, f64) = (2.40, 5.41);
+
+/// What `torch.compile` does to the element-wise ops of each decoder block (torchtitan's
+/// `apply_compile`: every `TransformerBlock` compiled on its own; the embedding, the final
+/// norm, the output projection and the loss stay eager). Inductor's default (no
+/// max-autotune) leaves GEMMs to cuBLAS and SDPA to its flash kernel and fuses each chain
+/// of point-wise and reduction ops into one Triton kernel that reads its inputs and writes
+/// its outputs once, at streaming speed (no eager-HF slowness factors), one launch each:
+///
+/// - RMSNorm: read `x`, write `y` (`2c` per element); backward read `dy` and `x`, write
+///   `dx`, then the weight's grad as a second reduction kernel (`4c`, two launches); scaled
+///   to inductor's measured kernels ([`COMPILED_RMSNORM`]);
+/// - RoPE (on q, on k): `2c` forward and backward, one kernel each, scaled to inductor's
+///   measured kernels ([`COMPILED_ROPE`]);
+/// - SwiGLU's `silu(gate) · up`: the activation fused into the product (the activation op
+///   costs nothing; the product reads gate and up and writes once: `3c`; backward reads
+///   `dy`, gate and up and writes both grads: `5c`); an activation feeding anything else
+///   (GPT-2's GELU before `c_proj`) is one kernel of `2c` / `3c`;
+/// - a residual add stays `3c` both ways (its fusion into the next norm's read is not
+///   counted); dropout with `p > 0` keeps eager's bytes.
+///
+/// Not modelled: the saved activations of inductor's partitioner (memory stays eager's, an
+/// upper bound: the min-cut partitioner saves no more than eager autograd does here) and
+/// compile's effect on the CPU (each remaining kernel keeps eager's launch cost).
+struct Fusion {
+    /// Module paths of the compiled blocks.
+    blocks: Vec<String>,
+    /// Activations whose only consumers are products (fused into them).
+    into_product: rustc_hash::FxHashSet<String>,
+}
+
+impl Fusion {
+    fn new(model: &Model) -> Fusion {
+        let blocks = model.modules.iter().filter(|m| m.class.ends_with("DecoderLayer") || m.class == "GPT2Block").map(|m| m.path.clone()).collect();
+        let mut consumers: HashMap<&str, Vec<&OpKind>> = HashMap::default();
+        for op in &model.ops {
+            for i in &op.inputs {
+                consumers.entry(i.as_str()).or_default().push(&op.kind);
+            }
+        }
+        let into_product = model
+            .ops
+            .iter()
+            .filter(|o| matches!(o.kind, OpKind::Activation { .. }))
+            .filter(|o| consumers.get(o.name.as_str()).is_some_and(|c| c.iter().all(|k| matches!(k, OpKind::Mul))))
+            .map(|o| o.name.clone())
+            .collect();
+        Fusion { blocks, into_product }
+    }
+
+    /// A compiled element-wise op's ((forward, backward) bytes, (forward, backward)
+    /// launches); `None` for an op compile leaves as it is.
+    fn compiled(&self, cx: &Ctx, op: &Op, out: f64) -> Option<((f64, f64), (u32, u32))> {
+        let inside = self.blocks.iter().any(|b| op.module.strip_prefix(b.as_str()).is_some_and(|r| r.is_empty() || r.starts_with('.')));
+        if !inside {
+            return None;
+        }
+        let c = cx.cd.size() as f64;
+        let n = out / c;
+        match &op.kind {
+            OpKind::RmsNorm { .. } => Some(((2.0 * c * n * COMPILED_RMSNORM.0, 4.0 * c * n * COMPILED_RMSNORM.1), (1, 2))),
+            OpKind::Rope { .. } => Some(((2.0 * c * n * COMPILED_ROPE.0, 2.0 * c * n * COMPILED_ROPE.1), (1, 1))),
+            OpKind::Activation { .. } if self.into_product.contains(&op.name) => Some(((0.0, 0.0), (0, 0))),
+            OpKind::Activation { .. } => Some(((2.0 * c * n, 3.0 * c * n), (1, 1))),
+            OpKind::Mul => Some(((3.0 * c * n, 5.0 * c * n), (1, 1))),
+            OpKind::Add => Some(((3.0 * c * n, 3.0 * c * n), (1, 1))),
+            _ => None,
+        }
+    }
 }
 
 /// ATen kernels eager PyTorch dispatches for `op` (forward, backward), following HF
@@ -355,6 +443,7 @@ impl CostModel {
             mems.push(m);
         }
         let pnumel: HashMap<&str, u64> = model.params.iter().map(|p| (p.name.as_str(), p.numel())).collect();
+        let fusion = opts.compile.then(|| Fusion::new(model));
         let mut fwd = HashMap::default();
         let mut bwd = HashMap::default();
         let mut launch = HashMap::default();
@@ -420,11 +509,19 @@ impl CostModel {
                 _ if elementwise != (0.0, 0.0) => (vec![k(0.0, elementwise.0, cd, Work::Memory)], vec![k(0.0, elementwise.1, cd, Work::Memory)]),
                 _ => (vec![k(0.0, f_bytes, cd, Work::Memory)], vec![k(0.0, b_bytes, cd, Work::Memory)]),
             };
-            let b = if m.differentiable || !op.params.is_empty() { b } else { vec![] };
             let (mut lf, mut lb) = launches(op, cd != DType::Float32);
             if let (OpKind::Attention { .. }, AttnImpl::Eager) = (&op.kind, cx.attn) {
                 (lf, lb) = (lf.max(7), lb.max(8));
             }
+            let (f, b) = match fusion.as_ref().and_then(|fu| fu.compiled(&cx, op, out)) {
+                Some((bytes, launches)) => {
+                    (lf, lb) = launches;
+                    let kern = |b: f64| if b > 0.0 { vec![k(0.0, b, cd, Work::Memory)] } else { vec![] };
+                    (kern(bytes.0), kern(bytes.1))
+                }
+                None => (f, b),
+            };
+            let b = if m.differentiable || !op.params.is_empty() { b } else { vec![] };
             launch.insert(op.name.clone(), (lf, lb));
             fwd.insert(op.name.clone(), f);
             bwd.insert(op.name.clone(), b);

@@ -68,6 +68,8 @@ pub fn option_values(o: &Options) -> Vec<(&'static str, String)> {
         ("--seq", o.seq.to_string()),
         ("--attn-implementation", o.attn_implementation.map_or("-".into(), |a| a.name().to_string())),
         ("--device", o.device.name().to_string()),
+        ("--expandable-segments", o.expandable_segments.to_string()),
+        ("--compile", o.compile.to_string()),
     ]
 }
 

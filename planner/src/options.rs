@@ -334,6 +334,11 @@ pub struct Options {
     /// Changes reserved memory only ([`crate::reserved`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub expandable_segments: bool,
+    /// torchtitan's `--compile`: each decoder block under `torch.compile` (inductor fuses
+    /// its element-wise ops; GEMMs and SDPA stay cuBLAS's and FlashAttention's). Changes the
+    /// predicted time only ([`crate::cost`]); memory and the schedule are eager's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub compile: bool,
 }
 
 impl Default for Options {
@@ -360,6 +365,7 @@ impl Default for Options {
             attn_implementation: None,
             device: Device::Cuda,
             expandable_segments: false,
+            compile: false,
         }
     }
 }

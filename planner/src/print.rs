@@ -89,7 +89,7 @@ pub fn header(plan: &Plan) -> String {
     };
     format!(
         "plan for {} · world size {} · layout {} · strategy {strategy} · policy {} · attn {}\n\
-         batch {} × seq {} per rank · param dtype {} · reduce dtype {} · master dtype {} · optimizer {} · grad accum {} · device {}\n",
+         batch {} × seq {} per rank · param dtype {} · reduce dtype {} · master dtype {} · optimizer {} · grad accum {} · device {}{}\n",
         plan.model_name,
         o.world_size,
         o.layout.name(),
@@ -102,7 +102,8 @@ pub fn header(plan: &Plan) -> String {
         master_dtype(plan),
         o.optimizer.name(),
         o.grad_accum,
-        o.device.name()
+        o.device.name(),
+        if o.compile { " · torch.compile (time only)" } else { "" }
     )
 }
 

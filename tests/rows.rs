@@ -1,0 +1,65 @@
+//! The time model ranks configurations as measured runs do: across the published rows of one
+//! model, world size, GPU and FSDP kind (AC none / selective / full, compile or not, batch 8
+//! vs 16), every pair whose measured tokens/s differ by more than 3% (below that the sources'
+//! own run-to-run noise) is predicted in the same order. The truth is the measured figures in
+//! `bench/data/*.json`; the predictions are `fsdp-plan rows`'s.
+
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::process::Command;
+
+fn predictions(file: &str) -> BTreeMap<String, f64> {
+    let o = Command::new(env!("CARGO_BIN_EXE_fsdp-plan")).current_dir(env!("CARGO_MANIFEST_DIR")).args(["rows", file, "--format", "json"]).output().unwrap();
+    assert!(o.status.success(), "fsdp-plan rows {file}: {}", String::from_utf8_lossy(&o.stderr));
+    let v: Vec<Value> = serde_json::from_slice(&o.stdout).unwrap();
+    v.iter().filter_map(|r| Some((r["id"].as_str()?.to_string(), r["predicted_tokens_per_s_per_gpu"].as_f64()?))).collect()
+}
+
+#[test]
+fn predicted_order_is_the_measured_order_within_a_source() {
+    let mut pairs = 0;
+    let mut wrong = vec![];
+    for file in ["bench/data/published-rows.json", "bench/data/extra-rows.json"] {
+        let pred = predictions(file);
+        let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(file)).unwrap();
+        let rows: Vec<Value> = serde_json::from_str(&text).unwrap();
+        let mut groups: BTreeMap<String, Vec<(String, f64, f64)>> = BTreeMap::new();
+        for r in &rows {
+            let id = r["id"].as_str().unwrap().to_string();
+            let (Some(&p), Some(m)) = (pred.get(&id), r["measured"]["tokens_per_s_per_gpu"].as_f64()) else { continue };
+            let key = format!("{} {} {} {}", r["model"]["planner_config"], r["hardware"]["world_size"], r["hardware"]["gpu"], r["parallelism"]["kind"]);
+            groups.entry(key).or_default().push((id, m, p));
+        }
+        for g in groups.values() {
+            for (i, a) in g.iter().enumerate() {
+                for b in &g[i + 1..] {
+                    if (a.1 - b.1).abs() / a.1.min(b.1) < 0.03 {
+                        continue;
+                    }
+                    pairs += 1;
+                    if (a.1 > b.1) != (a.2 > b.2) {
+                        wrong.push(format!("{} ({} measured, {:.0} predicted) vs {} ({}, {:.0})", a.0, a.1, a.2, b.0, b.1, b.2));
+                    }
+                }
+            }
+        }
+    }
+    assert!(pairs >= 20, "only {pairs} pairs compared: the rows files lost their groups?");
+    assert!(wrong.is_empty(), "predicted order differs from the measured one:\n{}", wrong.join("\n"));
+}
+
+/// `--compile` changes the predicted time, never the memory or the collectives.
+#[test]
+fn compile_changes_time_only() {
+    let args = ["models/llama-3.1-8b.ron", "--world-size", "8", "--batch", "2", "--seq", "8192", "--param-dtype", "bf16", "--reduce-dtype", "f32", "--master-dtype", "f32", "--checkpoint", "LlamaDecoderLayer", "--ac-mode", "selective-op", "--hardware", "h100-sxm", "--format", "json"];
+    let run = |extra: &[&str]| -> Value {
+        let o = Command::new(env!("CARGO_BIN_EXE_fsdp-plan")).current_dir(env!("CARGO_MANIFEST_DIR")).args(args).args(extra).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let (eager, compiled) = (run(&[]), run(&["--compile"]));
+    assert_eq!(eager["memory"], compiled["memory"]);
+    assert_eq!(eager["collectives"], compiled["collectives"]);
+    let t = |v: &Value| v["time"]["step_time_s"].as_f64().unwrap();
+    assert!(t(&compiled) < 0.95 * t(&eager), "compile: {} s vs eager {} s", t(&compiled), t(&eager));
+}
