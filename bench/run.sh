@@ -3,11 +3,17 @@
 #   bash bench/run.sh
 # - planning speed (criterion, bench/planning.rs) and tune's search (bench/tune.rs): their
 #   tables in bench/RESULTS.md, between the `<!-- bench:NAME -->` and `<!-- /bench -->` marks;
-# - predicted against published runs (bench/published.md, `fsdp-plan rows`).
-# (The CPU runtime vs PyTorch FSDP2 table needs the runtime build and the venv: its commands
-# are beside it in RESULTS.md.)
+# - predicted against published runs (bench/published.md, `fsdp-plan rows`);
+# - with --runtime, also the CPU runtime vs PyTorch FSDP2 table (bench/runtime_vs_fsdp2.py:
+#   installs the venv if needed and builds the runtime; a few minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--runtime" ]; then
+  bash scripts/setup-venv.sh
+  source scripts/env.sh
+  cargo build --release --features runtime
+  .venv/bin/python bench/runtime_vs_fsdp2.py
+fi
 cargo bench --bench planning -- --warm-up-time 1 --measurement-time 5 >/dev/null
 tune=$(cargo bench --bench tune 2>/dev/null | grep '^|')
 python3 - "$tune" <<'PY'

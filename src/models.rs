@@ -1,6 +1,8 @@
 //! `fsdp-plan models`: the shipped models (models/*.ron) with their architecture, parameter
 //! count and the per-GPU peak of one standard configuration (fp32 masters, bf16 params, f32
-//! reduce, AdamW, every block checkpointed, one sequence per GPU) — where to start.
+//! reduce, AdamW, every block checkpointed, one sequence per GPU) — where to start; and
+//! `fsdp-plan models MODEL [--ops]`: one model's IR laid out (what `import hf` made of a
+//! config: modules, parameters, tied weights, forward ops).
 
 use crate::io::*;
 use anyhow::Result;
@@ -11,6 +13,12 @@ use fsdp_planner::Options;
 
 #[derive(Args)]
 pub(crate) struct ModelsArgs {
+    /// One model (a .ron, a shipped model's name or an HF config.json): its module tree with
+    /// parameters, like blocks folded.
+    pub(crate) model: Option<std::path::PathBuf>,
+    /// With MODEL: also the forward ops, in order.
+    #[arg(long, requires = "model")]
+    pub(crate) ops: bool,
     #[arg(long, default_value_t = 8)]
     pub(crate) world_size: u64,
     #[arg(long, default_value_t = 4096)]
@@ -21,6 +29,14 @@ pub(crate) struct ModelsArgs {
 }
 
 pub(crate) fn run(a: ModelsArgs) -> Result<()> {
+    if let Some(m) = &a.model {
+        // a shipped model by its name (`llama-3.1-8b`) when no such file is here
+        let shipped = search_dirs("models").into_iter().map(|d| d.join(m).with_extension("ron")).find(|p| p.is_file());
+        let path = if m.exists() { m.clone() } else { shipped.unwrap_or_else(|| m.clone()) };
+        let model = load_model(&path)?;
+        crate::io::out(format_args!("{}", fsdp_planner::layout::model_tree(&model, a.ops)));
+        return Ok(());
+    }
     let dir = search_dirs("models").into_iter().find(|d| d.is_dir()).ok_or_else(|| user("no models/ directory here"))?;
     let mut files: Vec<_> = std::fs::read_dir(&dir)?.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "ron")).collect();
     files.sort();
