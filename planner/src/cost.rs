@@ -165,12 +165,8 @@ impl Kernel {
 }
 
 /// Time of an op made of `kernels`, dispatched as `launches` eager kernels: their times plus
-/// the per-dispatch overhead. An op with neither (one `torch.compile` fused into its
-/// consumer) takes no time.
+/// the per-dispatch overhead.
 pub fn op_time(hw: &Hardware, kernels: &[Kernel], launches: u32) -> f64 {
-    if kernels.is_empty() && launches == 0 {
-        return 0.0;
-    }
     kernels.iter().map(|k| k.time(hw)).sum::<f64>() + launches.max(1) as f64 * hw.op_overhead_s
 }
 
@@ -413,6 +409,8 @@ pub struct CostModel {
     bwd: HashMap<String, Vec<Kernel>>,
     /// Eager kernel launches of each model op: (forward, backward).
     launches: HashMap<String, (u32, u32)>,
+    /// Ops `torch.compile` fuses into their consumer (`--compile`): no kernel of their own.
+    fused: rustc_hash::FxHashSet<String>,
     /// Model FLOPs of one micro-batch's training step (see [`model_flops`]).
     pub model_flops: f64,
     /// Compute dtype (the param dtype under mixed precision).
@@ -444,6 +442,7 @@ impl CostModel {
         }
         let pnumel: HashMap<&str, u64> = model.params.iter().map(|p| (p.name.as_str(), p.numel())).collect();
         let fusion = opts.compile.then(|| Fusion::new(model));
+        let mut fused = rustc_hash::FxHashSet::default();
         let mut fwd = HashMap::default();
         let mut bwd = HashMap::default();
         let mut launch = HashMap::default();
@@ -515,6 +514,9 @@ impl CostModel {
             }
             let (f, b) = match fusion.as_ref().and_then(|fu| fu.compiled(&cx, op, out)) {
                 Some((bytes, launches)) => {
+                    if launches == (0, 0) {
+                        fused.insert(op.name.clone());
+                    }
                     (lf, lb) = launches;
                     let kern = |b: f64| if b > 0.0 { vec![k(0.0, b, cd, Work::Memory)] } else { vec![] };
                     (kern(bytes.0), kern(bytes.1))
@@ -526,12 +528,18 @@ impl CostModel {
             fwd.insert(op.name.clone(), f);
             bwd.insert(op.name.clone(), b);
         }
-        CostModel { fwd, bwd, launches: launch, model_flops: flops, cd }
+        CostModel { fwd, bwd, launches: launch, fused, model_flops: flops, cd }
     }
 
     /// Forward (and recompute) kernels of the model op named `name`.
     pub fn forward(&self, name: &str) -> Option<&[Kernel]> {
         self.fwd.get(name).map(|v| v.as_slice())
+    }
+
+    /// Whether `torch.compile` fused the model op named `name` into its consumer (it takes
+    /// no time of its own, forward or backward).
+    pub fn fused(&self, name: &str) -> bool {
+        self.fused.contains(name)
     }
 
     /// Eager kernel launches of the model op named `name`: (forward, backward).

@@ -253,6 +253,7 @@ pub fn op_duration(plan: &Plan, model_cost: &CostModel, hw: &Hardware, op: &Sche
         OpKind::AllReduce { numel, dtype, group, .. } => coll(Coll::AllReduce, *numel, *dtype, *group),
         // FSDP2 does not run a cached recompute (selective AC's kept output, the early stop)
         OpKind::Recompute { cached: true, .. } => 0.0,
+        OpKind::Forward { op: name, .. } | OpKind::Recompute { op: name, .. } | OpKind::Backward { op: name, .. } if model_cost.fused(name) => 0.0,
         OpKind::Forward { op: name, .. } | OpKind::Recompute { op: name, .. } => match model_cost.forward(name) {
             Some(k) => cost::op_time(hw, k, model_cost.launches(name).0) + hw.forward_op_overhead_s,
             None => hw.op_overhead_s,
@@ -396,9 +397,11 @@ fn gpu_spans(plan: &Plan, cm: &CostModel, g: &crate::hardware::Gpu, dur: &[f64])
     spans
 }
 
-/// Length of `[s, e]` covered by the sorted, disjoint intervals `v`.
+/// Length of `[s, e]` covered by the sorted, disjoint intervals `v` (from the first
+/// interval ending after `s`, found by bisection, to the last starting before `e`).
 fn covered(s: f64, e: f64, v: &[(f64, f64)]) -> f64 {
-    v.iter().map(|&(a, b)| (b.min(e) - a.max(s)).max(0.0)).sum()
+    let first = v.partition_point(|&(_, b)| b <= s);
+    v[first..].iter().take_while(|&&(a, _)| a < e).map(|&(a, b)| (b.min(e) - a.max(s)).max(0.0)).sum()
 }
 
 /// (step time, compute-stream busy time, summed collective time, exposed communication) of

@@ -231,6 +231,8 @@ pub fn flags(space: &Space, base: &Options, c: &Config) -> Vec<String> {
 struct Known {
     time: Option<(f64, f64, f64, f64)>,
     memory: Option<(u64, Option<u64>, String)>,
+    /// The tensor peak alone (known whenever the configuration was planned).
+    peak: Option<u64>,
     refused: bool,
 }
 
@@ -275,6 +277,7 @@ impl<'a> Evaluator<'a> {
                         if self.recent.len() == RECENT {
                             self.recent.remove(0);
                         }
+                        self.entry(c).peak = Some(p.memory.peak_bytes);
                         self.recent.push((c, p));
                     }
                     Err(_) => {
@@ -326,6 +329,27 @@ impl<'a> Evaluator<'a> {
         let m = (plan.memory.peak_bytes, needed, plan.memory.peak_at.clone());
         self.entry(c).memory = Some(m);
         needed.is_some_and(|n| n <= limit.bytes)
+    }
+
+    /// The tensor peak (a plan, no allocator replay; `None`: refused).
+    pub fn peak(&mut self, c: Config) -> Option<u64> {
+        if let Some(k) = self.known.get(&c) {
+            if k.refused {
+                return None;
+            }
+            if let Some(p) = k.peak {
+                return Some(p);
+            }
+        }
+        self.plan(c).map(|p| p.memory.peak_bytes)
+    }
+
+    /// What the device needs beyond the tensor peak at a configuration already checked by
+    /// [`Evaluator::fits`] (the allocator's fragmentation, the CUDA context, NCCL).
+    fn overhead(&self, c: Config) -> Option<u64> {
+        let k = self.known.get(&c)?;
+        let (peak, needed, _) = k.memory.as_ref()?;
+        needed.map(|n| n.saturating_sub(*peak))
     }
 
     /// Time and memory (planning what is missing).
@@ -432,30 +456,31 @@ fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> O
         }
         // the least sac that fits: at most the previous one (more full blocks need less)
         let top = prev.unwrap_or(sac_max(full)).min(sac_max(full));
-        if !ev.fits(cfg(full, top)) {
-            continue;
-        }
-        // probe where the boundary moved last time, gallop past it, then bisect
-        let (mut lo, mut hi) = (0u32, top);
-        let mut step = if prev.is_some() { drop.max(1) } else { 1 };
-        while hi > 0 {
-            let probe = hi.saturating_sub(step);
-            if ev.fits(cfg(full, probe)) {
-                hi = probe;
-                step = step.saturating_mul(2);
-            } else {
-                lo = probe + 1;
-                break;
+        // `top` fits: after a boundary at `full - 1`, by monotonicity (one more block full
+        // and one more checkpointed than that boundary's configuration); else checked
+        let anchor = match prev {
+            Some(p) => cfg(full - 1, p),
+            None if ev.fits(cfg(full, top)) => cfg(full, top),
+            None => continue,
+        };
+        // The boundary is first estimated on tensor peaks alone (a plan each, no allocator
+        // replay) with the overhead the anchor needs beyond its peak, then confirmed exactly
+        // on both sides; where the estimate is off, the exact search runs on the side it missed.
+        let est = match ev.overhead(anchor) {
+            Some(over) => {
+                let limit = ev.limit.bytes;
+                let mut guess = |x: u32| ev.peak(cfg(full, x)).is_some_and(|p| p.saturating_add(over) <= limit);
+                boundary(0, top, if prev.is_some() { drop.max(1) } else { 1 }, &mut guess)
             }
-        }
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if ev.fits(cfg(full, mid)) {
-                hi = mid;
-            } else {
-                lo = mid + 1;
-            }
-        }
+            None => top,
+        };
+        let hi = if !ev.fits(cfg(full, est)) {
+            boundary_up(est + 1, top, &mut |x| ev.fits(cfg(full, x)))
+        } else if est > 0 && ev.fits(cfg(full, est - 1)) {
+            boundary(0, est - 1, 1, &mut |x| ev.fits(cfg(full, x)))
+        } else {
+            est
+        };
         drop = prev.map_or(1, |p| p.saturating_sub(hi));
         prev = Some(hi);
         let Some(t) = ev.time(cfg(full, hi)) else { continue };
@@ -471,6 +496,46 @@ fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> O
         }
     }
     local.filter(|&l| faster(l, bound))
+}
+
+/// The least `x` in `lo..=hi` with `fits(x)`, where `fits(hi)` holds and `fits` is monotone
+/// (false below the boundary, true from it): gallop down from `hi` in steps from `step`
+/// doubling, then bisect.
+fn boundary(lo: u32, hi: u32, step: u32, fits: &mut dyn FnMut(u32) -> bool) -> u32 {
+    let (mut lo, mut hi, mut step) = (lo, hi, step.max(1));
+    while hi > lo {
+        let probe = hi.saturating_sub(step).max(lo);
+        if fits(probe) {
+            hi = probe;
+            step = step.saturating_mul(2);
+        } else {
+            lo = probe + 1;
+            break;
+        }
+    }
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    hi
+}
+
+/// [`boundary`] searching up from `lo` (everything below `lo` is known not to fit): probes
+/// `lo`, `lo + 1`, `lo + 3`, … until one fits, then bisects.
+fn boundary_up(lo: u32, hi: u32, fits: &mut dyn FnMut(u32) -> bool) -> u32 {
+    let (mut lo, mut step) = (lo, 1u32);
+    loop {
+        let probe = lo.saturating_add(step - 1).min(hi);
+        if probe >= hi || fits(probe) {
+            return boundary(lo, probe, u32::MAX, fits);
+        }
+        lo = probe + 1;
+        step = step.saturating_mul(2);
+    }
 }
 
 /// The search (see the module doc) on `threads` threads, each taking every `threads`-th
