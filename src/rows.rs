@@ -19,6 +19,17 @@ pub(crate) struct RowsArgs {
     /// `md`: a Markdown table; `json`: every row with its prediction.
     #[arg(long, default_value = "md", value_parser = ["md", "json"])]
     pub(crate) format: String,
+    /// Refit the rows' hardware profile to their measured tokens/s (its compute, memory and
+    /// communication rates scaled; see planner/src/refit.rs) and write it here (RON). Every
+    /// fitted row must use one profile.
+    #[arg(long, value_name = "OUT.ron")]
+    pub(crate) fit: Option<PathBuf>,
+    /// With --fit: rows (by id, comma-separated) left out of the fit and only predicted.
+    #[arg(long, value_delimiter = ',', requires = "fit")]
+    pub(crate) holdout: Vec<String>,
+    /// With --fit: the rates fitted (the others stay the profile's).
+    #[arg(long, value_delimiter = ',', default_value = "compute,memory,comm", value_parser = ["compute", "memory", "comm"], requires = "fit")]
+    pub(crate) fit_factors: Vec<String>,
 }
 
 /// One row's prediction, or why the planner cannot express it.
@@ -175,6 +186,10 @@ pub(crate) fn run(a: RowsArgs) -> Result<()> {
     }
     // model paths in a rows file are relative to the repository (as bench/data's are)
     let root = search_dirs("models").into_iter().filter_map(|d| d.parent().map(Path::to_path_buf)).find(|r| r.join("models").is_dir()).unwrap_or_else(|| PathBuf::from("."));
+    if let Some(out) = &a.fit {
+        not_an_input(out, &[&a.rows])?;
+        return fit(&a, &rows, &root, out);
+    }
     let outcomes: Vec<Outcome> = rows.iter().map(|r| evaluate(r, &root)).collect();
     if a.format == "json" {
         let v: Vec<Value> = outcomes
@@ -231,6 +246,79 @@ pub(crate) fn run(a: RowsArgs) -> Result<()> {
             outcomes.iter().filter(|o| o.split == split).count(),
             mem.len()
         );
+    }
+    Ok(())
+}
+
+/// `rows FILE --fit OUT.ron`: the expressible rows planned once, the profile refitted to
+/// their measured tokens/s (held-out rows only predicted), the fitted profile written.
+fn fit(a: &RowsArgs, rows: &[Value], root: &Path, out: &Path) -> Result<()> {
+    let file = a.rows.display();
+    for h in &a.holdout {
+        if !rows.iter().any(|r| r["id"].as_str() == Some(h.as_str())) {
+            bail!(UserError(format!("--holdout: {file} has no row `{h}`")));
+        }
+    }
+    // (id, model, plan, measured, profile name)
+    let mut planned = vec![];
+    let mut skipped = vec![];
+    for row in rows {
+        let id = row["id"].as_str().unwrap_or("?").to_string();
+        let measured = row["measured"]["tokens_per_s_per_gpu"].as_f64().filter(|t| *t > 0.0);
+        let r = (|| -> std::result::Result<_, String> {
+            let measured = measured.ok_or("no measured tokens_per_s_per_gpu")?;
+            let cfg = row["model"]["planner_config"].as_str().ok_or("no planner config")?;
+            let model = load_model(&root.join(cfg)).map_err(|e| e.to_string())?;
+            let opts = options_of(row, &model)?;
+            let hw = hardware_of(row).map_err(|e| e.to_string())?;
+            let plan = fsdp_planner::plan(&model, &opts).map_err(|e| e.to_string())?;
+            Ok((model, plan, measured, hw))
+        })();
+        match r {
+            Ok((model, plan, measured, hw)) => planned.push((id, model, plan, measured, hw)),
+            Err(e) => skipped.push(format!("{id}: {e}")),
+        }
+    }
+    let fitted = |id: &str| !a.holdout.iter().any(|h| h == id);
+    let mut names: Vec<&str> = planned.iter().filter(|p| fitted(&p.0)).map(|p| p.4.name.as_str()).collect();
+    names.sort();
+    names.dedup();
+    let hw = match names.as_slice() {
+        [] => bail!(UserError(format!("{file}: no row to fit (none expressible, or all held out)"))),
+        [_] => planned.iter().find(|p| fitted(&p.0)).map(|p| p.4.clone()).ok_or_else(|| user("no row"))?,
+        many => bail!(UserError(format!("{file}: the fitted rows use several profiles ({}): fit one profile at a time (split the file or --holdout the others)", many.join(", ")))),
+    };
+    let cases: Vec<fsdp_planner::refit::Case> = planned.iter().map(|p| fsdp_planner::refit::Case { plan: &p.2, model: &p.1, measured_tokens_per_s: p.3 }).collect();
+    let mask: Vec<bool> = planned.iter().map(|p| fitted(&p.0)).collect();
+    let free = ["compute", "memory", "comm"].map(|f| a.fit_factors.iter().any(|x| x == f));
+    let r = fsdp_planner::refit::refit(&cases, &mask, free, &hw);
+    let mut fitted_hw = r.hardware.clone();
+    fitted_hw.name = format!("{}-fit", hw.name);
+    let header = format!(
+        "// {} refitted to {} by `fsdp-plan rows --fit`: compute ×{:.4}, memory ×{:.4}, communication ×{:.4}\n",
+        hw.name, file, r.factors[0], r.factors[1], r.factors[2]
+    );
+    let cfg = ron::ser::PrettyConfig::new().struct_names(false);
+    write_atomic(out, &(header + &ron::ser::to_string_pretty(&fitted_hw, cfg)?))?;
+    let mut cells = vec![];
+    for (i, p) in planned.iter().enumerate() {
+        let pct = |x: f64| format!("{:+.1}%", 100.0 * (x / p.3 - 1.0));
+        cells.push(vec![p.0.clone(), if mask[i] { "fitted".into() } else { "held out".into() }, p.4.name.clone(), format!("{:.0}", p.3), format!("{:.0}", r.before[i]), pct(r.before[i]), format!("{:.0}", r.after[i]), pct(r.after[i])]);
+    }
+    let heads: Vec<String> = ["id", "", "profile", "tok/s/GPU", "before", "error", "after", "error"].iter().map(|s| s.to_string()).collect();
+    outln!("{}", markdown(&heads, &cells));
+    outln!(
+        "\n{}: compute ×{:.4}, memory ×{:.4}, communication ×{:.4} · RMS log error of the fitted rows {:.1}% → {:.1}% · written to {}",
+        hw.name,
+        r.factors[0],
+        r.factors[1],
+        r.factors[2],
+        r.rms_before,
+        r.rms_after,
+        out.display()
+    );
+    if !skipped.is_empty() {
+        outln!("not planned: {}", skipped.join("; "));
     }
     Ok(())
 }

@@ -63,3 +63,32 @@ fn compile_changes_time_only() {
     let t = |v: &Value| v["time"]["step_time_s"].as_f64().unwrap();
     assert!(t(&compiled) < 0.95 * t(&eager), "compile: {} s vs eager {} s", t(&compiled), t(&eager));
 }
+
+/// `rows FILE --fit OUT.ron` writes a profile `plan` loads, fitted closer to the rows than
+/// the one it started from; rows of several profiles and unknown held-out ids are refused.
+#[test]
+fn fit_writes_a_loadable_profile_and_refuses_what_it_cannot_fit() {
+    let bin = env!("CARGO_BIN_EXE_fsdp-plan");
+    let dir = std::env::temp_dir().join(format!("fsdp-plan-rows-fit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("fit.ron");
+    let run = |args: &[&str]| Command::new(bin).current_dir(env!("CARGO_MANIFEST_DIR")).args(args).output().unwrap();
+    let o = run(&["rows", "bench/data/published-rows.json", "--fit", out.to_str().unwrap(), "--holdout", "tt-h100-l31-8b-w128-fsdp"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8(o.stdout).unwrap();
+    assert!(text.contains("| tt-h100-l31-8b-w128-fsdp | held out |"), "{text}");
+    // "RMS log error of the fitted rows A% → B%": B below A
+    let (a, b) = text.split_once("fitted rows ").unwrap().1.split_once(" · written").unwrap().0.split_once(" → ").unwrap();
+    let pct = |s: &str| s.trim_end_matches('%').parse::<f64>().unwrap();
+    assert!(pct(b) < pct(a), "{text}");
+    let o = run(&["plan", "models/llama-3.1-8b.ron", "--hardware", out.to_str().unwrap(), "--summary"]);
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("-fit (rank 0)"), "{}", String::from_utf8_lossy(&o.stderr));
+    // A100 and H100 rows in one fit
+    let o = run(&["rows", "bench/data/extra-rows.json", "--fit", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("several profiles (a100-80gb, h100-sxm)"), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = run(&["rows", "bench/data/published-rows.json", "--fit", out.to_str().unwrap(), "--holdout", "no-such-row"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no row `no-such-row`"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -21,6 +21,7 @@ pub mod options;
 pub mod plan;
 pub mod plot;
 pub mod print;
+pub mod refit;
 pub mod reserved;
 pub mod schedule;
 pub mod timeline;
