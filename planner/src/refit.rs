@@ -122,9 +122,9 @@ pub fn refit(cases: &[Case], fit: &[bool], free: [bool; 3], hw: &Hardware) -> Re
             }
             // a fixed factor: its row and column of the system are the identity's, δ = 0
             for k in (0..3).filter(|&k| !free[k]) {
-                for j in 0..3 {
-                    a[k][j] = 0.0;
-                    a[j][k] = 0.0;
+                a[k] = [0.0; 3];
+                for row in a.iter_mut() {
+                    row[k] = 0.0;
                 }
                 a[k][k] = 1.0;
                 g[k] = 0.0;
