@@ -36,7 +36,7 @@ fn main() {
             let space = tune::space(&m, &base, ws, gb, hw.gpus_per_node).unwrap();
             let r = tune::search(&m, &base, &hw, &space, limit, 2, &|_, _, _| {});
             times.push(t0.elapsed().as_secs_f64());
-            let size = tune::outers(&space).len() * (space.blocks.len() + 1) * (space.blocks.len() + 2) / 2;
+            let size = tune::size(&space);
             last = Some((size, r.plans_built, r.best.map(|b| b.tokens_per_s_per_gpu)));
         }
         times.sort_by(f64::total_cmp);

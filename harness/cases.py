@@ -24,6 +24,8 @@ DEFAULTS = {
                                       # --policy: "transformer:<Class>[,…]" or "modules:<path>[,…]";
                                       # None: every instance of model._no_split_modules
     "optimizer": "adam",              # torch.optim.Adam | AdamW | SGD, lr 1e-3, torch's defaults
+    "unit_group": 1,                  # k: fully_shard([block_i, …, block_i+k-1]), k consecutive
+                                      # decoder layers per unit (the planner's --unit-group)
 }
 
 BASE_CASES = {
@@ -43,6 +45,13 @@ BASE_CASES = {
     "llama_root_raf_true_ws2": {"model": "tiny-llama", "world_size": 2, "root_reshard_after_forward": True},
     "mixtral_ws2": {"model": "tiny-mixtral", "world_size": 2},
     # Explicit prefetch 2 deep needs more than 2 layers to differ from depth 1: 4-layer llama.
+    # unit groups: two decoder layers per fully_shard call (one all-gather / reduce-scatter
+    # for both), and three over 4 layers (a short last group)
+    "llama_group2_ws2": {"model": "tiny-llama-4l", "world_size": 2, "unit_group": 2},
+    "llama_group3_bf16_ws3": {"model": "tiny-llama-4l", "world_size": 3, "unit_group": 3,
+                              "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    "llama_group2_ac_ws2": {"model": "tiny-llama-4l", "world_size": 2, "unit_group": 2,
+                            "checkpoint": ["LlamaDecoderLayer"]},
     "llama_fwd_prefetch2_ws2": {"model": "tiny-llama-4l", "world_size": 2, "forward_prefetch": 2},
     "llama_bwd_prefetch2_ws2": {"model": "tiny-llama-4l", "world_size": 2, "backward_prefetch": 2},
     "llama_grad_accum2_ws2": {"model": "tiny-llama", "world_size": 2, "grad_accum": 2},
@@ -395,6 +404,10 @@ FAKE_CASES = {
                                         "param_dtype": "bfloat16", "reduce_dtype": "float32"},
 }
 FAKE_CASES.update({
+    # unit groups at real size: Llama-3.1-8B, two decoder layers per fully_shard call
+    "llama31_8b_group2_bf16_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 1, "seq": 4096,
+                                   "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                   "unit_group": 2, "optimizer": "adamw"},
     # torchtitan's Llama-3.1-8B wrapping at its published shape: last block kept, fp32 masters,
     # every other block checkpointed (selective layer AC)
     "llama31_8b_tt_last_raf_false_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 1,

@@ -189,6 +189,71 @@ _COMM_OPS = {
 
 
 class WhereTracker(FSDPMemTracker):
+    """FSDPMemTracker with where the peak is, the collectives it saw at dispatch, and unit
+    groups kept intact: PyTorch 2.11's tracker replaces each FSDP module's forward hooks
+    with plain per-module ones, which for `fully_shard([m0, m1])` (one state, group hooks:
+    gather before the first module, reshard after the last) gathers and reshards at every
+    member and reduce-scatters per member — another schedule than FSDP2 runs untracked. Here
+    a state shared by several modules is instrumented once, through the group hooks."""
+
+    def _instrument_fsdp_module(self):
+        from torch.distributed._tools.fsdp2_mem_tracker import _SavedFSDPMethods
+        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.fsdp._fully_shard._fsdp_state import _register_group_forward_hooks
+        states = {}
+        for module in self._root_mod.modules():
+            if isinstance(module, FSDPModule):
+                st = module._get_fsdp_state()
+                if st._fsdp_param_group and len(st._modules) > 1:
+                    states.setdefault(id(st), (st, module))
+        if not states:
+            return super()._instrument_fsdp_module()
+        # groups: take them out of the module walk the tracker does, instrument them here
+        grouped = {id(m) for st, _ in states.values() for m in st._modules}
+        orig_modules = self._root_mod.modules
+
+        def modules_without_groups():
+            return (m for m in orig_modules() if id(m) not in grouped)
+        self._root_mod.modules = modules_without_groups
+        try:
+            super()._instrument_fsdp_module()
+        finally:
+            del self._root_mod.modules
+        for st, first in states.values():
+            group = st._fsdp_param_group
+            st._pre_forward_hook_handle.remove()
+            self._instrument_fsdp_sharded_params_grads(group)
+            handle = _register_group_forward_hooks(
+                st._modules,
+                self._fsdp_state_pre_forward(first, st._pre_forward),
+                self._fsdp_state_post_forward(first, st._post_forward),
+                st._modules_to_run_forward,
+            )
+            st._pre_forward_hook_handle = handle
+            st._post_forward_hook_handle = handle
+            self._fsdp_mod_to_saved_methods[first] = _SavedFSDPMethods(group.pre_backward, group.post_backward)
+            group.pre_backward = self._fsdp_param_group_pre_backward(first, group.pre_backward)
+            group.post_backward = self._fsdp_param_group_post_backward(first, group.post_backward)
+        self._groups = list(states.values())
+
+    def _deregister_module_and_optimizer_hooks(self):
+        from torch.distributed.fsdp._fully_shard._fsdp_state import _register_group_forward_hooks
+        groups = getattr(self, "_groups", [])
+        group_saved = {}
+        for st, first in groups:
+            group_saved[id(st)] = self._fsdp_mod_to_saved_methods.pop(first, None)
+        super()._deregister_module_and_optimizer_hooks()
+        for st, first in groups:
+            st._pre_forward_hook_handle.remove()
+            handle = _register_group_forward_hooks(st._modules, st._pre_forward, st._post_forward, st._modules_to_run_forward)
+            st._pre_forward_hook_handle = handle
+            st._post_forward_hook_handle = handle
+            sv = group_saved[id(st)]
+            if sv is not None:
+                st._fsdp_param_group.pre_backward = sv.pre_backward
+                st._fsdp_param_group.post_backward = sv.post_backward
+        self._groups = []
+
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
         self._cur_func = None
@@ -273,10 +338,15 @@ def _dtype(name):
 
 def _units(model):
     units = []
+    seen = set()
     for fqn, mod in model.named_modules():
         get_state = getattr(mod, "_get_fsdp_state", None)
         if get_state is None:
             continue
+        # (modules fully_shard'ed together share one state: one unit, named by its first)
+        if id(get_state()) in seen:
+            continue
+        seen.add(id(get_state()))
         group = get_state()._fsdp_param_group
         if group is None:
             units.append({"name": fqn, "params": [], "param_info": [], "numel": 0, "padded_numel": 0})
@@ -412,8 +482,17 @@ def shard_model(model, case, mesh, cfg):
     # (fully_shard changes a module's class to FSDP<Class>: the decoder layers are found first)
     layers = [mod for _, mod in targets if type(mod).__name__ in model._no_split_modules]
     raf = unit_reshard(case, targets)
-    for path, mod in targets:
-        fully_shard(mod, reshard_after_forward=raf[path], **kw)
+    k = case.get("unit_group", 1)
+    if k == 1:
+        for path, mod in targets:
+            fully_shard(mod, reshard_after_forward=raf[path], **kw)
+    else:
+        # unit groups: fully_shard([block_i, …, block_i+k-1]), one FSDP unit over k
+        # consecutive blocks (forward order), as the planner's --unit-group k
+        assert kind == "transformer" and not case["forward_prefetch"] and not case["backward_prefetch"], case
+        for i in range(0, len(targets), k):
+            chunk = targets[i:i + k]
+            fully_shard([mod for _, mod in chunk], reshard_after_forward=raf[chunk[0][0]], **kw)
     if case["wrap"] is None:
         assert len(layers) == cfg.num_hidden_layers, (len(layers), policy)
     if case["forward_prefetch"]:
@@ -544,6 +623,8 @@ def _extra_options(case):
         out["shard_group_size"] = case["shard_group_size"]
     if case["checkpoint"] != d["checkpoint"]:
         out["checkpoint"] = list(case["checkpoint"])
+    if case.get("unit_group", 1) != 1:
+        out["unit_group"] = case["unit_group"]
     if case.get("unit_reshard"):
         out["unit_reshard"] = dict(case["unit_reshard"])
     if case.get("ac_mode", "full") != "full":

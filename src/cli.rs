@@ -158,6 +158,11 @@ pub(crate) struct Fixed {
     /// (torchtitan's launch script): changes the predicted reserved memory only.
     #[arg(long)]
     pub(crate) expandable_segments: bool,
+    /// Unit groups: K consecutive decoder blocks per FSDP unit (FSDP2's
+    /// `fully_shard([block_i, …, block_i+K-1])`: one all-gather and one reduce-scatter for the
+    /// K; fewer, larger collectives for more memory).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) unit_group: u32,
     /// torchtitan's --compile: each decoder block under torch.compile (inductor fuses the
     /// element-wise ops: norms, rotary, SwiGLU). Changes the predicted time only.
     #[arg(long)]
@@ -341,6 +346,7 @@ pub(crate) fn options_for(k: &Knobs, world_size: u64, policy: &str, model: &Mode
         device: Device::parse(&o.device).unwrap_or(Device::Cuda),
         expandable_segments: o.expandable_segments,
         compile: o.compile,
+        unit_group: o.unit_group,
     };
     opts.check()?;
     Ok(opts)

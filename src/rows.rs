@@ -122,6 +122,7 @@ fn options_of(row: &Value, model: &fsdp_ir::Model) -> std::result::Result<Option
         device: Device::Cuda,
         expandable_segments: row["allocator"]["expandable_segments"].as_bool().unwrap_or(false),
         compile: row["compile"].as_bool() == Some(true),
+        unit_group: 1,
     })
 }
 

@@ -48,6 +48,10 @@ pub(crate) struct TuneArgs {
     /// Leave op-level selective AC out of the space (full checkpointing only).
     #[arg(long)]
     pub(crate) no_sac: bool,
+    /// Blocks per FSDP unit to search (unit groups, `plan --unit-group`): `1,2` also tries
+    /// two blocks per unit (fewer, larger collectives; about doubles the search).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub(crate) unit_groups: Vec<u32>,
     /// Runner-ups to list.
     #[arg(long, default_value_t = 5)]
     pub(crate) top: usize,
@@ -142,6 +146,9 @@ fn describe(space: &Space, world: u64, c: &Config) -> String {
     if o.prefetch > 0 {
         v.push(format!("prefetch {}", o.prefetch));
     }
+    if o.group > 1 {
+        v.push(format!("{} blocks per unit", o.group));
+    }
     let none = l - c.full - c.sac;
     v.push(match (c.full, c.sac, none) {
         (0, 0, _) => "no AC".into(),
@@ -177,7 +184,7 @@ fn suggestions(model: &fsdp_ir::Model, base: &Options, hw: &Hardware, space: &Sp
     let least = |ws: u64, seq: u64| -> Option<Eval> {
         let b = Options { world_size: ws, seq, ..base.clone() };
         let s = Space { shards: vec![ws], ..space.clone() };
-        let c = Config { outer: tune::Outer { shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All }, full: l, sac: 0 };
+        let c = Config { outer: tune::Outer { shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All, group: 1 }, full: l, sac: 0 };
         let plan = fsdp_planner::plan_unchecked(model, &tune::options(&b, &s, &c)).ok()?;
         Some(tune::evaluate(&plan, model, hw, limit, c))
     };
@@ -206,6 +213,12 @@ pub(crate) fn run(a: TuneArgs) -> Result<()> {
     let (limit, how) = a.limit.of(&hw)?;
     let mut space = tune::space(&model, &base, a.world_size, a.global_batch, hw.gpus_per_node).map_err(user)?;
     space.sac &= !a.no_sac;
+    if a.unit_groups.iter().any(|&k| k == 0 || k > 1024) {
+        bail!(UserError(format!("--unit-groups: blocks per unit are 1 to 1024, got {:?}", a.unit_groups)));
+    }
+    space.groups = a.unit_groups.clone();
+    space.groups.sort_unstable();
+    space.groups.dedup();
     if space.blocks.is_empty() {
         bail!(UserError(format!("{}: no decoder blocks to tune (the transformer policy wraps none)", a.model.display())));
     }
@@ -248,7 +261,7 @@ pub(crate) fn run(a: TuneArgs) -> Result<()> {
             "searched": plans_built,
             "fully_evaluated": evaluated.len(),
             "plans_built": plans_built,
-            "space_size": space_size(&space),
+            "space_size": tune::size(&space),
             "elapsed_s": elapsed,
         });
         outln!("{}", serde_json::to_string_pretty(&doc)?);
@@ -263,7 +276,7 @@ pub(crate) fn run(a: TuneArgs) -> Result<()> {
         a.global_batch,
         base.seq,
         bytes(limit.bytes),
-        space_size(&space),
+        tune::size(&space),
     );
     let Some(b) = &best else {
         s += "does not fit: no configuration in the space fits the limit\n";
@@ -306,12 +319,6 @@ pub(crate) fn run(a: TuneArgs) -> Result<()> {
     Ok(())
 }
 
-/// Points in the space (outer choices × checkpoint splits).
-fn space_size(space: &Space) -> u64 {
-    let l = space.blocks.len() as u64;
-    let ac = if space.sac { (l + 1) * (l + 2) / 2 } else { l + 1 };
-    tune::outers(space).len() as u64 * ac
-}
 
 #[derive(Args)]
 pub(crate) struct FitArgs {
@@ -341,7 +348,7 @@ pub(crate) fn fit(a: FitArgs) -> Result<()> {
     let try_n = |n: u64| -> Option<Eval> {
         let opts = if a.seq_len { Options { seq: n, ..base.clone() } } else { Options { batch: n, ..base.clone() } };
         let plan = fsdp_planner::plan_unchecked(&model, &opts).ok()?;
-        let c = Config { outer: tune::Outer { shard: opts.world_size, micro_batch: opts.batch, accum: opts.grad_accum, prefetch: 0, reshard: tune::Reshard::All }, full: 0, sac: 0 };
+        let c = Config { outer: tune::Outer { shard: opts.world_size, micro_batch: opts.batch, accum: opts.grad_accum, prefetch: 0, reshard: tune::Reshard::All, group: opts.unit_group }, full: 0, sac: 0 };
         Some(tune::evaluate(&plan, &model, &hw, limit, c))
     };
     let fits = |n: u64| try_n(n).is_some_and(|e| e.fits);

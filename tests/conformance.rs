@@ -99,6 +99,7 @@ pub fn options_of(f: &Value) -> Options {
         device: Device::Cpu,
         expandable_segments: false,
         compile: false,
+        unit_group: o["unit_group"].as_u64().unwrap_or(1) as u32,
         optimizer: match o["optimizer"].as_str() {
             Some("adam") | None => Optimizer::Adam,
             Some("adamw") => Optimizer::AdamW,

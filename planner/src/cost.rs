@@ -97,6 +97,10 @@
 //! - *Micro-batch × accumulation*: every micro-batch runs the forward and backward (GEMM
 //!   efficiency falls with fewer rows); FSDP2 without gradient sync keeps each unit's
 //!   unsharded gradients (in the reduce dtype) across micro-batches and reduce-scatters once.
+//! - *Unit groups* (`--unit-group k`): one all-gather and one reduce-scatter per k blocks, k
+//!   times the bytes: the collectives' fixed latency is paid 1/k as often and large messages
+//!   reach a higher bus bandwidth, against k blocks' unsharded params held at once and a
+//!   first gather that waits for k blocks' worth of bytes.
 //! - *CPU offload* is not modelled yet.
 
 use crate::activation::{op_mem, Ctx};

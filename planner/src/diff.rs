@@ -70,6 +70,7 @@ pub fn option_values(o: &Options) -> Vec<(&'static str, String)> {
         ("--device", o.device.name().to_string()),
         ("--expandable-segments", o.expandable_segments.to_string()),
         ("--compile", o.compile.to_string()),
+        ("--unit-group", o.unit_group.to_string()),
     ]
 }
 

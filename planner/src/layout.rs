@@ -53,7 +53,11 @@ pub fn unit_tree(plan: &Plan) -> String {
     fn node<'a>(plan: &'a Plan, parent: &[Option<usize>], i: usize) -> RcDoc<'a> {
         let units = &plan.units;
         let u = &units[i];
-        let name = if u.is_root() { "root".to_string() } else { u.module.clone() };
+        let name = match (u.is_root(), u.group.last()) {
+            (true, _) => "root".to_string(),
+            (false, None) => u.module.clone(),
+            (false, Some(last)) => format!("{} … {last}", u.module),
+        };
         let head = RcDoc::text(format!("{name}: {}", unit_words(u, 1)));
         let kids: Vec<usize> = (0..units.len()).filter(|&j| parent[j] == Some(i)).collect();
         // fold runs of numbered siblings alike in class, size and reshard, with no children
@@ -63,17 +67,20 @@ pub fn unit_tree(plan: &Plan) -> String {
             let a = &units[kids[k]];
             let leaf = |j: usize| !parent.contains(&Some(j));
             let mut run = 1;
+            // (a unit group of k blocks steps k at a time)
+            let stride = 1 + a.group.len() as u64;
             if let (Some((pre, n0)), true) = (numbered(&a.module), leaf(kids[k])) {
                 while k + run < kids.len() {
                     let b = &units[kids[k + run]];
-                    let alike = b.class == a.class && b.numel == a.numel && b.reshard_after_forward == a.reshard_after_forward && leaf(kids[k + run]);
-                    if !(alike && numbered(&b.module) == Some((pre, n0 + run as u64))) {
+                    let alike = b.class == a.class && b.numel == a.numel && b.group.len() == a.group.len() && b.reshard_after_forward == a.reshard_after_forward && leaf(kids[k + run]);
+                    if !(alike && numbered(&b.module) == Some((pre, n0 + stride * run as u64))) {
                         break;
                     }
                     run += 1;
                 }
                 if run > 1 {
-                    lines.push(RcDoc::text(format!("{pre}{{{n0}..{}}}: {}", n0 + run as u64 - 1, unit_words(a, run))));
+                    let groups = if stride > 1 { format!(" in groups of {stride}") } else { String::new() };
+                    lines.push(RcDoc::text(format!("{pre}{{{n0}..{}}}{groups}: {}", n0 + stride * run as u64 - 1, unit_words(a, run))));
                     k += run;
                     continue;
                 }

@@ -70,7 +70,7 @@ fn apply_unit_reshard(units: &mut [units::Unit], overrides: &[(String, bool)]) -
         let at = match name.as_str() {
             "last" => units.iter().rposition(|u| !u.is_root()),
             "root" => units.iter().position(|u| u.is_root()),
-            n => units.iter().position(|u| u.module == n),
+            n => units.iter().position(|u| u.module == n || u.group.iter().any(|g| g == n)),
         };
         let Some(i) = at else {
             let known: Vec<&str> = units.iter().filter(|u| !u.is_root()).map(|u| u.label()).take(6).collect();
@@ -138,7 +138,26 @@ fn plan_passes(model: &Model, opts: &Options, model_hash: Option<Box<dyn FnOnce(
         },
     };
     let policy = wrap::resolve(model, &opts.policy);
-    let wrapped = wrap::wrap(model, &policy)?;
+    let wrapped = wrap::group(model, &wrap::wrap(model, &policy)?, &policy, opts.unit_group)?;
+    // a unit group's members are checkpointed alike: FSDP2's group hooks count the members
+    // that ran forward, and a member not recomputed in backward leaves the count short: the
+    // group's post-forward does not run in that backward (PyTorch 2.11 warns "1 of the 2
+    // modules passed to fully_shard did not run forward before backward, which is
+    // error-prone" and resets the count at the end of the backward)
+    if opts.unit_group > 1 && !opts.checkpoint.is_empty() {
+        let cks = opts.checkpoints();
+        let mode_of = |path: &str| {
+            let class = model.modules.iter().find(|m| m.path == path).map(|m| m.class.as_str()).unwrap_or("");
+            cks.iter().rev().find(|(n, _)| n == path || n == class).map(|(_, m)| *m)
+        };
+        for g in wrapped.iter().filter(|g| g.len() > 1) {
+            let modes: Vec<_> = g.iter().map(|p| mode_of(p)).collect();
+            if modes.iter().any(|m| *m != modes[0]) {
+                let each: Vec<String> = g.iter().zip(&modes).map(|(p, m)| format!("{p}: {}", m.map_or("none", |m| m.name()))).collect();
+                return Err(error::opt_err("--checkpoint", format!("the unit group {} is checkpointed unlike ({}): checkpoint a group's blocks alike (FSDP2's group hooks then skip the group's post-forward in backward; PyTorch warns that it is error-prone)", g.join(" + "), each.join(", "))));
+            }
+        }
+    }
     let mut units = units::build_units(model, &wrapped, opts)?;
     let raf = opts.reshard_after_forward.unwrap_or(!matches!(
         opts.strategy,

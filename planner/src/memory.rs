@@ -134,7 +134,7 @@ pub fn collectives(ops: &[ScheduleOp], units: &[Unit]) -> Vec<Collective> {
             };
             Some(Collective {
                 kind: kind.to_string(),
-                unit: units[unit.index()].module.clone(),
+                unit: units[unit.index()].modules_joined(),
                 numel: *numel,
                 dtype: dtype.torch_name().to_string(),
                 op: op.id,

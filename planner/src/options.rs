@@ -339,6 +339,20 @@ pub struct Options {
     /// predicted time only ([`crate::cost`]); memory and the schedule are eager's.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub compile: bool,
+    /// Unit groups: `k` consecutive decoder blocks per FSDP unit (FSDP2's
+    /// `fully_shard([block_i, …, block_i+k-1])`: one all-gather and one reduce-scatter for
+    /// the k, gathered before the first's forward and resharded after the last's); 1 = one
+    /// unit per block.
+    #[serde(default = "one_u32", skip_serializing_if = "is_one_u32")]
+    pub unit_group: u32,
+}
+
+fn one_u32() -> u32 {
+    1
+}
+
+fn is_one_u32(x: &u32) -> bool {
+    *x == 1
 }
 
 impl Default for Options {
@@ -366,6 +380,7 @@ impl Default for Options {
             device: Device::Cuda,
             expandable_segments: false,
             compile: false,
+            unit_group: 1,
         }
     }
 }
@@ -387,6 +402,12 @@ impl Options {
         }
         if self.grad_accum == 0 {
             return Err(opt_err("--grad-accum", "must be at least 1"));
+        }
+        if self.unit_group == 0 || self.unit_group > 1024 {
+            return Err(opt_err("--unit-group", format!("{}: blocks per unit, 1 to 1024", self.unit_group)));
+        }
+        if self.unit_group > 1 && self.layout == Layout::Flat {
+            return Err(opt_err("--unit-group", "unit groups are FSDP2's (`fully_shard([m0, m1])`): not with --layout flat"));
         }
         // bounds far past any real job, so that byte counts (tokens × widths × layers) stay
         // well inside u64

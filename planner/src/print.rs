@@ -111,19 +111,20 @@ pub fn render(plan: &Plan, full_schedule: bool) -> String {
     let mut s = String::new();
     s += &header(plan);
     let _ = writeln!(s, "\nunits ({}):", plan.units.len());
-    let _ = writeln!(s, "  {:<5} {:<32} {:>7} {:>12} {:>12} {:>12}  raf", "id", "module", "params", "numel", "padded", "shard");
-    for u in &plan.units {
-        let _ = writeln!(
-            s,
-            "  {:<5} {:<32} {:>7} {:>12} {:>12} {:>12}  {}",
-            u.id.to_string(),
-            format!("{} ({})", u.label(), u.class),
-            u.params.len(),
-            u.numel,
-            u.padded_numel,
-            u.shard_numel,
-            u.reshard_after_forward
-        );
+    let heads: Vec<String> = ["id", "module", "params", "numel", "padded", "shard", "raf"].iter().map(|h| h.to_string()).collect();
+    let rows: Vec<Vec<String>> = plan
+        .units
+        .iter()
+        .map(|u| {
+            let module = match u.group.last() {
+                Some(last) => format!("{} … {last} ({} × {})", u.label(), 1 + u.group.len(), u.class),
+                None => format!("{} ({})", u.label(), u.class),
+            };
+            vec![u.id.to_string(), module, u.params.len().to_string(), u.numel.to_string(), u.padded_numel.to_string(), u.shard_numel.to_string(), u.reshard_after_forward.to_string()]
+        })
+        .collect();
+    for l in table(&heads, &rows).lines() {
+        let _ = writeln!(s, "  {l}");
     }
     for sh in &plan.shared {
         let _ = writeln!(s, "  tied: {} = {} (owned by {}; modules {})", sh.param, sh.aliases.join(", "), sh.unit, sh.modules.join(", "));
@@ -256,6 +257,7 @@ pub fn json(plan: &Plan) -> serde_json::Value {
             serde_json::json!({
                 "id": u.id.to_string(),
                 "name": u.module,
+                "modules": std::iter::once(&u.module).chain(&u.group).collect::<Vec<_>>(),
                 "class": u.class,
                 "modules": modules_of(plan, u),
                 "params": u.params.iter().map(|p| p.name.clone()).collect::<Vec<_>>(),

@@ -27,6 +27,10 @@ pub struct Schedule {
 }
 
 struct B<'a> {
+    /// What FSDPMemTracker calls a tensor the backward makes: temp, or activation while it
+    /// believes a recompute is running (a unit group's checkpointed members: from the
+    /// pre-forward of the first one recomputed to the post-forward of the last).
+    bwd_temp: Category,
     model: &'a Model,
     opts: &'a Options,
     units: &'a [Unit],
@@ -580,6 +584,7 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
     let param_index: HashMap<&str, usize> = model.params.iter().enumerate().map(|(i, p)| (p.name.as_str(), i)).collect();
     let owner: HashMap<&str, UnitId> = units.iter().flat_map(|u| u.params.iter().map(move |p| (p.name.as_str(), u.id))).collect();
     let mut b = B {
+        bwd_temp: Category::Temp,
         model,
         opts,
         units,
@@ -711,7 +716,7 @@ fn setup(b: &mut B, cx: &Ctx) {
 
 /// For each unit, the chain of units covering it, outermost first.
 fn chains(units: &[Unit]) -> Vec<Vec<UnitId>> {
-    let by_module: HashMap<&str, UnitId> = units.iter().map(|u| (u.module.as_str(), u.id)).collect();
+    let by_module: HashMap<&str, UnitId> = units.iter().flat_map(|u| std::iter::once(&u.module).chain(&u.group).map(move |m| (m.as_str(), u.id))).collect();
     units
         .iter()
         .map(|u| {
@@ -1041,12 +1046,21 @@ fn input_grad(b: &mut B, tz: &Tensors, mems: &[OpMem], grad: &mut [Option<Buffer
             *grad_refs.entry(g).or_insert(0) += 1;
         }
         (None, _, _) => {
-            let g = b.alloc(cat(&[&model.ops[j].name, " grad"]), Category::Temp, shape_n, None);
+            let g = b.alloc(cat(&[&model.ops[j].name, " grad"]), b.bwd_temp, shape_n, None);
             grad[j] = Some(g);
             grad_refs.insert(g, 1);
         }
-        (Some(_), _, _) => {
-            b.transient(cat(&[&model.ops[j].name, " grad (accumulate)"]), Category::Temp, shape_n);
+        (Some(g), _, _) => {
+            b.transient(cat(&[&model.ops[j].name, " grad (accumulate)"]), b.bwd_temp, shape_n);
+            // autograd's sum is a new tensor (`old + new`): FSDPMemTracker labels it by when it
+            // was made — which differs from the old one's label only across a unit group's
+            // recompute window
+            if b.buffers[g.index()].category != b.bwd_temp && grad_refs.get(&g) == Some(&1) {
+                grad_refs.remove(&g);
+                let n = b.relabel(vec![g], cat(&[&model.ops[j].name, " grad (accumulated)"]), b.bwd_temp, None);
+                grad[j] = Some(n);
+                grad_refs.insert(n, 1);
+            }
         }
     }
 }
@@ -1065,15 +1079,15 @@ fn param_grad(b: &mut B, gd: DType, k: usize, owner: UnitId) {
     let prim = p.name.as_str();
     let bytes = p.numel() * gd.size();
     if b.grad_of_param[k].is_some() {
-        b.transient(cat(&[prim, " grad (accumulate)"]), Category::Temp, bytes);
+        b.transient(cat(&[prim, " grad (accumulate)"]), b.bwd_temp, bytes);
     } else if flat && !b.grads[owner.index()].is_empty() {
         let g = b.grads[owner.index()][0];
         b.grad_of_param[k] = Some(g);
-        b.transient(cat(&[prim, " grad"]), Category::Temp, bytes);
+        b.transient(cat(&[prim, " grad"]), b.bwd_temp, bytes);
     } else {
         let bytes = if flat { units[owner.index()].numel * gd.size() } else { bytes };
         let name = if flat { format!("{} flat grad", units[owner.index()].label()) } else { cat(&[prim, " grad"]) };
-        let g = b.alloc(name, Category::Temp, bytes, Some(owner));
+        let g = b.alloc(name, b.bwd_temp, bytes, Some(owner));
         b.grads[owner.index()].push(g);
         b.grad_of_param[k] = Some(g);
     }
@@ -1178,6 +1192,13 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
             if last_saver.get(&r) == Some(&i) && recomputed.insert(r) {
                 let start = region_start.get(&r).copied().unwrap_or(i);
                 let rpath = model.modules.get(r).map_or("", |m| m.path.as_str());
+                // a unit group's members share FSDP2's group forward hooks: the pre-forward runs
+                // at the first member recomputed (the last in forward order), the post-forward
+                // after the group's first module's recompute; FSDPMemTracker's "in AC" spans both
+                let group_of_region = units.iter().find(|u| !u.group.is_empty() && u.group.iter().any(|g| g == rpath || u.module == rpath) || (!u.group.is_empty() && u.module == rpath));
+                if group_of_region.is_some() {
+                    b.bwd_temp = Category::Activation;
+                }
                 for j in start..=i {
                     let oj = &model.ops[j];
                     let u = unit_of_op[j];
@@ -1198,8 +1219,8 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                     // FSDPMemTracker counts what the recompute makes as activation inside an
                     // FSDP unit's forward, as temp elsewhere (a region op owned by the root or by
                     // a unit around the region)
-                    let umod = units[u.index()].module.as_str();
-                    let inside = !units[u.index()].is_root() && (umod == rpath || umod.strip_prefix(rpath).is_some_and(|x| x.starts_with('.')));
+                    let un = &units[u.index()];
+                    let inside = !un.is_root() && std::iter::once(&un.module).chain(&un.group).any(|umod| umod == rpath || umod.strip_prefix(rpath).is_some_and(|x| x.starts_with('.')));
                     let category = if inside { Category::Activation } else { Category::Temp };
                     b.op(OpKind::Recompute { op: oj.name.clone(), unit: u, cached: false }, Stream::Compute, vec![]);
                     if let Some(o) = mems[j].out {
@@ -1236,6 +1257,9 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                         }
                     }
                 }
+                if group_of_region.is_some_and(|u| u.module == rpath) {
+                    b.bwd_temp = Category::Temp;
+                }
                 let end = region_end.get(&r).copied().unwrap_or(i);
                 unpopped[i..=end].copy_from_slice(&b.sac[i..=end]);
                 // the early stop unwinds the recomputed forward: what only the ops past it
@@ -1264,7 +1288,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
             let mut scratch = vec![];
             let mut first_node = m.first_node_saved.min(saved[i].len());
             for s in &m.bwd_scratch {
-                scratch.push(b.alloc(cat(&[&op.name, " ", s.what]), Category::Temp, s.bytes(), None));
+                scratch.push(b.alloc(cat(&[&op.name, " ", s.what]), b.bwd_temp, s.bytes(), None));
                 // the first node has run: its saved tensors go
                 for x in saved[i].drain(..first_node) {
                     b.free(x);
@@ -1301,7 +1325,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
             let mut held: Vec<Option<BufferId>> = saved[i].drain(..).map(Some).collect();
             for step in &m.bwd_chain {
                 match *step {
-                    Step::Make(t) => made.push(Some(b.alloc(cat(&[&op.name, " ", t.what]), Category::Temp, t.bytes(), None))),
+                    Step::Make(t) => made.push(Some(b.alloc(cat(&[&op.name, " ", t.what]), b.bwd_temp, t.bytes(), None))),
                     Step::Drop(k) => {
                         if let Some(x) = made.get_mut(k).and_then(Option::take) {
                             b.free(x);

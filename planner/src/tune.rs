@@ -8,8 +8,12 @@
 //! - prefetch: FSDP2's implicit one-ahead, or explicit (forward 1, backward 2);
 //! - `reshard_after_forward` of the blocks: all (FSDP2's default), all but the last
 //!   (torchtitan's), none (ZeRO-2-like: no backward all-gathers);
-//! - activation checkpointing per block: the first `full` blocks fully checkpointed, the
-//!   next `sac` blocks under op-level selective AC, the rest not checkpointed.
+//! - unit groups: one decoder block per FSDP unit, or k (`--unit-group k`, FSDP2's
+//!   `fully_shard([block_i, …, block_i+k-1])`: 1/k of the collectives, each k times the
+//!   size); [`space`] leaves them out (one block per unit), `tune --unit-groups 1,2` adds them;
+//! - activation checkpointing per unit: the first `full` units' blocks fully checkpointed,
+//!   the next `sac` under op-level selective AC, the rest not checkpointed (a unit group's
+//!   blocks alike: FSDP2's group hooks need it).
 //!
 //! **Cost**: the step time the timeline predicts for the planned schedule (tokens/s/GPU is
 //! its inverse); **constraint**: the memory the device needs — the caching allocator's
@@ -70,6 +74,8 @@ pub struct Outer {
     /// 0: FSDP2's implicit prefetch; else explicit (forward 1, backward this deep).
     pub prefetch: u32,
     pub reshard: Reshard,
+    /// Blocks per FSDP unit (`--unit-group`; 1: a unit per block).
+    pub group: u32,
 }
 
 /// A point of the space.
@@ -90,6 +96,8 @@ pub struct Space {
     pub batches: Vec<(u64, u32)>,
     pub prefetch: Vec<u32>,
     pub reshard: Vec<Reshard>,
+    /// Blocks per unit (unit groups; checkpointing then goes by whole groups).
+    pub groups: Vec<u32>,
     /// The blocks' module paths in forward order.
     pub blocks: Vec<String>,
     /// Whether op-level SAC is a choice (else only full checkpointing).
@@ -151,7 +159,7 @@ pub fn space(model: &Model, base: &Options, world_size: u64, global_batch: u64, 
         .collect();
     let probe = crate::plan_unchecked(model, &Options { world_size, batch: 1, checkpoint: vec![], ..base.clone() })?;
     let blocks: Vec<String> = probe.units.iter().filter(|u| !u.is_root()).map(|u| u.module.clone()).collect();
-    Ok(Space { shards, batches, prefetch: vec![0, 2], reshard: Reshard::ALL.to_vec(), blocks, sac: true })
+    Ok(Space { shards, batches, prefetch: vec![0, 2], reshard: Reshard::ALL.to_vec(), groups: vec![1], blocks, sac: true })
 }
 
 /// The plan options of a configuration (on top of `base`: dtypes, optimizer, seq, …).
@@ -169,6 +177,7 @@ pub fn options(base: &Options, space: &Space, c: &Config) -> Options {
     opts.unit_reshard = if o.reshard == Reshard::AllButLast { vec![("last".into(), false)] } else { vec![] };
     opts.ac_mode = AcMode::Full;
     opts.checkpoint = checkpoint_entries(&space.blocks, c.full as usize, c.sac as usize);
+    opts.unit_group = o.group.max(1);
     opts
 }
 
@@ -219,6 +228,9 @@ pub fn flags(space: &Space, base: &Options, c: &Config) -> Vec<String> {
         Reshard::All => {}
         Reshard::AllButLast => f.extend(["--unit-reshard".into(), "last=false".into()]),
         Reshard::None => f.extend(["--reshard-after-forward".into(), "false".into()]),
+    }
+    if o.group > 1 {
+        f.extend(["--unit-group".into(), o.group.to_string()]);
     }
     for e in checkpoint_entries(&space.blocks, c.full as usize, c.sac as usize) {
         f.extend(["--checkpoint".into(), e]);
@@ -400,6 +412,19 @@ pub fn evaluate(plan: &Plan, model: &Model, hw: &Hardware, limit: Limit, config:
     }
 }
 
+/// Configurations in the space: per outer point, every (full, SAC) split of its units'
+/// blocks (groups of `group` blocks checkpointed alike).
+pub fn size(space: &Space) -> u64 {
+    let blocks = space.blocks.len() as u64;
+    outers(space)
+        .iter()
+        .map(|o| {
+            let l = blocks.div_ceil(o.group.max(1) as u64);
+            if space.sac { (l + 1) * (l + 2) / 2 } else { l + 1 }
+        })
+        .sum()
+}
+
 /// The outer points of the space.
 pub fn outers(space: &Space) -> Vec<Outer> {
     let mut v = vec![];
@@ -407,7 +432,9 @@ pub fn outers(space: &Space) -> Vec<Outer> {
         for &(micro_batch, accum) in &space.batches {
             for &prefetch in &space.prefetch {
                 for &reshard in &space.reshard {
-                    v.push(Outer { shard, micro_batch, accum, prefetch, reshard });
+                    for &group in &space.groups {
+                        v.push(Outer { shard, micro_batch, accum, prefetch, reshard, group });
+                    }
                 }
             }
         }
@@ -428,9 +455,16 @@ fn faster(a: (f64, Config), b: Option<(f64, Config)>) -> bool {
 /// doc: the least SAC that fits for each number of fully checkpointed blocks — which never
 /// grows with it — until the time with no SAC cannot win).
 fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> Option<(f64, Config)> {
-    let l = ev.space.blocks.len() as u32;
+    // checkpointing goes by units: with unit groups of k blocks, `full` and `sac` count
+    // groups (a group's blocks are checkpointed alike), the last group possibly shorter
+    let blocks = ev.space.blocks.len() as u32;
+    let k = o.group.max(1);
+    let l = blocks.div_ceil(k);
     let sac_max = |full: u32| if ev.space.sac { l - full } else { 0 };
-    let cfg = |full, sac| Config { outer: o, full, sac };
+    let cfg = |full: u32, sac: u32| {
+        let f = (full * k).min(blocks);
+        Config { outer: o, full: f, sac: (sac * k).min(blocks - f) }
+    };
     let c00 = cfg(0, 0);
     let t00 = ev.time(c00)?;
     if !faster((t00, c00), bound) {

@@ -48,8 +48,12 @@ impl UnitParam {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Unit {
     pub id: UnitId,
-    /// Module path (`""` = root).
+    /// Module path (`""` = root); of a unit group, its first module's.
     pub module: String,
+    /// A unit group's other modules (`--unit-group`: `fully_shard([m0, m1, …])`), in forward
+    /// order after `module`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub group: Vec<String>,
     pub class: String,
     pub params: Vec<UnitParam>,
     /// Real elements.
@@ -69,6 +73,11 @@ impl Unit {
     pub fn is_root(&self) -> bool {
         self.module.is_empty()
     }
+    /// The unit's modules as FSDP2 names a unit group (`model.layers.0, model.layers.1`);
+    /// one module's path otherwise (`""`: the root).
+    pub fn modules_joined(&self) -> String {
+        std::iter::once(self.module.as_str()).chain(self.group.iter().map(String::as_str)).collect::<Vec<_>>().join(", ")
+    }
     /// `root` or the module path.
     pub fn label(&self) -> &str {
         if self.module.is_empty() {
@@ -80,20 +89,23 @@ impl Unit {
 }
 
 /// Builds units: index 0 is the root, then the wrapped modules in pre-order.
-pub fn build_units(model: &Model, wrapped: &[String], opts: &Options) -> Result<Vec<Unit>, PlanError> {
+pub fn build_units(model: &Model, wrapped: &[Vec<String>], opts: &Options) -> Result<Vec<Unit>, PlanError> {
     let tree = Tree::new(model);
     let ws = opts.shard_size();
     let nm = model.modules.len();
     // The unit rooted at each module (by module index), if any.
     let mut unit_at: Vec<Option<usize>> = vec![None; nm];
-    let mut unit_modules: Vec<usize> = vec![tree.index.get("").copied().unwrap_or(0)];
+    // each unit's modules (one; a unit group's several, in forward order)
+    let mut unit_modules: Vec<Vec<usize>> = vec![vec![tree.index.get("").copied().unwrap_or(0)]];
     if let Some(&r) = tree.index.get("") {
         unit_at[r] = Some(0);
     }
-    for (k, p) in wrapped.iter().enumerate() {
-        let mi = tree.index[p.as_str()];
-        unit_at[mi] = Some(k + 1);
-        unit_modules.push(mi);
+    for (k, g) in wrapped.iter().enumerate() {
+        let ms: Vec<usize> = g.iter().map(|p| tree.index[p.as_str()]).collect();
+        for &mi in &ms {
+            unit_at[mi] = Some(k + 1);
+        }
+        unit_modules.push(ms);
     }
     // Innermost unit covering each module (pre-order: parents come first).
     let mut parent: Vec<Option<usize>> = vec![None; nm];
@@ -132,7 +144,7 @@ pub fn build_units(model: &Model, wrapped: &[String], opts: &Options) -> Result<
         if us.len() > 1 {
             let labels: Vec<String> = us
                 .iter()
-                .map(|&u| if u == 0 { "root".to_string() } else { wrapped[u - 1].clone() })
+                .map(|&u| if u == 0 { "root".to_string() } else { wrapped[u - 1].join(" + ") })
                 .collect();
             return Err(PlanError::TiedAcrossUnits {
                 policy: opts.policy.to_string(),
@@ -149,10 +161,14 @@ pub fn build_units(model: &Model, wrapped: &[String], opts: &Options) -> Result<
     }
     let mut units = Vec::with_capacity(unit_modules.len());
     let mut order = Vec::new();
-    for (u, &mi) in unit_modules.iter().enumerate() {
-        // Module order: post-order DFS (fsdp2) or pre-order (flat), stopping at nested units.
+    for (u, ms) in unit_modules.iter().enumerate() {
+        // Module order: post-order DFS (fsdp2) or pre-order (flat), stopping at nested units;
+        // a group's modules one after the other
         order.clear();
-        collect(&tree, mi, u, &unit_at, opts.layout, &mut order);
+        for &mi in ms {
+            collect(&tree, mi, u, &unit_at, opts.layout, &mut order);
+        }
+        let mi = ms[0];
         let mut seen: HashMap<&str, usize> = HashMap::default();
         let mut params: Vec<UnitParam> = Vec::new();
         for &m in &order {
@@ -197,6 +213,7 @@ pub fn build_units(model: &Model, wrapped: &[String], opts: &Options) -> Result<
         let mut unit = Unit {
             id: UnitId::new(u),
             module: module.path.clone(),
+            group: ms[1..].iter().map(|&m| model.modules[m].path.clone()).collect(),
             class: module.class.clone(),
             params,
             numel: 0,

@@ -41,7 +41,7 @@ pub fn verify_units(model: &Model, units: &[Unit], ws: u64, layout: Layout) -> R
 
 /// The innermost unit covering each op's module (walks up the module path; O(ops · depth)).
 pub fn unit_of_ops(model: &Model, units: &[Unit]) -> Vec<UnitId> {
-    let by_module: HashMap<&str, UnitId> = units.iter().map(|u| (u.module.as_str(), u.id)).collect();
+    let by_module: HashMap<&str, UnitId> = units.iter().flat_map(|u| std::iter::once(&u.module).chain(&u.group).map(move |m| (m.as_str(), u.id))).collect();
     model
         .ops
         .iter()

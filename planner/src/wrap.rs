@@ -146,3 +146,34 @@ fn size_wrap(tree: &Tree, min: u64, wrapped: &mut HashSet<usize>) {
     }
     rec(tree, &direct, 0, min, true, wrapped);
 }
+
+/// `--unit-group k`: the wrapped modules as units, runs of consecutive sibling blocks of one
+/// class (`model.layers.0`, `model.layers.1`, …) cut into groups of `k` in forward order (a
+/// shorter last group), each one FSDP unit as FSDP2's `fully_shard([m0, …, mk-1])` makes it;
+/// every other wrapped module its own unit. `k = 1`: one unit per module.
+pub fn group(model: &Model, wrapped: &[String], policy: &Policy, k: u32) -> Result<Vec<Vec<String>>, PlanError> {
+    if k <= 1 {
+        return Ok(wrapped.iter().map(|p| vec![p.clone()]).collect());
+    }
+    let class_of: HashMap<&str, &str> = model.modules.iter().map(|m| (m.path.as_str(), m.class.as_str())).collect();
+    let numbered = |p: &str| p.rsplit_once('.').and_then(|(pre, n)| n.parse::<u64>().ok().map(|n| (pre.to_string(), n)));
+    let mut out: Vec<Vec<String>> = vec![];
+    let mut i = 0;
+    while i < wrapped.len() {
+        // the run of consecutive siblings of one class starting here
+        let mut j = i + 1;
+        if let Some((pre, n)) = numbered(&wrapped[i]) {
+            while j < wrapped.len() && numbered(&wrapped[j]) == Some((pre.clone(), n + (j - i) as u64)) && class_of.get(wrapped[j].as_str()) == class_of.get(wrapped[i].as_str()) {
+                j += 1;
+            }
+        }
+        for chunk in wrapped[i..j].chunks(k as usize) {
+            out.push(chunk.to_vec());
+        }
+        i = j;
+    }
+    if out.len() == wrapped.len() && !wrapped.is_empty() {
+        return Err(PlanError::Policy { policy: policy.to_string(), message: format!("--unit-group {k}: no two wrapped modules are consecutive siblings (model.layers.0, model.layers.1, …) to group") });
+    }
+    Ok(out)
+}

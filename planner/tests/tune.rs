@@ -50,7 +50,11 @@ fn check(name: &str, ws: u64, global_batch: u64, base: Options, allocator: bool)
     let m = model(name);
     let h = hw("h100-sxm");
     let base = Options { world_size: ws, ..base };
-    let space = tune::space(&m, &base, ws, global_batch, h.gpus_per_node).unwrap();
+    let mut space = tune::space(&m, &base, ws, global_batch, h.gpus_per_node).unwrap();
+    // unit groups of two where there are blocks enough to pair
+    if space.blocks.len() >= 4 {
+        space.groups = vec![1, 2];
+    }
     assert!(space.blocks.len() <= 4, "brute force is 3^blocks per outer point");
     let all = brute(&m, &base, &h, &space);
     // the memory judged: the tensor peak (reserve 0) or the allocator model's need

@@ -212,6 +212,9 @@ fn sharded_training_equals_single_device() {
     check("tiny-llama", Options { checkpoint: vec!["LlamaDecoderLayer".into()], ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);
     // one block checkpointed by path, the last unit kept after forward
     check("tiny-llama", Options { checkpoint: vec!["model.layers.1".into()], unit_reshard: vec![("last".into(), false)], ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);
+    // unit groups: both blocks in one FSDP unit, plain and checkpointed
+    check("tiny-llama", Options { unit_group: 2, ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);
+    check("tiny-llama", Options { unit_group: 2, checkpoint: vec!["LlamaDecoderLayer".into()], ..opts(3, Layout::Fsdp2, Policy::Auto) }, &mut report);
     // op-level selective AC
     check("tiny-llama", Options { checkpoint: vec!["LlamaDecoderLayer".into()], ac_mode: fsdp_planner::AcMode::SelectiveOp, ..opts(3, Layout::Fsdp2, Policy::Auto) }, &mut report);
     check("tiny-mixtral", Options { checkpoint: vec!["MixtralDecoderLayer".into()], ac_mode: fsdp_planner::AcMode::SelectiveOp, ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);

@@ -169,6 +169,12 @@ fn measured_peak_is_within_two_percent_of_the_plan() {
             o.checkpoint = vec!["LlamaDecoderLayer".into()];
             o.policy = Policy::Modules(vec!["model".into()]);
         }),
+        // unit groups: two blocks per FSDP unit, plain and checkpointed
+        case("tiny-llama-4l", "unit groups of 2", |o| o.unit_group = 2),
+        case("tiny-llama-4l", "unit groups of 2, checkpointed", |o| {
+            o.unit_group = 2;
+            o.checkpoint = vec!["LlamaDecoderLayer".into()];
+        }),
         // torchtitan's wrapping: the last block kept after forward; a subset of the blocks checkpointed
         case("tiny-llama-4l", "last unit not resharded", |o| o.unit_reshard = vec![("last".into(), false)]),
         case("tiny-llama-4l", "checkpointing blocks 1 and 3, eager", |o| {
