@@ -47,6 +47,14 @@ BASE_CASES = {
     # Explicit prefetch 2 deep needs more than 2 layers to differ from depth 1: 4-layer llama.
     # unit groups: two decoder layers per fully_shard call (one all-gather / reduce-scatter
     # for both), and three over 4 layers (a short last group)
+    # reshard_after_forward=int: after forward each block keeps a 1/2 slice (the post-forward
+    # mesh: groups of 2 consecutive ranks), gathered over that group in backward; fp32 and
+    # bf16 params (the slices in the param dtype), and under checkpointing
+    "llama_raf2_ws4": {"model": "tiny-llama-4l", "world_size": 4, "reshard_after_forward": 2},
+    "llama_raf2_bf16_ws4": {"model": "tiny-llama-4l", "world_size": 4, "reshard_after_forward": 2,
+                            "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    "llama_raf2_ac_ws4": {"model": "tiny-llama-4l", "world_size": 4, "reshard_after_forward": 2,
+                          "checkpoint": ["LlamaDecoderLayer"]},
     "llama_group2_ws2": {"model": "tiny-llama-4l", "world_size": 2, "unit_group": 2},
     "llama_group3_bf16_ws3": {"model": "tiny-llama-4l", "world_size": 3, "unit_group": 3,
                               "param_dtype": "bfloat16", "reduce_dtype": "float32"},
@@ -404,6 +412,11 @@ FAKE_CASES = {
                                         "param_dtype": "bfloat16", "reduce_dtype": "float32"},
 }
 FAKE_CASES.update({
+    # reshard_after_forward=8 at real size: Llama-3.1-8B on 16 ranks (two nodes' worth), each
+    # block keeping a 1/8 slice after forward and gathering it back inside its group of 8
+    "llama31_8b_raf8_bf16_ws16": {"model": "llama-3.1-8b", "world_size": 16, "batch": 1, "seq": 4096,
+                                  "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                  "reshard_after_forward": 8, "optimizer": "adamw"},
     # unit groups at real size: Llama-3.1-8B, two decoder layers per fully_shard call
     "llama31_8b_group2_bf16_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 1, "seq": 4096,
                                    "param_dtype": "bfloat16", "reduce_dtype": "float32",

@@ -47,6 +47,20 @@ def _patch_packed_sequence_check():
     masking_utils.find_packed_sequence_indices = no_packed_sequences
 
 
+def _real_post_forward_mesh():
+    import torch.distributed.fsdp._fully_shard._fully_shard as fs
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    orig = fs._get_post_forward_mesh_info
+    if getattr(orig, "_real_mesh", False):
+        return
+
+    def real(*a, **k):
+        with unset_fake_temporarily():
+            return orig(*a, **k)
+    real._real_mesh = True
+    fs._get_post_forward_mesh_info = real
+
+
 def run_case(name, case):
     ws = case["world_size"]
     transformers.logging.set_verbosity_error()
@@ -58,6 +72,9 @@ def run_case(name, case):
         oracle._patch_group_context()
         mesh = oracle.make_mesh(case)
         cfg = common.load_config(case["model"])
+        # (reshard_after_forward=int: fully_shard builds the post-forward DeviceMesh from the
+        # mesh's rank tensor — real data, built with fake mode set aside)
+        _real_post_forward_mesh()
         with FakeTensorMode():
             kw = {"attn_implementation": case["attn_implementation"]}
             if case["model_dtype"]:

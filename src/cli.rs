@@ -207,13 +207,40 @@ impl Precision {
     }
 }
 
+/// FSDP2's `reshard_after_forward`: a bool, or an int N (reshard to groups of N ranks).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[serde(untagged)]
+pub(crate) enum Raf {
+    Bool(bool),
+    To(u64),
+}
+
+impl std::fmt::Display for Raf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Raf::Bool(b) => write!(f, "{b}"),
+            Raf::To(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+fn parse_raf(s: &str) -> Result<Raf, String> {
+    match s {
+        "true" => Ok(Raf::Bool(true)),
+        "false" => Ok(Raf::Bool(false)),
+        n => n.parse().map(Raf::To).map_err(|_| format!("`{s}`: expected true, false or a number of ranks (FSDP2's reshard_after_forward=int)")),
+    }
+}
+
 /// The options `sweep` takes lists of (`--batch 1,2,4`).
 #[derive(Args, Clone, Default)]
 pub(crate) struct Each {
-    /// FSDP2's `reshard_after_forward` of the non-root units (default: true for full-shard and
-    /// hybrid-shard, false for shard-grad-op and no-shard).
-    #[arg(long)]
-    pub(crate) reshard_after_forward: Option<bool>,
+    /// FSDP2's `reshard_after_forward` of the non-root units: true, false, or N — reshard to
+    /// groups of N consecutive ranks (keep a 1/N slice after forward, gather it back over
+    /// those N in backward; e.g. a node's 8 GPUs). Default: true for full-shard and
+    /// hybrid-shard, false for shard-grad-op and no-shard.
+    #[arg(long, value_parser = parse_raf)]
+    pub(crate) reshard_after_forward: Option<Raf>,
     #[command(flatten)]
     pub(crate) precision: Precision,
     /// Micro-batches per optimizer step (gradient accumulation; the gradient sync runs in the last).
@@ -315,7 +342,11 @@ pub(crate) fn options_for(k: &Knobs, world_size: u64, policy: &str, model: &Mode
         policy: Policy::parse(policy)?,
         layout,
         strategy,
-        reshard_after_forward: e.reshard_after_forward,
+        reshard_after_forward: e.reshard_after_forward.map(|r| r != Raf::Bool(false)),
+        reshard_to: match e.reshard_after_forward {
+            Some(Raf::To(n)) => Some(n),
+            _ => None,
+        },
         root_reshard_after_forward: o.root_reshard_after_forward,
         unit_reshard: o
             .unit_reshard

@@ -123,6 +123,7 @@ fn options_of(row: &Value, model: &fsdp_ir::Model) -> std::result::Result<Option
         expandable_segments: row["allocator"]["expandable_segments"].as_bool().unwrap_or(false),
         compile: row["compile"].as_bool() == Some(true),
         unit_group: 1,
+        reshard_to: None,
     })
 }
 

@@ -105,7 +105,7 @@ fn combinations(a: &SweepArgs) -> Vec<Each> {
             .collect()
     });
     extend(&|e| or_default(&a.ac_modes, "full".to_string()).into_iter().map(|m| Each { ac_mode: m, ..e.clone() }).collect());
-    extend(&|e| or_default(&a.reshards.iter().map(|&r| Some(r)).collect::<Vec<_>>(), None).into_iter().map(|r| Each { reshard_after_forward: r, ..e.clone() }).collect());
+    extend(&|e| or_default(&a.reshards.iter().map(|&r| Some(crate::cli::Raf::Bool(r))).collect::<Vec<_>>(), None).into_iter().map(|r| Each { reshard_after_forward: r, ..e.clone() }).collect());
     extend(&|e| optional(&a.param_dtypes).into_iter().map(|d| Each { precision: Precision { param_dtype: d, ..e.precision.clone() }, ..e.clone() }).collect());
     extend(&|e| optional(&a.reduce_dtypes).into_iter().map(|d| Each { precision: Precision { reduce_dtype: d, ..e.precision.clone() }, ..e.clone() }).collect());
     extend(&|e| optional(&a.master_dtypes).into_iter().map(|d| Each { precision: Precision { master_dtype: d, ..e.precision.clone() }, ..e.clone() }).collect());

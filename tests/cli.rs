@@ -40,6 +40,10 @@ fn bad_flags_exit_2_with_a_clear_message() {
         (&["models/tiny-llama-4l.ron", "--unit-group", "2", "--checkpoint", "model.layers.1"], "the unit group model.layers.0 + model.layers.1 is checkpointed unlike (model.layers.0: none, model.layers.1: full)"),
         (&["models/tiny-llama-4l.ron", "--unit-group", "2", "--layout", "flat"], "--unit-group: unit groups are FSDP2's"),
         (&["models/tiny-llama-4l.ron", "--unit-group", "0"], "--unit-group: 0: blocks per unit, 1 to 1024"),
+        // reshard_after_forward=int: a proper divisor of the world size, FSDP2 full-shard
+        (&["models/tiny-llama-4l.ron", "--world-size", "8", "--reshard-after-forward", "3"], "--reshard-after-forward: 3: an int reshards to groups of that many ranks"),
+        (&["models/tiny-llama-4l.ron", "--world-size", "8", "--reshard-after-forward", "8"], "a divisor of the world size (8) other than 1 and itself"),
+        (&["models/tiny-llama-4l.ron", "--reshard-after-forward", "maybe"], "`maybe`: expected true, false or a number of ranks"),
     ];
     for (args, want) in cases {
         let (code, _, err) = run(args);

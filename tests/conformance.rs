@@ -100,6 +100,7 @@ pub fn options_of(f: &Value) -> Options {
         expandable_segments: false,
         compile: false,
         unit_group: o["unit_group"].as_u64().unwrap_or(1) as u32,
+        reshard_to: o["reshard_after_forward"].as_u64(),
         optimizer: match o["optimizer"].as_str() {
             Some("adam") | None => Optimizer::Adam,
             Some("adamw") => Optimizer::AdamW,
@@ -133,6 +134,22 @@ fn check_collectives(dir: &str) {
             .map(|c| (c.kind.clone(), c.unit.clone(), c.numel, c.dtype.clone()))
             .collect();
         assert_eq!(got, want, "{name}: collectives differ from PyTorch");
+        // and each over a group of the size PyTorch used (where the fixture records it:
+        // HSDP's shard and replicate groups, reshard_after_forward=int's post-forward groups)
+        let want_sizes: Vec<Option<u64>> = f["collectives"].as_array().unwrap().iter().map(|c| c["group_size"].as_u64()).collect();
+        let got_sizes: Vec<Option<u64>> = plan
+            .collectives
+            .iter()
+            .zip(&want_sizes)
+            .map(|(c, w)| {
+                let group = match &plan.schedule[c.op.index()].kind {
+                    fsdp_planner::plan::OpKind::AllGather { group, .. } | fsdp_planner::plan::OpKind::ReduceScatter { group, .. } | fsdp_planner::plan::OpKind::AllReduce { group, .. } => *group,
+                    _ => panic!("{name}: collective {c:?} is no collective op"),
+                };
+                w.map(|_| fsdp_planner::cost::group_shape(&plan.options, group, 8).0)
+            })
+            .collect();
+        assert_eq!(got_sizes, want_sizes, "{name}: collective group sizes differ from PyTorch");
     }
 }
 

@@ -97,6 +97,9 @@
 //! - *Micro-batch × accumulation*: every micro-batch runs the forward and backward (GEMM
 //!   efficiency falls with fewer rows); FSDP2 without gradient sync keeps each unit's
 //!   unsharded gradients (in the reduce dtype) across micro-batches and reduce-scatters once.
+//! - *`reshard_after_forward=N`* (an int): the backward all-gather runs over N consecutive
+//!   ranks (NVLink inside a node when N ≤ its GPUs) instead of the whole shard group, at
+//!   the memory of a 1/N slice of each unit's params held from forward to backward.
 //! - *Unit groups* (`--unit-group k`): one all-gather and one reduce-scatter per k blocks, k
 //!   times the bytes: the collectives' fixed latency is paid 1/k as often and large messages
 //!   reach a higher bus bandwidth, against k blocks' unsharded params held at once and a
@@ -403,6 +406,11 @@ pub fn group_shape(opts: &Options, group: Group, gpus_per_node: u64) -> (u64, u6
             // every s-th rank: gpn/s of them per node when a node holds several shard groups
             let per = if s >= gpn { 1 } else { (gpn / s).clamp(1, r) };
             (r, per)
+        }
+        // N consecutive ranks: inside a node when N is at most a node's GPUs
+        Group::PostForward => {
+            let n = opts.reshard_to.unwrap_or(1).max(1);
+            (n, n.min(gpn))
         }
     }
 }

@@ -46,7 +46,7 @@ pub fn option_values(o: &Options) -> Vec<(&'static str, String)> {
             crate::Strategy::HybridShard { shard_size } => shard_size.to_string(),
             _ => "-".into(),
         }),
-        ("--reshard-after-forward", b(o.reshard_after_forward)),
+        ("--reshard-after-forward", o.reshard_to.map_or_else(|| b(o.reshard_after_forward), |n| n.to_string())),
         ("--root-reshard-after-forward", b(o.root_reshard_after_forward)),
         ("--unit-reshard", if o.unit_reshard.is_empty() { "-".into() } else { o.unit_reshard.iter().map(|(u, v)| format!("{u}={v}")).collect::<Vec<_>>().join(",") }),
         ("--param-dtype", opt(o.param_dtype)),

@@ -171,6 +171,9 @@ fn plan_passes(model: &Model, opts: &Options, model_hash: Option<Box<dyn FnOnce(
         };
     }
     apply_unit_reshard(&mut units, &opts.unit_reshard)?;
+    for u in units.iter_mut().filter(|u| !u.is_root() && u.reshard_after_forward) {
+        u.reshard_to = opts.reshard_to;
+    }
     verify::verify_units(model, &units, opts.shard_size(), opts.layout)?;
     let unit_of_op = verify::unit_of_ops(model, &units);
     let sched = schedule::build(model, opts, &units, &unit_of_op, attn);

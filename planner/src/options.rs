@@ -345,6 +345,11 @@ pub struct Options {
     /// unit per block.
     #[serde(default = "one_u32", skip_serializing_if = "is_one_u32")]
     pub unit_group: u32,
+    /// FSDP2's `reshard_after_forward=N` for the non-root units that reshard: after forward
+    /// each keeps a 1/N slice of its gathered params and the backward gathers them again
+    /// over N consecutive ranks (intra-node for N ≤ a node's GPUs) instead of all of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reshard_to: Option<u64>,
 }
 
 fn one_u32() -> u32 {
@@ -381,6 +386,7 @@ impl Default for Options {
             expandable_segments: false,
             compile: false,
             unit_group: 1,
+            reshard_to: None,
         }
     }
 }
@@ -405,6 +411,12 @@ impl Options {
         }
         if self.unit_group == 0 || self.unit_group > 1024 {
             return Err(opt_err("--unit-group", format!("{}: blocks per unit, 1 to 1024", self.unit_group)));
+        }
+        if let Some(n) = self.reshard_to {
+            let s = self.shard_size();
+            if !matches!(self.strategy, Strategy::FullShard) || self.layout == Layout::Flat || n < 2 || n >= s || !s.is_multiple_of(n) {
+                return Err(opt_err("--reshard-after-forward", format!("{n}: an int reshards to groups of that many ranks: FSDP2 full-shard only, a divisor of the world size ({s}) other than 1 and itself")));
+            }
         }
         if self.unit_group > 1 && self.layout == Layout::Flat {
             return Err(opt_err("--unit-group", "unit groups are FSDP2's (`fully_shard([m0, m1])`): not with --layout flat"));

@@ -87,6 +87,8 @@ pub enum Group {
     Shard,
     Replicate,
     World,
+    /// A unit's post-forward group (`reshard_after_forward=int` N: N consecutive ranks).
+    PostForward,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -120,7 +120,8 @@ pub fn render(plan: &Plan, full_schedule: bool) -> String {
                 Some(last) => format!("{} … {last} ({} × {})", u.label(), 1 + u.group.len(), u.class),
                 None => format!("{} ({})", u.label(), u.class),
             };
-            vec![u.id.to_string(), module, u.params.len().to_string(), u.numel.to_string(), u.padded_numel.to_string(), u.shard_numel.to_string(), u.reshard_after_forward.to_string()]
+            let raf = u.reshard_to.map_or(u.reshard_after_forward.to_string(), |n| n.to_string());
+            vec![u.id.to_string(), module, u.params.len().to_string(), u.numel.to_string(), u.padded_numel.to_string(), u.shard_numel.to_string(), raf]
         })
         .collect();
     for l in table(&heads, &rows).lines() {

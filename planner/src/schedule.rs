@@ -17,6 +17,10 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum PState {
     Sharded,
+    /// Resharded after forward to a smaller group (`reshard_after_forward=int`): each param
+    /// keeps a 1/N slice of its unsharded tensor ([`B::post_fwd`]) until the backward gathers
+    /// it again over that group.
+    PostForward,
     Pending(BufferId, OpId),
     Unsharded,
 }
@@ -27,6 +31,9 @@ pub struct Schedule {
 }
 
 struct B<'a> {
+    /// Each unit's post-forward shards (`reshard_after_forward=int`), freed after the
+    /// backward all-gather's copy-out.
+    post_fwd: Vec<Vec<BufferId>>,
     /// What FSDPMemTracker calls a tensor the backward makes: temp, or activation while it
     /// believes a recompute is running (a unit group's checkpointed members: from the
     /// pre-forward of the first one recomputed to the post-forward of the last).
@@ -182,11 +189,13 @@ impl B<'_> {
     /// stay temp.
     fn unshard_as(&mut self, u: UnitId, prefetch: bool, category: Category) {
         let unit = &self.units[u.index()];
-        if self.state[u.index()] != PState::Sharded || unit.params.is_empty() {
+        let post_forward = self.state[u.index()] == PState::PostForward;
+        if !(self.state[u.index()] == PState::Sharded || post_forward) || unit.params.is_empty() {
             return;
         }
         let (numel, dtype) = self.ag_numel_dtype(unit);
         let group = match self.opts.strategy {
+            _ if post_forward => Group::PostForward,
             Strategy::HybridShard { .. } => Group::Shard,
             _ => Group::World,
         };
@@ -207,7 +216,8 @@ impl B<'_> {
             Stream::AllGather,
             deps,
         );
-        if let Some(d) = cast {
+        // (the post-forward shards are already in the param dtype)
+        if let Some(d) = cast.filter(|_| !post_forward) {
             self.transient(format!("{label} mp shard"), category, shard_numel * d.size());
         }
         let buf = if flat {
@@ -229,6 +239,10 @@ impl B<'_> {
         let label = unit.label().to_string();
         let bytes = self.unsharded_bytes(unit);
         self.op(OpKind::CopyOut { unit: u }, Stream::Compute, vec![ag]);
+        // FSDPParam.to_unsharded: the post-forward shards go once copied out
+        for s in std::mem::take(&mut self.post_fwd[u.index()]) {
+            self.free(s);
+        }
         if self.opts.layout == Layout::Flat {
             self.unsharded[u.index()] = Some(buf);
         } else {
@@ -251,10 +265,21 @@ impl B<'_> {
             return;
         }
         self.op(OpKind::Reshard { unit: u }, Stream::Compute, vec![]);
+        // reshard_after_forward=int: each param's 1/N slice of its gathered tensor is cloned
+        // (FSDPParam.to_sharded_post_forward) before the unsharded params go
+        let to = self.units[u.index()].reshard_to.filter(|_| self.phase == Phase::Forward);
+        if let Some(n) = to {
+            let unit = &self.units[u.index()];
+            let slices: Vec<(String, u64)> = unit.params.iter().map(|p| (format!("{} post-forward shard", p.name), p.padded_numel / n.max(1) * self.opts.gathered_dtype(p.dtype).size())).collect();
+            for (name, bytes) in slices {
+                let s = self.alloc(name, Category::Activation, bytes, Some(u));
+                self.post_fwd[u.index()].push(s);
+            }
+        }
         if let Some(b) = self.unsharded[u.index()].take() {
             self.free(b);
         }
-        self.state[u.index()] = PState::Sharded;
+        self.state[u.index()] = if to.is_some() { PState::PostForward } else { PState::Sharded };
     }
 
     fn post_backward(&mut self, u: UnitId, sync: bool) {
@@ -584,6 +609,7 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
     let param_index: HashMap<&str, usize> = model.params.iter().enumerate().map(|(i, p)| (p.name.as_str(), i)).collect();
     let owner: HashMap<&str, UnitId> = units.iter().flat_map(|u| u.params.iter().map(move |p| (p.name.as_str(), u.id))).collect();
     let mut b = B {
+        post_fwd: vec![vec![]; units.len()],
         bwd_temp: Category::Temp,
         model,
         opts,

@@ -51,6 +51,10 @@ pub enum Reshard {
     AllButLast,
     /// None: parameters stay gathered from forward to backward (no backward all-gather).
     None,
+    /// Every block to a node's GPUs (FSDP2's `reshard_after_forward=<GPUs per node>`): a 1/node
+    /// slice kept after forward, the backward all-gather inside the node (FSDP only, more than
+    /// one node).
+    ToNode,
 }
 
 impl Reshard {
@@ -60,6 +64,7 @@ impl Reshard {
             Reshard::All => "all",
             Reshard::AllButLast => "all but last",
             Reshard::None => "none",
+            Reshard::ToNode => "to the node",
         }
     }
 }
@@ -98,6 +103,8 @@ pub struct Space {
     pub reshard: Vec<Reshard>,
     /// Blocks per unit (unit groups; checkpointing then goes by whole groups).
     pub groups: Vec<u32>,
+    /// GPUs per node (what [`Reshard::ToNode`] reshards to).
+    pub node: u64,
     /// The blocks' module paths in forward order.
     pub blocks: Vec<String>,
     /// Whether op-level SAC is a choice (else only full checkpointing).
@@ -159,7 +166,11 @@ pub fn space(model: &Model, base: &Options, world_size: u64, global_batch: u64, 
         .collect();
     let probe = crate::plan_unchecked(model, &Options { world_size, batch: 1, checkpoint: vec![], ..base.clone() })?;
     let blocks: Vec<String> = probe.units.iter().filter(|u| !u.is_root()).map(|u| u.module.clone()).collect();
-    Ok(Space { shards, batches, prefetch: vec![0, 2], reshard: Reshard::ALL.to_vec(), groups: vec![1], blocks, sac: true })
+    let mut reshard = Reshard::ALL.to_vec();
+    if world_size > node && world_size.is_multiple_of(node) && node > 1 {
+        reshard.push(Reshard::ToNode);
+    }
+    Ok(Space { shards, batches, prefetch: vec![0, 2], reshard, groups: vec![1], node, blocks, sac: true })
 }
 
 /// The plan options of a configuration (on top of `base`: dtypes, optimizer, seq, …).
@@ -175,6 +186,7 @@ pub fn options(base: &Options, space: &Space, c: &Config) -> Options {
     };
     opts.reshard_after_forward = Some(o.reshard != Reshard::None);
     opts.unit_reshard = if o.reshard == Reshard::AllButLast { vec![("last".into(), false)] } else { vec![] };
+    opts.reshard_to = (o.reshard == Reshard::ToNode).then_some(space.node);
     opts.ac_mode = AcMode::Full;
     opts.checkpoint = checkpoint_entries(&space.blocks, c.full as usize, c.sac as usize);
     opts.unit_group = o.group.max(1);
@@ -228,6 +240,7 @@ pub fn flags(space: &Space, base: &Options, c: &Config) -> Vec<String> {
         Reshard::All => {}
         Reshard::AllButLast => f.extend(["--unit-reshard".into(), "last=false".into()]),
         Reshard::None => f.extend(["--reshard-after-forward".into(), "false".into()]),
+        Reshard::ToNode => f.extend(["--reshard-after-forward".into(), space.node.to_string()]),
     }
     if o.group > 1 {
         f.extend(["--unit-group".into(), o.group.to_string()]);
@@ -431,7 +444,9 @@ pub fn outers(space: &Space) -> Vec<Outer> {
     for &shard in &space.shards {
         for &(micro_batch, accum) in &space.batches {
             for &prefetch in &space.prefetch {
-                for &reshard in &space.reshard {
+                // (a post-forward group is FSDP2 full-shard's: not under HSDP)
+                let fsdp = space.shards.iter().max() == Some(&shard);
+                for &reshard in space.reshard.iter().filter(|&&r| r != Reshard::ToNode || fsdp) {
                     for &group in &space.groups {
                         v.push(Outer { shard, micro_batch, accum, prefetch, reshard, group });
                     }

@@ -65,6 +65,10 @@ pub struct Unit {
     /// Padded elements of params that require grad (what the reduce-scatter takes).
     pub grad_padded_numel: u64,
     pub reshard_after_forward: bool,
+    /// `reshard_after_forward=N` (FSDP2's int): resharded after forward to groups of N
+    /// consecutive ranks, not to the whole shard group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reshard_to: Option<u64>,
     /// Original dtype of the params (uint8 when mixed).
     pub dtype: DType,
 }
@@ -221,6 +225,7 @@ pub fn build_units(model: &Model, wrapped: &[Vec<String>], opts: &Options) -> Re
             shard_numel: 0,
             grad_padded_numel: 0,
             reshard_after_forward: true,
+            reshard_to: None,
             dtype: DType::Float32,
         };
         layout(&mut unit, ws, opts.layout);

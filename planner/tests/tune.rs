@@ -51,9 +51,14 @@ fn check(name: &str, ws: u64, global_batch: u64, base: Options, allocator: bool)
     let h = hw("h100-sxm");
     let base = Options { world_size: ws, ..base };
     let mut space = tune::space(&m, &base, ws, global_batch, h.gpus_per_node).unwrap();
-    // unit groups of two where there are blocks enough to pair
+    // unit groups of two where there are blocks enough to pair, and resharding to "nodes" of
+    // two ranks after forward (reshard_after_forward=2) where the world has two of them
     if space.blocks.len() >= 4 {
         space.groups = vec![1, 2];
+    }
+    if ws == 4 {
+        space.node = 2;
+        space.reshard.push(tune::Reshard::ToNode);
     }
     assert!(space.blocks.len() <= 4, "brute force is 3^blocks per outer point");
     let all = brute(&m, &base, &h, &space);

@@ -85,6 +85,14 @@ impl Rank {
     /// Cuts this rank's shards out of full (HF-named, primary) weights.
     /// `rank` is the world rank; its shards are those of its index in its shard group.
     pub fn from_full(plan: &Plan, full: &HashMap<String, Tensor>, rank: usize) -> Result<Rank, RtError> {
+        if let Some(u) = plan.units.iter().find(|u| u.reshard_to.is_some()) {
+            return Err(err(format!(
+                "unit {} reshards to groups of {} ranks after forward (reshard_after_forward={}): the runtime does not execute post-forward groups yet — plan it, or run with --reshard-after-forward true",
+                u.label(),
+                u.reshard_to.unwrap_or(0),
+                u.reshard_to.unwrap_or(0)
+            )));
+        }
         let ws = plan.options.shard_size() as i64;
         let r = rank as i64 % ws.max(1);
         let mut shards = vec![];
