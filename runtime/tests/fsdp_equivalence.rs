@@ -212,6 +212,10 @@ fn sharded_training_equals_single_device() {
     check("tiny-llama", Options { checkpoint: vec!["LlamaDecoderLayer".into()], ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);
     // one block checkpointed by path, the last unit kept after forward
     check("tiny-llama", Options { checkpoint: vec!["model.layers.1".into()], unit_reshard: vec![("last".into(), false)], ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);
+    // reshard_after_forward=2 on 4 ranks: each block keeps a half after forward and gathers it
+    // back over its pair of ranks in backward; plain and checkpointed, with bf16 params
+    check("tiny-llama", Options { reshard_to: Some(2), ..opts(4, Layout::Fsdp2, Policy::Auto) }, &mut report);
+    check("tiny-llama", Options { reshard_to: Some(2), checkpoint: vec!["LlamaDecoderLayer".into()], ..opts(4, Layout::Fsdp2, Policy::Auto) }, &mut report);
     // unit groups: both blocks in one FSDP unit, plain and checkpointed
     check("tiny-llama", Options { unit_group: 2, ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);
     check("tiny-llama", Options { unit_group: 2, checkpoint: vec!["LlamaDecoderLayer".into()], ..opts(3, Layout::Fsdp2, Policy::Auto) }, &mut report);

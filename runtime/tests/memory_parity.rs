@@ -169,6 +169,16 @@ fn measured_peak_is_within_two_percent_of_the_plan() {
             o.checkpoint = vec!["LlamaDecoderLayer".into()];
             o.policy = Policy::Modules(vec!["model".into()]);
         }),
+        // reshard_after_forward=2 on 4 ranks (post-forward slices, backward gathers over pairs)
+        case("tiny-llama-4l", "reshard_after_forward=2, ws 4", |o| {
+            o.world_size = 4;
+            o.reshard_to = Some(2);
+        }),
+        case("tiny-llama-4l", "reshard_after_forward=2, checkpointed, ws 4", |o| {
+            o.world_size = 4;
+            o.reshard_to = Some(2);
+            o.checkpoint = vec!["LlamaDecoderLayer".into()];
+        }),
         // unit groups: two blocks per FSDP unit, plain and checkpointed
         case("tiny-llama-4l", "unit groups of 2", |o| o.unit_group = 2),
         case("tiny-llama-4l", "unit groups of 2, checkpointed", |o| {

@@ -85,14 +85,6 @@ impl Rank {
     /// Cuts this rank's shards out of full (HF-named, primary) weights.
     /// `rank` is the world rank; its shards are those of its index in its shard group.
     pub fn from_full(plan: &Plan, full: &HashMap<String, Tensor>, rank: usize) -> Result<Rank, RtError> {
-        if let Some(u) = plan.units.iter().find(|u| u.reshard_to.is_some()) {
-            return Err(err(format!(
-                "unit {} reshards to groups of {} ranks after forward (reshard_after_forward={}): the runtime does not execute post-forward groups yet — plan it, or run with --reshard-after-forward true",
-                u.label(),
-                u.reshard_to.unwrap_or(0),
-                u.reshard_to.unwrap_or(0)
-            )));
-        }
         let ws = plan.options.shard_size() as i64;
         let r = rank as i64 % ws.max(1);
         let mut shards = vec![];
@@ -529,6 +521,10 @@ fn run_step(
     // Unsharded params per unit (leaves; storage freed at reshard, refilled at copy-out).
     let mut params: Vec<HashMap<String, Tensor>> = (0..nu).map(|_| HashMap::new()).collect();
     let mut resident = vec![false; nu];
+    // reshard_after_forward=int: each unit's post-forward slices (per param, this rank's 1/N
+    // of its padded unsharded tensor), and whether the unit's pending all-gather is of them
+    let mut post_fwd: Vec<Vec<Tensor>> = (0..nu).map(|_| vec![]).collect();
+    let mut gathered_post = vec![false; nu];
     if plan.options.strategy == fsdp_planner::Strategy::NoShard {
         // no-shard: the local "shard" is the whole unit and the params are views of it (a
         // cast copy under mixed precision), as FSDP's NO_SHARD flat parameter; the optimizer
@@ -663,6 +659,16 @@ fn run_step(
                     });
                 }
             }
+            OpKind::AllGather { unit, group: Group::PostForward, .. } => {
+                // the post-forward slices (already in the param dtype), one after the other,
+                // gathered over the N consecutive ranks of this rank's post-forward group
+                let u = unit.index();
+                let n = plan.units[u].reshard_to.ok_or_else(|| err(format!("{}: a post-forward all-gather of a unit without reshard_to", sop.id)))? as usize;
+                let input = tch::no_grad(|| Tensor::cat(&post_fwd[u], 0));
+                let (post, _) = crate::comm::SubGroup::mesh(comm.world, n);
+                gathered[u] = Some(crate::comm::Pending::ready(post.all_gather(&input)?));
+                gathered_post[u] = true;
+            }
             OpKind::AllGather { unit, .. } => {
                 // mixed precision: the shard is cast to param_dtype, then gathered
                 let u = unit.index();
@@ -699,6 +705,36 @@ fn run_step(
                 }
                 resident[u] = true;
             }
+            OpKind::CopyOut { unit } if gathered_post[unit.index()] => {
+                // rows of the post-forward group, each the concatenated slices of one rank:
+                // a param is its slice from every row, in row order, then unpadded
+                let u = unit.index();
+                let g = gathered[u].take().ok_or_else(|| err(format!("{}: copy-out without all-gather", sop.id)))?.wait()?;
+                let n = plan.units[u].reshard_to.unwrap_or(1) as i64;
+                let rows = g.view([n, -1]);
+                let mut off = 0i64;
+                for p in &plan.units[u].params {
+                    let len = p.padded_numel as i64 / n;
+                    let shape: Vec<i64> = p.shape.iter().map(|&d| d as i64).collect();
+                    let full = tch::no_grad(|| Tensor::cat(&(0..n).map(|r| rows.get(r).narrow(0, off, len)).collect::<Vec<_>>(), 0).narrow(0, 0, p.numel as i64).view(shape.as_slice()));
+                    off += len;
+                    match params[u].get(&p.name) {
+                        Some(t) => {
+                            shim::realloc_storage(t)?;
+                            shim::copy_keep_version(t, &full)?;
+                        }
+                        None => {
+                            let t = full.detach().copy();
+                            let t = if t.is_floating_point() { t.set_requires_grad(true) } else { t };
+                            params[u].insert(p.name.clone(), t);
+                        }
+                    }
+                }
+                // FSDPParam.to_unsharded: the slices go once copied out
+                post_fwd[u].clear();
+                gathered_post[u] = false;
+                resident[u] = true;
+            }
             OpKind::CopyOut { unit } => {
                 let u = unit.index();
                 let g = gathered[u].take().ok_or_else(|| err(format!("{}: copy-out without all-gather", sop.id)))?.wait()?;
@@ -731,6 +767,25 @@ fn run_step(
             }
             OpKind::Reshard { unit } => {
                 let u = unit.index();
+                // reshard_after_forward=int, after forward: this rank's 1/N of each param's
+                // padded unsharded tensor is kept (FSDPParam.to_sharded_post_forward)
+                if let (Some(n), fsdp_planner::Phase::Forward) = (plan.units[u].reshard_to, sop.phase) {
+                    let r = (comm.world.rank() as u64 % n) as i64;
+                    post_fwd[u] = plan.units[u]
+                        .params
+                        .iter()
+                        .map(|p| {
+                            let t = params[u].get(&p.name).ok_or_else(|| err(format!("{}: unsharded param `{}` missing", sop.id, p.name)))?;
+                            let len = (p.padded_numel / n) as i64;
+                            Ok(tch::no_grad(|| {
+                                let flat = t.detach().reshape([-1]);
+                                let pad = p.padded_numel as i64 - p.numel as i64;
+                                let flat = if pad > 0 { Tensor::cat(&[flat.shallow_clone(), flat.new_zeros([pad], (flat.kind(), flat.device()))], 0) } else { flat };
+                                flat.narrow(0, r * len, len).copy()
+                            }))
+                        })
+                        .collect::<Result<_, RtError>>()?;
+                }
                 match &flat_full[u] {
                     // the params are views of it: one storage
                     Some(f) => shim::free_storage(f)?,
