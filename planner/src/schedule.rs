@@ -1221,7 +1221,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                 // a unit group's members share FSDP2's group forward hooks: the pre-forward runs
                 // at the first member recomputed (the last in forward order), the post-forward
                 // after the group's first module's recompute; FSDPMemTracker's "in AC" spans both
-                let group_of_region = units.iter().find(|u| !u.group.is_empty() && u.group.iter().any(|g| g == rpath || u.module == rpath) || (!u.group.is_empty() && u.module == rpath));
+                let group_of_region = units.iter().find(|u| !u.group.is_empty() && (u.module == rpath || u.group.iter().any(|g| g == rpath)));
                 if group_of_region.is_some() {
                     b.bwd_temp = Category::Activation;
                 }
