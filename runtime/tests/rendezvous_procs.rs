@@ -46,6 +46,17 @@ fn child_entry() {
             std::process::exit(2)
         }
     };
+    // `FSDP_TEST_EXITS=RANK:CODE:MS,…`: those ranks exit with CODE after MS, the others sleep
+    if let Ok(v) = std::env::var("FSDP_TEST_EXITS") {
+        for e in v.split(',') {
+            let f: Vec<u64> = e.split(':').map(|x| x.parse().unwrap()).collect();
+            if f[0] as usize == env.rank {
+                std::thread::sleep(Duration::from_millis(f[2]));
+                std::process::exit(f[1] as i32)
+            }
+        }
+        std::thread::sleep(Duration::from_secs(60));
+    }
     let timeout = Duration::from_millis(num("FSDP_TEST_TIMEOUT_MS").unwrap_or(10_000) as u64);
     if num("FSDP_TEST_SLEEP_RANK") == Some(env.rank) {
         std::thread::sleep(Duration::from_secs(60));
@@ -83,7 +94,7 @@ fn child_entry() {
 fn child(vars: &[(&str, String)]) -> Command {
     let mut c = Command::new(std::env::current_exe().unwrap());
     c.args(CHILD_ARGS).env("FSDP_TEST_CHILD", "rank").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    for v in ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "FSDP_TEST_FAIL_RANK", "FSDP_TEST_SLEEP_RANK", "FSDP_TEST_COLLECTIVES"] {
+    for v in ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "FSDP_TEST_FAIL_RANK", "FSDP_TEST_SLEEP_RANK", "FSDP_TEST_COLLECTIVES", "FSDP_TEST_EXITS"] {
         c.env_remove(v);
     }
     for (k, v) in vars {
@@ -217,6 +228,23 @@ fn launch_stops_the_job_when_a_rank_fails_and_names_it() {
         e => panic!("{e}"),
     }
     assert!(e.to_string().starts_with("launch: rank 1 exited with code 3"), "{e}");
+}
+
+/// A rank that exits 1 because its peer failed ("another rank failed to start") may exit a
+/// moment before the peer whose input was bad (exit 2): the launcher names the cause, and
+/// stops the rank still running after its grace.
+#[test]
+fn launch_names_the_rank_that_refused_its_input_even_when_a_peer_exits_first() {
+    let t0 = Instant::now();
+    let e = launch(&spec(&[("FSDP_TEST_EXITS", "0:1:0,1:2:400")])).unwrap_err();
+    match &e {
+        LaunchError::RankFailed { rank, code, others, .. } => assert_eq!((*rank, *code, *others), (1, Some(2), 1), "{e}"),
+        e => panic!("{e}"),
+    }
+    assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}", t0.elapsed());
+    // a cause that does not come within the grace: the first failure is named
+    let e = launch(&spec(&[("FSDP_TEST_EXITS", "0:1:0")])).unwrap_err();
+    assert!(matches!(e, LaunchError::RankFailed { rank: 0, code: Some(1), others: 2, .. }), "{e}");
 }
 
 #[test]

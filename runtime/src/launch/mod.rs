@@ -12,7 +12,11 @@ use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// How long the other ranks of a job get to exit on their own after one failed without being
+/// the cause (see [`launch`]).
+const CAUSE_GRACE: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Clone)]
 pub struct LaunchSpec {
@@ -163,7 +167,13 @@ pub fn launch(spec: &LaunchSpec) -> Result<(), LaunchError> {
     }
     let mut failed: Option<(usize, String, Option<i32>)> = None;
     let mut running = spec.nproc;
-    while running > 0 && failed.is_none() {
+    // A rank that refused its input (exit 2) or stopped on a non-finite loss (3) is the cause;
+    // a rank that exits otherwise may only have seen its peer go (it exits 1 "another rank
+    // failed" a moment before the cause itself exits): after such a failure the others get
+    // CAUSE_GRACE to exit on their own before they are stopped, and a cause among them is named.
+    let is_cause = |code: Option<i32>| matches!(code, Some(2 | 3));
+    let mut deadline: Option<Instant> = None;
+    while running > 0 && !matches!(&failed, Some((_, _, c)) if is_cause(*c)) && deadline.is_none_or(|d| Instant::now() < d) {
         for (local, slot) in children.iter_mut().enumerate() {
             let rank = spec.node_rank * spec.nproc + local;
             let Some(c) = slot else { continue };
@@ -171,9 +181,7 @@ pub fn launch(spec: &LaunchSpec) -> Result<(), LaunchError> {
                 Ok(Some(st)) => {
                     *slot = None;
                     running -= 1;
-                    // of the ranks found failed in one look, the one that refused its input
-                    // (exit 2) is the cause; the others' peer died
-                    if !st.success() && (failed.is_none() || st.code() == Some(2)) {
+                    if !st.success() && (failed.is_none() || (is_cause(st.code()) && !matches!(&failed, Some((_, _, c)) if is_cause(*c)))) {
                         failed = Some((rank, describe(st), st.code()));
                     }
                 }
@@ -185,7 +193,10 @@ pub fn launch(spec: &LaunchSpec) -> Result<(), LaunchError> {
                 }
             }
         }
-        if failed.is_none() && running > 0 {
+        if failed.is_some() && deadline.is_none() {
+            deadline = Some(Instant::now() + CAUSE_GRACE);
+        }
+        if running > 0 && !matches!(&failed, Some((_, _, c)) if is_cause(*c)) {
             std::thread::sleep(Duration::from_millis(20));
         }
     }

@@ -342,7 +342,9 @@ fn rank_loop(
     let ok = world_avg(g, if setup.is_ok() { 1.0 } else { 0.0 }, device)?;
     let (rank, done) = match setup {
         Err(e) => return Err(e),
-        Ok(_) if ok < 1.0 => return Err(RtError::Plan(OTHER_FAILED.into())),
+        // not this rank's input: a peer's (exit 1 under `run`, so that a launcher
+        // names the rank whose input it was)
+        Ok(_) if ok < 1.0 => return Err(RtError::Comm(OTHER_FAILED.into())),
         Ok(x) => x,
     };
     if done >= cfg.steps {
@@ -525,8 +527,8 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
         match r {
             Ok(v) => oks.push(v),
             Err(e) => {
-                let secondary = matches!(&e, RtError::Plan(m) if m == OTHER_FAILED);
-                if first_err.is_none() || (!secondary && matches!(&first_err, Some(RtError::Plan(m)) if m == OTHER_FAILED)) {
+                let secondary = matches!(&e, RtError::Comm(m) if m == OTHER_FAILED);
+                if first_err.is_none() || (!secondary && matches!(&first_err, Some(RtError::Comm(m)) if m == OTHER_FAILED)) {
                     first_err = Some(e);
                 }
             }
