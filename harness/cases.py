@@ -26,6 +26,10 @@ DEFAULTS = {
     "optimizer": "adam",              # torch.optim.Adam | AdamW | SGD, lr 1e-3, torch's defaults
     "unit_group": 1,                  # k: fully_shard([block_i, …, block_i+k-1]), k consecutive
                                       # decoder layers per unit (the planner's --unit-group)
+    "float8": None,                   # "tensorwise": torchao's convert_to_float8_training on every
+                                      # nn.Linear but lm_head (torchtitan's filter), before
+                                      # fully_shard (the planner's --float8; needs torchao 0.18.0)
+    "float8_all_gather": False,       # Float8LinearConfig.enable_fsdp_float8_all_gather
 }
 
 BASE_CASES = {
@@ -60,6 +64,11 @@ BASE_CASES = {
                               "param_dtype": "bfloat16", "reduce_dtype": "float32"},
     "llama_group2_ac_ws2": {"model": "tiny-llama-4l", "world_size": 2, "unit_group": 2,
                             "checkpoint": ["LlamaDecoderLayer"]},
+    # torchao float8 (tensorwise) linears: bf16 params, weights all-gathered in float8 (uint8
+    # buffers holding float8 weights and the norms' bf16 bytes), and f32 params gathered as is
+    "llama_f8ag_bf16_ws2": {"model": "tiny-llama", "world_size": 2, "param_dtype": "bfloat16",
+                            "reduce_dtype": "float32", "float8": "tensorwise", "float8_all_gather": True},
+    "llama_f8_ws2": {"model": "tiny-llama", "world_size": 2, "float8": "tensorwise"},
     "llama_fwd_prefetch2_ws2": {"model": "tiny-llama-4l", "world_size": 2, "forward_prefetch": 2},
     "llama_bwd_prefetch2_ws2": {"model": "tiny-llama-4l", "world_size": 2, "backward_prefetch": 2},
     "llama_grad_accum2_ws2": {"model": "tiny-llama", "world_size": 2, "grad_accum": 2},
@@ -411,6 +420,20 @@ FAKE_CASES = {
                                         "wrap": "transformer:Qwen3Attention",
                                         "param_dtype": "bfloat16", "reduce_dtype": "float32"},
 }
+FAKE_CASES.update({
+    # torchao float8 linears (tensorwise) on Llama-3.1-8B: bf16 weights gathered as is, and
+    # gathered in float8 (torchtitan's enable_fsdp_float8_all_gather); under full AC
+    "llama31_8b_f8_bf16_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 1, "seq": 4096,
+                               "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                               "optimizer": "adamw", "float8": "tensorwise"},
+    "llama31_8b_f8ag_bf16_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 1, "seq": 4096,
+                                 "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                 "optimizer": "adamw", "float8": "tensorwise", "float8_all_gather": True},
+    "llama31_8b_f8ag_ac_b2_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 2, "seq": 2048,
+                                  "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                  "optimizer": "adamw", "float8": "tensorwise", "float8_all_gather": True,
+                                  "checkpoint": ["LlamaDecoderLayer"]},
+})
 FAKE_CASES.update({
     # reshard_after_forward=8 at real size: Llama-3.1-8B on 16 ranks (two nodes' worth), each
     # block keeping a 1/8 slice after forward and gathering it back inside its group of 8

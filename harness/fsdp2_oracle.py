@@ -463,6 +463,16 @@ def unit_reshard(case, targets):
     return out
 
 
+def convert_float8(model, case):
+    """torchao's float8 training (torchtitan's `--float8`): every nn.Linear but the output
+    head becomes a Float8Linear with the case's recipe (tensorwise: dynamic scaling, e4m3
+    input/weight, e5m2 grad); `float8_all_gather` all-gathers the weights in float8."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    assert case["float8"] == "tensorwise", case["float8"]
+    cfg = Float8LinearConfig(enable_fsdp_float8_all_gather=bool(case.get("float8_all_gather")))
+    convert_to_float8_training(model, config=cfg, module_filter_fn=lambda mod, fqn: fqn != "lm_head")
+
+
 def shard_model(model, case, mesh, cfg):
     """fully_shard on the case's modules (`wrap`; default every instance of
     model._no_split_modules, the decoder layers), children before parents, the case's explicit
@@ -473,6 +483,8 @@ def shard_model(model, case, mesh, cfg):
         kw["mp_policy"] = MixedPrecisionPolicy(
             param_dtype=_dtype(case["param_dtype"]), reduce_dtype=_dtype(case["reduce_dtype"]))
     policy = wrap_policy(model, case)
+    if case.get("float8"):
+        convert_float8(model, case)
     kind, _, names = policy.partition(":")
     names = names.split(",")
     assert kind in ("transformer", "modules") and names, policy
@@ -629,6 +641,9 @@ def _extra_options(case):
         out["unit_reshard"] = dict(case["unit_reshard"])
     if case.get("ac_mode", "full") != "full":
         out["ac_mode"] = case["ac_mode"]
+    if case.get("float8"):
+        out["float8"] = case["float8"]
+        out["float8_all_gather"] = bool(case.get("float8_all_gather"))
     return out
 
 

@@ -167,6 +167,14 @@ pub(crate) struct Fixed {
     /// element-wise ops: norms, rotary, SwiGLU). Changes the predicted time only.
     #[arg(long)]
     pub(crate) compile: bool,
+    /// torchao float8 training (torchtitan's --float8): every nn.Linear but the LM head a
+    /// Float8Linear with this recipe's scaling; its GEMMs in float8 (H100/H200)
+    #[arg(long, value_parser = ["tensorwise"])]
+    pub(crate) float8: Option<String>,
+    /// torchao's enable_fsdp_float8_all_gather: the float8 linears' weights all-gathered in
+    /// float8 (half the bytes of bf16); needs --float8
+    #[arg(long, requires = "float8")]
+    pub(crate) float8_all_gather: bool,
 }
 
 /// The dtypes of FSDP2's `MixedPrecisionPolicy` and of the sharded params (shared by `plan`,
@@ -378,6 +386,7 @@ pub(crate) fn options_for(k: &Knobs, world_size: u64, policy: &str, model: &Mode
         expandable_segments: o.expandable_segments,
         compile: o.compile,
         unit_group: o.unit_group,
+        float8: o.float8.as_ref().map(|_| fsdp_planner::options::Float8 { all_gather: o.float8_all_gather }),
     };
     opts.check()?;
     Ok(opts)

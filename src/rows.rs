@@ -74,9 +74,6 @@ fn options_of(row: &Value, model: &fsdp_ir::Model) -> std::result::Result<Option
             return Err(format!("{k} {} (beyond FSDP)", p[k]));
         }
     }
-    if row["float8"].as_bool() == Some(true) {
-        return Err("float8 (needs --float8)".into());
-    }
     let kind = p["kind"].as_str().unwrap_or("FSDP2");
     let ws = row["hardware"]["world_size"].as_u64().ok_or("no world size")?;
     let (shard, repl) = (p["dp_shard"].as_u64().unwrap_or(ws), p["dp_replicate"].as_u64().unwrap_or(1));
@@ -124,6 +121,9 @@ fn options_of(row: &Value, model: &fsdp_ir::Model) -> std::result::Result<Option
         compile: row["compile"].as_bool() == Some(true),
         unit_group: 1,
         reshard_to: None,
+        // torchtitan's float8 recipe (docs/float8.md): tensorwise, weights all-gathered in
+        // float8 unless the row says otherwise
+        float8: (row["float8"].as_bool() == Some(true)).then(|| fsdp_planner::options::Float8 { all_gather: row["float8_all_gather"].as_bool().unwrap_or(true) }),
     })
 }
 

@@ -41,6 +41,13 @@ pub(crate) struct TuneArgs {
     /// Rank configurations as run under torchtitan's --compile (changes predicted time only).
     #[arg(long)]
     pub(crate) compile: bool,
+    /// Rank configurations with torchao float8 linears (`plan --float8`; numerics are the
+    /// user's choice, not the tuner's).
+    #[arg(long, value_parser = ["tensorwise"])]
+    pub(crate) float8: Option<String>,
+    /// With --float8: weights all-gathered in float8 (`plan --float8-all-gather`).
+    #[arg(long, requires = "float8")]
+    pub(crate) float8_all_gather: bool,
     #[command(flatten)]
     pub(crate) hw: HwOpt,
     #[command(flatten)]
@@ -88,6 +95,12 @@ fn base_options(a: &TuneArgs, model: &fsdp_ir::Model) -> Result<(Options, Vec<St
     if a.compile {
         flags.push("--compile".into());
     }
+    if let Some(r) = &a.float8 {
+        flags.extend(["--float8".into(), r.clone()]);
+        if a.float8_all_gather {
+            flags.push("--float8-all-gather".into());
+        }
+    }
     flags.extend(["--hardware".into(), a.hw.hardware.clone()]);
     let o = Options {
         world_size: a.world_size,
@@ -100,6 +113,7 @@ fn base_options(a: &TuneArgs, model: &fsdp_ir::Model) -> Result<(Options, Vec<St
         device: Device::Cuda,
         expandable_segments: a.expandable_segments,
         compile: a.compile,
+        float8: a.float8.as_ref().map(|_| fsdp_planner::options::Float8 { all_gather: a.float8_all_gather }),
         ..Options::default()
     };
     o.check().map_err(user)?;

@@ -101,6 +101,11 @@ pub fn options_of(f: &Value) -> Options {
         compile: false,
         unit_group: o["unit_group"].as_u64().unwrap_or(1) as u32,
         reshard_to: o["reshard_after_forward"].as_u64(),
+        float8: match o["float8"].as_str() {
+            None => None,
+            Some("tensorwise") => Some(fsdp_planner::options::Float8 { all_gather: o["float8_all_gather"].as_bool().unwrap_or(false) }),
+            Some(x) => panic!("fixture float8 recipe {x}"),
+        },
         optimizer: match o["optimizer"].as_str() {
             Some("adam") | None => Optimizer::Adam,
             Some("adamw") => Optimizer::AdamW,

@@ -19,6 +19,10 @@ pub enum DType {
     Int32,
     Uint8,
     Bool,
+    /// torch.float8_e4m3fn: torchao's float8 weights and activations (all-gathered weights
+    /// under `enable_fsdp_float8_all_gather`).
+    #[serde(rename = "float8_e4m3fn")]
+    Float8E4m3fn,
 }
 
 impl DType {
@@ -28,7 +32,7 @@ impl DType {
             DType::Float32 | DType::Int32 => 4,
             DType::Bfloat16 | DType::Float16 => 2,
             DType::Int64 => 8,
-            DType::Uint8 | DType::Bool => 1,
+            DType::Uint8 | DType::Bool | DType::Float8E4m3fn => 1,
         }
     }
 
@@ -42,6 +46,7 @@ impl DType {
             DType::Int32 => "int32",
             DType::Uint8 => "uint8",
             DType::Bool => "bool",
+            DType::Float8E4m3fn => "float8_e4m3fn",
         }
     }
 
@@ -57,6 +62,7 @@ impl DType {
             "int32" | "int" | "i32" => DType::Int32,
             "uint8" | "u8" => DType::Uint8,
             "bool" => DType::Bool,
+            "float8_e4m3fn" | "fp8" | "float8" => DType::Float8E4m3fn,
             _ => return None,
         })
     }

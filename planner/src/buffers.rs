@@ -21,7 +21,7 @@ pub fn param_storages(opts: &Options, units: &[Unit], buf: &BufferInfo) -> Optio
         unit.params
             .iter()
             .map(|p| {
-                let d = opts.gathered_dtype(p.dtype);
+                let d = opts.gathered_dtype_of(p);
                 (p.numel * d.size(), p.padded_numel.max(p.numel) * d.size())
             })
             .collect(),

@@ -726,7 +726,7 @@ pub fn model_flops(model: &Model, opts: &Options, attn: AttnImpl) -> f64 {
 
 /// Bytes of a unit's unsharded params in the compute dtype (what the copy-out writes).
 pub fn unsharded_bytes(unit: &Unit, opts: &Options) -> u64 {
-    unit.params.iter().map(|p| p.padded_numel * opts.gathered_dtype(p.dtype).size())
+    unit.params.iter().map(|p| p.padded_numel * opts.gathered_dtype_of(p).size())
         .sum()
 }
 

@@ -13,6 +13,7 @@ pub mod checker;
 pub mod cost;
 pub mod diff;
 pub mod error;
+pub mod float8;
 pub mod hardware;
 pub mod ids;
 pub mod layout;

@@ -203,6 +203,15 @@ impl Options {
         }
     }
 
+    /// The dtype unit param `p` is all-gathered in: float8 for a float8 linear's weight under
+    /// `Float8::all_gather`, else [`Options::gathered_dtype`].
+    pub fn gathered_dtype_of(&self, p: &crate::units::UnitParam) -> DType {
+        match self.float8 {
+            Some(Float8 { all_gather: true }) if p.float8 => DType::Float8E4m3fn,
+            _ => self.gathered_dtype(p.dtype),
+        }
+    }
+
     /// `--checkpoint`'s entries, ranges expanded: (module class or path, mode). Entries that
     /// do not parse are dropped here; [`Options::check`] refuses them.
     pub fn checkpoints(&self) -> Vec<(String, AcMode)> {
@@ -350,6 +359,19 @@ pub struct Options {
     /// over N consecutive ranks (intra-node for N ≤ a node's GPUs) instead of all of them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reshard_to: Option<u64>,
+    /// torchao float8 training (torchtitan's `--float8`): every `nn.Linear` but the LM head
+    /// a `Float8Linear` (tensorwise dynamic scaling), its GEMMs in float8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub float8: Option<Float8>,
+}
+
+/// torchao's `Float8LinearConfig` as torchtitan sets it (recipe `tensorwise`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Float8 {
+    /// `enable_fsdp_float8_all_gather`: the float8 linears' weights are cast to float8 on
+    /// their shard (one amax all-reduce each) and all-gathered in float8 (1 byte per element;
+    /// a unit mixing them with other params gathers one uint8 buffer of their bytes).
+    pub all_gather: bool,
 }
 
 fn one_u32() -> u32 {
@@ -386,6 +408,7 @@ impl Default for Options {
             expandable_segments: false,
             compile: false,
             unit_group: 1,
+            float8: None,
             reshard_to: None,
         }
     }
@@ -417,6 +440,9 @@ impl Options {
             if !matches!(self.strategy, Strategy::FullShard) || self.layout == Layout::Flat || n < 2 || n >= s || !s.is_multiple_of(n) {
                 return Err(opt_err("--reshard-after-forward", format!("{n}: an int reshards to groups of that many ranks: FSDP2 full-shard only, a divisor of the world size ({s}) other than 1 and itself")));
             }
+        }
+        if self.float8.is_some_and(|f| f.all_gather) && self.layout == Layout::Flat {
+            return Err(opt_err("--float8-all-gather", "float8 all-gather is FSDP2's (torchao's fsdp_pre_all_gather extension): not with --layout flat"));
         }
         if self.unit_group > 1 && self.layout == Layout::Flat {
             return Err(opt_err("--unit-group", "unit groups are FSDP2's (`fully_shard([m0, m1])`): not with --layout flat"));

@@ -34,6 +34,9 @@ struct B<'a> {
     /// Each unit's post-forward shards (`reshard_after_forward=int`), freed after the
     /// backward all-gather's copy-out.
     post_fwd: Vec<Vec<BufferId>>,
+    /// Per unit, float8 all-gather: the scales its pre-all-gather made, until the copy-out
+    /// (the ones its unsharded float8 params hold, kept across reshards, are a setup buffer).
+    f8_scales: Vec<Option<BufferId>>,
     /// What FSDPMemTracker calls a tensor the backward makes: temp, or activation while it
     /// believes a recompute is running (a unit group's checkpointed members: from the
     /// pre-forward of the first one recomputed to the post-forward of the last).
@@ -167,10 +170,29 @@ impl B<'_> {
     }
     fn ag_numel_dtype(&self, u: &Unit) -> (u64, DType) {
         let d = self.param_dtype(u);
+        if self.float8_gathered(u) {
+            // float8 weights beside others: one uint8 buffer of their bytes (all float8: float8)
+            let ds: Vec<DType> = u.params.iter().map(|p| self.opts.gathered_dtype_of(p)).collect();
+            return match ds.first() {
+                Some(&d) if ds.iter().all(|&x| x == d) => (u.padded_numel, d),
+                _ => (self.unsharded_bytes(u), DType::Uint8),
+            };
+        }
         if d == DType::Uint8 {
             (self.unsharded_bytes(u), DType::Uint8)
         } else {
             (u.padded_numel, d)
+        }
+    }
+    /// Float8 weights of `u` gathered in float8 (`--float8-all-gather`).
+    fn float8_gathered(&self, u: &Unit) -> bool {
+        self.opts.float8.is_some_and(|f| f.all_gather) && u.params.iter().any(|p| p.float8)
+    }
+    fn float8_scales(&self, u: &Unit) -> u64 {
+        if self.float8_gathered(u) {
+            u.params.iter().filter(|p| p.float8).count() as u64 * DType::Float32.size()
+        } else {
+            0
         }
     }
     fn no_shard(&self) -> bool {
@@ -217,7 +239,21 @@ impl B<'_> {
             deps,
         );
         // (the post-forward shards are already in the param dtype)
-        if let Some(d) = cast.filter(|_| !post_forward) {
+        let f8 = self.float8_gathered(unit) && !post_forward;
+        if f8 {
+            // torchao's fsdp_pre_all_gather: each float8 weight's shard cast to float8 with its
+            // scale (an f32 scalar, amax all-reduced), the others cast by FSDP2's MixedPrecision
+            let bytes: u64 = unit
+                .params
+                .iter()
+                .filter(|p| p.float8 || cast.is_some())
+                .map(|p| p.shard_numel * self.opts.gathered_dtype_of(p).size())
+                .sum();
+            let scales = self.float8_scales(unit);
+            self.transient(format!("{label} float8/mp shard"), category, bytes);
+            let sc = self.alloc(format!("{label} float8 scales (pending)"), Category::Temp, scales, Some(u));
+            self.f8_scales[u.index()] = Some(sc);
+        } else if let Some(d) = cast.filter(|_| !post_forward) {
             self.transient(format!("{label} mp shard"), category, shard_numel * d.size());
         }
         let buf = if flat {
@@ -239,6 +275,12 @@ impl B<'_> {
         let label = unit.label().to_string();
         let bytes = self.unsharded_bytes(unit);
         self.op(OpKind::CopyOut { unit: u }, Stream::Compute, vec![ag]);
+        // torchao's fsdp_post_all_gather: the unsharded float8 params take the new scales
+        // (`out._scale = scale`) and the previous ones go: as many bytes as the held buffer
+        // (allocated at setup, for the whole step), so the pending one is what is freed
+        if let Some(pending) = self.f8_scales[u.index()].take() {
+            self.free(pending);
+        }
         // FSDPParam.to_unsharded: the post-forward shards go once copied out
         for s in std::mem::take(&mut self.post_fwd[u.index()]) {
             self.free(s);
@@ -270,7 +312,7 @@ impl B<'_> {
         let to = self.units[u.index()].reshard_to.filter(|_| self.phase == Phase::Forward);
         if let Some(n) = to {
             let unit = &self.units[u.index()];
-            let slices: Vec<(String, u64)> = unit.params.iter().map(|p| (format!("{} post-forward shard", p.name), p.padded_numel / n.max(1) * self.opts.gathered_dtype(p.dtype).size())).collect();
+            let slices: Vec<(String, u64)> = unit.params.iter().map(|p| (format!("{} post-forward shard", p.name), p.padded_numel / n.max(1) * self.opts.gathered_dtype_of(p).size())).collect();
             for (name, bytes) in slices {
                 let s = self.alloc(name, Category::Activation, bytes, Some(u));
                 self.post_fwd[u.index()].push(s);
@@ -610,6 +652,7 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
     let owner: HashMap<&str, UnitId> = units.iter().flat_map(|u| u.params.iter().map(move |p| (p.name.as_str(), u.id))).collect();
     let mut b = B {
         post_fwd: vec![vec![]; units.len()],
+        f8_scales: vec![None; units.len()],
         bwd_temp: Category::Temp,
         model,
         opts,
@@ -729,6 +772,11 @@ fn setup(b: &mut B, cx: &Ctx) {
                 Layout::Flat => 1,
             };
             b.alloc(format!("{label} adam state"), Category::Optstate, 2 * local + 4 * nparams, Some(u.id));
+        }
+        if b.float8_gathered(u) && !b.no_shard() {
+            // the scales the unsharded float8 params kept from the previous step's last gather
+            let bytes = b.float8_scales(u);
+            b.alloc(format!("{label} float8 scales"), Category::UnshardedParam, bytes, None);
         }
     }
     for buf in &b.model.buffers {

@@ -32,6 +32,9 @@ pub struct UnitParam {
     pub shard_numel: u64,
     /// Offset in the per-rank shard row (fsdp2) or in the flat parameter (flat).
     pub offset: u64,
+    /// The weight of a float8 linear (`--float8`, [`crate::float8`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub float8: bool,
 }
 
 impl UnitParam {
@@ -163,6 +166,7 @@ pub fn build_units(model: &Model, wrapped: &[Vec<String>], opts: &Options) -> Re
             direct[i].push(p);
         }
     }
+    let float8 = if opts.float8.is_some() { crate::float8::float8_weights(model)? } else { Default::default() };
     let mut units = Vec::with_capacity(unit_modules.len());
     let mut order = Vec::new();
     for (u, ms) in unit_modules.iter().enumerate() {
@@ -199,6 +203,7 @@ pub fn build_units(model: &Model, wrapped: &[Vec<String>], opts: &Options) -> Re
                     padded_numel: 0,
                     shard_numel: 0,
                     offset: 0,
+                    float8: float8.contains(prim),
                 };
                 if name != prim {
                     up.aliases.push(name.to_string());

@@ -168,6 +168,7 @@ pub fn kind_of(d: fsdp_ir::DType) -> Kind {
         fsdp_ir::DType::Int32 => Kind::Int,
         fsdp_ir::DType::Uint8 => Kind::Uint8,
         fsdp_ir::DType::Bool => Kind::Bool,
+        fsdp_ir::DType::Float8E4m3fn => Kind::Float8e4m3fn,
     }
 }
 
