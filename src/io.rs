@@ -154,6 +154,15 @@ pub(crate) fn search_dirs(sub: &str) -> Vec<PathBuf> {
     v
 }
 
+/// `--float8` needs float8 tensor cores (`torch._scaled_mm`: sm89+): refused on a profile
+/// without a float8 rate (A100, the CPU), by name.
+pub(crate) fn check_float8(hw: &Hardware, float8: bool) -> Result<()> {
+    if float8 && hw.peak_flops.fp8.is_none() {
+        bail!(UserError(format!("--float8: {} has no float8 tensor cores (torch._scaled_mm needs an H100, H200 or newer; the profile has no `peak_flops.fp8`)", hw.name)));
+    }
+    Ok(())
+}
+
 /// `--hardware NAME|FILE`: a path (has a `/` or ends in `.ron`), else models/hardware/NAME.ron,
 /// else the one profile whose name starts with NAME.
 pub(crate) fn load_hardware(spec: &str) -> Result<Hardware> {

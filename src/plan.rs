@@ -16,6 +16,7 @@ pub(crate) fn run(a: PlanArgs, hw: HwOpt) -> Result<()> {
         return Ok(());
     }
     let hw = load_hardware(&hw.hardware)?;
+    crate::io::check_float8(&hw, opts.float8.is_some())?;
     let (limit, of) = match &a.memory_limit {
         Some(s) => (parse_size("--memory-limit", s)?, "--memory-limit".to_string()),
         None => (hw.memory_bytes, hw.name.clone()),

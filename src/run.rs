@@ -197,6 +197,9 @@ pub(crate) fn run_inputs(r: &RunArgs) -> Result<(Plan, Model)> {
     if r.weight_decay.is_some() && plan.options.optimizer != fsdp_planner::Optimizer::AdamW {
         bail!(UserError(format!("--weight-decay: the plan's optimizer is {} (decoupled weight decay is AdamW's; plan with --optimizer adamw)", plan.options.optimizer.name())));
     }
+    if plan.options.float8.is_some() {
+        bail!(UserError("--float8: the runtime does not execute float8 linears (plan, tune and time them here; train them with torchtitan's --float8)".into()));
+    }
     if plan.options.seq < 2 {
         bail!(UserError(format!("--seq {}: a causal-LM loss needs at least 2 tokens per sequence (it predicts token t+1 from token t)", plan.options.seq)));
     }

@@ -224,6 +224,7 @@ pub(crate) fn run(a: TuneArgs) -> Result<()> {
     let model = load_model(&a.model)?;
     let hw = load_hardware(&a.hw.hardware)?;
     let (base, fixed) = base_options(&a, &model)?;
+    crate::io::check_float8(&hw, base.float8.is_some())?;
     let (limit, how) = a.limit.of(&hw)?;
     let mut space = tune::space(&model, &base, a.world_size, a.global_batch, hw.gpus_per_node).map_err(user)?;
     space.sac &= !a.no_sac;

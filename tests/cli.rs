@@ -357,3 +357,31 @@ fn diff_shows_differing_options_and_speaks_json() {
     assert!(err.contains("pass that one with --model FILE"), "{err}");
     assert_eq!(run(&["trace", p.to_str().unwrap(), "--model", cfg.to_str().unwrap(), "-o", dir.join("t.json").to_str().unwrap()]).0, 0);
 }
+
+/// `--float8` (torchao float8 linears): weights gathered in float8 halve the layers'
+/// all-gather bytes (the exact collectives and peaks are tests/conformance.rs's fixtures);
+/// refused on a part without float8 tensor cores, without --float8 for --float8-all-gather,
+/// on a linear `_scaled_mm` cannot take, and by the runtime.
+#[test]
+fn float8_is_planned_and_refused_where_it_cannot_run() {
+    let base = ["plan", "models/llama-3.1-8b.ron", "--world-size", "8", "--batch", "1", "--seq", "4096", "--param-dtype", "bf16", "--format", "json"];
+    let ag = |extra: &[&str]| -> f64 {
+        let (code, out, err) = run(&[&base[..], extra].concat());
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let size = |d: &str| match d {
+            "bfloat16" => 2.0,
+            "uint8" | "float8_e4m3fn" => 1.0,
+            other => panic!("{other}"),
+        };
+        v["collectives"].as_array().unwrap().iter().filter(|c| c["kind"] == "all_gather").map(|c| c["numel"].as_f64().unwrap() * size(c["dtype"].as_str().unwrap())).sum()
+    };
+    let (plain, f8) = (ag(&[]), ag(&["--float8", "tensorwise", "--float8-all-gather"]));
+    assert!(f8 < 0.8 * plain && f8 > 0.45 * plain, "{f8} vs {plain}");
+    let (code, _, err) = run(&["plan", "models/llama-3.1-8b.ron", "--world-size", "8", "--hardware", "a100-80gb", "--float8", "tensorwise"]);
+    assert!(code == 2 && err.contains("a100-80gb has no float8 tensor cores"), "{err}");
+    let (code, _, err) = run(&["plan", "models/llama-3.1-8b.ron", "--world-size", "8", "--float8-all-gather"]);
+    assert!(code == 2 && err.contains("--float8"), "{err}");
+    let (code, _, err) = run(&["plan", "models/tiny-qwen3.ron", "--world-size", "2", "--float8", "tensorwise"]);
+    assert!(code == 2 && err.contains("multiples of 16"), "{err}");
+}

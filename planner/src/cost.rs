@@ -500,6 +500,9 @@ impl CostModel {
                     }
                 }
                 OpKind::Linear { .. } => match linear_dims(&cx, op) {
+                    Some((rows, i, o)) if opts.float8.is_some() && crate::float8::is_float8_linear(op) => {
+                        float8_linear(rows, i, o, cd, opts.float8.is_some_and(|f| f.all_gather), opts.compile)
+                    }
                     // forward, then the input's grad and the weight's grad
                     Some((rows, i, o)) => (vec![gemm(1, rows, o, i, cd)], vec![gemm(1, rows, i, o, cd), gemm(1, o, i, rows, cd)]),
                     None => (vec![k(mf, f_bytes, cd, Work::Matmul)], vec![k(2.0 * mf, b_bytes, cd, Work::Matmul)]),
@@ -567,6 +570,47 @@ impl CostModel {
 
 fn k(flops: f64, bytes: f64, dtype: DType, work: Work) -> Kernel {
     Kernel { flops, bytes, dtype, work, shape: Shape::None }
+}
+
+/// torchao's `_scaled_mm` without `use_fast_accum` (its tensorwise recipe's two backward
+/// GEMMs; the forward's uses fast accumulation): 1,175 TFLOP/s at 8192³ on H100 where
+/// cuBLASLt's fast-accumulating FP8 GEMM reaches 1,609 (gitea.d-robotics.cc/han.zhao/
+/// test_gpu_scripts `reports_cublaslt_fp8_crosscheck_20260524.md`, 8 GPUs each): 0.73 of
+/// the fast rate, which [`GemmModel`](crate::hardware::GemmModel) at the float8 peak gives
+/// (1,587 at 8192³).
+pub const FP8_SLOW_ACCUM: f64 = 0.73;
+
+/// A float8 linear's kernels (torchao, tensorwise): each cast to float8 is an amax pass and
+/// a scaled cast (eager: `abs`, `max`, `to(f32)`, `mul`, `clamp`, `to(float8)` = 33 bytes per
+/// bf16 element; under `torch.compile` one reduction and one fused cast, 5 bytes); the
+/// forward casts the input (and the weight unless it was all-gathered in float8), the
+/// backward the output's grad twice, the input again and (without float8 all-gather) the
+/// weight; `_scaled_mm` wants its second operand column-major, so eager makes 1-byte copies of
+/// the weight, the output's grad and the input for the backward's GEMMs.
+fn float8_linear(rows: u64, i: u64, o: u64, cd: DType, gathered: bool, compiled: bool) -> (Vec<Kernel>, Vec<Kernel>) {
+    let f8 = DType::Float8E4m3fn;
+    let per = if compiled { 3.0 + cd.size() as f64 } else { 5.0 + 14.0 * cd.size() as f64 };
+    let cast = |n: u64| k(0.0, per * n as f64, cd, Work::Memory);
+    let (x, w, g) = (rows * i, i * o, rows * o);
+    let mut fwd = vec![cast(x)];
+    if !gathered {
+        fwd.push(cast(w));
+    }
+    fwd.push(gemm(1, rows, o, i, f8));
+    let slow = |kk: u64| (kk as f64 / FP8_SLOW_ACCUM).round() as u64;
+    let mut bwd = vec![cast(g), cast(g), cast(x)];
+    if !gathered {
+        bwd.push(cast(w));
+    }
+    if !compiled {
+        bwd.push(k(0.0, 2.0 * (w + g + x) as f64, f8, Work::Memory));
+    }
+    let mut gi = gemm(1, rows, i, slow(o), f8);
+    let mut gw = gemm(1, o, i, slow(rows), f8);
+    gi.flops = 2.0 * (rows * i * o) as f64;
+    gw.flops = gi.flops;
+    bwd.extend([gi, gw]);
+    (fwd, bwd)
 }
 
 /// `b` GEMMs `[m, k] @ [k, n]` in `dtype`: their FLOPs and the bytes of their operands.

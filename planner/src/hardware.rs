@@ -19,6 +19,9 @@ pub struct PeakFlops {
     pub tf32: f64,
     #[serde(deserialize_with = "positive")]
     pub fp32: f64,
+    /// Float8 (e4m3/e5m2) tensor cores, dense; absent on parts without them (A100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8: Option<f64>,
 }
 
 /// One class of link: bandwidth per GPU per direction (bytes/s) and per-hop latency (s).
@@ -281,6 +284,8 @@ impl Hardware {
             DType::Bfloat16 => self.peak_flops.bf16,
             DType::Float16 => self.peak_flops.fp16,
             DType::Float32 if self.allow_tf32 => self.peak_flops.tf32,
+            // (a part without float8 tensor cores: `plan` refuses --float8 on it)
+            DType::Float8E4m3fn => self.peak_flops.fp8.unwrap_or(self.peak_flops.bf16),
             _ => self.peak_flops.fp32,
         }
     }

@@ -27,7 +27,7 @@ fn close(a: f64, b: f64, what: &str) {
 fn hw() -> Hardware {
     Hardware {
         name: "unit".into(),
-        peak_flops: PeakFlops { bf16: 1e9, fp16: 1e9, tf32: 1e9, fp32: 1e9 },
+        peak_flops: PeakFlops { bf16: 1e9, fp16: 1e9, tf32: 1e9, fp32: 1e9, fp8: None },
         allow_tf32: false,
         memory_bytes: 1 << 40,
         hbm_bandwidth: 1e300,

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 fn h100ish() -> Hardware {
     Hardware {
         name: "test-gpu".into(),
-        peak_flops: PeakFlops { bf16: 989e12, fp16: 989e12, tf32: 494e12, fp32: 67e12 },
+        peak_flops: PeakFlops { bf16: 989e12, fp16: 989e12, tf32: 494e12, fp32: 67e12, fp8: None },
         allow_tf32: false,
         memory_bytes: 80 << 30,
         hbm_bandwidth: 3.35e12,
