@@ -69,6 +69,13 @@ BASE_CASES = {
     "llama_f8ag_bf16_ws2": {"model": "tiny-llama", "world_size": 2, "param_dtype": "bfloat16",
                             "reduce_dtype": "float32", "float8": "tensorwise", "float8_all_gather": True},
     "llama_f8_ws2": {"model": "tiny-llama", "world_size": 2, "float8": "tensorwise"},
+    # a wide MLP (512) over a small vocab: the peak inside a float8 linear's backward (its
+    # casts, layout copies and scales), plain, gathered in float8 under bf16, and recomputed
+    "llama_wide_f8_ws2": {"model": "tiny-llama-wide", "world_size": 2, "float8": "tensorwise"},
+    "llama_wide_f8ag_bf16_b8_ws2": {"model": "tiny-llama-wide", "world_size": 2, "batch": 8, "param_dtype": "bfloat16",
+                                    "reduce_dtype": "float32", "float8": "tensorwise", "float8_all_gather": True},
+    "llama_wide_f8_ac_ws2": {"model": "tiny-llama-wide", "world_size": 2, "float8": "tensorwise",
+                             "checkpoint": ["LlamaDecoderLayer"]},
     "llama_fwd_prefetch2_ws2": {"model": "tiny-llama-4l", "world_size": 2, "forward_prefetch": 2},
     "llama_bwd_prefetch2_ws2": {"model": "tiny-llama-4l", "world_size": 2, "backward_prefetch": 2},
     "llama_grad_accum2_ws2": {"model": "tiny-llama", "world_size": 2, "grad_accum": 2},

@@ -55,6 +55,9 @@ pub struct OpMem {
     /// generic model of `bwd_scratch` / `first_node_saved`). What its nodes make, drop and
     /// release decides where inside the op the peak falls (a MoE layer's experts).
     pub bwd_chain: Vec<Step>,
+    /// A forward that makes and drops tensors before and around its output ([`Step::Output`]
+    /// places it; empty: the output first, then `fwd_scratch`): a float8 linear's casts.
+    pub fwd_chain: Vec<Step>,
 }
 
 /// One step of a composite op's backward ([`OpMem::bwd_chain`]).
@@ -72,6 +75,8 @@ pub enum Step {
     InputGrad(usize),
     /// The grad of the op's `k`-th param is made.
     ParamGrad(usize),
+    /// (forward chains) The op's output is made.
+    Output,
 }
 
 /// Builds a [`OpMem::bwd_chain`], a method per [`Step`]: `make` returns the index `drop` takes.
@@ -102,6 +107,96 @@ impl Chain {
     fn param_grad(&mut self, k: usize) {
         self.steps.push(Step::ParamGrad(k));
     }
+
+    /// torchao's `hp_tensor_to_float8_dynamic` (tensorwise) of `n` elements of `d`, as eager
+    /// runs it: `amax = max(abs(x))`; `amax_to_scale` in float64 (`to`, `clamp`, `reciprocal`,
+    /// `mul`, then `to(f32)`: the scale); `_ToFloat8ConstrFunc`: `x.to(f32) * scale`,
+    /// `clamp` (to_fp8_saturated), `to(float8)`. Returns the float8 data's and the scale's
+    /// indices (both kept by the caller).
+    fn float8_cast(&mut self, n: u64, d: DType) -> (usize, usize) {
+        let (f32_, f64_) = (DType::Float32, DType::Int64); // (an 8-byte scalar)
+        let a = self.make(t(n, d, "float8 cast abs"));
+        let amax = self.make(t(1, d, "float8 amax"));
+        self.drop(a);
+        let a64 = self.make(t(1, f64_, "float8 amax (float64)"));
+        let c64 = self.make(t(1, f64_, "float8 clamped amax (float64)"));
+        let r64 = self.make(t(1, f64_, "float8 reciprocal (float64)"));
+        let s64 = self.make(t(1, f64_, "float8 scale (float64)"));
+        self.drop(r64);
+        self.drop(c64);
+        let scale = self.make(t(1, f32_, "float8 scale"));
+        self.drop(s64);
+        self.drop(a64);
+        self.drop(amax);
+        let up = (d != f32_).then(|| self.make(t(n, f32_, "float8 cast upcast")));
+        let scaled = self.make(t(n, f32_, "float8 cast scaled"));
+        if let Some(u) = up {
+            self.drop(u);
+        }
+        let clamped = self.make(t(n, f32_, "float8 cast clamped"));
+        let data = self.make(t(n, DType::Float8E4m3fn, "float8 data"));
+        self.drop(clamped);
+        self.drop(scaled);
+        (data, scale)
+    }
+
+    /// `torch._scaled_mm`'s inverse scales around its output (made by `out`).
+    fn scaled_mm(&mut self, out: Step) {
+        let r1 = self.make(t(1, DType::Float32, "float8 inverse scale"));
+        let r2 = self.make(t(1, DType::Float32, "float8 inverse scale"));
+        self.steps.push(out);
+        self.drop(r1);
+        self.drop(r2);
+    }
+}
+
+/// A torchao `Float8Linear` (tensorwise; [`crate::float8`]) of `x` input, `w` weight and `g`
+/// output elements in `cd`: the forward casts the input (and the weight, unless it was
+/// gathered in float8) before `_scaled_mm`; the backward casts the output's grad, the weight
+/// (unless gathered in float8), the grad again and the saved input, and copies the
+/// operands `_scaled_mm` wants in the other layout (the weight for the input's grad; the
+/// grad and the input for the weight's grad). Every cast's float8 data and scale live until
+/// the forward / backward returns (torchao float8_linear.py, float8_ops.py @0.18.0).
+/// With a bias, `Float8Linear.forward` adds it to the GEMM's result (`output + bias`): a new
+/// output, the GEMM's dropped; its backward (the add's node, first) makes the bias's grad.
+fn float8_linear(m: &mut OpMem, cd: DType, x: u64, w: u64, g: u64, gathered: bool, bias: bool) {
+    let f8 = DType::Float8E4m3fn;
+    let mut f = Chain::default();
+    f.float8_cast(x, cd);
+    if !gathered {
+        f.float8_cast(w, cd);
+    }
+    if bias {
+        let r1 = f.make(t(1, DType::Float32, "float8 inverse scale"));
+        let r2 = f.make(t(1, DType::Float32, "float8 inverse scale"));
+        let mm = f.make(t(g, cd, "float8 GEMM result"));
+        f.drop(r1);
+        f.drop(r2);
+        f.steps.push(Step::Output);
+        f.drop(mm);
+    } else {
+        f.scaled_mm(Step::Output);
+    }
+    m.fwd_chain = f.steps;
+    let mut b = Chain::default();
+    if bias {
+        b.param_grad(1);
+    }
+    b.float8_cast(g, cd);
+    if !gathered {
+        b.float8_cast(w, cd);
+    }
+    let wc = b.make(t(w, f8, "float8 weight column-major copy"));
+    b.scaled_mm(Step::InputGrad(0));
+    b.drop(wc);
+    b.float8_cast(g, cd);
+    b.float8_cast(x, cd);
+    let gc = b.make(t(g, f8, "float8 grad row-major copy"));
+    let xc = b.make(t(x, f8, "float8 input column-major copy"));
+    b.scaled_mm(Step::ParamGrad(0));
+    b.drop(gc);
+    b.drop(xc);
+    m.bwd_chain = b.steps;
 }
 
 /// Context shared by all ops of a step.
@@ -115,6 +210,8 @@ pub struct Ctx<'a> {
     /// FSDP2 casts each unit's floating-point forward inputs to this (MixedPrecisionPolicy's
     /// `cast_forward_inputs` with a `param_dtype`).
     pub input_cast: Option<DType>,
+    /// `--float8`: its linears' casts ([`float8_linear`]).
+    pub float8: Option<crate::options::Float8>,
 }
 
 impl<'a> Ctx<'a> {
@@ -131,6 +228,7 @@ impl<'a> Ctx<'a> {
             attn,
             device: opts.device,
             input_cast: opts.param_dtype,
+            float8: opts.float8,
         }
     }
 }
@@ -183,8 +281,16 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             }
         }
         OpKind::Linear { .. } => {
-            // F.linear / addmm saves its input (and the weight, an unsharded param).
+            // F.linear / addmm saves its input (and the weight, an unsharded param); so does
+            // a Float8Linear (input_hp, weight_hp_t), around its casts
             m.saves_inputs = vec![true];
+            let w = op.params.first().and_then(|p| cx.model.param(p)).map(|p| p.shape.as_slice());
+            if let (Some(f8), Some(&[o, i]), OpKind::Linear { bias, .. }) = (cx.float8, w, &op.kind) {
+                if crate::float8::is_float8_linear(op) {
+                    let rows = n / o.max(1);
+                    float8_linear(&mut m, cd, rows * i, o * i, n, f8.all_gather, *bias);
+                }
+            }
         }
         OpKind::LayerNorm { .. } => {
             // native_layer_norm saves input, mean and rstd ([tokens, 1]; input dtype on CPU, f32 on CUDA).

@@ -91,7 +91,6 @@ pub fn check_schedule(
     let nb = buffers.len();
     let mut alive = vec![false; nb];
     let mut seen = vec![false; nb];
-    let mut at_setup = vec![false; nb];
     let mut freed = vec![false; nb];
     let mut live = 0u64;
     let mut cats = [0u64; 11];
@@ -182,7 +181,6 @@ pub fn check_schedule(
                     }
                     seen[k] = true;
                     alive[k] = true;
-                    at_setup[k] = matches!(op.kind, OpKind::Setup);
                     let buf = &buffers[k];
                     live += buf.bytes;
                     cats[buf.category.index()] += buf.bytes;
@@ -219,9 +217,7 @@ pub fn check_schedule(
         let persistent = matches!(
             buf.category,
             Category::ShardedParam | Category::Optstate | Category::Buffer | Category::Inputs
-        ) || (no_shard && buf.category == Category::UnshardedParam)
-            // float8 scales the unsharded params hold across steps (no unit: they gather nothing)
-            || (at_setup[k] && buf.category == Category::UnshardedParam && buf.unit.is_none());
+        ) || (no_shard && buf.category == Category::UnshardedParam);
         if alive[k] && !persistent {
             return Err(fail(format!("{} ({}) is still live at the end of the step", buf.id, buf.name)));
         }

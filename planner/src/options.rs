@@ -441,6 +441,9 @@ impl Options {
                 return Err(opt_err("--reshard-after-forward", format!("{n}: an int reshards to groups of that many ranks: FSDP2 full-shard only, a divisor of the world size ({s}) other than 1 and itself")));
             }
         }
+        if self.float8.is_some_and(|f| f.all_gather) && self.reshard_to.is_some() {
+            return Err(opt_err("--float8-all-gather", "not with --reshard-after-forward N (the post-forward shards of float8 weights are not modelled)"));
+        }
         if self.float8.is_some_and(|f| f.all_gather) && self.layout == Layout::Flat {
             return Err(opt_err("--float8-all-gather", "float8 all-gather is FSDP2's (torchao's fsdp_pre_all_gather extension): not with --layout flat"));
         }

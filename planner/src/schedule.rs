@@ -34,9 +34,16 @@ struct B<'a> {
     /// Each unit's post-forward shards (`reshard_after_forward=int`), freed after the
     /// backward all-gather's copy-out.
     post_fwd: Vec<Vec<BufferId>>,
-    /// Per unit, float8 all-gather: the scales its pre-all-gather made, until the copy-out
-    /// (the ones its unsharded float8 params hold, kept across reshards, are a setup buffer).
-    f8_scales: Vec<Option<BufferId>>,
+    /// Per unit, float8 all-gather (`--float8-all-gather`), one 4-byte scale per float8
+    /// weight: the ones its pre-all-gather made, until the copy-out (`pending`); the ones its
+    /// unsharded float8 params hold, kept across reshards (`held`).
+    f8_pending: Vec<Vec<(String, BufferId)>>,
+    f8_held: Vec<Vec<(String, BufferId)>>,
+    /// Scales a backward copy-out replaced that a forward-saved weight (`weight_hp_t`, a
+    /// float8 tensor holding its scale) still references: freed with that linear's backward.
+    f8_old: HashMap<String, BufferId>,
+    /// Float8 weights whose linear runs inside a checkpointed region (saves nothing in forward).
+    f8_recomputed: rustc_hash::FxHashSet<String>,
     /// What FSDPMemTracker calls a tensor the backward makes: temp, or activation while it
     /// believes a recompute is running (a unit group's checkpointed members: from the
     /// pre-forward of the first one recomputed to the post-forward of the last).
@@ -188,13 +195,6 @@ impl B<'_> {
     fn float8_gathered(&self, u: &Unit) -> bool {
         self.opts.float8.is_some_and(|f| f.all_gather) && u.params.iter().any(|p| p.float8)
     }
-    fn float8_scales(&self, u: &Unit) -> u64 {
-        if self.float8_gathered(u) {
-            u.params.iter().filter(|p| p.float8).count() as u64 * DType::Float32.size()
-        } else {
-            0
-        }
-    }
     fn no_shard(&self) -> bool {
         matches!(self.opts.strategy, Strategy::NoShard)
     }
@@ -249,10 +249,13 @@ impl B<'_> {
                 .filter(|p| p.float8 || cast.is_some())
                 .map(|p| p.shard_numel * self.opts.gathered_dtype_of(p).size())
                 .sum();
-            let scales = self.float8_scales(unit);
             self.transient(format!("{label} float8/mp shard"), category, bytes);
-            let sc = self.alloc(format!("{label} float8 scales (pending)"), Category::Temp, scales, Some(u));
-            self.f8_scales[u.index()] = Some(sc);
+            let names: Vec<String> = unit.params.iter().filter(|p| p.float8).map(|p| p.name.clone()).collect();
+            let pending: Vec<(String, BufferId)> = names.into_iter().map(|n| {
+                let b = self.alloc(format!("{n} float8 scale (pending)"), Category::Temp, DType::Float32.size(), None);
+                (n, b)
+            }).collect();
+            self.f8_pending[u.index()] = pending;
         } else if let Some(d) = cast.filter(|_| !post_forward) {
             self.transient(format!("{label} mp shard"), category, shard_numel * d.size());
         }
@@ -276,10 +279,29 @@ impl B<'_> {
         let bytes = self.unsharded_bytes(unit);
         self.op(OpKind::CopyOut { unit: u }, Stream::Compute, vec![ag]);
         // torchao's fsdp_post_all_gather: the unsharded float8 params take the new scales
-        // (`out._scale = scale`) and the previous ones go: as many bytes as the held buffer
-        // (allocated at setup, for the whole step), so the pending one is what is freed
-        if let Some(pending) = self.f8_scales[u.index()].take() {
-            self.free(pending);
+        // (`out._scale = scale`). FSDPMemTracker counts a scale made in forward as unsharded
+        // param (the pre-forward hook registers the unsharded params), one made in backward as
+        // temp. The previous ones go, but in backward a scale the forward saved with its weight
+        // (`weight_hp_t`) stays until that linear's backward has run
+        let pending = std::mem::take(&mut self.f8_pending[u.index()]);
+        if !pending.is_empty() {
+            let old = std::mem::take(&mut self.f8_held[u.index()]);
+            let held: Vec<(String, BufferId)> = if self.phase == Phase::Forward {
+                pending.into_iter().map(|(n, b)| {
+                    let name = format!("{n} float8 scale");
+                    (n, self.relabel(vec![b], name, Category::UnshardedParam, None))
+                }).collect()
+            } else {
+                pending
+            };
+            self.f8_held[u.index()] = held;
+            for (n, b) in old {
+                if self.phase == Phase::Forward || self.f8_recomputed.contains(&n) {
+                    self.free(b);
+                } else if let Some(prev) = self.f8_old.insert(n, b) {
+                    self.free(prev);
+                }
+            }
         }
         // FSDPParam.to_unsharded: the post-forward shards go once copied out
         for s in std::mem::take(&mut self.post_fwd[u.index()]) {
@@ -652,7 +674,16 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
     let owner: HashMap<&str, UnitId> = units.iter().flat_map(|u| u.params.iter().map(move |p| (p.name.as_str(), u.id))).collect();
     let mut b = B {
         post_fwd: vec![vec![]; units.len()],
-        f8_scales: vec![None; units.len()],
+        f8_pending: vec![vec![]; units.len()],
+        f8_held: vec![vec![]; units.len()],
+        f8_old: HashMap::default(),
+        f8_recomputed: model
+            .ops
+            .iter()
+            .enumerate()
+            .filter(|(i, o)| region[*i].is_some() && opts.float8.is_some() && crate::float8::is_float8_linear(o))
+            .filter_map(|(_, o)| o.params.first().map(|w| model.primary_of(w).to_string()))
+            .collect(),
         bwd_temp: Category::Temp,
         model,
         opts,
@@ -728,6 +759,10 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
     if let Some(l) = b.held_loss.take() {
         b.free(l);
     }
+    // (so do the float8 scales the unsharded params hold: the setup's stand for them)
+    for (_, x) in std::mem::take(&mut b.f8_held).into_iter().flatten() {
+        b.free(x);
+    }
     Schedule {
         ops: b.ops,
         buffers: b.buffers,
@@ -773,10 +808,12 @@ fn setup(b: &mut B, cx: &Ctx) {
             };
             b.alloc(format!("{label} adam state"), Category::Optstate, 2 * local + 4 * nparams, Some(u.id));
         }
-        if b.float8_gathered(u) && !b.no_shard() {
-            // the scales the unsharded float8 params kept from the previous step's last gather
-            let bytes = b.float8_scales(u);
-            b.alloc(format!("{label} float8 scales"), Category::UnshardedParam, bytes, None);
+        if b.float8_gathered(u) && !b.no_shard() && u.reshard_to.is_none() {
+            // the scales the unsharded float8 params kept from the previous step's last gather:
+            // its backward's (temp) when the unit is gathered again in backward
+            let cat = if u.reshard_after_forward { Category::Temp } else { Category::UnshardedParam };
+            let held = u.params.iter().filter(|p| p.float8).map(|p| (p.name.clone(), b.alloc(format!("{} float8 scale (previous step)", p.name), cat, DType::Float32.size(), None))).collect();
+            b.f8_held[u.id.index()] = held;
         }
     }
     for buf in &b.model.buffers {
@@ -936,7 +973,9 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
         }
         let m = &mems[i];
         let in_region = region[i].is_some();
-        if let Some(o) = m.out {
+        if !m.fwd_chain.is_empty() {
+            out_buf[i] = forward_chain(b, &op.name, m, "", Category::Activation);
+        } else if let Some(o) = m.out {
             out_buf[i] = Some(b.alloc(cat(&[&op.name, " ", o.what]), Category::Activation, o.bytes(), None));
         }
         let mut saved_now = vec![];
@@ -1071,6 +1110,33 @@ fn kv_cache_copies(cx: &Ctx, op: &fsdp_ir::Op) -> Option<u64> {
     let fsdp_ir::OpKind::Attention { kv_heads, head_dim, dropout, .. } = &op.kind else { return None };
     (op.inputs.len() == 1 && crate::activation::sdpa_math_upcast(cx, *dropout))
         .then(|| cx.dims.batch * cx.dims.seq * kv_heads * head_dim * cx.cd.size())
+}
+
+/// An op's [`OpMem::fwd_chain`]: what it makes and drops around its output, which it
+/// returns; what it made and kept goes when the forward returns.
+fn forward_chain(b: &mut B, op: &str, m: &OpMem, suffix: &str, category: Category) -> Option<BufferId> {
+    let mut made: Vec<Option<BufferId>> = vec![];
+    let mut out = None;
+    for step in &m.fwd_chain {
+        match *step {
+            Step::Make(t) => made.push(Some(b.alloc(cat(&[op, " ", t.what, suffix]), category, t.bytes(), None))),
+            Step::Drop(k) => {
+                if let Some(x) = made.get_mut(k).and_then(Option::take) {
+                    b.free(x);
+                }
+            }
+            Step::Output => {
+                if let Some(o) = m.out {
+                    out = Some(b.alloc(cat(&[op, " ", o.what, suffix]), category, o.bytes(), None));
+                }
+            }
+            _ => {}
+        }
+    }
+    for x in made.into_iter().flatten() {
+        b.free(x);
+    }
+    out
 }
 
 /// An op's forward scratch: one after the other (the largest is the op's high-water mark),
@@ -1297,7 +1363,9 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                     let inside = !un.is_root() && std::iter::once(&un.module).chain(&un.group).any(|umod| umod == rpath || umod.strip_prefix(rpath).is_some_and(|x| x.starts_with('.')));
                     let category = if inside { Category::Activation } else { Category::Temp };
                     b.op(OpKind::Recompute { op: oj.name.clone(), unit: u, cached: false }, Stream::Compute, vec![]);
-                    if let Some(o) = mems[j].out {
+                    if !mems[j].fwd_chain.is_empty() && out_buf[j].is_none() {
+                        out_buf[j] = forward_chain(b, &oj.name, &mems[j], " (recomputed)", category);
+                    } else if let Some(o) = mems[j].out {
                         if out_buf[j].is_none() {
                             out_buf[j] = Some(b.alloc(cat(&[&oj.name, " ", o.what, " (recomputed)"]), category, o.bytes(), None));
                         }
@@ -1411,6 +1479,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                         }
                     }
                     Step::DropOutGrad => release_out_grad(b, tz, &mut grad, &mut grad_refs, i),
+                    Step::Output => {}
                     Step::InputGrad(p) => {
                         for &(pos, j) in &tz.inputs[i] {
                             if pos == p {
@@ -1434,6 +1503,12 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                 b.free(x);
             }
             saved[i] = held.into_iter().flatten().collect();
+            // a float8 linear's saved weight goes with its node: so does the scale it held
+            if let Some(w) = op.params.first().map(|w| model.primary_of(w)) {
+                if let Some(x) = b.f8_old.remove(w) {
+                    b.free(x);
+                }
+            }
         }
         // release this op's output grad and saved tensors
         release_out_grad(b, tz, &mut grad, &mut grad_refs, i);
