@@ -55,6 +55,13 @@ fn tune_answers_with_flags_plan_accepts() {
         }
     }
     assert!(v["searched"].as_u64().unwrap() > 0 && v["elapsed_s"].as_f64().is_some());
+    // float8 linears, weights gathered in float8: kept in the answer's flags, which re-plan
+    // to its numbers
+    let v = json(&["tune", model, "--world-size", "4", "--global-batch", "8", "--seq", "64", "--param-dtype", "bf16", "--reduce-dtype", "f32", "--float8", "tensorwise", "--float8-all-gather", "--memory-limit", limit, "--format", "json"]);
+    let flags: Vec<String> = v["best"]["flags"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()).collect();
+    assert!(flags.windows(2).any(|w| w[0] == "--float8" && w[1] == "tensorwise") && flags.iter().any(|f| f == "--float8-all-gather"), "{flags:?}");
+    let (fits, _, peak, tps) = replan(model, &flags, limit);
+    assert!(fits && Some(peak) == v["best"]["predicted"]["peak_bytes"].as_u64() && Some(tps) == v["best"]["predicted"]["tokens_per_s_per_gpu"].as_f64(), "{flags:?}");
     // the text form names the command
     let (code, out, _) = run(&["tune", model, "--world-size", "4", "--global-batch", "8", "--seq", "64", "--memory-limit", limit]);
     assert_eq!(code, 0);
