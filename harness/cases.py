@@ -436,6 +436,18 @@ FAKE_CASES.update({
     "llama31_8b_f8ag_bf16_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 1, "seq": 4096,
                                  "param_dtype": "bfloat16", "reduce_dtype": "float32",
                                  "optimizer": "adamw", "float8": "tensorwise", "float8_all_gather": True},
+    "llama31_8b_f8row_bf16_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 1, "seq": 4096,
+                                  "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                  "optimizer": "adamw", "float8": "rowwise"},
+    # rowwise scaling (torch._scaled_mm has no rowwise kernel on CPU: fake mode only), where
+    # the peak is inside a float8 linear's backward: f32 (the GEMM's bf16 output cast back),
+    # bf16, and recomputed
+    "llama_wide_f8row_ws2": {"model": "tiny-llama-wide", "world_size": 2, "batch": 2, "seq": 32,
+                             "float8": "rowwise"},
+    "llama_wide_f8row_bf16_b8_ws2": {"model": "tiny-llama-wide", "world_size": 2, "batch": 8, "seq": 32,
+                                     "param_dtype": "bfloat16", "reduce_dtype": "float32", "float8": "rowwise"},
+    "llama_wide_f8row_ac_ws2": {"model": "tiny-llama-wide", "world_size": 2, "batch": 2, "seq": 32,
+                                "float8": "rowwise", "checkpoint": ["LlamaDecoderLayer"]},
     "llama31_8b_f8ag_ac_b2_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 2, "seq": 2048,
                                   "param_dtype": "bfloat16", "reduce_dtype": "float32",
                                   "optimizer": "adamw", "float8": "tensorwise", "float8_all_gather": True,

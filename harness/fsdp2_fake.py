@@ -89,6 +89,8 @@ def run_case(name, case):
             input_ids = torch.randint(0, cfg.vocab_size, (case["batch"], case["seq"]))
             labels = input_ids.clone()
             tracker = oracle.WhereTracker(model, opt)
+            if case.get("float8"):
+                oracle._float8_gemms_seen_by(tracker)
             tracker.track_inputs((input_ids, labels))
             _, step1_peak = oracle.train_two_steps(model, opt, case, input_ids, labels, tracker, record_losses=False)
             peak = oracle._breakdown(tracker.get_tracker_snapshot("peak"))

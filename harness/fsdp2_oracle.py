@@ -463,13 +463,48 @@ def unit_reshard(case, targets):
     return out
 
 
+def _float8_gemms_seen_by(tracker):
+    """FSDPMemTracker is a dispatch mode: it counts what the ops it sees return. torchao's
+    float8 GEMM runs inside Float8TrainingTensor's own __torch_dispatch__, where the tracker is
+    off the mode stack: the operand copies `_scaled_mm` needs, the inverse scales and (rowwise)
+    their outer product are allocated on the device but never counted. Here the tracker is
+    pushed back onto the mode stack (not re-entered: no hooks, no reset) for the GEMM's
+    insides, so that the truth counts every allocation the device makes."""
+    from torch.utils._python_dispatch import _pop_mode, _push_mode
+    from torchao.float8 import float8_ops
+    global _FLOAT8_TRACKER
+    _FLOAT8_TRACKER = tracker  # (one process runs several cases: the wrappers read this)
+    table = float8_ops.FLOAT8_OPS_TABLE
+    for op, fn in list(table.items()):
+        if getattr(fn, "_seen", False) or fn.__name__ not in ("float8_mm", "float8_addmm"):
+            continue
+
+        def seen(aten_op, args, kwargs=None, _fn=fn):
+            _push_mode(_FLOAT8_TRACKER)
+            try:
+                return _fn(aten_op, args, kwargs)
+            finally:
+                _pop_mode()
+        seen._seen = True
+        table[op] = seen
+
+
+_FLOAT8_TRACKER = None
+
+
 def convert_float8(model, case):
     """torchao's float8 training (torchtitan's `--float8`): every nn.Linear but the output
     head becomes a Float8Linear with the case's recipe (tensorwise: dynamic scaling, e4m3
-    input/weight, e5m2 grad); `float8_all_gather` all-gathers the weights in float8."""
+    input/weight, e5m2 grad; rowwise: torchao's "rowwise" recipe, scales per row / column,
+    rounded to powers of 2, e4m3 everywhere); `float8_all_gather` all-gathers the weights in
+    float8 (tensorwise only)."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    assert case["float8"] == "tensorwise", case["float8"]
-    cfg = Float8LinearConfig(enable_fsdp_float8_all_gather=bool(case.get("float8_all_gather")))
+    assert case["float8"] in ("tensorwise", "rowwise"), case["float8"]
+    if case["float8"] == "rowwise":
+        assert not case.get("float8_all_gather"), "torchao gathers float8 weights for tensorwise scaling only"
+        cfg = Float8LinearConfig.from_recipe_name("rowwise")
+    else:
+        cfg = Float8LinearConfig(enable_fsdp_float8_all_gather=bool(case.get("float8_all_gather")))
     convert_to_float8_training(model, config=cfg, module_filter_fn=lambda mod, fqn: fqn != "lm_head")
 
 
@@ -588,6 +623,8 @@ def _worker(rank, case_name, case, port, outdir):
         labels = input_ids.clone()
 
         tracker = WhereTracker(model, opt)
+        if case.get("float8"):
+            _float8_gemms_seen_by(tracker)
         tracker.track_inputs((input_ids, labels))
         losses, step1_peak = train_two_steps(model, opt, case, input_ids, labels, tracker, record_losses=True)
         peak = _breakdown(tracker.get_tracker_snapshot("peak"))

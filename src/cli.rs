@@ -168,11 +168,12 @@ pub(crate) struct Fixed {
     #[arg(long)]
     pub(crate) compile: bool,
     /// torchao float8 training (torchtitan's --float8): every nn.Linear but the LM head a
-    /// Float8Linear with this recipe's scaling; its GEMMs in float8 (H100/H200)
-    #[arg(long, value_parser = ["tensorwise"])]
+    /// Float8Linear with this recipe's scaling (tensorwise: one scale per tensor; rowwise: per
+    /// row / column, powers of 2); its GEMMs in float8 (H100/H200)
+    #[arg(long, value_parser = ["tensorwise", "rowwise"])]
     pub(crate) float8: Option<String>,
     /// torchao's enable_fsdp_float8_all_gather: the float8 linears' weights all-gathered in
-    /// float8 (half the bytes of bf16); needs --float8
+    /// float8 (half the bytes of bf16); needs --float8 tensorwise
     #[arg(long, requires = "float8")]
     pub(crate) float8_all_gather: bool,
 }
@@ -386,7 +387,7 @@ pub(crate) fn options_for(k: &Knobs, world_size: u64, policy: &str, model: &Mode
         expandable_segments: o.expandable_segments,
         compile: o.compile,
         unit_group: o.unit_group,
-        float8: o.float8.as_ref().map(|_| fsdp_planner::options::Float8 { all_gather: o.float8_all_gather }),
+        float8: o.float8.as_deref().and_then(fsdp_planner::options::Float8Recipe::parse).map(|recipe| fsdp_planner::options::Float8 { recipe, all_gather: o.float8_all_gather }),
     };
     opts.check()?;
     Ok(opts)

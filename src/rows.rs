@@ -123,7 +123,7 @@ fn options_of(row: &Value, model: &fsdp_ir::Model) -> std::result::Result<Option
         reshard_to: None,
         // torchtitan's float8 recipe (docs/float8.md): tensorwise, weights all-gathered in
         // float8 unless the row says otherwise
-        float8: (row["float8"].as_bool() == Some(true)).then(|| fsdp_planner::options::Float8 { all_gather: row["float8_all_gather"].as_bool().unwrap_or(true) }),
+        float8: (row["float8"].as_bool() == Some(true)).then(|| fsdp_planner::options::Float8 { recipe: fsdp_planner::options::Float8Recipe::Tensorwise, all_gather: row["float8_all_gather"].as_bool().unwrap_or(true) }),
     })
 }
 

@@ -43,7 +43,7 @@ pub(crate) struct TuneArgs {
     pub(crate) compile: bool,
     /// Rank configurations with torchao float8 linears (`plan --float8`; numerics are the
     /// user's choice, not the tuner's).
-    #[arg(long, value_parser = ["tensorwise"])]
+    #[arg(long, value_parser = ["tensorwise", "rowwise"])]
     pub(crate) float8: Option<String>,
     /// With --float8: weights all-gathered in float8 (`plan --float8-all-gather`).
     #[arg(long, requires = "float8")]
@@ -113,7 +113,7 @@ fn base_options(a: &TuneArgs, model: &fsdp_ir::Model) -> Result<(Options, Vec<St
         device: Device::Cuda,
         expandable_segments: a.expandable_segments,
         compile: a.compile,
-        float8: a.float8.as_ref().map(|_| fsdp_planner::options::Float8 { all_gather: a.float8_all_gather }),
+        float8: a.float8.as_deref().and_then(fsdp_planner::options::Float8Recipe::parse).map(|recipe| fsdp_planner::options::Float8 { recipe, all_gather: a.float8_all_gather }),
         ..Options::default()
     };
     o.check().map_err(user)?;

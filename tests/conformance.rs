@@ -101,11 +101,10 @@ pub fn options_of(f: &Value) -> Options {
         compile: false,
         unit_group: o["unit_group"].as_u64().unwrap_or(1) as u32,
         reshard_to: o["reshard_after_forward"].as_u64(),
-        float8: match o["float8"].as_str() {
-            None => None,
-            Some("tensorwise") => Some(fsdp_planner::options::Float8 { all_gather: o["float8_all_gather"].as_bool().unwrap_or(false) }),
-            Some(x) => panic!("fixture float8 recipe {x}"),
-        },
+        float8: o["float8"].as_str().map(|r| fsdp_planner::options::Float8 {
+            recipe: fsdp_planner::options::Float8Recipe::parse(r).unwrap_or_else(|| panic!("fixture float8 recipe {r}")),
+            all_gather: o["float8_all_gather"].as_bool().unwrap_or(false),
+        }),
         optimizer: match o["optimizer"].as_str() {
             Some("adam") | None => Optimizer::Adam,
             Some("adamw") => Optimizer::AdamW,

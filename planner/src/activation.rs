@@ -108,24 +108,34 @@ impl Chain {
         self.steps.push(Step::ParamGrad(k));
     }
 
-    /// torchao's `hp_tensor_to_float8_dynamic` (tensorwise) of `n` elements of `d`, as eager
-    /// runs it: `amax = max(abs(x))`; `amax_to_scale` in float64 (`to`, `clamp`, `reciprocal`,
-    /// `mul`, then `to(f32)`: the scale); `_ToFloat8ConstrFunc`: `x.to(f32) * scale`,
-    /// `clamp` (to_fp8_saturated), `to(float8)`. Returns the float8 data's and the scale's
-    /// indices (both kept by the caller).
-    fn float8_cast(&mut self, n: u64, d: DType) -> (usize, usize) {
-        let (f32_, f64_) = (DType::Float32, DType::Int64); // (an 8-byte scalar)
+    /// torchao's `hp_tensor_to_float8_dynamic` of `n` elements of `d`, as eager runs it, with
+    /// one scale (tensorwise, `k` = 1) or `k` (rowwise: per row or column): `amax` of
+    /// `abs(x)`; `amax_to_scale` in float64 (`to`, `clamp`, `reciprocal`, `mul`, then
+    /// `to(f32)`: the scale; rowwise rounds it down to a power of 2: `log2`, `floor`, `exp2`);
+    /// `_ToFloat8ConstrFunc`: `x.to(f32) * scale`, `clamp` (to_fp8_saturated), `to(float8)`.
+    /// Returns the float8 data's and the scale's indices (both kept by the caller).
+    fn float8_cast(&mut self, n: u64, d: DType, k: u64, pow2: bool) -> (usize, usize) {
+        let (f32_, f64_) = (DType::Float32, DType::Int64); // (8-byte elements)
         let a = self.make(t(n, d, "float8 cast abs"));
-        let amax = self.make(t(1, d, "float8 amax"));
+        let amax = self.make(t(k, d, "float8 amax"));
         self.drop(a);
-        let a64 = self.make(t(1, f64_, "float8 amax (float64)"));
-        let c64 = self.make(t(1, f64_, "float8 clamped amax (float64)"));
-        let r64 = self.make(t(1, f64_, "float8 reciprocal (float64)"));
-        let s64 = self.make(t(1, f64_, "float8 scale (float64)"));
+        let a64 = self.make(t(k, f64_, "float8 amax (float64)"));
+        let c64 = self.make(t(k, f64_, "float8 clamped amax (float64)"));
+        let r64 = self.make(t(k, f64_, "float8 reciprocal (float64)"));
+        let s64 = self.make(t(k, f64_, "float8 scale (float64)"));
         self.drop(r64);
         self.drop(c64);
-        let scale = self.make(t(1, f32_, "float8 scale"));
+        let mut scale = self.make(t(k, f32_, "float8 scale"));
         self.drop(s64);
+        if pow2 {
+            let l = self.make(t(k, f32_, "float8 scale log2"));
+            let fl = self.make(t(k, f32_, "float8 scale floor"));
+            self.drop(l);
+            let e = self.make(t(k, f32_, "float8 scale (power of 2)"));
+            self.drop(fl);
+            self.drop(scale);
+            scale = e;
+        }
         self.drop(a64);
         self.drop(amax);
         let up = (d != f32_).then(|| self.make(t(n, f32_, "float8 cast upcast")));
@@ -140,60 +150,111 @@ impl Chain {
         (data, scale)
     }
 
-    /// `torch._scaled_mm`'s inverse scales around its output (made by `out`).
-    fn scaled_mm(&mut self, out: Step) {
-        let r1 = self.make(t(1, DType::Float32, "float8 inverse scale"));
-        let r2 = self.make(t(1, DType::Float32, "float8 inverse scale"));
-        self.steps.push(out);
-        self.drop(r1);
-        self.drop(r2);
+    /// `torch._scaled_mm` of `[m, ·] @ [·, n]` into `out` (an output in `od`, the linear's
+    /// dtype), with its inverse scales: tensorwise two scalars; rowwise `m` and `n` of them,
+    /// and without fast accumulation (`post`) their outer product `[m, n]` (f32) applied to
+    /// the output in place, the kernel itself called with unit scalar scales. A float32 linear
+    /// gets the rowwise GEMM's bfloat16 output cast back.
+    fn scaled_mm(&mut self, out: Step, m: u64, n: u64, od: DType, rowwise: bool, post: bool) -> Option<usize> {
+        let f32_ = DType::Float32;
+        if !rowwise {
+            let r1 = self.make(t(1, f32_, "float8 inverse scale"));
+            let r2 = self.make(t(1, f32_, "float8 inverse scale"));
+            let o = self.emit(out);
+            self.drop(r1);
+            self.drop(r2);
+            return o;
+        }
+        let mut ai = self.make(t(m, f32_, "float8 inverse scales"));
+        let mut bi = self.make(t(n, f32_, "float8 inverse scales"));
+        let mut outer = None;
+        if post {
+            outer = Some(self.make(t(m * n, f32_, "float8 scales' outer product")));
+            let one = self.make(t(1, f32_, "float8 unit scale"));
+            self.drop(ai);
+            ai = one;
+            let one = self.make(t(1, f32_, "float8 unit scale"));
+            self.drop(bi);
+            bi = one;
+        }
+        let o = if od == f32_ {
+            let bf = self.make(t(m * n, DType::Bfloat16, "float8 GEMM output (bfloat16)"));
+            let o = self.emit(out);
+            self.drop(bf);
+            o
+        } else {
+            self.emit(out)
+        };
+        if let Some(x) = outer {
+            self.drop(x);
+        }
+        self.drop(ai);
+        self.drop(bi);
+        o
+    }
+
+    /// Pushes `step`; a `Make`'s index for [`Chain::drop`].
+    fn emit(&mut self, step: Step) -> Option<usize> {
+        match step {
+            Step::Make(x) => Some(self.make(x)),
+            s => {
+                self.steps.push(s);
+                None
+            }
+        }
     }
 }
 
-/// A torchao `Float8Linear` (tensorwise; [`crate::float8`]) of `x` input, `w` weight and `g`
-/// output elements in `cd`: the forward casts the input (and the weight, unless it was
-/// gathered in float8) before `_scaled_mm`; the backward casts the output's grad, the weight
-/// (unless gathered in float8), the grad again and the saved input, and copies the
-/// operands `_scaled_mm` wants in the other layout (the weight for the input's grad; the
-/// grad and the input for the weight's grad). Every cast's float8 data and scale live until
-/// the forward / backward returns (torchao float8_linear.py, float8_ops.py @0.18.0).
-/// With a bias, `Float8Linear.forward` adds it to the GEMM's result (`output + bias`): a new
-/// output, the GEMM's dropped; its backward (the add's node, first) makes the bias's grad.
-fn float8_linear(m: &mut OpMem, cd: DType, x: u64, w: u64, g: u64, gathered: bool, bias: bool) {
-    let f8 = DType::Float8E4m3fn;
+/// A torchao `Float8Linear` ([`crate::float8`]) of `x = rows·i` input, `w = o·i` weight and
+/// `g = rows·o` output elements in `cd`: the forward casts the input (and the weight, unless it
+/// was gathered in float8) before `_scaled_mm`; the backward casts the output's grad, the
+/// weight (unless gathered in float8), the grad again and the saved input, and copies the
+/// operands `_scaled_mm` wants in the other layout (the weight for the input's grad; the grad
+/// and the input for the weight's grad). Every cast's float8 data and scale live until the
+/// forward / backward returns (torchao float8_linear.py, float8_ops.py @0.18.0). Rowwise
+/// scales: the input's and the grad's per row for the input's grad, the weight's per output
+/// column (forward) and per input row (backward), the grad's and input's per column for the
+/// weight's grad. With a bias, `Float8Linear.forward` adds it to the GEMM's result (`output +
+/// bias`): a new output, the GEMM's dropped; its backward (the add's node, first) makes the
+/// bias's grad.
+#[allow(clippy::too_many_arguments)]
+fn float8_linear(m: &mut OpMem, cd: DType, rows: u64, i: u64, o: u64, f8: crate::options::Float8, bias: bool) {
+    let f8d = DType::Float8E4m3fn;
+    let row = f8.recipe == crate::options::Float8Recipe::Rowwise;
+    let gathered = f8.all_gather;
+    let (x, w, g) = (rows * i, o * i, rows * o);
+    let k = |n: u64| if row { n } else { 1 };
     let mut f = Chain::default();
-    f.float8_cast(x, cd);
+    f.float8_cast(x, cd, k(rows), row);
     if !gathered {
-        f.float8_cast(w, cd);
+        f.float8_cast(w, cd, k(o), row);
     }
     if bias {
-        let r1 = f.make(t(1, DType::Float32, "float8 inverse scale"));
-        let r2 = f.make(t(1, DType::Float32, "float8 inverse scale"));
-        let mm = f.make(t(g, cd, "float8 GEMM result"));
-        f.drop(r1);
-        f.drop(r2);
+        let mm = f.scaled_mm(Step::Make(t(g, cd, "float8 GEMM result")), rows, o, cd, row, false);
         f.steps.push(Step::Output);
-        f.drop(mm);
+        if let Some(x) = mm {
+            f.drop(x);
+        }
     } else {
-        f.scaled_mm(Step::Output);
+        f.scaled_mm(Step::Output, rows, o, cd, row, false);
     }
     m.fwd_chain = f.steps;
     let mut b = Chain::default();
     if bias {
         b.param_grad(1);
     }
-    b.float8_cast(g, cd);
+    b.float8_cast(g, cd, k(rows), row);
     if !gathered {
-        b.float8_cast(w, cd);
+        b.float8_cast(w, cd, k(i), row);
     }
-    let wc = b.make(t(w, f8, "float8 weight column-major copy"));
-    b.scaled_mm(Step::InputGrad(0));
+    let wc = b.make(t(w, f8d, "float8 weight column-major copy"));
+    b.scaled_mm(Step::InputGrad(0), rows, i, cd, row, true);
     b.drop(wc);
-    b.float8_cast(g, cd);
-    b.float8_cast(x, cd);
-    let gc = b.make(t(g, f8, "float8 grad row-major copy"));
-    let xc = b.make(t(x, f8, "float8 input column-major copy"));
-    b.scaled_mm(Step::ParamGrad(0));
+    b.float8_cast(g, cd, k(o), row);
+    b.float8_cast(x, cd, k(i), row);
+    let gc = b.make(t(g, f8d, "float8 grad row-major copy"));
+    let xc = b.make(t(x, f8d, "float8 input column-major copy"));
+    b.scaled_mm(Step::ParamGrad(0), o, i, cd, row, true);
     b.drop(gc);
     b.drop(xc);
     m.bwd_chain = b.steps;
@@ -288,7 +349,7 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             if let (Some(f8), Some(&[o, i]), OpKind::Linear { bias, .. }) = (cx.float8, w, &op.kind) {
                 if crate::float8::is_float8_linear(op) {
                     let rows = n / o.max(1);
-                    float8_linear(&mut m, cd, rows * i, o * i, n, f8.all_gather, *bias);
+                    float8_linear(&mut m, cd, rows, i, o, f8, *bias);
                 }
             }
         }

@@ -500,8 +500,9 @@ impl CostModel {
                     }
                 }
                 OpKind::Linear { .. } => match linear_dims(&cx, op) {
-                    Some((rows, i, o)) if opts.float8.is_some() && crate::float8::is_float8_linear(op) => {
-                        float8_linear(rows, i, o, cd, opts.float8.is_some_and(|f| f.all_gather), opts.compile)
+                    Some((rows, i, o)) if crate::float8::is_float8_linear(op) && opts.float8.is_some() => {
+                        let f8 = opts.float8.unwrap_or(crate::options::Float8 { recipe: Default::default(), all_gather: false });
+                        float8_linear(rows, i, o, cd, f8, opts.compile)
                     }
                     // forward, then the input's grad and the weight's grad
                     Some((rows, i, o)) => (vec![gemm(1, rows, o, i, cd)], vec![gemm(1, rows, i, o, cd), gemm(1, o, i, rows, cd)]),
@@ -587,7 +588,15 @@ pub const FP8_SLOW_ACCUM: f64 = 0.73;
 /// backward the output's grad twice, the input again and (without float8 all-gather) the
 /// weight; `_scaled_mm` wants its second operand column-major, so eager makes 1-byte copies of
 /// the weight, the output's grad and the input for the backward's GEMMs.
-fn float8_linear(rows: u64, i: u64, o: u64, cd: DType, gathered: bool, compiled: bool) -> (Vec<Kernel>, Vec<Kernel>) {
+///
+/// Rowwise scaling (torchao's `rowwise` recipe): the forward GEMM is the rowwise kernel with
+/// fast accumulation, priced as the tensorwise one (no rowwise measurement at hand); the
+/// backward's run the tensorwise kernel without fast accumulation and then multiply their
+/// output by the scales' outer product, an `[m, n]` float32 tensor made first (eager: write 4,
+/// read 4 + 2, write 2 bytes per output element; compiled: one fused pass over the output).
+fn float8_linear(rows: u64, i: u64, o: u64, cd: DType, f: crate::options::Float8, compiled: bool) -> (Vec<Kernel>, Vec<Kernel>) {
+    let gathered = f.all_gather;
+    let rowwise = f.recipe == crate::options::Float8Recipe::Rowwise;
     let f8 = DType::Float8E4m3fn;
     let per = if compiled { 3.0 + cd.size() as f64 } else { 5.0 + 14.0 * cd.size() as f64 };
     let cast = |n: u64| k(0.0, per * n as f64, cd, Work::Memory);
@@ -610,6 +619,10 @@ fn float8_linear(rows: u64, i: u64, o: u64, cd: DType, gathered: bool, compiled:
     gi.flops = 2.0 * (rows * i * o) as f64;
     gw.flops = gi.flops;
     bwd.extend([gi, gw]);
+    if rowwise {
+        let per = if compiled { 2.0 * cd.size() as f64 } else { 10.0 + 2.0 * cd.size() as f64 };
+        bwd.push(k(0.0, per * (rows * i + o * i) as f64, cd, Work::Memory));
+    }
     (fwd, bwd)
 }
 

@@ -207,7 +207,7 @@ impl Options {
     /// `Float8::all_gather`, else [`Options::gathered_dtype`].
     pub fn gathered_dtype_of(&self, p: &crate::units::UnitParam) -> DType {
         match self.float8 {
-            Some(Float8 { all_gather: true }) if p.float8 => DType::Float8E4m3fn,
+            Some(Float8 { all_gather: true, .. }) if p.float8 => DType::Float8E4m3fn,
             _ => self.gathered_dtype(p.dtype),
         }
     }
@@ -365,13 +365,50 @@ pub struct Options {
     pub float8: Option<Float8>,
 }
 
-/// torchao's `Float8LinearConfig` as torchtitan sets it (recipe `tensorwise`).
+/// torchao's float8 recipes (`Float8LinearConfig.from_recipe_name`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Float8Recipe {
+    /// One scale per tensor (dynamic), e4m3 input and weight, e5m2 grad; the forward GEMM
+    /// with fast accumulation.
+    #[default]
+    Tensorwise,
+    /// One scale per row of the input and the grad and per column of the weight, rounded down
+    /// to powers of 2, e4m3 everywhere; the backward's GEMMs as tensorwise kernels with the
+    /// scales' outer product applied to their output (torchao: the rowwise kernel is slow
+    /// without fast accumulation).
+    Rowwise,
+}
+
+impl Float8Recipe {
+    pub fn parse(s: &str) -> Option<Float8Recipe> {
+        match s {
+            "tensorwise" => Some(Float8Recipe::Tensorwise),
+            "rowwise" => Some(Float8Recipe::Rowwise),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Float8Recipe::Tensorwise => "tensorwise",
+            Float8Recipe::Rowwise => "rowwise",
+        }
+    }
+}
+
+/// torchao's `Float8LinearConfig` as torchtitan sets it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Float8 {
+    #[serde(default, skip_serializing_if = "is_tensorwise")]
+    pub recipe: Float8Recipe,
     /// `enable_fsdp_float8_all_gather`: the float8 linears' weights are cast to float8 on
     /// their shard (one amax all-reduce each) and all-gathered in float8 (1 byte per element;
     /// a unit mixing them with other params gathers one uint8 buffer of their bytes).
     pub all_gather: bool,
+}
+
+fn is_tensorwise(r: &Float8Recipe) -> bool {
+    *r == Float8Recipe::Tensorwise
 }
 
 fn one_u32() -> u32 {
@@ -440,6 +477,9 @@ impl Options {
             if !matches!(self.strategy, Strategy::FullShard) || self.layout == Layout::Flat || n < 2 || n >= s || !s.is_multiple_of(n) {
                 return Err(opt_err("--reshard-after-forward", format!("{n}: an int reshards to groups of that many ranks: FSDP2 full-shard only, a divisor of the world size ({s}) other than 1 and itself")));
             }
+        }
+        if self.float8.is_some_and(|f| f.all_gather && f.recipe != Float8Recipe::Tensorwise) {
+            return Err(opt_err("--float8-all-gather", "torchao all-gathers float8 weights under tensorwise scaling only (its rowwise recipe gathers them in the param dtype)"));
         }
         if self.float8.is_some_and(|f| f.all_gather) && self.reshard_to.is_some() {
             return Err(opt_err("--float8-all-gather", "not with --reshard-after-forward N (the post-forward shards of float8 weights are not modelled)"));
