@@ -104,7 +104,10 @@ pub fn header(plan: &Plan) -> String {
         o.grad_accum,
         o.device.name(),
         if o.compile { " · torch.compile (time only)" } else { "" }
-    )
+    ) + &match o.float8 {
+        Some(f) => format!("float8 linears ({}{})\n", f.recipe.name(), if f.all_gather { ", weights all-gathered in float8" } else { "" }),
+        None => String::new(),
+    }
 }
 
 pub fn render(plan: &Plan, full_schedule: bool) -> String {
