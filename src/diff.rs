@@ -44,6 +44,7 @@ pub(crate) fn run(d: DiffArgs) -> Result<()> {
         }
         _ => bail!(UserError("diff takes MODEL --policy A --policy B, or PLAN1 PLAN2".into())),
     };
+    crate::io::check_float8(&hw, a.options.float8.is_some() || b.options.float8.is_some())?;
     let mut rows = fsdp_planner::diff::rows(&a, &b);
     rows.extend(fsdp_planner::diff::time_rows(&timeline::predict(&a, &ma, &hw), &timeline::predict(&b, &mb, &hw)));
     if d.format == "json" {

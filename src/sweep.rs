@@ -145,6 +145,7 @@ pub(crate) fn sweep(a: &SweepArgs) -> Result<()> {
                 let what = |e: PlanError| user(format!("world size {ws}, policy {p}{}: {e}", describe(each)));
                 let opts = options_for(&k, ws, p, &model).map_err(what)?;
                 let plan = fsdp_planner::plan(&model, &opts).map_err(what)?;
+                crate::io::check_float8(&hw, opts.float8.is_some())?;
                 let t = timeline::predict(&plan, &model, &hw);
                 let r = fsdp_planner::reserved::predict(&plan, &hw);
                 let need = r.needed_bytes(&plan);

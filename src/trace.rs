@@ -35,6 +35,7 @@ pub(crate) fn view(v: &ViewArgs) -> Result<(Plan, Hardware, TimeReport)> {
         let opts = options(&v.o, &v.o.policy, &model).map_err(user)?;
         (fsdp_planner::plan(&model, &opts).map_err(user)?, model)
     };
+    crate::io::check_float8(&hw, plan.options.float8.is_some())?;
     let t = timeline::predict(&plan, &model, &hw);
     Ok((plan, hw, t))
 }

@@ -380,6 +380,14 @@ fn float8_is_planned_and_refused_where_it_cannot_run() {
     assert!(f8 < 0.8 * plain && f8 > 0.45 * plain, "{f8} vs {plain}");
     let (code, _, err) = run(&["plan", "models/llama-3.1-8b.ron", "--world-size", "8", "--hardware", "a100-80gb", "--float8", "tensorwise"]);
     assert!(code == 2 && err.contains("a100-80gb has no float8 tensor cores"), "{err}");
+    for cmd in ["trace", "sweep"] {
+        let mut args = vec![cmd, "models/llama-3.1-8b.ron", "--world-size", "8", "--hardware", "a100-80gb", "--float8", "tensorwise"];
+        if cmd == "trace" {
+            args.extend(["-o", "/dev/null"]);
+        }
+        let (code, _, err) = run(&args);
+        assert!(code == 2 && err.contains("no float8 tensor cores"), "{cmd}: {err}");
+    }
     let (code, _, err) = run(&["plan", "models/llama-3.1-8b.ron", "--world-size", "8", "--float8-all-gather"]);
     assert!(code == 2 && err.contains("--float8"), "{err}");
     let (code, _, err) = run(&["plan", "models/llama-3.1-8b.ron", "--world-size", "8", "--float8", "rowwise", "--float8-all-gather"]);
