@@ -97,6 +97,8 @@ def run_case(name, case):
             units = oracle._units(model)
             if os.environ.get("ORACLE_LIVE"):
                 common.write_json(os.environ["ORACLE_LIVE"], tracker.live_at_peak)
+            if os.environ.get("ORACLE_TRACE"):
+                common.write_json(os.environ["ORACLE_TRACE"], tracker.trace)
         disp = oracle.checked_comm_counts(tracker)
         for u in units:
             for p in u["param_info"]:

@@ -273,7 +273,9 @@ class WhereTracker(FSDPMemTracker):
         res = super().__torch_dispatch__(func, types, args, kwargs)
         if self.count_comms and os.environ.get("ORACLE_TRACE") and not any(t == DTensor for t in types):
             snap = next(iter(self._curr_mem_snap.values()))
-            self.trace.append((str(func), self._fsdp_state.name, {getattr(k, "value", k): v for k, v in snap.items()}))
+            deepest = max(self._mod_tracker.parents, key=lambda p: p.count("."), default="")
+            self.trace.append((str(func), self._fsdp_state.name, "bw" if self._mod_tracker.is_bw else "fw", deepest,
+                               {getattr(k, "value", k): v for k, v in snap.items()}))
         if self.count_comms and os.environ.get("ORACLE_LIVE"):
             for t in res if isinstance(res, (tuple, list)) else [res]:
                 if isinstance(t, torch.Tensor) and not isinstance(t, DTensor):
@@ -378,13 +380,15 @@ def _units(model):
 
 def op_sac_context_fn():
     """torchtitan's op-level selective AC (parallelize_llama.py @9dec370, `_apply_ac_to_transformer_block`):
-    per checkpoint call, MUST_SAVE the outputs of every other aten.mm (the 1st, 3rd, ...) and of
-    SDPA's kernel (the CPU flash kernel too: these runs are on the CPU), PREFER_RECOMPUTE the rest."""
+    per checkpoint call, MUST_SAVE the outputs of every other aten.mm (the 1st, 3rd, ...), of
+    SDPA's kernel (the CPU flash kernel too: these runs are on the CPU) and of `abs` and `max`
+    ("for low precision training": float8's amax), PREFER_RECOMPUTE the rest."""
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
     aten = torch.ops.aten
     save = {aten.mm.default, aten._scaled_dot_product_efficient_attention.default,
             aten._scaled_dot_product_flash_attention.default,
-            aten._scaled_dot_product_flash_attention_for_cpu.default}
+            aten._scaled_dot_product_flash_attention_for_cpu.default,
+            aten.abs.default, aten.max.default}
     meta = collections.defaultdict(int)
 
     def policy(ctx, func, *args, **kwargs):

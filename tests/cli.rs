@@ -393,6 +393,8 @@ fn float8_is_planned_and_refused_where_it_cannot_run() {
     let (code, _, err) = run(&["plan", "models/llama-3.1-8b.ron", "--world-size", "8", "--float8", "rowwise", "--float8-all-gather"]);
     assert!(code == 2 && err.contains("tensorwise scaling only"), "{err}");
     assert!(ag(&["--float8", "rowwise"]) == plain);
+    let (code, _, err) = run(&["plan", "models/llama-3.1-8b.ron", "--world-size", "8", "--float8", "tensorwise", "--checkpoint", "LlamaDecoderLayer", "--ac-mode", "selective-op"]);
+    assert!(code == 2 && err.contains("not with op-level selective AC yet"), "{err}");
     let (code, out, err) = run(&["plan", "models/llama-3.1-8b.ron", "--world-size", "8", "--float8", "rowwise", "--summary"]);
     assert!(code == 0 && out.contains("float8 linears (rowwise)\n"), "{out}{err}");
     let (code, _, err) = run(&["plan", "models/tiny-qwen3.ron", "--world-size", "2", "--float8", "tensorwise"]);
