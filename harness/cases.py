@@ -448,6 +448,10 @@ FAKE_CASES.update({
                                      "param_dtype": "bfloat16", "reduce_dtype": "float32", "float8": "rowwise"},
     "llama_wide_f8row_ac_ws2": {"model": "tiny-llama-wide", "world_size": 2, "batch": 2, "seq": 32,
                                 "float8": "rowwise", "checkpoint": ["LlamaDecoderLayer"]},
+    # a short batch: the peak in layer 0's backward with layer 1's reduce-scatter in flight
+    "llama_wide_f8ag_bf16_b1s8_ws2": {"model": "tiny-llama-wide", "world_size": 2, "batch": 1, "seq": 8,
+                                      "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                      "float8": "tensorwise", "float8_all_gather": True},
     "llama31_8b_f8ag_ac_b2_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 2, "seq": 2048,
                                   "param_dtype": "bfloat16", "reduce_dtype": "float32",
                                   "optimizer": "adamw", "float8": "tensorwise", "float8_all_gather": True,
