@@ -498,7 +498,7 @@ _FLOAT8_TRACKER = None
 
 def convert_float8(model, case):
     """torchao's float8 training (torchtitan's `--float8`): every nn.Linear but the output
-    head becomes a Float8Linear with the case's recipe (tensorwise: dynamic scaling, e4m3
+    head whose dims are multiples of 16 (torchtitan's filter) becomes a Float8Linear with the case's recipe (tensorwise: dynamic scaling, e4m3
     input/weight, e5m2 grad; rowwise: torchao's "rowwise" recipe, scales per row / column,
     rounded to powers of 2, e4m3 everywhere); `float8_all_gather` all-gathers the weights in
     float8 (tensorwise only)."""
@@ -509,7 +509,9 @@ def convert_float8(model, case):
         cfg = Float8LinearConfig.from_recipe_name("rowwise")
     else:
         cfg = Float8LinearConfig(enable_fsdp_float8_all_gather=bool(case.get("float8_all_gather")))
-    convert_to_float8_training(model, config=cfg, module_filter_fn=lambda mod, fqn: fqn != "lm_head")
+    # torchtitan's module_filter_fn: dims multiples of 16, not the output head
+    convert_to_float8_training(model, config=cfg, module_filter_fn=lambda mod, fqn: (
+        fqn != "lm_head" and mod.in_features % 16 == 0 and mod.out_features % 16 == 0))
 
 
 def shard_model(model, case, mesh, cfg):

@@ -11,6 +11,18 @@ pub(crate) fn run(a: PlanArgs, hw: HwOpt) -> Result<()> {
     let model = load_model(&a.model)?;
     let opts = options(&a.o, &a.o.policy, &model).map_err(user)?;
     let plan = fsdp_planner::plan(&model, &opts).map_err(user)?;
+    if opts.float8.is_some() {
+        let kept = fsdp_planner::float8::left_in_high_precision(&model);
+        if !kept.is_empty() {
+            let shown: Vec<&str> = kept.iter().take(4).map(String::as_str).collect();
+            eprintln!(
+                "note: --float8: {} linear(s) left in high precision, their dims not multiples of 16 (torchtitan's filter): {}{}",
+                kept.len(),
+                shown.join(", "),
+                if kept.len() > shown.len() { ", …" } else { "" }
+            );
+        }
+    }
     if a.format == "ron" {
         outln!("{}", plan_ron(&plan)?);
         return Ok(());

@@ -397,6 +397,7 @@ fn float8_is_planned_and_refused_where_it_cannot_run() {
     assert!(code == 2 && err.contains("not with op-level selective AC yet"), "{err}");
     let (code, out, err) = run(&["plan", "models/llama-3.1-8b.ron", "--world-size", "8", "--float8", "rowwise", "--summary"]);
     assert!(code == 0 && out.contains("float8 linears (rowwise)\n"), "{out}{err}");
-    let (code, _, err) = run(&["plan", "models/tiny-qwen3.ron", "--world-size", "2", "--float8", "tensorwise"]);
-    assert!(code == 2 && err.contains("multiples of 16"), "{err}");
+    // torchtitan's filter: a linear whose dims are not multiples of 16 stays in high precision
+    let (code, _, err) = run(&["plan", "models/tiny-qwen3.ron", "--world-size", "2", "--float8", "tensorwise", "--summary"]);
+    assert!(code == 0 && err.contains("linear(s) left in high precision") && err.contains("model.layers.0.self_attn.q_proj"), "{err}");
 }

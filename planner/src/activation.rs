@@ -347,7 +347,7 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             m.saves_inputs = vec![true];
             let w = op.params.first().and_then(|p| cx.model.param(p)).map(|p| p.shape.as_slice());
             if let (Some(f8), Some(&[o, i]), OpKind::Linear { bias, .. }) = (cx.float8, w, &op.kind) {
-                if crate::float8::is_float8_linear(op) {
+                if crate::float8::is_float8_linear(cx.model, op) {
                     let rows = n / o.max(1);
                     float8_linear(&mut m, cd, rows, i, o, f8, *bias);
                 }

@@ -500,7 +500,7 @@ impl CostModel {
                     }
                 }
                 OpKind::Linear { .. } => match linear_dims(&cx, op) {
-                    Some((rows, i, o)) if crate::float8::is_float8_linear(op) && opts.float8.is_some() => {
+                    Some((rows, i, o)) if opts.float8.is_some() && crate::float8::is_float8_linear(model, op) => {
                         let f8 = opts.float8.unwrap_or(crate::options::Float8 { recipe: Default::default(), all_gather: false });
                         float8_linear(rows, i, o, cd, f8, opts.compile)
                     }

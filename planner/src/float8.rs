@@ -1,30 +1,39 @@
 //! torchao float8 training (`--float8`, torchtitan's `[float8]` section): which linears
-//! become `Float8Linear`s. The plan's other passes ask this module, so that the rule —
-//! `convert_to_float8_training` on every `nn.Linear` but the LM head — lives in one place.
+//! become `Float8Linear`s. The plan's other passes ask this module, so that the rule lives in
+//! one place: torchtitan's `module_filter_fn` — every `nn.Linear` whose in and out features
+//! are multiples of 16 (float8 tensor cores need it) and that is not the output head.
 
-use crate::error::{opt_err, PlanError};
 use fsdp_ir::{Model, Op, OpKind};
 use std::collections::HashSet;
 
-/// A float8 linear: an `nn.Linear` (not GPT-2's transposed `Conv1D`, not fused experts) that
-/// is not the output head (torchtitan's `filter_fqns=["output"]`, HF's `lm_head`).
-pub fn is_float8_linear(op: &Op) -> bool {
+/// An `nn.Linear` (not GPT-2's transposed `Conv1D`, not fused experts) that is not the output
+/// head (torchtitan's `filter_fqns=["output"]`, HF's `lm_head`).
+fn convertible(op: &Op) -> bool {
     matches!(op.kind, OpKind::Linear { transposed: false, .. }) && op.module.rsplit('.').next() != Some("lm_head")
 }
 
-/// The primary names of the float8 linears' weights; refuses a weight whose dims
-/// `torch._scaled_mm` cannot take (multiples of 16).
-pub fn float8_weights(model: &Model) -> Result<HashSet<String>, PlanError> {
-    let mut out = HashSet::new();
-    for op in model.ops.iter().filter(|o| is_float8_linear(o)) {
-        let Some(w) = op.params.first() else { continue };
-        let prim = model.primary_of(w);
-        if let Some(p) = model.param(prim) {
-            if p.shape.iter().any(|d| d % 16 != 0) {
-                return Err(opt_err("--float8", format!("`{}` has weight {} of shape {:?}; torch._scaled_mm needs both dims multiples of 16", op.module, p.name, p.shape)));
-            }
-        }
-        out.insert(prim.to_string());
-    }
-    Ok(out)
+fn dims_ok(model: &Model, op: &Op) -> bool {
+    let w = op.params.first().and_then(|p| model.param(model.primary_of(p)));
+    w.is_some_and(|w| w.shape.len() == 2 && w.shape.iter().all(|d| d % 16 == 0))
+}
+
+/// Whether `op` runs as a float8 linear under `--float8`.
+pub fn is_float8_linear(model: &Model, op: &Op) -> bool {
+    convertible(op) && dims_ok(model, op)
+}
+
+/// The primary names of the float8 linears' weights.
+pub fn float8_weights(model: &Model) -> HashSet<String> {
+    model
+        .ops
+        .iter()
+        .filter(|o| is_float8_linear(model, o))
+        .filter_map(|o| o.params.first().map(|w| model.primary_of(w).to_string()))
+        .collect()
+}
+
+/// The linears torchtitan's filter leaves in high precision for their dims (not multiples of
+/// 16): module paths.
+pub fn left_in_high_precision(model: &Model) -> Vec<String> {
+    model.ops.iter().filter(|o| convertible(o) && !dims_ok(model, o)).map(|o| o.module.clone()).collect()
 }

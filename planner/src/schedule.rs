@@ -681,7 +681,7 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
             .ops
             .iter()
             .enumerate()
-            .filter(|(i, o)| region[*i].is_some() && opts.float8.is_some() && crate::float8::is_float8_linear(o))
+            .filter(|(i, o)| region[*i].is_some() && opts.float8.is_some() && crate::float8::is_float8_linear(model, o))
             .filter_map(|(_, o)| o.params.first().map(|w| model.primary_of(w).to_string()))
             .collect(),
         bwd_temp: Category::Temp,

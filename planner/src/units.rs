@@ -166,7 +166,7 @@ pub fn build_units(model: &Model, wrapped: &[Vec<String>], opts: &Options) -> Re
             direct[i].push(p);
         }
     }
-    let float8 = if opts.float8.is_some() { crate::float8::float8_weights(model)? } else { Default::default() };
+    let float8 = if opts.float8.is_some() { crate::float8::float8_weights(model) } else { Default::default() };
     let mut units = Vec::with_capacity(unit_modules.len());
     let mut order = Vec::new();
     for (u, ms) in unit_modules.iter().enumerate() {
