@@ -236,7 +236,7 @@ fn launch_stops_the_job_when_a_rank_fails_and_names_it() {
 #[test]
 fn launch_names_the_rank_that_refused_its_input_even_when_a_peer_exits_first() {
     let t0 = Instant::now();
-    let e = launch(&spec(&[("FSDP_TEST_EXITS", "0:1:0,1:2:400")])).unwrap_err();
+    let e = launch(&spec(&[("FSDP_TEST_EXITS", "0:1:0,1:2:100")])).unwrap_err();
     match &e {
         LaunchError::RankFailed { rank, code, others, .. } => assert_eq!((*rank, *code, *others), (1, Some(2), 1), "{e}"),
         e => panic!("{e}"),
