@@ -113,8 +113,9 @@ impl Chain {
     /// `abs(x)`; `amax_to_scale` in float64 (`to`, `clamp`, `reciprocal`, `mul`, then
     /// `to(f32)`: the scale; rowwise rounds it down to a power of 2: `log2`, `floor`, `exp2`);
     /// `_ToFloat8ConstrFunc`: `x.to(f32) * scale`, `clamp` (to_fp8_saturated), `to(float8)`.
-    /// Returns the float8 data's and the scale's indices (both kept by the caller).
-    fn float8_cast(&mut self, n: u64, d: DType, k: u64, pow2: bool) -> (usize, usize) {
+    /// The float8 data and the scale stay made (the caller's forward or backward holds them
+    /// until it returns).
+    fn float8_cast(&mut self, n: u64, d: DType, k: u64, pow2: bool) {
         let (f32_, f64_) = (DType::Float32, DType::Int64); // (8-byte elements)
         let a = self.make(t(n, d, "float8 cast abs"));
         let amax = self.make(t(k, d, "float8 amax"));
@@ -125,16 +126,15 @@ impl Chain {
         let s64 = self.make(t(k, f64_, "float8 scale (float64)"));
         self.drop(r64);
         self.drop(c64);
-        let mut scale = self.make(t(k, f32_, "float8 scale"));
+        let scale = self.make(t(k, f32_, "float8 scale"));
         self.drop(s64);
         if pow2 {
             let l = self.make(t(k, f32_, "float8 scale log2"));
             let fl = self.make(t(k, f32_, "float8 scale floor"));
             self.drop(l);
-            let e = self.make(t(k, f32_, "float8 scale (power of 2)"));
+            self.make(t(k, f32_, "float8 scale (power of 2)"));
             self.drop(fl);
             self.drop(scale);
-            scale = e;
         }
         self.drop(a64);
         self.drop(amax);
@@ -144,10 +144,9 @@ impl Chain {
             self.drop(u);
         }
         let clamped = self.make(t(n, f32_, "float8 cast clamped"));
-        let data = self.make(t(n, DType::Float8E4m3fn, "float8 data"));
+        self.make(t(n, DType::Float8E4m3fn, "float8 data"));
         self.drop(clamped);
         self.drop(scaled);
-        (data, scale)
     }
 
     /// `torch._scaled_mm` of `[m, ·] @ [·, n]` into `out` (an output in `od`, the linear's
@@ -217,7 +216,6 @@ impl Chain {
 /// weight's grad. With a bias, `Float8Linear.forward` adds it to the GEMM's result (`output +
 /// bias`): a new output, the GEMM's dropped; its backward (the add's node, first) makes the
 /// bias's grad.
-#[allow(clippy::too_many_arguments)]
 fn float8_linear(m: &mut OpMem, cd: DType, rows: u64, i: u64, o: u64, f8: crate::options::Float8, bias: bool) {
     let f8d = DType::Float8E4m3fn;
     let row = f8.recipe == crate::options::Float8Recipe::Rowwise;

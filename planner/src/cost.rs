@@ -499,14 +499,11 @@ impl CostModel {
                         )
                     }
                 }
-                OpKind::Linear { .. } => match linear_dims(&cx, op) {
-                    Some((rows, i, o)) if opts.float8.is_some() && crate::float8::is_float8_linear(model, op) => {
-                        let f8 = opts.float8.unwrap_or(crate::options::Float8 { recipe: Default::default(), all_gather: false });
-                        float8_linear(rows, i, o, cd, f8, opts.compile)
-                    }
+                OpKind::Linear { .. } => match (linear_dims(&cx, op), opts.float8.filter(|_| crate::float8::is_float8_linear(model, op))) {
+                    (Some((rows, i, o)), Some(f8)) => float8_linear(rows, i, o, cd, f8, opts.compile),
                     // forward, then the input's grad and the weight's grad
-                    Some((rows, i, o)) => (vec![gemm(1, rows, o, i, cd)], vec![gemm(1, rows, i, o, cd), gemm(1, o, i, rows, cd)]),
-                    None => (vec![k(mf, f_bytes, cd, Work::Matmul)], vec![k(2.0 * mf, b_bytes, cd, Work::Matmul)]),
+                    (Some((rows, i, o)), None) => (vec![gemm(1, rows, o, i, cd)], vec![gemm(1, rows, i, o, cd), gemm(1, o, i, rows, cd)]),
+                    (None, _) => (vec![k(mf, f_bytes, cd, Work::Matmul)], vec![k(2.0 * mf, b_bytes, cd, Work::Matmul)]),
                 },
                 OpKind::Experts { experts, top_k, intermediate, .. } => {
                     // grouped GEMMs: each expert takes its share of the routed token rows

@@ -359,8 +359,8 @@ pub struct Options {
     /// over N consecutive ranks (intra-node for N ≤ a node's GPUs) instead of all of them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reshard_to: Option<u64>,
-    /// torchao float8 training (torchtitan's `--float8`): every `nn.Linear` but the LM head
-    /// a `Float8Linear` (tensorwise dynamic scaling), its GEMMs in float8.
+    /// torchao float8 training (torchtitan's `--float8`): the linears [`crate::float8`] picks
+    /// become `Float8Linear`s with the recipe's scaling, their GEMMs in float8.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub float8: Option<Float8>,
 }
