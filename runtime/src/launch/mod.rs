@@ -172,8 +172,9 @@ pub fn launch(spec: &LaunchSpec) -> Result<(), LaunchError> {
     // failed" a moment before the cause itself exits): after such a failure the others get
     // CAUSE_GRACE to exit on their own before they are stopped, and a cause among them is named.
     let is_cause = |code: Option<i32>| matches!(code, Some(2 | 3));
+    let cause_found = |f: &Option<(usize, String, Option<i32>)>| f.as_ref().is_some_and(|x| is_cause(x.2));
     let mut deadline: Option<Instant> = None;
-    while running > 0 && !matches!(&failed, Some((_, _, c)) if is_cause(*c)) && deadline.is_none_or(|d| Instant::now() < d) {
+    while running > 0 && !cause_found(&failed) && deadline.is_none_or(|d| Instant::now() < d) {
         for (local, slot) in children.iter_mut().enumerate() {
             let rank = spec.node_rank * spec.nproc + local;
             let Some(c) = slot else { continue };
@@ -181,7 +182,7 @@ pub fn launch(spec: &LaunchSpec) -> Result<(), LaunchError> {
                 Ok(Some(st)) => {
                     *slot = None;
                     running -= 1;
-                    if !st.success() && (failed.is_none() || (is_cause(st.code()) && !matches!(&failed, Some((_, _, c)) if is_cause(*c)))) {
+                    if !st.success() && (failed.is_none() || (is_cause(st.code()) && !cause_found(&failed))) {
                         failed = Some((rank, describe(st), st.code()));
                     }
                 }
@@ -196,7 +197,7 @@ pub fn launch(spec: &LaunchSpec) -> Result<(), LaunchError> {
         if failed.is_some() && deadline.is_none() {
             deadline = Some(Instant::now() + CAUSE_GRACE);
         }
-        if running > 0 && !matches!(&failed, Some((_, _, c)) if is_cause(*c)) {
+        if running > 0 && !cause_found(&failed) {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
