@@ -167,15 +167,42 @@ pub(crate) struct Fixed {
     /// element-wise ops: norms, rotary, SwiGLU). Changes the predicted time only.
     #[arg(long)]
     pub(crate) compile: bool,
-    /// torchao float8 training (torchtitan's --float8): every nn.Linear but the LM head a
-    /// Float8Linear with this recipe's scaling (tensorwise: one scale per tensor; rowwise: per
-    /// row / column, powers of 2); its GEMMs in float8 (H100/H200)
+    #[command(flatten)]
+    pub(crate) float8: Float8Opt,
+}
+
+/// torchao float8 training (shared by `plan`, `sweep` and `tune`).
+#[derive(Args, Clone, Default)]
+pub(crate) struct Float8Opt {
+    /// torchao float8 training (torchtitan's --float8): every nn.Linear but the LM head whose
+    /// dims are multiples of 16 a Float8Linear with this recipe's scaling (tensorwise: one
+    /// scale per tensor; rowwise: per row / column, powers of 2); its GEMMs in float8
+    /// (H100/H200)
     #[arg(long, value_parser = ["tensorwise", "rowwise"])]
     pub(crate) float8: Option<String>,
     /// torchao's enable_fsdp_float8_all_gather: the float8 linears' weights all-gathered in
     /// float8 (half the bytes of bf16); needs --float8 tensorwise
     #[arg(long, requires = "float8")]
     pub(crate) float8_all_gather: bool,
+}
+
+impl Float8Opt {
+    /// The plan option.
+    pub(crate) fn get(&self) -> Option<fsdp_planner::options::Float8> {
+        let recipe = fsdp_planner::options::Float8Recipe::parse(self.float8.as_deref()?)?;
+        Some(fsdp_planner::options::Float8 { recipe, all_gather: self.float8_all_gather })
+    }
+    /// The `plan` flags that say the same.
+    pub(crate) fn flags(&self) -> Vec<String> {
+        let mut v = vec![];
+        if let Some(r) = &self.float8 {
+            v.extend(["--float8".to_string(), r.clone()]);
+            if self.float8_all_gather {
+                v.push("--float8-all-gather".into());
+            }
+        }
+        v
+    }
 }
 
 /// The dtypes of FSDP2's `MixedPrecisionPolicy` and of the sharded params (shared by `plan`,
@@ -387,7 +414,7 @@ pub(crate) fn options_for(k: &Knobs, world_size: u64, policy: &str, model: &Mode
         expandable_segments: o.expandable_segments,
         compile: o.compile,
         unit_group: o.unit_group,
-        float8: o.float8.as_deref().and_then(fsdp_planner::options::Float8Recipe::parse).map(|recipe| fsdp_planner::options::Float8 { recipe, all_gather: o.float8_all_gather }),
+        float8: o.float8.get(),
     };
     opts.check()?;
     Ok(opts)

@@ -3,7 +3,7 @@
 //! front and the binding constraint; and `fsdp-plan fit`: the largest micro-batch that fits
 //! one configuration, with the global batches around it.
 
-use crate::cli::{options, HwOpt, PlanOpts, Precision};
+use crate::cli::{options, Float8Opt, HwOpt, PlanOpts, Precision};
 use crate::io::*;
 use anyhow::{bail, Result};
 use clap::Args;
@@ -41,13 +41,10 @@ pub(crate) struct TuneArgs {
     /// Rank configurations as run under torchtitan's --compile (changes predicted time only).
     #[arg(long)]
     pub(crate) compile: bool,
-    /// Rank configurations with torchao float8 linears (`plan --float8`; numerics are the
-    /// user's choice, not the tuner's).
-    #[arg(long, value_parser = ["tensorwise", "rowwise"])]
-    pub(crate) float8: Option<String>,
-    /// With --float8: weights all-gathered in float8 (`plan --float8-all-gather`).
-    #[arg(long, requires = "float8")]
-    pub(crate) float8_all_gather: bool,
+    /// Ranked with torchao float8 linears (`plan --float8`; numerics are the user's choice,
+    /// not the tuner's).
+    #[command(flatten)]
+    pub(crate) float8: Float8Opt,
     #[command(flatten)]
     pub(crate) hw: HwOpt,
     #[command(flatten)]
@@ -95,12 +92,7 @@ fn base_options(a: &TuneArgs, model: &fsdp_ir::Model) -> Result<(Options, Vec<St
     if a.compile {
         flags.push("--compile".into());
     }
-    if let Some(r) = &a.float8 {
-        flags.extend(["--float8".into(), r.clone()]);
-        if a.float8_all_gather {
-            flags.push("--float8-all-gather".into());
-        }
-    }
+    flags.extend(a.float8.flags());
     flags.extend(["--hardware".into(), a.hw.hardware.clone()]);
     let o = Options {
         world_size: a.world_size,
@@ -113,7 +105,7 @@ fn base_options(a: &TuneArgs, model: &fsdp_ir::Model) -> Result<(Options, Vec<St
         device: Device::Cuda,
         expandable_segments: a.expandable_segments,
         compile: a.compile,
-        float8: a.float8.as_deref().and_then(fsdp_planner::options::Float8Recipe::parse).map(|recipe| fsdp_planner::options::Float8 { recipe, all_gather: a.float8_all_gather }),
+        float8: a.float8.get(),
         ..Options::default()
     };
     o.check().map_err(user)?;
