@@ -237,6 +237,17 @@ BASE_CASES = {
     "olmo2_ac_ws3": {"model": "tiny-olmo2", "world_size": 3, "checkpoint": ["Olmo2DecoderLayer"]},
     "olmo2_sac_op_ws2": {"model": "tiny-olmo2", "world_size": 2, "checkpoint": ["Olmo2DecoderLayer"],
                          "ac_mode": "selective-op"},
+    # Gemma 3: embeddings times sqrt(hidden), four (1 + weight) RMSNorms per block, per-head
+    # q/k norms, local (window 4 < seq 32: a sliding-window mask) and global layers with their
+    # own rotary tables, softmax scale query_pre_attn_scalar ** -0.5, gelu_pytorch_tanh, tied
+    "gemma3_ws2": {"model": "tiny-gemma3", "world_size": 2},
+    "gemma3_bf16_ws2": {"model": "tiny-gemma3", "world_size": 2, "param_dtype": "bfloat16",
+                        "reduce_dtype": "float32"},
+    "gemma3_ac_ws3": {"model": "tiny-gemma3", "world_size": 3, "checkpoint": ["Gemma3DecoderLayer"]},
+    "gemma3_bf16_ac_ws2": {"model": "tiny-gemma3", "world_size": 2, "param_dtype": "bfloat16",
+                           "reduce_dtype": "float32", "checkpoint": ["Gemma3DecoderLayer"]},
+    "gemma3_sac_op_ws2": {"model": "tiny-gemma3", "world_size": 2, "checkpoint": ["Gemma3DecoderLayer"],
+                          "ac_mode": "selective-op"},
     # MoE under checkpointing: the experts' grouped_mm backward chain is the peak
     "mixtral_ac_ws2": {"model": "tiny-mixtral", "world_size": 2, "checkpoint": ["MixtralDecoderLayer"]},
     "mixtral_bf16_ac_ws2": {"model": "tiny-mixtral", "world_size": 2, "checkpoint": ["MixtralDecoderLayer"],
@@ -488,6 +499,15 @@ FAKE_CASES.update({
                           "param_dtype": "bfloat16", "reduce_dtype": "float32", "optimizer": "adamw"},
     "olmo2_13b_bf16_ws8": {"model": "olmo-2-13b", "world_size": 8, "batch": 1, "seq": 2048,
                            "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    # Gemma-3-27B's text model (62 layers, 5 local : 1 global, window 1024 < seq 4096: the
+    # sliding layers' masks; 262k vocabulary tied to the head), fp32 masters, bf16 compute
+    "gemma3_27b_bf16_ws8": {"model": "gemma-3-27b", "world_size": 8, "batch": 1, "seq": 4096,
+                            "model_dtype": "float32", "param_dtype": "bfloat16",
+                            "reduce_dtype": "float32", "optimizer": "adamw"},
+    "gemma3_27b_bf16_ac_ws8": {"model": "gemma-3-27b", "world_size": 8, "batch": 2, "seq": 4096,
+                               "model_dtype": "float32", "param_dtype": "bfloat16",
+                               "reduce_dtype": "float32", "optimizer": "adamw",
+                               "checkpoint": ["Gemma3DecoderLayer"]},
     # Qwen3-30B-A3B (128 experts, top-8 renormalized, weights cast back to bf16)
     "qwen3_30b_a3b_bf16_ac_ws8": {"model": "qwen3-30b-a3b", "world_size": 8, "batch": 1, "seq": 4096,
                                   "model_dtype": "float32", "param_dtype": "bfloat16",

@@ -48,7 +48,13 @@ def load_config(name):
 
     with open(os.path.join(MODELS_DIR, f"{name}.config.json")) as f:
         d = json.load(f)
-    return AutoConfig.for_model(**d)
+    cfg = AutoConfig.for_model(**d)
+    # A Gemma 3 multimodal config: its text model (Gemma3ForCausalLM), as the importer reads it
+    if cfg.model_type == "gemma3":
+        text = cfg.text_config
+        text.dtype = cfg.dtype
+        return text
+    return cfg
 
 
 def dtype_name(dt):

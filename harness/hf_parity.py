@@ -35,6 +35,7 @@ PARITY_MODELS = [
     "tiny-qwen3",
     "tiny-qwen3-moe",
     "tiny-olmo2",
+    "tiny-gemma3",
 ]
 BATCH = 2
 SEQ = 16

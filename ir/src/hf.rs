@@ -4,7 +4,8 @@
 //! keys missing from the config take that version's config-class defaults, so a partial
 //! config imports to the parameters HF builds from it. Supported: GPT2LMHeadModel,
 //! LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
-//! MixtralForCausalLM, Qwen3MoeForCausalLM.
+//! MixtralForCausalLM, Qwen3MoeForCausalLM, Olmo2ForCausalLM, Gemma3ForCausalLM (also the text
+//! model of a Gemma3ForConditionalGeneration config: its `text_config`).
 
 use crate::error::IrError;
 use crate::model::*;
@@ -21,10 +22,11 @@ pub enum Family {
     Mixtral,
     Qwen3Moe,
     Olmo2,
+    Gemma3,
 }
 
 impl Family {
-    const ALL: [Family; 8] = [Family::Gpt2, Family::Llama, Family::Mistral, Family::Qwen2, Family::Qwen3, Family::Mixtral, Family::Qwen3Moe, Family::Olmo2];
+    const ALL: [Family; 9] = [Family::Gpt2, Family::Llama, Family::Mistral, Family::Qwen2, Family::Qwen3, Family::Mixtral, Family::Qwen3Moe, Family::Olmo2, Family::Gemma3];
 
     /// `not a supported model (supported: gpt2 (GPT2LMHeadModel), llama (…), …)`.
     fn unsupported() -> String {
@@ -42,6 +44,7 @@ impl Family {
             Family::Mixtral => "mixtral",
             Family::Qwen3Moe => "qwen3_moe",
             Family::Olmo2 => "olmo2",
+            Family::Gemma3 => "gemma3_text",
         }
     }
     fn from_model_type(t: &str) -> Option<Family> {
@@ -54,6 +57,7 @@ impl Family {
             "mixtral" => Family::Mixtral,
             "qwen3_moe" => Family::Qwen3Moe,
             "olmo2" => Family::Olmo2,
+            "gemma3_text" => Family::Gemma3,
             _ => return None,
         })
     }
@@ -67,6 +71,7 @@ impl Family {
             "MixtralForCausalLM" => Family::Mixtral,
             "Qwen3MoeForCausalLM" => Family::Qwen3Moe,
             "Olmo2ForCausalLM" => Family::Olmo2,
+            "Gemma3ForCausalLM" => Family::Gemma3,
             _ => return None,
         })
     }
@@ -81,6 +86,7 @@ impl Family {
             Family::Mixtral => "Mixtral",
             Family::Qwen3Moe => "Qwen3Moe",
             Family::Olmo2 => "Olmo2",
+            Family::Gemma3 => "Gemma3",
         }
     }
     pub fn architecture(self) -> String {
@@ -215,7 +221,7 @@ impl Cfg<'_> {
         let Some(o) = r.as_object() else { return Err(self.err(format!("`{key}` must be an object or null, got {r}"))) };
         let kind = o.get("rope_type").or_else(|| o.get("type")).map(|t| t.as_str().ok_or_else(|| self.err(format!("`{key}.rope_type` must be a string, got {t}")))).transpose()?;
         let num = |k: &str| -> Result<f64, IrError> {
-            o.get(k).and_then(|x| x.as_f64()).ok_or_else(|| self.err(format!("`{key}.{k}` must be a number (llama3 rope scaling)")))
+            o.get(k).and_then(|x| x.as_f64()).ok_or_else(|| self.err(format!("`{key}.{k}` must be a number ({} rope scaling)", kind.unwrap_or("default"))))
         };
         match kind.unwrap_or("default") {
             "default" => Ok(None),
@@ -228,7 +234,8 @@ impl Cfg<'_> {
                     .and_then(|x| x.as_u64())
                     .ok_or_else(|| self.err(format!("`{key}.original_max_position_embeddings` must be a positive integer (llama3 rope scaling)")))?,
             })),
-            t => Err(self.err(format!("`{key}.rope_type` `{t}` is not supported (default or llama3)"))),
+            "linear" => Ok(Some(RopeScaling::Linear { factor: num("factor")? })),
+            t => Err(self.err(format!("`{key}.rope_type` `{t}` is not supported (default, linear or llama3)"))),
         }
     }
     fn rope_theta(&self, default: f64) -> Result<f64, IrError> {
@@ -247,7 +254,7 @@ fn act_of(name: &str) -> Option<(Act, &'static str)> {
     Some(match name {
         "silu" | "swish" => (Act::Silu, "SiLUActivation"),
         "gelu_new" => (Act::GeluTanh, "NewGELUActivation"),
-        "gelu_pytorch_tanh" => (Act::GeluTanh, "PytorchGELUTanh"),
+        "gelu_pytorch_tanh" => (Act::GeluPytorchTanh, "GELUTanh"),
         "gelu" => (Act::Gelu, "GELUActivation"),
         "relu" => (Act::Relu, "ReLU"),
         _ => return None,
@@ -335,6 +342,7 @@ pub fn import_hf_report(text: &str, file: &str, name: &str, dtype_override: Opti
         };
         IrError::Syntax { file: file.into(), line, col, message }
     })?;
+    let (v, wrapper_note) = gemma3_text_of(v, file)?;
     let c = Cfg { v: &v, file, used: Default::default(), defaulted: Default::default() };
     let built = build(&c, name, dtype_override);
     let used = c.used.borrow();
@@ -353,6 +361,7 @@ pub fn import_hf_report(text: &str, file: &str, name: &str, dtype_override: Opti
     match built {
         Ok(m) => {
             let mut notes = unknown;
+            notes.extend(wrapper_note);
             let d = c.defaulted.borrow();
             if !d.is_empty() {
                 notes.push(format!(
@@ -374,6 +383,31 @@ pub fn import_hf_report(text: &str, file: &str, name: &str, dtype_override: Opti
             Err(IrError::Import { file: file.into(), message: format!("{message} (note: {})", typos.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("; ")) })
         }
     }
+}
+
+/// A Gemma 3 multimodal config (`Gemma3ForConditionalGeneration`, model_type `gemma3`): its
+/// `text_config` as a `Gemma3ForCausalLM` config (with the outer dtype when it has none), and
+/// a note saying the vision tower is left out. Any other config passes through.
+fn gemma3_text_of(v: Value, file: &str) -> Result<(Value, Option<String>), IrError> {
+    let wrapper = v.get("model_type").and_then(|t| t.as_str()) == Some("gemma3")
+        || v.get("architectures").and_then(|a| a.get(0)).and_then(|a| a.as_str()) == Some("Gemma3ForConditionalGeneration");
+    if !wrapper {
+        return Ok((v, None));
+    }
+    let mut text = match v.get("text_config") {
+        Some(Value::Object(o)) => o.clone(),
+        None | Some(Value::Null) => serde_json::Map::new(),
+        Some(x) => return Err(IrError::Import { file: file.into(), message: format!("`text_config` must be an object, got {x}") }),
+    };
+    for k in ["dtype", "torch_dtype"] {
+        if let (false, Some(d)) = (text.contains_key("dtype") || text.contains_key("torch_dtype"), v.get(k)) {
+            text.insert(k.into(), d.clone());
+        }
+    }
+    text.insert("model_type".into(), Value::String("gemma3_text".into()));
+    text.insert("architectures".into(), serde_json::json!(["Gemma3ForCausalLM"]));
+    let note = "a Gemma 3 multimodal config (Gemma3ForConditionalGeneration): its text model (`text_config`) is imported as Gemma3ForCausalLM; the vision tower and the multimodal projector are left out".to_string();
+    Ok((Value::Object(text), Some(note)))
 }
 
 fn build(c: &Cfg, name: &str, dtype_override: Option<DType>) -> Result<Model, IrError> {
@@ -444,6 +478,7 @@ fn build(c: &Cfg, name: &str, dtype_override: Option<DType>) -> Result<Model, Ir
     match family {
         Family::Gpt2 => gpt2(c, &mut b)?,
         Family::Olmo2 => olmo2(c, &mut b)?,
+        Family::Gemma3 => gemma3(c, &mut b)?,
         f => llama_like(c, f, &mut b)?,
     }
     let problems = crate::validate::validate(&b.m);
@@ -525,6 +560,7 @@ fn gpt2(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
                 causal: true,
                 dropout: attn_p,
                 sliding_window: None,
+                scaling: None,
             },
             &format!("{p}.attn"),
             &[&qkv],
@@ -592,7 +628,7 @@ fn olmo2(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
         let a = c.s("hidden_act", "silu")?;
         act_of(a).ok_or_else(|| c.err(format!("unsupported hidden_act `{a}`")))?
     };
-    let norm = |head_dim: Option<u64>| OpKind::RmsNorm { eps, head_dim, weight_f32: true };
+    let norm = |head_dim: Option<u64>| OpKind::RmsNorm { eps, head_dim, weight_f32: true, unit_offset: false };
     b.module("", "Olmo2ForCausalLM");
     b.module("model", "Olmo2Model");
     b.module("model.embed_tokens", "Embedding");
@@ -632,7 +668,7 @@ fn olmo2(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
         let ko = b.op(&ks, norm(None), &ks, &[&ko], vec![kn], bsd(kv * hd));
         let qr = b.op(&format!("{sa}.rope_q"), OpKind::Rope { head_dim: hd }, &sa, &[&qo, &rot], vec![], bsd(heads * hd));
         let kr = b.op(&format!("{sa}.rope_k"), OpKind::Rope { head_dim: hd }, &sa, &[&ko, &rot], vec![], bsd(kv * hd));
-        let attn = OpKind::Attention { heads, kv_heads: kv, head_dim: hd, causal: true, dropout: attn_p, sliding_window: None };
+        let attn = OpKind::Attention { heads, kv_heads: kv, head_dim: hd, causal: true, dropout: attn_p, sliding_window: None, scaling: None };
         let a = b.op(&format!("{sa}.sdpa"), attn, &sa, &[&qr, &kr, &vo], vec![], bsd(heads * hd));
         let ao = b.linear_op(&format!("{sa}.o_proj"), &a, o, d, false);
         let pa = format!("{p}.post_attention_layernorm");
@@ -666,7 +702,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
         Qwen2 | Qwen3 => (151936, 22016, None, 1e-6, 10000.0),
         Mixtral => (32000, 14336, Some(8), 1e-5, 1e6),
         Qwen3Moe => (151936, 6144, Some(4), 1e-6, 10000.0),
-        Gpt2 | Olmo2 => unreachable!("gpt2 and olmo2 have their own builders"),
+        Gpt2 | Olmo2 | Gemma3 => unreachable!("gpt2, olmo2 and gemma3 have their own builders"),
     };
     let (d_d, layers_d) = if f == Qwen3Moe { (2048, 24) } else { (4096, 32) };
     let vocab = c.u("vocab_size", vocab_d)?;
@@ -807,13 +843,13 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
         b.module(&format!("{p}.post_attention_layernorm"), &norm_class);
         let ln2 = b.param(format!("{p}.post_attention_layernorm.weight"), vec![d]);
 
-        let h = b.op(&format!("{p}.input_layernorm"), OpKind::RmsNorm { eps, head_dim: None, weight_f32: false }, &format!("{p}.input_layernorm"), &[&x], vec![ln1], bsd(d));
+        let h = b.op(&format!("{p}.input_layernorm"), OpKind::RmsNorm { eps, head_dim: None, weight_f32: false, unit_offset: false }, &format!("{p}.input_layernorm"), &[&x], vec![ln1], bsd(d));
         let qo = b.linear_op(&format!("{sa}.q_proj"), &h, q, heads * hd, false);
         let ko = b.linear_op(&format!("{sa}.k_proj"), &h, k, kv * hd, false);
         let vo = b.linear_op(&format!("{sa}.v_proj"), &h, v, kv * hd, false);
         let (qo, ko) = match qk_norm {
             Some((qn, kn)) => {
-                let norm = OpKind::RmsNorm { eps, head_dim: Some(hd), weight_f32: false };
+                let norm = OpKind::RmsNorm { eps, head_dim: Some(hd), weight_f32: false, unit_offset: false };
                 let (qs, ks) = (format!("{sa}.q_norm"), format!("{sa}.k_norm"));
                 (b.op(&qs, norm.clone(), &qs, &[&qo], vec![qn], bsd(heads * hd)), b.op(&ks, norm, &ks, &[&ko], vec![kn], bsd(kv * hd)))
             }
@@ -830,6 +866,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
                 causal: true,
                 dropout: attn_p,
                 sliding_window: window(i),
+                scaling: None,
             },
             &sa,
             &[&qr, &kr, &vo],
@@ -840,7 +877,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
         x = b.op(&format!("{p}.residual_attn"), OpKind::Add, &p, &[&x, &ao], vec![], bsd(d));
         let h = b.op(
             &format!("{p}.post_attention_layernorm"),
-            OpKind::RmsNorm { eps, head_dim: None, weight_f32: false },
+            OpKind::RmsNorm { eps, head_dim: None, weight_f32: false, unit_offset: false },
             &format!("{p}.post_attention_layernorm"),
             &[&x],
             vec![ln2],
@@ -881,7 +918,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
     }
     b.module("model.norm", &norm_class);
     let nw = b.param("model.norm.weight".into(), vec![d]);
-    let h = b.op("model.norm", OpKind::RmsNorm { eps, head_dim: None, weight_f32: false }, "model.norm", &[&x], vec![nw], bsd(d));
+    let h = b.op("model.norm", OpKind::RmsNorm { eps, head_dim: None, weight_f32: false, unit_offset: false }, "model.norm", &[&x], vec![nw], bsd(d));
     b.module("model.rotary_emb", &format!("{pre}RotaryEmbedding"));
     for n in ["inv_freq", "original_inv_freq"] {
         b.m.buffers.push(Buffer {
@@ -890,6 +927,212 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
             dtype: DType::Float32,
             persistent: false,
         });
+    }
+    lm_head(b, &h, d, vocab, tie, &embed);
+    Ok(())
+}
+
+/// Gemma 3's text model (transformers' `Gemma3ForCausalLM`): the embeddings times
+/// `sqrt(hidden_size)`, four RMSNorms per block (before and after each sublayer) that
+/// multiply by `1 + weight` in float32, per-head q/k norms, local (sliding-window) and
+/// global layers with their own rotary tables (`layer_types`, by default five local to one
+/// global), the softmax scaled by `query_pre_attn_scalar ** -0.5`, a `gelu_pytorch_tanh`
+/// MLP, and the LM head tied to the embeddings.
+fn gemma3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
+    let vocab = c.u("vocab_size", 262_208)?;
+    let d = c.u("hidden_size", 2304)?;
+    let inter = c.u("intermediate_size", 9216)?;
+    let layers = c.u("num_hidden_layers", 26)?;
+    if layers > MAX_LAYERS {
+        return Err(c.err(format!("`num_hidden_layers` {layers}: at most {MAX_LAYERS}")));
+    }
+    let heads = c.u("num_attention_heads", 8)?;
+    let kv = c.u("num_key_value_heads", 4)?;
+    let hd = c.u("head_dim", 256)?;
+    if d % heads != 0 {
+        return Err(c.err(format!("hidden_size {d} is not a multiple of num_attention_heads {heads}")));
+    }
+    if heads % kv != 0 {
+        return Err(c.err(format!("num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")));
+    }
+    let eps = c.f("rms_norm_eps", 1e-6)?;
+    let tie = c.b("tie_word_embeddings", true)?;
+    let bias = c.b("attention_bias", false)?;
+    let attn_p = c.f("attention_dropout", 0.0)?;
+    let qpas = c.f("query_pre_attn_scalar", 256.0)?;
+    if !(qpas.is_finite() && qpas > 0.0) {
+        return Err(c.err(format!("`query_pre_attn_scalar` must be a positive number, got {qpas}")));
+    }
+    let window = c.u("sliding_window", 4096)?;
+    // (older configs carry `hidden_act` beside `hidden_activation`; Gemma3TextConfig reads the latter)
+    let _ = c.get("hidden_act");
+    let (act, act_class) = {
+        let a = c.s("hidden_activation", "gelu_pytorch_tanh")?;
+        act_of(a).ok_or_else(|| c.err(format!("unsupported hidden_activation `{a}`")))?
+    };
+    if c.b("use_bidirectional_attention", false)? {
+        return Err(c.err("`use_bidirectional_attention` true (EmbeddingGemma) is not a causal LM: not supported"));
+    }
+    if let Some(x) = c.get("final_logit_softcapping") {
+        return Err(c.err(format!("`final_logit_softcapping` {x}: the tanh soft-capping of the logits is not modelled (Gemma 3's released configs have none)")));
+    }
+    // Gemma3Attention does not pass it to the attention kernels: no effect in transformers 5.17
+    let _ = c.get("attn_logit_softcapping");
+    let _ = c.get("cache_implementation");
+    // layer types: explicit, or every `sliding_window_pattern`-th layer global
+    let sliding: Vec<bool> = match c.get("layer_types") {
+        Some(Value::Array(a)) => {
+            if a.len() as u64 != layers {
+                return Err(c.err(format!("`layer_types` has {} entries for {layers} layers", a.len())));
+            }
+            a.iter()
+                .map(|t| match t.as_str() {
+                    Some("sliding_attention") => Ok(true),
+                    Some("full_attention") => Ok(false),
+                    _ => Err(c.err(format!("`layer_types` entry {t}: expected \"sliding_attention\" or \"full_attention\""))),
+                })
+                .collect::<Result<_, _>>()?
+        }
+        Some(x) => return Err(c.err(format!("`layer_types` must be a list, got {x}"))),
+        None => {
+            let pattern = c.u("sliding_window_pattern", 6)?;
+            (0..layers).map(|i| !(i + 1).is_multiple_of(pattern)).collect()
+        }
+    };
+    // rotary: the global layers' theta and scaling (`rope_theta`, `rope_scaling`, or
+    // transformers 5's per-layer-type `rope_parameters`), the local layers' theta
+    // (`rope_local_base_freq`)
+    let params = c.get("rope_parameters").and_then(|r| r.as_object());
+    let typed = |t: &str| params.and_then(|p| p.get(t)).and_then(|x| x.as_object());
+    let num_in = |o: &serde_json::Map<String, Value>, k: &str, what: &str| -> Result<Option<f64>, IrError> {
+        match o.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(x) => x.as_f64().map(Some).ok_or_else(|| c.err(format!("`{what}.{k}` must be a number, got {x}"))),
+        }
+    };
+    let (global_theta, global_scaling) = match typed("full_attention") {
+        Some(o) => {
+            let theta = num_in(o, "rope_theta", "rope_parameters.full_attention")?.unwrap_or(1e6);
+            let scaling = match o.get("rope_type").and_then(|t| t.as_str()).unwrap_or("default") {
+                "default" => None,
+                "linear" => Some(RopeScaling::Linear {
+                    factor: num_in(o, "factor", "rope_parameters.full_attention")?.ok_or_else(|| c.err("`rope_parameters.full_attention.factor` is missing (linear rope scaling)"))?,
+                }),
+                t => return Err(c.err(format!("`rope_parameters.full_attention.rope_type` `{t}` is not supported (default or linear)"))),
+            };
+            (theta, scaling)
+        }
+        None => {
+            let theta = c.f("rope_theta", 1e6)?;
+            let scaling = match c.get("rope_scaling") {
+                Some(r) if r.is_object() => c.rope_scaling()?,
+                _ => None,
+            };
+            (theta, scaling)
+        }
+    };
+    let local_theta = match typed("sliding_attention") {
+        Some(o) => num_in(o, "rope_theta", "rope_parameters.sliding_attention")?.unwrap_or(10000.0),
+        None => c.f("rope_local_base_freq", 10000.0)?,
+    };
+    if let Some(o) = typed("sliding_attention") {
+        if o.get("rope_type").and_then(|t| t.as_str()).is_some_and(|t| t != "default") {
+            return Err(c.err("`rope_parameters.sliding_attention.rope_type`: only the default rope is supported for local layers"));
+        }
+    }
+    let norm = |head_dim: Option<u64>| OpKind::RmsNorm { eps, head_dim, weight_f32: false, unit_offset: true };
+    let norm_class = "Gemma3RMSNorm";
+    b.module("", "Gemma3ForCausalLM");
+    b.module("model", "Gemma3TextModel");
+    b.module("model.embed_tokens", "Gemma3TextScaledWordEmbedding");
+    let embed = b.param("model.embed_tokens.weight".into(), vec![vocab, d]);
+    b.m.buffers.push(Buffer { name: "model.embed_tokens.embed_scale".into(), shape: vec![], dtype: DType::Float32, persistent: false });
+    b.module("model.layers", "ModuleList");
+    let x0 = b.op("model.embed_tokens", OpKind::Embedding, "model.embed_tokens", &["input_ids"], vec![embed.clone()], bsd(d));
+    let mut x = b.op("model.embed_tokens.scale", OpKind::Scale { factor: (d as f64).sqrt() }, "model.embed_tokens", &[&x0], vec![], bsd(d));
+    // the rotary tables of each layer type present (the model computes them in that order)
+    let types: Vec<(&str, bool)> = [("sliding_attention", true), ("full_attention", false)].into_iter().filter(|(_, s)| sliding.contains(s)).collect();
+    let mut rot = std::collections::HashMap::new();
+    for &(t, s) in &types {
+        let (theta, scaling) = if s { (local_theta, None) } else { (global_theta, global_scaling) };
+        let name = format!("model.rotary_emb.{t}");
+        let r = b.op(&name, OpKind::RotaryEmbedding { theta, head_dim: hd, scaling, f32_tables: false }, "model.rotary_emb", &["input_ids"], vec![], vec![Dim::N(1), sym("seq"), Dim::N(hd)]);
+        rot.insert(s, r);
+    }
+    for (i, &is_sliding) in sliding.iter().enumerate() {
+        let p = format!("model.layers.{i}");
+        let sa = format!("{p}.self_attn");
+        b.module(&p, "Gemma3DecoderLayer");
+        b.module(&sa, "Gemma3Attention");
+        let q = b.linear_module(&format!("{sa}.q_proj"), "Linear", d, heads * hd, bias, false);
+        let k = b.linear_module(&format!("{sa}.k_proj"), "Linear", d, kv * hd, bias, false);
+        let v = b.linear_module(&format!("{sa}.v_proj"), "Linear", d, kv * hd, bias, false);
+        let o = b.linear_module(&format!("{sa}.o_proj"), "Linear", heads * hd, d, bias, false);
+        b.module(&format!("{sa}.q_norm"), norm_class);
+        let qn = b.param(format!("{sa}.q_norm.weight"), vec![hd]);
+        b.module(&format!("{sa}.k_norm"), norm_class);
+        let kn = b.param(format!("{sa}.k_norm.weight"), vec![hd]);
+        let mlp = format!("{p}.mlp");
+        b.module(&mlp, "Gemma3MLP");
+        let g = b.linear_module(&format!("{mlp}.gate_proj"), "Linear", d, inter, false, false);
+        let u = b.linear_module(&format!("{mlp}.up_proj"), "Linear", d, inter, false, false);
+        let dn = b.linear_module(&format!("{mlp}.down_proj"), "Linear", inter, d, false, false);
+        b.module(&format!("{mlp}.act_fn"), act_class);
+        let mut ln = vec![];
+        for n in ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"] {
+            b.module(&format!("{p}.{n}"), norm_class);
+            ln.push(b.param(format!("{p}.{n}.weight"), vec![d]));
+        }
+        let mut ln = ln.into_iter();
+        let mut next = || ln.next().unwrap_or_default();
+
+        let pn = format!("{p}.input_layernorm");
+        let h = b.op(&pn, norm(None), &pn, &[&x], vec![next()], bsd(d));
+        let qo = b.linear_op(&format!("{sa}.q_proj"), &h, q, heads * hd, false);
+        let ko = b.linear_op(&format!("{sa}.k_proj"), &h, k, kv * hd, false);
+        let vo = b.linear_op(&format!("{sa}.v_proj"), &h, v, kv * hd, false);
+        let (qs, ks) = (format!("{sa}.q_norm"), format!("{sa}.k_norm"));
+        let qo = b.op(&qs, norm(Some(hd)), &qs, &[&qo], vec![qn], bsd(heads * hd));
+        let ko = b.op(&ks, norm(Some(hd)), &ks, &[&ko], vec![kn], bsd(kv * hd));
+        let r = rot.get(&is_sliding).cloned().unwrap_or_default();
+        let qr = b.op(&format!("{sa}.rope_q"), OpKind::Rope { head_dim: hd }, &sa, &[&qo, &r], vec![], bsd(heads * hd));
+        let kr = b.op(&format!("{sa}.rope_k"), OpKind::Rope { head_dim: hd }, &sa, &[&ko, &r], vec![], bsd(kv * hd));
+        let attn = OpKind::Attention {
+            heads,
+            kv_heads: kv,
+            head_dim: hd,
+            causal: true,
+            dropout: attn_p,
+            sliding_window: is_sliding.then_some(window),
+            scaling: Some(1.0 / qpas.sqrt()),
+        };
+        let a = b.op(&format!("{sa}.sdpa"), attn, &sa, &[&qr, &kr, &vo], vec![], bsd(heads * hd));
+        let ao = b.linear_op(&format!("{sa}.o_proj"), &a, o, d, false);
+        let pa = format!("{p}.post_attention_layernorm");
+        let ao = b.op(&pa, norm(None), &pa, &[&ao], vec![next()], bsd(d));
+        x = b.op(&format!("{p}.residual_attn"), OpKind::Add, &p, &[&x, &ao], vec![], bsd(d));
+        let pf = format!("{p}.pre_feedforward_layernorm");
+        let h = b.op(&pf, norm(None), &pf, &[&x], vec![next()], bsd(d));
+        let go = b.linear_op(&format!("{mlp}.gate_proj"), &h, g, inter, false);
+        let ga = b.op(&format!("{mlp}.act_fn"), OpKind::Activation { act }, &format!("{mlp}.act_fn"), &[&go], vec![], bsd(inter));
+        let uo = b.linear_op(&format!("{mlp}.up_proj"), &h, u, inter, false);
+        let gu = b.op(&format!("{mlp}.mul"), OpKind::Mul, &mlp, &[&ga, &uo], vec![], bsd(inter));
+        let m = b.linear_op(&format!("{mlp}.down_proj"), &gu, dn, d, false);
+        let pf = format!("{p}.post_feedforward_layernorm");
+        let m = b.op(&pf, norm(None), &pf, &[&m], vec![next()], bsd(d));
+        x = b.op(&format!("{p}.residual_mlp"), OpKind::Add, &p, &[&x, &m], vec![], bsd(d));
+    }
+    b.module("model.norm", norm_class);
+    let nw = b.param("model.norm.weight".into(), vec![d]);
+    let h = b.op("model.norm", norm(None), "model.norm", &[&x], vec![nw], bsd(d));
+    b.module("model.rotary_emb", "Gemma3RotaryEmbedding");
+    // registered per layer type in sorted order
+    let mut names: Vec<&str> = types.iter().map(|t| t.0).collect();
+    names.sort_unstable();
+    for t in names {
+        for n in ["inv_freq", "original_inv_freq"] {
+            b.m.buffers.push(Buffer { name: format!("model.rotary_emb.{t}_{n}"), shape: vec![hd / 2], dtype: DType::Float32, persistent: false });
+        }
     }
     lm_head(b, &h, d, vocab, tie, &embed);
     Ok(())

@@ -189,7 +189,10 @@ pub struct Input {
 #[serde(rename_all = "snake_case")]
 pub enum Act {
     Silu,
+    /// GPT-2's `NewGELUActivation` (`gelu_new`): the tanh approximation in Python, eight kernels.
     GeluTanh,
+    /// `gelu_pytorch_tanh` (HF `GELUTanh`): `F.gelu(x, approximate="tanh")`, one kernel.
+    GeluPytorchTanh,
     Gelu,
     Relu,
 }
@@ -203,6 +206,9 @@ pub enum RopeScaling {
     /// `original_max_position_embeddings / low_freq_factor`, kept below `… / high_freq_factor`,
     /// smoothly interpolated between.
     Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: u64 },
+    /// Linear position interpolation (`rope_type: linear`, Gemma 3's global layers):
+    /// `inv_freq / factor`.
+    Linear { factor: f64 },
 }
 
 /// What an op computes. Attributes are what FLOPs, saved bytes and execution need.
@@ -227,11 +233,19 @@ pub enum OpKind {
         /// product is cast back (`(weight * x32n).to(dtype)`), where Llama casts first.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         weight_f32: bool,
+        /// Gemma's: the weight is stored as an offset from one, and the float32 normalized
+        /// values are multiplied by `1 + weight.float()` before the cast back
+        /// (`(xn * (1 + w32)).type_as(x)`).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        unit_offset: bool,
     },
     /// Element-wise sum of two inputs.
     Add,
     /// Element-wise product of two inputs.
     Mul,
+    /// The input times a constant scalar (Gemma's embeddings times `sqrt(hidden_size)`): a
+    /// 0-dim tensor in the input's dtype, made from a float32 buffer when the dtypes differ.
+    Scale { factor: f64 },
     Activation { act: Act },
     /// Dropout with probability `p` (saves a mask when `p > 0`).
     Dropout { p: f64 },
@@ -262,6 +276,10 @@ pub enum OpKind {
         /// Sliding-window attention (Mistral): HF builds an explicit mask when seq > window.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sliding_window: Option<u64>,
+        /// The softmax scale when it is not `1/sqrt(head_dim)` (Gemma's
+        /// `query_pre_attn_scalar ** -0.5`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        scaling: Option<f64>,
     },
     /// MoE router over the gate's logits (input: the `Linear` of the router's weight):
     /// softmax over `experts` in float32, top-k selection,
@@ -297,6 +315,7 @@ impl OpKind {
             OpKind::RmsNorm { .. } => "rms_norm",
             OpKind::Add => "add",
             OpKind::Mul => "mul",
+            OpKind::Scale { .. } => "scale",
             OpKind::Activation { .. } => "activation",
             OpKind::Dropout { .. } => "dropout",
             OpKind::RotaryEmbedding { .. } => "rotary_embedding",

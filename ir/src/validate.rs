@@ -296,7 +296,10 @@ fn check_attrs(k: &OpKind) -> Result<(), String> {
     match *k {
         OpKind::LayerNorm { eps } | OpKind::RmsNorm { eps, .. } if !(eps.is_finite() && eps > 0.0) => Err(format!("eps {eps}: expected a small positive number")),
         OpKind::Dropout { p } => prob("dropout p", p),
+        OpKind::Attention { scaling: Some(s), .. } if !(s.is_finite() && s > 0.0) => Err(format!("attention scaling {s}: expected a positive number")),
         OpKind::Attention { dropout, .. } => prob("attention dropout", dropout),
+        OpKind::Scale { factor } if !factor.is_finite() => Err(format!("scale factor {factor}: expected a finite number")),
+        OpKind::RotaryEmbedding { scaling: Some(RopeScaling::Linear { factor }), .. } if !(factor.is_finite() && factor > 0.0) => Err(format!("linear rope scaling factor {factor}: expected a positive number")),
         OpKind::RotaryEmbedding { theta, .. } if !(theta.is_finite() && theta > 0.0) => Err(format!("rope theta {theta}: expected a positive number")),
         OpKind::RotaryEmbedding { scaling: Some(RopeScaling::Llama3 { factor, low_freq_factor: lo, high_freq_factor: hi, original_max_position_embeddings: n }), .. } => {
             if !(factor.is_finite() && factor > 0.0 && lo.is_finite() && lo > 0.0 && hi.is_finite() && hi > lo && n > 0) {
@@ -368,7 +371,7 @@ fn check_kind(op: &Op, i: &[&Shape], p: &[&Param]) -> Result<(), String> {
             }
             expect_eq("output", out, i[0])
         }
-        OpKind::Activation { .. } | OpKind::Dropout { .. } => {
+        OpKind::Activation { .. } | OpKind::Dropout { .. } | OpKind::Scale { .. } => {
             arity(op, 1, 0..=0, i, p)?;
             expect_eq("output", out, i[0])
         }

@@ -58,6 +58,10 @@ pub struct OpMem {
     /// A forward that makes and drops tensors before and around its output ([`Step::Output`]
     /// places it; empty: the output first, then `fwd_scratch`): a float8 linear's casts.
     pub fwd_chain: Vec<Step>,
+    /// The last this many of `saved` are copies of the op's inputs made before its kernel
+    /// (SDPA's repeat_kv keys and values, its float mask), not outputs of the kernel:
+    /// op-level SAC, which caches the kernel's outputs, recomputes them.
+    pub input_copies: usize,
 }
 
 /// One step of a composite op's backward ([`OpMem::bwd_chain`]).
@@ -360,7 +364,7 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             m.saved.push(t(rows, stat, "layer_norm rstd"));
             m.bwd_scratch.push(t(n, cd, "layer_norm grad scratch"));
         }
-        OpKind::RmsNorm { head_dim, weight_f32, .. } => {
+        OpKind::RmsNorm { head_dim, weight_f32, unit_offset, .. } => {
             // HF RMSNorm: x32 = x.to(f32); var = x32.pow(2).mean(-1); r = rsqrt(var + eps);
             // xn = x32 * r; out = weight * xn.to(dtype). Saved: x32 (x itself in f32), r, xn.
             // OLMo-2 (`weight_f32`): out = (weight * xn).to(dtype): xn is saved in f32 and the
@@ -369,7 +373,9 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             let rows = n / normed.unwrap_or(1).max(1);
             let f = DType::Float32;
             let upcast = cd != f;
-            let late_cast = *weight_f32 && upcast;
+            let late_cast = (*weight_f32 || *unit_offset) && upcast;
+            // Gemma (`unit_offset`): out = (xn * (1 + weight.float())).type_as(x): the f32
+            // `1 + weight` is made (from an f32 copy of a low-precision weight) and saved
             // Under MP, x32 is a new f32 copy and the low-precision input is not saved.
             m.saves_inputs = vec![!upcast];
             if upcast {
@@ -380,6 +386,14 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             let xn = m.saved.len();
             m.saved.push(t(n, if late_cast { f } else { cd }, "rms_norm normalized"));
             m.fwd_scratch.push(t(n, f, "rms_norm x^2"));
+            let offset = unit_offset.then(|| {
+                let wn = normed.unwrap_or(1);
+                if upcast {
+                    m.fwd_scratch.push(t(wn, f, "rms_norm weight (f32)"));
+                }
+                m.saved.push(t(wn, f, "rms_norm 1+weight"));
+                m.saved.len() - 1
+            });
             if late_cast {
                 m.fwd_scratch.push(t(n, f, "rms_norm weighted (f32)"));
             }
@@ -397,6 +411,9 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
                 c.param_grad(0);
                 c.drop(a1);
                 c.release(xn);
+                if let Some(w1) = offset {
+                    c.release(w1);
+                }
                 a2
             } else {
                 // MulBackward0 (weight * xn): grad * xn (summed to the weight's shape by
@@ -407,6 +424,9 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
                 c.param_grad(0);
                 c.drop(a1);
                 c.release(xn);
+                if let Some(w1) = offset {
+                    c.release(w1);
+                }
                 // ToCopyBackward (xn.to(dtype)): back to f32
                 if upcast {
                     let x = c.make(t(n, f, "rms_norm normalized grad (f32)"));
@@ -457,8 +477,16 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
         OpKind::Mul => {
             m.saves_inputs = vec![true, true];
         }
+        OpKind::Scale { .. } => {
+            // Gemma 3's `x * embed_scale.to(weight.dtype)`: MulBackward0 saves the scalar only
+            // (the input is not needed: the scalar takes no grad); in a low-precision dtype the
+            // scalar is a new 0-dim copy of the float32 buffer
+            if cd != DType::Float32 {
+                m.saved.push(t(1, cd, "scale scalar"));
+            }
+        }
         OpKind::Activation { act } => match act {
-            Act::Silu | Act::Gelu | Act::Relu => {
+            Act::Silu | Act::Gelu | Act::Relu | Act::GeluPytorchTanh => {
                 m.saves_inputs = vec![true];
             }
             Act::GeluTanh => {
@@ -805,6 +833,7 @@ fn attention(cx: &Ctx, op: &Op, m: &mut OpMem, heads: u64, kv: u64, hd: u64, dro
         // HF 5.17 passes enable_gqa to SDPA when there is no mask (causal, no padding):
         // no repeat_kv copies. With a (sliding-window) mask it repeats k and v, and SDPA
         // saves the copies and the layer's mask.
+        let kernel_saved = m.saved.len();
         if gqa && masked && !fused {
             m.saves_inputs = vec![true, false, false];
             m.saved.push(t(q, cd, "repeat_kv keys"));
@@ -815,6 +844,7 @@ fn attention(cx: &Ctx, op: &Op, m: &mut OpMem, heads: u64, kv: u64, hd: u64, dro
             // which SDPA saves.
             m.saved.push(t(b * s * s, cd, "sliding-window mask"));
         }
+        m.input_copies = m.saved.len() - kernel_saved;
         m.bwd_scratch.push(t(q, cd, "attention grad scratch"));
     }
 }

@@ -44,7 +44,10 @@
 //! - attention: `4·b·s²·h·hd` (`QKᵀ` and `PV`, `h` query heads of width `hd`), halved when
 //!   causal and run by SDPA / flash-attention (they skip the key tiles above the diagonal);
 //!   eager attention materializes the full `s×s` matrix and is not halved; its softmax,
-//!   scaling and casts are a second, memory-bound kernel over the score tensors.
+//!   scaling and casts are a second, memory-bound kernel over the score tensors. Sliding-window
+//!   layers (Mistral, Gemma 3's local layers) with `s > w`: flash-attention's window counts
+//!   the `w(w+1)/2 + (s−w)·w` (query, key) pairs it visits; SDPA gets HF's explicit mask and
+//!   computes every tile (`4·b·s²·h·hd`, at the non-causal rate); eager is unchanged.
 //!
 //! Backward: `2×` the forward FLOPs for GEMMs; `2.5×` for SDPA/flash attention
 //! (FlashAttention-2 recomputes `QKᵀ`), `2×` for eager attention. Recompute (activation
@@ -273,6 +276,8 @@ pub fn launches(op: &Op, cast: bool) -> (u32, u32) {
         OpKind::RmsNorm { .. } => (6 + 2 * c, 10 + 2 * c),
         OpKind::Add => (1, 1),
         OpKind::Mul => (1, 2),
+        // (a low-precision copy of the scalar first)
+        OpKind::Scale { .. } => (1 + c, 1),
         OpKind::Activation { act } => match act {
             // NewGELUActivation: 0.5·x·(1 + tanh(c·(x + 0.044715·x³))), eight kernels
             fsdp_ir::Act::GeluTanh => (8, 14),
@@ -477,8 +482,11 @@ impl CostModel {
             // element-wise ops: the bytes their kernels move, from HF's implementation
             let elementwise = traffic(&cx, op, out, ins.first().copied().unwrap_or(0.0));
             let (f, b) = match &op.kind {
-                OpKind::Attention { head_dim, causal, heads, .. } => {
+                OpKind::Attention { head_dim, causal, heads, sliding_window, .. } => {
                     let eager = cx.attn == AttnImpl::Eager;
+                    // (SDPA under an explicit sliding-window mask runs its kernel unmasked by
+                    // causality: the non-causal rate; flash-attention's window, the causal one)
+                    let causal = &(*causal && !(cx.attn == AttnImpl::Sdpa && sliding_window.is_some_and(|w| dims.seq > w)));
                     let qkvo = in_sum + out;
                     let (bh, s, hd) = (dims.batch * heads, dims.seq, *head_dim);
                     if eager {
@@ -691,6 +699,7 @@ fn traffic(cx: &Ctx, op: &Op, out: f64, x: f64) -> (f64, f64) {
         }
         OpKind::Mul => (n * 3.0 * c, n * 6.0 * c),
         OpKind::Add => (n * 3.0 * c, n * 3.0 * c),
+        OpKind::Scale { .. } => (n * 2.0 * c, n * 2.0 * c),
         OpKind::Dropout { p } if *p > 0.0 => (n * 6.0 * c, n * 3.0 * c),
         OpKind::LayerNorm { .. } => (n * 2.0 * c, n * 5.0 * c),
         OpKind::Embedding | OpKind::PositionEmbedding => (n * 2.0 * c, n * 3.0 * c),
@@ -730,12 +739,22 @@ pub fn matmul_flops(cx: &Ctx, op: &Op) -> f64 {
             let rows = out_n / h;
             6.0 * rows * *top_k as f64 * h * *intermediate as f64
         }
-        OpKind::Attention { heads, head_dim, causal, .. } => {
+        OpKind::Attention { heads, head_dim, causal, sliding_window, .. } => {
             let full = attention_flops(cx.dims, *heads, *head_dim);
-            if *causal && cx.attn != AttnImpl::Eager {
-                full / 2.0
-            } else {
-                full
+            let (s, w) = (cx.dims.seq, sliding_window.unwrap_or(u64::MAX));
+            match cx.attn {
+                AttnImpl::Eager => full,
+                // flash-attention's window: query i attends to min(i + 1, w) keys, tiles
+                // outside the band skipped
+                AttnImpl::FlashAttention2 if *causal && s > w => {
+                    let pairs = (w * (w + 1) / 2 + (s - w) * w) as f64;
+                    full * pairs / (s as f64 * s as f64)
+                }
+                // SDPA under HF's explicit sliding-window mask: a masked kernel computes every
+                // tile (no causal skip)
+                AttnImpl::Sdpa if s > w => full,
+                _ if *causal => full / 2.0,
+                _ => full,
             }
         }
         _ => 0.0,
@@ -810,4 +829,36 @@ pub fn optimizer_kernels(unit: &Unit, opts: &Options) -> (Vec<Kernel>, u32) {
         (_, crate::options::Device::Cpu) => 8 * tensors.max(1),
     };
     (vec![k(0.0, touches * bytes as f64, unit.dtype, Work::Memory)], launches)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sliding-window attention: flash-attention's window visits each query's last `w` keys,
+    /// SDPA under HF's explicit mask and eager compute every (query, key) pair. Expected
+    /// values from counting the pairs one by one (4 FLOPs per pair per head-dim element).
+    #[test]
+    fn sliding_window_attention_counts_the_pairs_each_kernel_computes() {
+        let cfg = r#"{"architectures": ["Gemma3ForCausalLM"], "hidden_size": 32, "intermediate_size": 64,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "sliding_window": 4, "sliding_window_pattern": 2, "vocab_size": 256}"#;
+        let model = fsdp_ir::hf::import_hf(cfg, "t.json", "t").expect("imports");
+        let (b, s, w, h, hd) = (2u64, 8u64, 4u64, 4u64, 16u64);
+        let opts = Options { batch: b, seq: s, ..Options::default() };
+        let window_pairs = (0..s).flat_map(|i| (0..s).map(move |j| (i, j))).filter(|&(i, j)| j <= i && i - j < w).count() as f64;
+        let per_pair = (4 * b * h * hd) as f64;
+        let all = per_pair * (s * s) as f64;
+        let attn = |name: &str| model.ops.iter().find(|o| o.name == name).expect("op");
+        let (local, global) = (attn("model.layers.0.self_attn.sdpa"), attn("model.layers.1.self_attn.sdpa"));
+        for (imp, want_local, want_global) in [
+            (AttnImpl::FlashAttention2, per_pair * window_pairs, all / 2.0),
+            (AttnImpl::Sdpa, all, all / 2.0),
+            (AttnImpl::Eager, all, all),
+        ] {
+            let cx = Ctx::new(&model, &opts, imp);
+            assert_eq!(matmul_flops(&cx, local), want_local, "{imp:?} local layer");
+            assert_eq!(matmul_flops(&cx, global), want_global, "{imp:?} global layer");
+        }
+    }
 }

@@ -860,7 +860,10 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
     let mut active: Vec<UnitId> = vec![];
     let mut out_buf: Vec<Option<BufferId>> = vec![None; mems.len()];
     let mut remaining: Vec<usize> = tz.consumers.iter().map(|c| c.len()).collect();
-    let mut mask: Option<BufferId> = None;
+    // the attention masks (by kind: `None` causal, `Some(w)` a sliding window), made at the
+    // first attention op
+    let mut masks: Vec<(Option<u64>, BufferId)> = vec![];
+    let mask_kinds = hf_mask_kinds(model);
     let mut positions: Option<BufferId> = None;
     let checkpointed = region.iter().position(|r| r.is_some());
     let mut first_attn: Option<usize> = None;
@@ -929,19 +932,22 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
             Stream::Compute,
             dep,
         );
-        if let fsdp_ir::OpKind::Attention { sliding_window, .. } = &op.kind {
-            // create_causal_mask: a [batch, 1, seq, seq] float mask for eager, alive during
-            // the forward; for SDPA only with a sliding window shorter than the sequence, a
-            // bool [1, 1, seq, seq] (each layer then saves a float copy of it)
-            let (s, sliding) = (cx.dims.seq, sliding_window.is_some_and(|w| cx.dims.seq > w));
-            if mask.is_none() && cx.attn == AttnImpl::Eager {
-                let n = cx.dims.batch * s * s;
-                mask = Some(b.alloc("causal mask".into(), Category::Activation, n * cx.cd.size(), None));
-                first_attn = Some(i);
-            } else if mask.is_none() && cx.attn == AttnImpl::Sdpa && sliding {
-                mask = Some(b.alloc("sliding-window mask (bool)".into(), Category::Activation, s * s * DType::Bool.size(), None));
-                first_attn = Some(i);
+        if matches!(op.kind, fsdp_ir::OpKind::Attention { .. }) && first_attn.is_none() {
+            // create_causal_mask / create_sliding_window_causal_mask, each kind the model
+            // makes: a [batch, 1, seq, seq] float mask for eager, alive during the forward;
+            // for SDPA only with a sliding window shorter than the sequence, a bool
+            // [1, 1, seq, seq] (each layer then saves a float copy of it)
+            let s = cx.dims.seq;
+            for &kind in &mask_kinds {
+                if cx.attn == AttnImpl::Eager {
+                    let n = cx.dims.batch * s * s;
+                    let what = if kind.is_some() { "sliding-window mask" } else { "causal mask" };
+                    masks.push((kind, b.alloc(what.into(), Category::Activation, n * cx.cd.size(), None)));
+                } else if cx.attn == AttnImpl::Sdpa && kind.is_some_and(|w| s > w) {
+                    masks.push((kind, b.alloc("sliding-window mask (bool)".into(), Category::Activation, s * s * DType::Bool.size(), None)));
+                }
             }
+            first_attn = Some(i);
         }
         if let fsdp_ir::OpKind::RotaryEmbedding { .. } = &op.kind {
             // HF's decoder models make position_ids (arange(seq) + past, int64) before the
@@ -989,6 +995,12 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
             for s in saved_now.drain(..) {
                 b.free(s);
             }
+        } else if in_region {
+            // (selective AC caches the kernel's outputs, not the copies of its inputs)
+            for s in saved_now.drain(saved_now.len() - m.input_copies..) {
+                b.free(s);
+            }
+            saved_map[i] = saved_now;
         } else {
             saved_map[i] = saved_now;
         }
@@ -1014,7 +1026,7 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
             if let Some(p) = positions.take() {
                 b.free(p);
             }
-            if let Some(m) = mask.take() {
+            for (_, m) in masks.drain(..) {
                 b.free(m);
             }
         }
@@ -1027,19 +1039,26 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
     }
     // With checkpointed layers the mask is an input of every checkpoint and is kept until
     // the backward of the first checkpointed attention op (the last checkpoint to let go).
-    let first_ckpt_attn = first_attn.and_then(|f| (f..model.ops.len()).find(|&i| region[i].is_some() && matches!(model.ops[i].kind, fsdp_ir::OpKind::Attention { .. })));
-    if let (Some(m), Some(i)) = (mask, first_ckpt_attn) {
-        saved_map[i].push(m);
-        mask = None;
-    }
+    // (each mask by the layers of its kind)
+    masks.retain(|&(kind, m)| {
+        let first_ckpt_attn = first_attn.and_then(|f| (f..model.ops.len()).find(|&i| region[i].is_some() && mask_of(&mask_kinds, &model.ops[i]) == Some(kind)));
+        match first_ckpt_attn {
+            Some(i) => {
+                saved_map[i].push(m);
+                false
+            }
+            None => true,
+        }
+    });
     if let (Some(p), Some(first)) = (positions.take(), checkpointed) {
         saved_map[first].push(p);
     }
     b.chains = chains;
     while let Some(top) = active.pop() {
         if units[top.index()].is_root() {
-            if let Some(m) = mask.take() {
-                b.op(OpKind::Forward { op: "free causal mask".into(), unit: top }, Stream::Compute, vec![]);
+            for (kind, m) in masks.drain(..) {
+                let what = if kind.is_some() { "free sliding-window mask" } else { "free causal mask" };
+                b.op(OpKind::Forward { op: what.into(), unit: top }, Stream::Compute, vec![]);
                 b.free(m);
             }
         }
@@ -1076,6 +1095,35 @@ fn post_forward(b: &mut B, u: UnitId) {
     }
     if !unit.params.is_empty() {
         b.post_forward_order.push(u);
+    }
+}
+
+/// The attention masks HF's base model makes before its layers, by kind (`None` the causal
+/// mask, `Some(w)` a sliding window of `w`): Mistral and Mixtral one, of their config's kind,
+/// for every layer; the others (Qwen2/3, Gemma 3) the causal mask and, when a layer slides,
+/// a sliding-window mask as well (`causal_mask_mapping`).
+fn hf_mask_kinds(model: &fsdp_ir::Model) -> Vec<Option<u64>> {
+    let windows = model.ops.iter().filter_map(|o| match o.kind {
+        fsdp_ir::OpKind::Attention { sliding_window, .. } => Some(sliding_window),
+        _ => None,
+    });
+    if matches!(model.architecture.as_str(), "MistralForCausalLM" | "MixtralForCausalLM") {
+        return windows.take(1).collect();
+    }
+    let mut kinds = vec![None];
+    for w in windows.flatten() {
+        if !kinds.contains(&Some(w)) {
+            kinds.push(Some(w));
+        }
+    }
+    kinds
+}
+
+/// The mask kind an attention op reads ([`hf_mask_kinds`]); `None` for other ops.
+fn mask_of(kinds: &[Option<u64>], op: &fsdp_ir::Op) -> Option<Option<u64>> {
+    match op.kind {
+        fsdp_ir::OpKind::Attention { sliding_window, .. } => Some(if kinds.len() == 1 { kinds[0] } else { sliding_window }),
+        _ => None,
     }
 }
 
@@ -1346,38 +1394,49 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                     // and the op whose input-save completes the recompute (early stop packs
                     // inputs before the op runs) does not run either
                     let stops_before = j == i && mems[j].saved.is_empty() && !mems[j].saves_output;
-                    if b.sac[j] || stops_before {
-                        b.op(OpKind::Recompute { op: oj.name.clone(), unit: u, cached: true }, Stream::Compute, vec![]);
-                        continue;
-                    }
-                    // FSDP2's pre-forward hook of a unit inside the region runs in the recompute:
-                    // it gathers the unit's params unless its pre-backward (or a prefetch) already
-                    // did (a prefetched gather is waited for here); its post-forward does not
-                    // reshard in backward
-                    b.unshard(u, false);
-                    b.wait(u);
                     // FSDPMemTracker counts what the recompute makes as activation inside an
                     // FSDP unit's forward, as temp elsewhere (a region op owned by the root or by
                     // a unit around the region)
                     let un = &units[u.index()];
                     let inside = !un.is_root() && std::iter::once(&un.module).chain(&un.group).any(|umod| umod == rpath || umod.strip_prefix(rpath).is_some_and(|x| x.starts_with('.')));
                     let category = if inside { Category::Activation } else { Category::Temp };
-                    b.op(OpKind::Recompute { op: oj.name.clone(), unit: u, cached: false }, Stream::Compute, vec![]);
-                    if !mems[j].fwd_chain.is_empty() && out_buf[j].is_none() {
-                        out_buf[j] = forward_chain(b, &oj.name, &mems[j], " (recomputed)", category);
-                    } else if let Some(o) = mems[j].out {
-                        if out_buf[j].is_none() {
-                            out_buf[j] = Some(b.alloc(cat(&[&oj.name, " ", o.what, " (recomputed)"]), category, o.bytes(), None));
+                    if b.sac[j] || stops_before {
+                        b.op(OpKind::Recompute { op: oj.name.clone(), unit: u, cached: true }, Stream::Compute, vec![]);
+                        // the copies of its inputs it saves are made again (repeat_kv, the
+                        // float mask) and saved by the op served from the cache; the inputs
+                        // they copy go as below
+                        let copies = &mems[j].saved[mems[j].saved.len() - mems[j].input_copies..];
+                        for s in copies {
+                            let buf = b.alloc(cat(&[&oj.name, " ", s.what, " (recomputed)"]), category, s.bytes(), None);
+                            saved[j].push(buf);
                         }
+                        if stops_before || mems[j].input_copies == 0 {
+                            continue;
+                        }
+                    } else {
+                        // FSDP2's pre-forward hook of a unit inside the region runs in the recompute:
+                        // it gathers the unit's params unless its pre-backward (or a prefetch) already
+                        // did (a prefetched gather is waited for here); its post-forward does not
+                        // reshard in backward
+                        b.unshard(u, false);
+                        b.wait(u);
+                        b.op(OpKind::Recompute { op: oj.name.clone(), unit: u, cached: false }, Stream::Compute, vec![]);
+                        if !mems[j].fwd_chain.is_empty() && out_buf[j].is_none() {
+                            out_buf[j] = forward_chain(b, &oj.name, &mems[j], " (recomputed)", category);
+                        } else if let Some(o) = mems[j].out {
+                            if out_buf[j].is_none() {
+                                out_buf[j] = Some(b.alloc(cat(&[&oj.name, " ", o.what, " (recomputed)"]), category, o.bytes(), None));
+                            }
+                        }
+                        let mut v = vec![];
+                        for s in &mems[j].saved {
+                            v.push(b.alloc(cat(&[&oj.name, " ", s.what, " (recomputed)"]), category, s.bytes(), None));
+                        }
+                        fwd_scratch(b, &oj.name, &mems[j], " (recomputed)", category);
+                        // (first, as in the forward: `first_node_saved` counts from the front; what
+                        // the region keeps for it, the mask or position ids, goes after)
+                        saved[j].splice(0..0, v);
                     }
-                    let mut v = vec![];
-                    for s in &mems[j].saved {
-                        v.push(b.alloc(cat(&[&oj.name, " ", s.what, " (recomputed)"]), category, s.bytes(), None));
-                    }
-                    fwd_scratch(b, &oj.name, &mems[j], " (recomputed)", category);
-                    // (first, as in the forward: `first_node_saved` counts from the front; what
-                    // the region keeps for it, the mask or position ids, goes after)
-                    saved[j].splice(0..0, v);
                     // Non-reentrant checkpointing keeps only what the recomputed ops save:
                     // drop region-internal inputs whose region consumers have all run and
                     // that none of them saves.

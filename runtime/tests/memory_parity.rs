@@ -129,6 +129,14 @@ fn measured_peak_is_within_two_percent_of_the_plan() {
             o.param_dtype = fsdp_ir::DType::parse("bf16");
             o.reduce_dtype = fsdp_ir::DType::parse("f32");
         }),
+        // Gemma 3: sliding-window and global layers, (1 + weight) norms in float32
+        case("tiny-gemma3", "Gemma 3, ws 2", |_| {}),
+        case("tiny-gemma3", "Gemma 3, bf16 params, checkpointing, ws 3", |o| {
+            o.world_size = 3;
+            o.checkpoint = vec!["Gemma3DecoderLayer".into()];
+            o.param_dtype = fsdp_ir::DType::parse("bf16");
+            o.reduce_dtype = fsdp_ir::DType::parse("f32");
+        }),
         case("tiny-qwen3-moe", "Qwen3-MoE, bf16 params, selective-op AC", |o| {
             o.checkpoint = vec!["Qwen3MoeDecoderLayer".into()];
             o.ac_mode = fsdp_planner::AcMode::SelectiveOp;

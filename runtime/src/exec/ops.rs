@@ -156,7 +156,7 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
             let d = *dims(inputs[0]).last().unwrap_or(&1);
             inputs[0].layer_norm([d], Some(params[0]), Some(params[1]), *eps, true)
         }
-        OpKind::RmsNorm { eps, head_dim, weight_f32 } => {
+        OpKind::RmsNorm { eps, head_dim, weight_f32, unit_offset } => {
             // HF LlamaRMSNorm: x32 * rsqrt(mean(x32^2) + eps), cast back, times weight.
             // Per head (Qwen3's q_norm / k_norm): on the input viewed [..., heads, head_dim].
             need(1, 1)?;
@@ -175,8 +175,15 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
             let x32 = up(x);
             let var = x32.pow_tensor_scalar(2).mean_dim(-1, true, None::<Kind>);
             let xn = &x32 * (var + *eps).rsqrt();
-            // OLMo-2 multiplies in float32 and casts after; Llama casts, then multiplies
-            let out = if *weight_f32 { (params[0] * &xn).to_kind(x.kind()) } else { params[0] * xn.to_kind(x.kind()) };
+            // OLMo-2 multiplies in float32 and casts after; Gemma by `1 + weight.float()`;
+            // Llama casts, then multiplies
+            let out = if *unit_offset {
+                (&xn * (up(params[0]) + 1.0)).to_kind(x.kind())
+            } else if *weight_f32 {
+                (params[0] * &xn).to_kind(x.kind())
+            } else {
+                params[0] * xn.to_kind(x.kind())
+            };
             match head_dim {
                 Some(_) => out.view(dims_in.as_slice()),
                 None => out,
@@ -190,6 +197,13 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
             need(2, 0)?;
             inputs[0] * inputs[1]
         }
+        OpKind::Scale { factor } => {
+            // Gemma 3: `x * embed_scale.to(weight.dtype)`, the float32 scalar rounded to the
+            // activations' dtype first (sqrt(3072) = 55.43 is 55.5 in bf16)
+            need(1, 0)?;
+            let x = inputs[0];
+            x * Tensor::from(*factor as f32).to_kind(x.kind()).to_device(x.device())
+        }
         OpKind::Activation { act } => {
             need(1, 0)?;
             let x = inputs[0];
@@ -197,6 +211,7 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
                 Act::Silu => x.silu(),
                 Act::Relu => x.relu(),
                 Act::Gelu => x.gelu("none"),
+                Act::GeluPytorchTanh => x.gelu("tanh"),
                 // NewGELUActivation, literally.
                 Act::GeluTanh => {
                     let c = (2.0f64 / std::f64::consts::PI).sqrt();
@@ -234,6 +249,9 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
                 let medium = wavelen.lt(n / hi).logical_not().logical_and(&long.logical_not());
                 inv = smoothed.where_self(&medium, &scaled);
             }
+            if let Some(fsdp_ir::RopeScaling::Linear { factor }) = *scaling {
+                inv /= factor;
+            }
             let pos = Tensor::arange(s, (Kind::Int64, dev)).to_kind(fk);
             let freqs = pos.unsqueeze(1).matmul(&inv.unsqueeze(0));
             let emb = Tensor::cat(&[&freqs, &freqs], -1);
@@ -259,8 +277,9 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
             head_dim,
             sliding_window,
             dropout,
+            scaling,
             ..
-        } => attention(cx, op, inputs, *heads as i64, *kv_heads as i64, *head_dim as i64, *sliding_window, *dropout)?,
+        } => attention(cx, op, inputs, *heads as i64, *kv_heads as i64, *head_dim as i64, *sliding_window, *dropout, *scaling)?,
         OpKind::Router { top_k, normalize, cast, .. } => {
             // MixtralTopKRouter / Qwen3MoeTopKRouter after the gate's linear (its own op):
             // softmax(logits.float()), top-k,
@@ -327,7 +346,7 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
 }
 
 #[allow(clippy::too_many_arguments)]
-fn attention(cx: &OpCx, op: &Op, inputs: &[&Tensor], h: i64, kv: i64, hd: i64, window: Option<u64>, p: f64) -> Result<Tensor, RtError> {
+fn attention(cx: &OpCx, op: &Op, inputs: &[&Tensor], h: i64, kv: i64, hd: i64, window: Option<u64>, p: f64, scaling: Option<f64>) -> Result<Tensor, RtError> {
     // Attention dropout in training: SDPA on CPU takes the math path, which computes (and
     // saves) what the eager path does, with the probabilities dropped before `@ v`.
     let drop = cx.train.filter(|_| p > 0.0);
@@ -373,10 +392,10 @@ fn attention(cx: &OpCx, op: &Op, inputs: &[&Tensor], h: i64, kv: i64, hd: i64, w
         Attn::Sdpa => {
             let gqa = rep > 1 && mask.is_none();
             let causal = mask.is_none();
-            Tensor::scaled_dot_product_attention(&q, &k, &v, mask.as_ref(), 0.0, causal, None::<f64>, gqa)
+            Tensor::scaled_dot_product_attention(&q, &k, &v, mask.as_ref(), 0.0, causal, scaling, gqa)
         }
         Attn::Eager => {
-            let scale = (hd as f64).powf(-0.5);
+            let scale = scaling.unwrap_or((hd as f64).powf(-0.5));
             // SDPA with dropout on the CPU is its math kernel, which upcasts half/bf16 to
             // float32: q scaled and k, v copied in f32, softmax, dropout and `@ v` in f32, the
             // output cast back (what PyTorch computes and saves; the planner's model of it).
