@@ -248,6 +248,15 @@ BASE_CASES = {
                            "reduce_dtype": "float32", "checkpoint": ["Gemma3DecoderLayer"]},
     "gemma3_sac_op_ws2": {"model": "tiny-gemma3", "world_size": 2, "checkpoint": ["Gemma3DecoderLayer"],
                           "ac_mode": "selective-op"},
+    # Gemma 2: alternating local (window 4) and global layers, the attention scores soft-capped
+    # (eager; HF's SDPA path ignores it) and the logits soft-capped (tanh(l / 3) * 3)
+    "gemma2_ws2": {"model": "tiny-gemma2", "world_size": 2},
+    "gemma2_bf16_ws2": {"model": "tiny-gemma2", "world_size": 2, "param_dtype": "bfloat16",
+                        "reduce_dtype": "float32"},
+    "gemma2_ac_ws3": {"model": "tiny-gemma2", "world_size": 3, "checkpoint": ["Gemma2DecoderLayer"]},
+    "gemma2_bf16_sac_op_ws2": {"model": "tiny-gemma2", "world_size": 2, "param_dtype": "bfloat16",
+                               "reduce_dtype": "float32", "checkpoint": ["Gemma2DecoderLayer"],
+                               "ac_mode": "selective-op"},
     # MoE under checkpointing: the experts' grouped_mm backward chain is the peak
     "mixtral_ac_ws2": {"model": "tiny-mixtral", "world_size": 2, "checkpoint": ["MixtralDecoderLayer"]},
     "mixtral_bf16_ac_ws2": {"model": "tiny-mixtral", "world_size": 2, "checkpoint": ["MixtralDecoderLayer"],
@@ -508,6 +517,14 @@ FAKE_CASES.update({
                                "model_dtype": "float32", "param_dtype": "bfloat16",
                                "reduce_dtype": "float32", "optimizer": "adamw",
                                "checkpoint": ["Gemma3DecoderLayer"]},
+    # Gemma-2-9B (42 layers alternating local/global, window 4096 < seq 8192, soft-capped
+    # logits over a 256k vocabulary), eager (soft-capped scores) and sdpa
+    "gemma2_9b_bf16_ws8": {"model": "gemma-2-9b", "world_size": 8, "batch": 1, "seq": 8192,
+                           "param_dtype": "bfloat16", "reduce_dtype": "float32", "optimizer": "adamw",
+                           "checkpoint": ["Gemma2DecoderLayer"]},
+    "gemma2_9b_eager_ws8": {"model": "gemma-2-9b", "world_size": 8, "batch": 1, "seq": 2048,
+                            "attn_implementation": "eager",
+                            "param_dtype": "bfloat16", "reduce_dtype": "float32", "optimizer": "adamw"},
     # Qwen3-30B-A3B (128 experts, top-8 renormalized, weights cast back to bf16)
     "qwen3_30b_a3b_bf16_ac_ws8": {"model": "qwen3-30b-a3b", "world_size": 8, "batch": 1, "seq": 4096,
                                   "model_dtype": "float32", "param_dtype": "bfloat16",

@@ -36,6 +36,9 @@ PARITY_MODELS = [
     "tiny-qwen3-moe",
     "tiny-olmo2",
     "tiny-gemma3",
+    "tiny-gemma2",
+    # (NAME.eager: the model under eager attention, where Gemma 2 soft-caps the scores)
+    "tiny-gemma2.eager",
 ]
 BATCH = 2
 SEQ = 16
@@ -76,8 +79,15 @@ def primary_params(model):
     return prim, aliases
 
 
+def variant(name):
+    """`NAME` or `NAME.ATTN`: the model config's name and the attention implementation."""
+    base, _, attn = name.partition(".")
+    return base, attn or ATTN
+
+
 def build(name, seed):
-    cfg = common.load_config(name)
+    base, attn = variant(name)
+    cfg = common.load_config(base)
     zeroed = {}
     for k in DROPOUT_KEYS:
         if hasattr(cfg, k):
@@ -86,7 +96,7 @@ def build(name, seed):
     if getattr(cfg, "router_jitter_noise", 0.0):  # the only other train-mode randomness (MoE)
         raise SystemExit(f"{name}: router_jitter_noise must be 0")
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=ATTN, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn, dtype=torch.float32)
     model.train()
     for mname, m in model.named_modules():
         if isinstance(m, torch.nn.Dropout) and m.p != 0.0:
@@ -141,7 +151,7 @@ def run(name):
         loss2 = model(input_ids=input_ids, labels=labels).loss
 
     exp = {
-        "config": common.config_relpath(name),
+        "config": common.config_relpath(variant(name)[0]),
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
         "architecture": type(model).__name__,

@@ -57,7 +57,7 @@ def run(name):
     d = hf_parity.out_dir(name)
     weights = load_file(os.path.join(d, "weights.safetensors"))
     inputs = load_file(os.path.join(d, "inputs.safetensors"))
-    exp = {"config": common.config_relpath(name), "torch_version": torch.__version__,
+    exp = {"config": common.config_relpath(hf_parity.variant(name)[0]), "torch_version": torch.__version__,
            "transformers_version": transformers.__version__, "steps": STEPS, "optimizers": {}}
     final = {}
     for kind, h in OPTIMIZERS.items():

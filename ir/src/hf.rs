@@ -4,7 +4,7 @@
 //! keys missing from the config take that version's config-class defaults, so a partial
 //! config imports to the parameters HF builds from it. Supported: GPT2LMHeadModel,
 //! LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
-//! MixtralForCausalLM, Qwen3MoeForCausalLM, Olmo2ForCausalLM, Gemma3ForCausalLM (also the text
+//! MixtralForCausalLM, Qwen3MoeForCausalLM, Olmo2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (also the text
 //! model of a Gemma3ForConditionalGeneration config: its `text_config`).
 
 use crate::error::IrError;
@@ -22,11 +22,12 @@ pub enum Family {
     Mixtral,
     Qwen3Moe,
     Olmo2,
+    Gemma2,
     Gemma3,
 }
 
 impl Family {
-    const ALL: [Family; 9] = [Family::Gpt2, Family::Llama, Family::Mistral, Family::Qwen2, Family::Qwen3, Family::Mixtral, Family::Qwen3Moe, Family::Olmo2, Family::Gemma3];
+    const ALL: [Family; 10] = [Family::Gpt2, Family::Llama, Family::Mistral, Family::Qwen2, Family::Qwen3, Family::Mixtral, Family::Qwen3Moe, Family::Olmo2, Family::Gemma2, Family::Gemma3];
 
     /// `not a supported model (supported: gpt2 (GPT2LMHeadModel), llama (…), …)`.
     fn unsupported() -> String {
@@ -44,6 +45,7 @@ impl Family {
             Family::Mixtral => "mixtral",
             Family::Qwen3Moe => "qwen3_moe",
             Family::Olmo2 => "olmo2",
+            Family::Gemma2 => "gemma2",
             Family::Gemma3 => "gemma3_text",
         }
     }
@@ -57,6 +59,7 @@ impl Family {
             "mixtral" => Family::Mixtral,
             "qwen3_moe" => Family::Qwen3Moe,
             "olmo2" => Family::Olmo2,
+            "gemma2" => Family::Gemma2,
             "gemma3_text" => Family::Gemma3,
             _ => return None,
         })
@@ -71,6 +74,7 @@ impl Family {
             "MixtralForCausalLM" => Family::Mixtral,
             "Qwen3MoeForCausalLM" => Family::Qwen3Moe,
             "Olmo2ForCausalLM" => Family::Olmo2,
+            "Gemma2ForCausalLM" => Family::Gemma2,
             "Gemma3ForCausalLM" => Family::Gemma3,
             _ => return None,
         })
@@ -86,6 +90,7 @@ impl Family {
             Family::Mixtral => "Mixtral",
             Family::Qwen3Moe => "Qwen3Moe",
             Family::Olmo2 => "Olmo2",
+            Family::Gemma2 => "Gemma2",
             Family::Gemma3 => "Gemma3",
         }
     }
@@ -478,7 +483,7 @@ fn build(c: &Cfg, name: &str, dtype_override: Option<DType>) -> Result<Model, Ir
     match family {
         Family::Gpt2 => gpt2(c, &mut b)?,
         Family::Olmo2 => olmo2(c, &mut b)?,
-        Family::Gemma3 => gemma3(c, &mut b)?,
+        f @ (Family::Gemma2 | Family::Gemma3) => gemma(c, f, &mut b)?,
         f => llama_like(c, f, &mut b)?,
     }
     let problems = crate::validate::validate(&b.m);
@@ -561,6 +566,7 @@ fn gpt2(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
                 dropout: attn_p,
                 sliding_window: None,
                 scaling: None,
+                softcap: None,
             },
             &format!("{p}.attn"),
             &[&qkv],
@@ -668,7 +674,7 @@ fn olmo2(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
         let ko = b.op(&ks, norm(None), &ks, &[&ko], vec![kn], bsd(kv * hd));
         let qr = b.op(&format!("{sa}.rope_q"), OpKind::Rope { head_dim: hd }, &sa, &[&qo, &rot], vec![], bsd(heads * hd));
         let kr = b.op(&format!("{sa}.rope_k"), OpKind::Rope { head_dim: hd }, &sa, &[&ko, &rot], vec![], bsd(kv * hd));
-        let attn = OpKind::Attention { heads, kv_heads: kv, head_dim: hd, causal: true, dropout: attn_p, sliding_window: None, scaling: None };
+        let attn = OpKind::Attention { heads, kv_heads: kv, head_dim: hd, causal: true, dropout: attn_p, sliding_window: None, scaling: None, softcap: None };
         let a = b.op(&format!("{sa}.sdpa"), attn, &sa, &[&qr, &kr, &vo], vec![], bsd(heads * hd));
         let ao = b.linear_op(&format!("{sa}.o_proj"), &a, o, d, false);
         let pa = format!("{p}.post_attention_layernorm");
@@ -702,7 +708,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
         Qwen2 | Qwen3 => (151936, 22016, None, 1e-6, 10000.0),
         Mixtral => (32000, 14336, Some(8), 1e-5, 1e6),
         Qwen3Moe => (151936, 6144, Some(4), 1e-6, 10000.0),
-        Gpt2 | Olmo2 | Gemma3 => unreachable!("gpt2, olmo2 and gemma3 have their own builders"),
+        Gpt2 | Olmo2 | Gemma2 | Gemma3 => unreachable!("gpt2, olmo2 and gemma have their own builders"),
     };
     let (d_d, layers_d) = if f == Qwen3Moe { (2048, 24) } else { (4096, 32) };
     let vocab = c.u("vocab_size", vocab_d)?;
@@ -867,6 +873,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
                 dropout: attn_p,
                 sliding_window: window(i),
                 scaling: None,
+                softcap: None,
             },
             &sa,
             &[&qr, &kr, &vo],
@@ -932,14 +939,18 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
     Ok(())
 }
 
-/// Gemma 3's text model (transformers' `Gemma3ForCausalLM`): the embeddings times
-/// `sqrt(hidden_size)`, four RMSNorms per block (before and after each sublayer) that
-/// multiply by `1 + weight` in float32, per-head q/k norms, local (sliding-window) and
-/// global layers with their own rotary tables (`layer_types`, by default five local to one
-/// global), the softmax scaled by `query_pre_attn_scalar ** -0.5`, a `gelu_pytorch_tanh`
-/// MLP, and the LM head tied to the embeddings.
-fn gemma3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
-    let vocab = c.u("vocab_size", 262_208)?;
+/// Gemma 2 and Gemma 3's text model (transformers' `Gemma2ForCausalLM`,
+/// `Gemma3ForCausalLM`): the embeddings times `sqrt(hidden_size)`, four RMSNorms per block
+/// (before and after each sublayer) that multiply by `1 + weight` in float32, local
+/// (sliding-window) and global layers (`layer_types`; by default Gemma 2 alternates, Gemma 3
+/// has five local to one global), the softmax scaled by `query_pre_attn_scalar ** -0.5`, a
+/// `gelu_pytorch_tanh` MLP, and the LM head tied to the embeddings. Gemma 2 soft-caps the
+/// attention scores (`tanh(s / 50) · 50`, eager only) and the logits (`tanh(l / 30) · 30`);
+/// Gemma 3 instead has per-head q/k norms and a rotary table per layer type.
+fn gemma(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
+    let v3 = f == Family::Gemma3;
+    let pre = f.prefix();
+    let vocab = c.u("vocab_size", if v3 { 262_208 } else { 256_000 })?;
     let d = c.u("hidden_size", 2304)?;
     let inter = c.u("intermediate_size", 9216)?;
     let layers = c.u("num_hidden_layers", 26)?;
@@ -970,15 +981,29 @@ fn gemma3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
         let a = c.s("hidden_activation", "gelu_pytorch_tanh")?;
         act_of(a).ok_or_else(|| c.err(format!("unsupported hidden_activation `{a}`")))?
     };
-    if c.b("use_bidirectional_attention", false)? {
-        return Err(c.err("`use_bidirectional_attention` true (EmbeddingGemma) is not a causal LM: not supported"));
+    let bidirectional = match c.get("use_bidirectional_attention") {
+        None => false,
+        Some(_) => c.b("use_bidirectional_attention", false)?,
+    };
+    if bidirectional {
+        return Err(c.err("`use_bidirectional_attention` true (an embedding model) is not a causal LM: not supported"));
     }
-    if let Some(x) = c.get("final_logit_softcapping") {
-        return Err(c.err(format!("`final_logit_softcapping` {x}: the tanh soft-capping of the logits is not modelled (Gemma 3's released configs have none)")));
-    }
-    // Gemma3Attention does not pass it to the attention kernels: no effect in transformers 5.17
-    let _ = c.get("attn_logit_softcapping");
-    let _ = c.get("cache_implementation");
+    let softcap = |k: &str, default: Option<f64>| -> Result<Option<f64>, IrError> {
+        let v = match c.get(k) {
+            None if c.v.get(k).is_some() => None, // explicitly null
+            None => default.map(|d| c.default(k, d)),
+            Some(_) => Some(c.f(k, 0.0)?),
+        };
+        match v {
+            Some(x) if !(x.is_finite() && x > 0.0) => Err(c.err(format!("`{k}` must be a positive number or null, got {x}"))),
+            v => Ok(v),
+        }
+    };
+    let final_cap = softcap("final_logit_softcapping", (!v3).then_some(30.0))?;
+    // (Gemma3Attention does not pass it to the attention kernels: no effect in transformers 5.17)
+    let attn_cap = softcap("attn_logit_softcapping", (!v3).then_some(50.0))?.filter(|_| !v3);
+    // (released Gemma 2 configs carry both; transformers reads `sliding_window`)
+    let _ = (c.get("cache_implementation"), c.get("sliding_window_size"));
     // layer types: explicit, or every `sliding_window_pattern`-th layer global
     let sliding: Vec<bool> = match c.get("layer_types") {
         Some(Value::Array(a)) => {
@@ -995,7 +1020,7 @@ fn gemma3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
         }
         Some(x) => return Err(c.err(format!("`layer_types` must be a list, got {x}"))),
         None => {
-            let pattern = c.u("sliding_window_pattern", 6)?;
+            let pattern = if v3 { c.u("sliding_window_pattern", 6)? } else { 2 };
             (0..layers).map(|i| !(i + 1).is_multiple_of(pattern)).collect()
         }
     };
@@ -1010,7 +1035,7 @@ fn gemma3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
             Some(x) => x.as_f64().map(Some).ok_or_else(|| c.err(format!("`{what}.{k}` must be a number, got {x}"))),
         }
     };
-    let (global_theta, global_scaling) = match typed("full_attention") {
+    let (global_theta, global_scaling) = match typed("full_attention").filter(|_| v3) {
         Some(o) => {
             let theta = num_in(o, "rope_theta", "rope_parameters.full_attention")?.unwrap_or(1e6);
             let scaling = match o.get("rope_type").and_then(|t| t.as_str()).unwrap_or("default") {
@@ -1023,8 +1048,9 @@ fn gemma3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
             (theta, scaling)
         }
         None => {
-            let theta = c.f("rope_theta", 1e6)?;
+            let theta = c.rope_theta(if v3 { 1e6 } else { 10000.0 })?;
             let scaling = match c.get("rope_scaling") {
+                _ if !v3 => c.rope_scaling()?,
                 Some(r) if r.is_object() => c.rope_scaling()?,
                 _ => None,
             };
@@ -1032,6 +1058,7 @@ fn gemma3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
         }
     };
     let local_theta = match typed("sliding_attention") {
+        _ if !v3 => global_theta,
         Some(o) => num_in(o, "rope_theta", "rope_parameters.sliding_attention")?.unwrap_or(10000.0),
         None => c.f("rope_local_base_freq", 10000.0)?,
     };
@@ -1041,39 +1068,50 @@ fn gemma3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
         }
     }
     let norm = |head_dim: Option<u64>| OpKind::RmsNorm { eps, head_dim, weight_f32: false, unit_offset: true };
-    let norm_class = "Gemma3RMSNorm";
-    b.module("", "Gemma3ForCausalLM");
-    b.module("model", "Gemma3TextModel");
-    b.module("model.embed_tokens", "Gemma3TextScaledWordEmbedding");
+    let norm_class = format!("{pre}RMSNorm");
+    let norm_class = norm_class.as_str();
+    b.module("", &f.architecture());
+    b.module("model", if v3 { "Gemma3TextModel" } else { "Gemma2Model" });
+    b.module("model.embed_tokens", &format!("{pre}TextScaledWordEmbedding"));
     let embed = b.param("model.embed_tokens.weight".into(), vec![vocab, d]);
     b.m.buffers.push(Buffer { name: "model.embed_tokens.embed_scale".into(), shape: vec![], dtype: DType::Float32, persistent: false });
     b.module("model.layers", "ModuleList");
     let x0 = b.op("model.embed_tokens", OpKind::Embedding, "model.embed_tokens", &["input_ids"], vec![embed.clone()], bsd(d));
-    let mut x = b.op("model.embed_tokens.scale", OpKind::Scale { factor: (d as f64).sqrt() }, "model.embed_tokens", &[&x0], vec![], bsd(d));
-    // the rotary tables of each layer type present (the model computes them in that order)
+    let mut x = b.op("model.embed_tokens.scale", OpKind::Scale { factor: (d as f64).sqrt(), divide: false, buffer: true }, "model.embed_tokens", &[&x0], vec![], bsd(d));
+    // the rotary tables of each layer type present (the model computes them in that order;
+    // Gemma 2: one table for every layer)
     let types: Vec<(&str, bool)> = [("sliding_attention", true), ("full_attention", false)].into_iter().filter(|(_, s)| sliding.contains(s)).collect();
     let mut rot = std::collections::HashMap::new();
-    for &(t, s) in &types {
-        let (theta, scaling) = if s { (local_theta, None) } else { (global_theta, global_scaling) };
-        let name = format!("model.rotary_emb.{t}");
-        let r = b.op(&name, OpKind::RotaryEmbedding { theta, head_dim: hd, scaling, f32_tables: false }, "model.rotary_emb", &["input_ids"], vec![], vec![Dim::N(1), sym("seq"), Dim::N(hd)]);
-        rot.insert(s, r);
+    if v3 {
+        for &(t, s) in &types {
+            let (theta, scaling) = if s { (local_theta, None) } else { (global_theta, global_scaling) };
+            let name = format!("model.rotary_emb.{t}");
+            let r = b.op(&name, OpKind::RotaryEmbedding { theta, head_dim: hd, scaling, f32_tables: false }, "model.rotary_emb", &["input_ids"], vec![], vec![Dim::N(1), sym("seq"), Dim::N(hd)]);
+            rot.insert(s, r);
+        }
+    } else {
+        let r = b.op("model.rotary_emb", OpKind::RotaryEmbedding { theta: global_theta, head_dim: hd, scaling: global_scaling, f32_tables: false }, "model.rotary_emb", &["input_ids"], vec![], vec![Dim::N(1), sym("seq"), Dim::N(hd)]);
+        rot.insert(true, r.clone());
+        rot.insert(false, r);
     }
     for (i, &is_sliding) in sliding.iter().enumerate() {
         let p = format!("model.layers.{i}");
         let sa = format!("{p}.self_attn");
-        b.module(&p, "Gemma3DecoderLayer");
-        b.module(&sa, "Gemma3Attention");
+        b.module(&p, &f.layer_class());
+        b.module(&sa, &format!("{pre}Attention"));
         let q = b.linear_module(&format!("{sa}.q_proj"), "Linear", d, heads * hd, bias, false);
         let k = b.linear_module(&format!("{sa}.k_proj"), "Linear", d, kv * hd, bias, false);
         let v = b.linear_module(&format!("{sa}.v_proj"), "Linear", d, kv * hd, bias, false);
         let o = b.linear_module(&format!("{sa}.o_proj"), "Linear", heads * hd, d, bias, false);
-        b.module(&format!("{sa}.q_norm"), norm_class);
-        let qn = b.param(format!("{sa}.q_norm.weight"), vec![hd]);
-        b.module(&format!("{sa}.k_norm"), norm_class);
-        let kn = b.param(format!("{sa}.k_norm.weight"), vec![hd]);
+        let qk_norm = v3.then(|| {
+            b.module(&format!("{sa}.q_norm"), norm_class);
+            let qn = b.param(format!("{sa}.q_norm.weight"), vec![hd]);
+            b.module(&format!("{sa}.k_norm"), norm_class);
+            let kn = b.param(format!("{sa}.k_norm.weight"), vec![hd]);
+            (qn, kn)
+        });
         let mlp = format!("{p}.mlp");
-        b.module(&mlp, "Gemma3MLP");
+        b.module(&mlp, &format!("{pre}MLP"));
         let g = b.linear_module(&format!("{mlp}.gate_proj"), "Linear", d, inter, false, false);
         let u = b.linear_module(&format!("{mlp}.up_proj"), "Linear", d, inter, false, false);
         let dn = b.linear_module(&format!("{mlp}.down_proj"), "Linear", inter, d, false, false);
@@ -1091,9 +1129,13 @@ fn gemma3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
         let qo = b.linear_op(&format!("{sa}.q_proj"), &h, q, heads * hd, false);
         let ko = b.linear_op(&format!("{sa}.k_proj"), &h, k, kv * hd, false);
         let vo = b.linear_op(&format!("{sa}.v_proj"), &h, v, kv * hd, false);
-        let (qs, ks) = (format!("{sa}.q_norm"), format!("{sa}.k_norm"));
-        let qo = b.op(&qs, norm(Some(hd)), &qs, &[&qo], vec![qn], bsd(heads * hd));
-        let ko = b.op(&ks, norm(Some(hd)), &ks, &[&ko], vec![kn], bsd(kv * hd));
+        let (qo, ko) = match qk_norm {
+            Some((qn, kn)) => {
+                let (qs, ks) = (format!("{sa}.q_norm"), format!("{sa}.k_norm"));
+                (b.op(&qs, norm(Some(hd)), &qs, &[&qo], vec![qn], bsd(heads * hd)), b.op(&ks, norm(Some(hd)), &ks, &[&ko], vec![kn], bsd(kv * hd)))
+            }
+            None => (qo, ko),
+        };
         let r = rot.get(&is_sliding).cloned().unwrap_or_default();
         let qr = b.op(&format!("{sa}.rope_q"), OpKind::Rope { head_dim: hd }, &sa, &[&qo, &r], vec![], bsd(heads * hd));
         let kr = b.op(&format!("{sa}.rope_k"), OpKind::Rope { head_dim: hd }, &sa, &[&ko, &r], vec![], bsd(kv * hd));
@@ -1105,6 +1147,7 @@ fn gemma3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
             dropout: attn_p,
             sliding_window: is_sliding.then_some(window),
             scaling: Some(1.0 / qpas.sqrt()),
+            softcap: attn_cap,
         };
         let a = b.op(&format!("{sa}.sdpa"), attn, &sa, &[&qr, &kr, &vo], vec![], bsd(heads * hd));
         let ao = b.linear_op(&format!("{sa}.o_proj"), &a, o, d, false);
@@ -1125,15 +1168,30 @@ fn gemma3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
     b.module("model.norm", norm_class);
     let nw = b.param("model.norm.weight".into(), vec![d]);
     let h = b.op("model.norm", norm(None), "model.norm", &[&x], vec![nw], bsd(d));
-    b.module("model.rotary_emb", "Gemma3RotaryEmbedding");
-    // registered per layer type in sorted order
-    let mut names: Vec<&str> = types.iter().map(|t| t.0).collect();
+    b.module("model.rotary_emb", &format!("{pre}RotaryEmbedding"));
+    // Gemma 3: registered per layer type in sorted order
+    let mut names: Vec<String> = match v3 {
+        true => types.iter().map(|t| format!("{}_", t.0)).collect(),
+        false => vec![String::new()],
+    };
     names.sort_unstable();
     for t in names {
         for n in ["inv_freq", "original_inv_freq"] {
-            b.m.buffers.push(Buffer { name: format!("model.rotary_emb.{t}_{n}"), shape: vec![hd / 2], dtype: DType::Float32, persistent: false });
+            b.m.buffers.push(Buffer { name: format!("model.rotary_emb.{t}{n}"), shape: vec![hd / 2], dtype: DType::Float32, persistent: false });
         }
     }
-    lm_head(b, &h, d, vocab, tie, &embed);
+    match final_cap {
+        None => lm_head(b, &h, d, vocab, tie, &embed),
+        Some(cap) => {
+            // logits / cap, tanh, * cap (in the model's forward), then the loss
+            b.module("lm_head", "Linear");
+            b.m.params.push(Param { name: "lm_head.weight".into(), shape: vec![vocab, d], dtype: b.dtype, requires_grad: true, tied_to: tie.then(|| embed.clone()) });
+            let logits = b.linear_op("lm_head", &h, vec!["lm_head.weight".into()], vocab, false);
+            let l = b.op("softcap.div", OpKind::Scale { factor: cap, divide: true, buffer: false }, "", &[&logits], vec![], bsd(vocab));
+            let l = b.op("softcap.tanh", OpKind::Activation { act: Act::Tanh }, "", &[&l], vec![], bsd(vocab));
+            let l = b.op("softcap.mul", OpKind::Scale { factor: cap, divide: false, buffer: false }, "", &[&l], vec![], bsd(vocab));
+            b.op("loss", OpKind::CrossEntropy { vocab }, "", &[&l, "labels"], vec![], vec![]);
+        }
+    }
     Ok(())
 }

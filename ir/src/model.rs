@@ -195,6 +195,8 @@ pub enum Act {
     GeluPytorchTanh,
     Gelu,
     Relu,
+    /// `torch.tanh` (Gemma 2's logit soft-capping): autograd saves its output.
+    Tanh,
 }
 
 /// A RoPE frequency scaling (HF `rope_scaling.rope_type`). It changes the rotary tables'
@@ -243,9 +245,17 @@ pub enum OpKind {
     Add,
     /// Element-wise product of two inputs.
     Mul,
-    /// The input times a constant scalar (Gemma's embeddings times `sqrt(hidden_size)`): a
-    /// 0-dim tensor in the input's dtype, made from a float32 buffer when the dtypes differ.
-    Scale { factor: f64 },
+    /// The input times a constant, `x * factor` (`divide`: `x / factor`, the first step of
+    /// Gemma 2's soft-capping), by a Python number; with `buffer`, by a 0-dim float32 buffer
+    /// cast to the input's dtype (Gemma's embeddings times `sqrt(hidden_size)`: a copy made,
+    /// and saved, when the dtypes differ).
+    Scale {
+        factor: f64,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        divide: bool,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        buffer: bool,
+    },
     Activation { act: Act },
     /// Dropout with probability `p` (saves a mask when `p > 0`).
     Dropout { p: f64 },
@@ -280,6 +290,11 @@ pub enum OpKind {
         /// `query_pre_attn_scalar ** -0.5`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         scaling: Option<f64>,
+        /// Gemma 2's `attn_logit_softcapping`: the scaled scores become `tanh(s / c) · c`
+        /// before the mask. HF applies it in eager attention (and flash-attention); its SDPA
+        /// path ignores it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        softcap: Option<f64>,
     },
     /// MoE router over the gate's logits (input: the `Linear` of the router's weight):
     /// softmax over `experts` in float32, top-k selection,

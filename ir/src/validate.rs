@@ -297,8 +297,9 @@ fn check_attrs(k: &OpKind) -> Result<(), String> {
         OpKind::LayerNorm { eps } | OpKind::RmsNorm { eps, .. } if !(eps.is_finite() && eps > 0.0) => Err(format!("eps {eps}: expected a small positive number")),
         OpKind::Dropout { p } => prob("dropout p", p),
         OpKind::Attention { scaling: Some(s), .. } if !(s.is_finite() && s > 0.0) => Err(format!("attention scaling {s}: expected a positive number")),
+        OpKind::Attention { softcap: Some(c), .. } if !(c.is_finite() && c > 0.0) => Err(format!("attention softcap {c}: expected a positive number")),
         OpKind::Attention { dropout, .. } => prob("attention dropout", dropout),
-        OpKind::Scale { factor } if !factor.is_finite() => Err(format!("scale factor {factor}: expected a finite number")),
+        OpKind::Scale { factor, divide, .. } if !(factor.is_finite() && (!divide || factor != 0.0)) => Err(format!("scale factor {factor}: expected a finite number (non-zero to divide by)")),
         OpKind::RotaryEmbedding { scaling: Some(RopeScaling::Linear { factor }), .. } if !(factor.is_finite() && factor > 0.0) => Err(format!("linear rope scaling factor {factor}: expected a positive number")),
         OpKind::RotaryEmbedding { theta, .. } if !(theta.is_finite() && theta > 0.0) => Err(format!("rope theta {theta}: expected a positive number")),
         OpKind::RotaryEmbedding { scaling: Some(RopeScaling::Llama3 { factor, low_freq_factor: lo, high_freq_factor: hi, original_max_position_embeddings: n }), .. } => {

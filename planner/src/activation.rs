@@ -477,17 +477,22 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
         OpKind::Mul => {
             m.saves_inputs = vec![true, true];
         }
-        OpKind::Scale { .. } => {
-            // Gemma 3's `x * embed_scale.to(weight.dtype)`: MulBackward0 saves the scalar only
-            // (the input is not needed: the scalar takes no grad); in a low-precision dtype the
-            // scalar is a new 0-dim copy of the float32 buffer
-            if cd != DType::Float32 {
+        OpKind::Scale { buffer, .. } => {
+            // By a Python number: nothing saved. Gemma's `x * embed_scale.to(weight.dtype)`:
+            // MulBackward0 saves the scalar only (the input is not needed: the scalar takes no
+            // grad); in a low-precision dtype the scalar is a new 0-dim copy of the float32
+            // buffer
+            if *buffer && cd != DType::Float32 {
                 m.saved.push(t(1, cd, "scale scalar"));
             }
         }
         OpKind::Activation { act } => match act {
             Act::Silu | Act::Gelu | Act::Relu | Act::GeluPytorchTanh => {
                 m.saves_inputs = vec![true];
+            }
+            Act::Tanh => {
+                // TanhBackward0 keeps the result
+                m.saves_output = true;
             }
             Act::GeluTanh => {
                 // NewGELUActivation is Python: 0.5*x*(1+tanh(c*(x+0.044715*x^3))).
@@ -546,7 +551,10 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             ..
         } => {
             let masked = sliding_window.is_some_and(|w| cx.dims.seq > w);
-            attention(cx, op, &mut m, *heads, *kv_heads, *head_dim, *dropout, masked)
+            attention(cx, op, &mut m, *heads, *kv_heads, *head_dim, *dropout, masked);
+            if let (OpKind::Attention { softcap: Some(_), .. }, AttnImpl::Eager) = (&op.kind, cx.attn) {
+                softcap_scores(cx, &mut m, *heads);
+            }
         }
         OpKind::Router { experts, top_k, normalize, cast } => {
             // (the logits come from the gate's Linear op) softmax(logits.float()) saved; topk
@@ -743,6 +751,22 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
 /// flash kernel takes none). It then saves f32 copies of q, k and v, not its inputs.
 pub fn sdpa_math_upcast(cx: &Ctx, dropout: f64) -> bool {
     cx.attn == AttnImpl::Sdpa && dropout > 0.0 && cx.device == Device::Cpu && cx.cd != DType::Float32
+}
+
+/// Gemma 2's eager soft-capping of the scaled scores (`s / c`, `tanh`, `· c`, then the mask):
+/// tanh's result is saved; forward and backward make score-sized tensors down the chain, one
+/// alive with the next.
+fn softcap_scores(cx: &Ctx, m: &mut OpMem, heads: u64) {
+    let (b, s, cd) = (cx.dims.batch, cx.dims.seq, cx.cd);
+    let scores = b * heads * s * s;
+    m.saved.push(t(scores, cd, "attention softcap tanh"));
+    m.fwd_scratch.push(t(scores, cd, "attention softcap scores"));
+    // (before the scores' grad, the last of the chain: the grads of `· c`, tanh and `/ c`)
+    let last = m.bwd_scratch.pop();
+    for what in ["softcap mul grad", "softcap tanh grad", "softcap div grad"] {
+        m.bwd_scratch.push(t(scores, cd, what));
+    }
+    m.bwd_scratch.extend(last);
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -276,8 +276,8 @@ pub fn launches(op: &Op, cast: bool) -> (u32, u32) {
         OpKind::RmsNorm { .. } => (6 + 2 * c, 10 + 2 * c),
         OpKind::Add => (1, 1),
         OpKind::Mul => (1, 2),
-        // (a low-precision copy of the scalar first)
-        OpKind::Scale { .. } => (1 + c, 1),
+        // (Gemma's embedding scale: a low-precision copy of the scalar first)
+        OpKind::Scale { buffer, .. } => (1 + c * u32::from(*buffer), 1),
         OpKind::Activation { act } => match act {
             // NewGELUActivation: 0.5·x·(1 + tanh(c·(x + 0.044715·x³))), eight kernels
             fsdp_ir::Act::GeluTanh => (8, 14),

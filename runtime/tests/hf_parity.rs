@@ -22,6 +22,16 @@ fn rel(a: f64, b: f64) -> f64 {
     (a - b).abs() / b.abs().max(1e-30)
 }
 
+/// The attention implementation HF ran the fixture with (`expected.json`): sdpa, or eager
+/// (a `NAME.eager` fixture).
+fn attn_of(d: &Path) -> Attn {
+    let exp: Value = serde_json::from_str(&std::fs::read_to_string(d.join("expected.json")).unwrap()).unwrap();
+    match exp["attn_implementation"].as_str() {
+        Some("eager") => Attn::Eager,
+        _ => Attn::Sdpa,
+    }
+}
+
 /// `tests/fixtures/runtime/<name>/`, one per tiny architecture, sorted.
 fn fixture_dirs() -> Vec<PathBuf> {
     let dir = root().join("tests/fixtures/runtime");
@@ -44,7 +54,7 @@ fn loss_and_grads_equal_hf() {
         let model = fsdp_ir::hf::import_hf(&text, config, "m").unwrap();
         let params = Params::from_safetensors(&model, &d.join("weights.safetensors")).unwrap();
         let inputs: HashMap<String, Tensor> = Tensor::read_safetensors(d.join("inputs.safetensors")).unwrap().into_iter().collect();
-        let cx = OpCx::eval(Attn::Sdpa, Kind::Float);
+        let cx = OpCx::eval(attn_of(&d), Kind::Float);
         let loss = forward_loss(&model, &params, &inputs, &cx).unwrap();
         let got = loss.double_value(&[]);
         let want = exp["loss"].as_f64().unwrap();
@@ -69,7 +79,7 @@ fn loss_and_grads_equal_hf() {
         let loss2 = tch::no_grad(|| forward_loss(&model, &params, &inputs, &cx).unwrap()).double_value(&[]);
         let want2 = exp["adamw_step1_loss2"].as_f64().unwrap();
         assert!(rel(loss2, want2) < TOL, "{config}: loss after AdamW {loss2} vs HF {want2}");
-        report += &format!("{config:<40} loss {got:.9} (HF {want:.9}, rel {:.1e})  worst grad rel L2 {worst:.1e}  loss2 rel {:.1e}\n", rel(got, want), rel(loss2, want2));
+        report += &format!("{:<24} loss {got:.9} (HF {want:.9}, rel {:.1e})  worst grad rel L2 {worst:.1e}  loss2 rel {:.1e}\n", d.file_name().unwrap_or_default().to_string_lossy(), rel(got, want), rel(loss2, want2));
     }
     eprintln!("{report}");
 }
@@ -122,7 +132,7 @@ fn optimizers_over_three_steps_equal_torch() {
         let inputs: HashMap<String, Tensor> = Tensor::read_safetensors(d.join("inputs.safetensors")).unwrap().into_iter().collect();
         let finals: Option<HashMap<String, Tensor>> = d.join(format!("optim_final.{cap}.safetensors")).exists().then(|| Tensor::read_safetensors(d.join(format!("optim_final.{cap}.safetensors"))).unwrap().into_iter().collect());
         let steps = exp["steps"].as_u64().unwrap() as usize;
-        let cx = OpCx::eval(Attn::Sdpa, Kind::Float);
+        let cx = OpCx::eval(attn_of(&d), Kind::Float);
         let optims = exp["optimizers"].as_object().unwrap();
         assert_eq!(optims.len(), 3, "{config}: AdamW, Adam and SGD");
         for (kind, h) in optims {
@@ -176,7 +186,7 @@ fn optimizers_over_three_steps_equal_torch() {
                     finals_checked += 1;
                 }
             }
-            report += &format!("{config:<40} {kind:<5} losses {:.6}..{:.6} worst rel {worst_loss:.1e}  update norm rel {worst_norm:.1e}  sum {worst_sum:.1e}\n", losses[0], losses[steps]);
+            report += &format!("{:<24} {kind:<5} losses {:.6}..{:.6} worst rel {worst_loss:.1e}  update norm rel {worst_norm:.1e}  sum {worst_sum:.1e}\n", d.file_name().unwrap_or_default().to_string_lossy(), losses[0], losses[steps]);
         }
     }
     assert!(finals_checked > 0, "no optim_final.safetensors checked");

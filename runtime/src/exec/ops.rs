@@ -197,12 +197,17 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
             need(2, 0)?;
             inputs[0] * inputs[1]
         }
-        OpKind::Scale { factor } => {
-            // Gemma 3: `x * embed_scale.to(weight.dtype)`, the float32 scalar rounded to the
-            // activations' dtype first (sqrt(3072) = 55.43 is 55.5 in bf16)
+        OpKind::Scale { factor, divide, buffer } => {
+            // Gemma: `x * embed_scale.to(weight.dtype)`, the float32 scalar rounded to the
+            // activations' dtype first (sqrt(3072) = 55.43 is 55.5 in bf16); Gemma 2's
+            // soft-capping: `x / cap`, `x * cap` by a Python number
             need(1, 0)?;
             let x = inputs[0];
-            x * Tensor::from(*factor as f32).to_kind(x.kind()).to_device(x.device())
+            match (*buffer, *divide) {
+                (true, _) => x * Tensor::from(*factor as f32).to_kind(x.kind()).to_device(x.device()),
+                (false, true) => x / *factor,
+                (false, false) => x * *factor,
+            }
         }
         OpKind::Activation { act } => {
             need(1, 0)?;
@@ -212,6 +217,7 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
                 Act::Relu => x.relu(),
                 Act::Gelu => x.gelu("none"),
                 Act::GeluPytorchTanh => x.gelu("tanh"),
+                Act::Tanh => x.tanh(),
                 // NewGELUActivation, literally.
                 Act::GeluTanh => {
                     let c = (2.0f64 / std::f64::consts::PI).sqrt();
@@ -278,8 +284,9 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
             sliding_window,
             dropout,
             scaling,
+            softcap,
             ..
-        } => attention(cx, op, inputs, *heads as i64, *kv_heads as i64, *head_dim as i64, *sliding_window, *dropout, *scaling)?,
+        } => attention(cx, op, inputs, *heads as i64, *kv_heads as i64, *head_dim as i64, *sliding_window, *dropout, *scaling, *softcap)?,
         OpKind::Router { top_k, normalize, cast, .. } => {
             // MixtralTopKRouter / Qwen3MoeTopKRouter after the gate's linear (its own op):
             // softmax(logits.float()), top-k,
@@ -346,7 +353,7 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
 }
 
 #[allow(clippy::too_many_arguments)]
-fn attention(cx: &OpCx, op: &Op, inputs: &[&Tensor], h: i64, kv: i64, hd: i64, window: Option<u64>, p: f64, scaling: Option<f64>) -> Result<Tensor, RtError> {
+fn attention(cx: &OpCx, op: &Op, inputs: &[&Tensor], h: i64, kv: i64, hd: i64, window: Option<u64>, p: f64, scaling: Option<f64>, softcap: Option<f64>) -> Result<Tensor, RtError> {
     // Attention dropout in training: SDPA on CPU takes the math path, which computes (and
     // saves) what the eager path does, with the probabilities dropped before `@ v`.
     let drop = cx.train.filter(|_| p > 0.0);
@@ -405,6 +412,11 @@ fn attention(cx: &OpCx, op: &Op, inputs: &[&Tensor], h: i64, kv: i64, hd: i64, w
             let scores = match math_up {
                 true => (q.to_kind(wk) * scale).matmul(&k.to_kind(wk).transpose(-1, -2)),
                 false => q.matmul(&k.transpose(-1, -2)) * scale,
+            };
+            // Gemma 2's soft-capping (HF's eager path; its SDPA path ignores it)
+            let scores = match softcap {
+                Some(c) => (scores / c).tanh() * c,
+                None => scores,
             };
             let m = match mask {
                 Some(m) => m.to_kind(wk),
