@@ -82,17 +82,27 @@ pub struct Reserved {
 /// The pool a request is served from: its stream and whether it is small.
 type PoolKey = (u8, bool);
 
+/// No block (the end of a segment's list).
+const NONE: u32 = u32::MAX;
+
+/// A block of a segment, in its segment's address-ordered list (`prev`, `next`: indices in
+/// [`Allocator::blocks`]), as the caching allocator links its blocks.
 #[derive(Debug, Clone, Copy)]
 struct Block {
+    seg: usize,
+    off: u64,
     size: u64,
     free: bool,
+    prev: u32,
+    next: u32,
 }
 
-/// A segment: contiguous blocks keyed by offset. An expandable segment's `mapped` bytes grow
-/// in pages; a fixed one is `mapped` bytes from its creation.
+/// A segment: its first and last block. An expandable segment's `mapped` bytes grow in
+/// pages; a fixed one is `mapped` bytes from its creation.
 struct Segment {
     pool: PoolKey,
-    blocks: BTreeMap<u64, Block>,
+    first: u32,
+    last: u32,
     mapped: u64,
     expandable: bool,
     page: u64,
@@ -100,16 +110,19 @@ struct Segment {
     released: bool,
 }
 
-/// A handed-out block: segment index and offset.
-type Handle = (usize, u64);
+/// A handed-out block: its index in [`Allocator::blocks`].
+type Handle = u32;
 
 struct Allocator {
     expandable: bool,
     capacity: u64,
     segments: Vec<Segment>,
-    /// Free blocks: (pool, size, segment, offset) — best fit is the first at or after
+    /// Every block, live or merged away (`spare` lists the reusable slots).
+    blocks: Vec<Block>,
+    spare: Vec<u32>,
+    /// Free blocks: (pool, size, segment, offset, block) — best fit is the first at or after
     /// (pool, request).
-    free: BTreeSet<(PoolKey, u64, usize, u64)>,
+    free: BTreeSet<(PoolKey, u64, usize, u64, u32)>,
     /// Expandable segment of each pool.
     grow: BTreeMap<PoolKey, usize>,
     reserved: u64,
@@ -139,6 +152,8 @@ impl Allocator {
             expandable,
             capacity,
             segments: vec![],
+            blocks: vec![],
+            spare: vec![],
             free: BTreeSet::new(),
             grow: BTreeMap::new(),
             reserved: 0,
@@ -149,10 +164,6 @@ impl Allocator {
         }
     }
 
-    fn seg(&mut self, s: usize) -> &mut Segment {
-        &mut self.segments[s]
-    }
-
     fn should_split(&self, small: bool, remaining: u64) -> bool {
         if small || self.expandable {
             remaining >= MIN_BLOCK
@@ -161,52 +172,106 @@ impl Allocator {
         }
     }
 
+    fn block(&mut self, b: Block) -> u32 {
+        match self.spare.pop() {
+            Some(i) => {
+                self.blocks[i as usize] = b;
+                i
+            }
+            None => {
+                self.blocks.push(b);
+                (self.blocks.len() - 1) as u32
+            }
+        }
+    }
+
+    /// Appends a block of `size` at `off` to the end of segment `s`.
+    fn push_block(&mut self, s: usize, off: u64, size: u64) -> u32 {
+        let last = self.segments[s].last;
+        let i = self.block(Block { seg: s, off, size, free: false, prev: last, next: NONE });
+        match last {
+            NONE => self.segments[s].first = i,
+            l => self.blocks[l as usize].next = i,
+        }
+        self.segments[s].last = i;
+        i
+    }
+
+    /// Takes block `i` out of its segment's list (its bytes belong to a neighbour now, or are
+    /// given back).
+    fn unlink(&mut self, i: u32) {
+        let Block { seg, prev, next, .. } = self.blocks[i as usize];
+        match prev {
+            NONE => self.segments[seg].first = next,
+            p => self.blocks[p as usize].next = next,
+        }
+        match next {
+            NONE => self.segments[seg].last = prev,
+            n => self.blocks[n as usize].prev = prev,
+        }
+        self.spare.push(i);
+    }
+
     /// The free block at the end of an expandable segment's mapped range, if any.
-    fn tail(&self, s: usize) -> Option<(u64, u64)> {
+    fn tail(&self, s: usize) -> Option<u32> {
         let seg = self.segments.get(s)?;
-        let (&off, b) = seg.blocks.iter().next_back()?;
-        (b.free && off + b.size == seg.mapped).then_some((off, b.size))
+        let b = self.blocks.get(seg.last as usize)?;
+        (b.free && b.off + b.size == seg.mapped).then_some(seg.last)
     }
 
     /// Best fit among cached free blocks; an expandable segment's free tail only if no block
     /// inside the mapped range fits (its "expandable size" ranks it last).
-    fn find(&self, pool: PoolKey, size: u64) -> Option<(usize, u64, u64)> {
+    fn find(&self, pool: PoolKey, size: u64) -> Option<u32> {
         let mut tail = None;
-        for &(p, bsize, s, off) in self.free.range((pool, size, 0, 0)..) {
+        for &(p, _, s, _, i) in self.free.range((pool, size, 0, 0, 0)..) {
             if p != pool {
                 break;
             }
-            if self.segments[s].expandable && self.tail(s) == Some((off, bsize)) {
-                tail.get_or_insert((s, off, bsize));
+            if self.segments[s].expandable && self.tail(s) == Some(i) {
+                tail.get_or_insert(i);
                 continue;
             }
-            return Some((s, off, bsize));
+            return Some(i);
         }
         tail
     }
 
-    fn take_free(&mut self, s: usize, off: u64, size: u64) {
-        let pool = self.seg(s).pool;
-        self.free.remove(&(pool, size, s, off));
+    fn key(&self, i: u32) -> (PoolKey, u64, usize, u64, u32) {
+        let b = &self.blocks[i as usize];
+        (self.segments[b.seg].pool, b.size, b.seg, b.off, i)
     }
 
-    fn put_free(&mut self, s: usize, off: u64, size: u64) {
-        let pool = self.seg(s).pool;
-        self.seg(s).blocks.insert(off, Block { size, free: true });
-        self.free.insert((pool, size, s, off));
+    fn take_free(&mut self, i: u32) {
+        let k = self.key(i);
+        self.free.remove(&k);
     }
 
-    /// Hands out `size` bytes from the free block at (s, off) of `bsize` bytes.
-    fn carve(&mut self, s: usize, off: u64, bsize: u64, size: u64, small: bool) -> (Handle, u64) {
-        self.take_free(s, off, bsize);
+    fn put_free(&mut self, i: u32) {
+        self.blocks[i as usize].free = true;
+        let k = self.key(i);
+        self.free.insert(k);
+    }
+
+    /// Hands out `size` bytes from the free block `i`.
+    fn carve(&mut self, i: u32, size: u64, small: bool) -> (Handle, u64) {
+        self.take_free(i);
+        let Block { seg, off, size: bsize, next, .. } = self.blocks[i as usize];
         let got = if self.should_split(small, bsize - size) {
-            self.put_free(s, off + size, bsize - size);
+            let r = self.block(Block { seg, off: off + size, size: bsize - size, free: true, prev: i, next });
+            match next {
+                NONE => self.segments[seg].last = r,
+                n => self.blocks[n as usize].prev = r,
+            }
+            self.blocks[i as usize].next = r;
+            self.put_free(r);
             size
         } else {
             bsize
         };
-        self.seg(s).blocks.insert(off, Block { size: got, free: false });
-        ((s, off), got)
+        let b = &mut self.blocks[i as usize];
+        b.size = got;
+        b.free = false;
+        (i, got)
     }
 
     fn note_reserved(&mut self, add: u64) {
@@ -223,29 +288,30 @@ impl Allocator {
                 continue;
             }
             if seg.expandable {
-                if let Some((off, bsize)) = self.tail(s) {
-                    let page = seg.page;
+                if let Some(t) = self.tail(s) {
+                    let (page, mapped) = (seg.page, seg.mapped);
+                    let off = self.blocks[t as usize].off;
                     let keep_to = off.div_ceil(page) * page;
-                    let mapped = seg.mapped;
                     if keep_to < mapped {
-                        self.take_free(s, off, bsize);
-                        self.seg(s).blocks.remove(&off);
+                        self.take_free(t);
                         if keep_to > off {
-                            self.put_free(s, off, keep_to - off);
+                            self.blocks[t as usize].size = keep_to - off;
+                            self.put_free(t);
+                        } else {
+                            self.unlink(t);
                         }
-                        self.seg(s).mapped = keep_to;
+                        self.segments[s].mapped = keep_to;
                         self.reserved -= mapped - keep_to;
                     }
                 }
-            } else if let [(&off, &b)] = seg.blocks.iter().collect::<Vec<_>>()[..] {
-                if b.free {
-                    self.take_free(s, off, b.size);
-                    self.reserved -= self.segments[s].mapped;
-                    let seg = self.seg(s);
-                    seg.blocks.clear();
-                    seg.mapped = 0;
-                    seg.released = true;
-                }
+            } else if seg.first != NONE && seg.first == seg.last && self.blocks[seg.first as usize].free {
+                let b = seg.first;
+                self.take_free(b);
+                self.unlink(b);
+                self.reserved -= self.segments[s].mapped;
+                let seg = &mut self.segments[s];
+                seg.mapped = 0;
+                seg.released = true;
             }
         }
     }
@@ -254,8 +320,9 @@ impl Allocator {
         self.reserved + more <= self.capacity
     }
 
-    /// A new fixed segment for `size`, or grows the pool's expandable segment.
-    fn grow(&mut self, pool: PoolKey, size: u64) -> Option<(usize, u64, u64)> {
+    /// A new fixed segment for `size`, or grows the pool's expandable segment: the free block
+    /// that serves the request.
+    fn grow(&mut self, pool: PoolKey, size: u64) -> Option<u32> {
         if !self.expandable {
             let seg_size = allocation_size(size);
             if !self.fits(seg_size) {
@@ -265,49 +332,55 @@ impl Allocator {
                 }
             }
             let s = self.segments.len();
-            self.segments.push(Segment { pool, blocks: BTreeMap::new(), mapped: seg_size, expandable: false, page: seg_size, released: false });
-            self.put_free(s, 0, seg_size);
+            self.segments.push(Segment { pool, first: NONE, last: NONE, mapped: seg_size, expandable: false, page: seg_size, released: false });
+            let b = self.push_block(s, 0, seg_size);
+            self.put_free(b);
             self.note_reserved(seg_size);
-            return Some((s, 0, seg_size));
+            return Some(b);
         }
         let page = if pool.1 { SMALL_BUFFER } else { LARGE_BUFFER };
         let s = match self.grow.get(&pool) {
             Some(&s) => s,
             None => {
                 let s = self.segments.len();
-                self.segments.push(Segment { pool, blocks: BTreeMap::new(), mapped: 0, expandable: true, page, released: false });
+                self.segments.push(Segment { pool, first: NONE, last: NONE, mapped: 0, expandable: true, page, released: false });
                 self.grow.insert(pool, s);
                 s
             }
         };
         // the free tail (smaller than the request, or best fit would have taken it) grows
         let need = |a: &Self| {
-            let (start, have) = a.tail(s).unwrap_or((a.segments[s].mapped, 0));
-            (start, have, (size - have.min(size)).div_ceil(page) * page)
+            let have = a.tail(s).map_or(0, |t| a.blocks[t as usize].size);
+            (have, (size - have.min(size)).div_ceil(page) * page)
         };
-        let (mut start, mut have, mut more) = need(self);
+        let (mut have, mut more) = need(self);
         if !self.fits(more) {
             self.release_cached();
-            (start, have, more) = need(self);
+            (have, more) = need(self);
             if !self.fits(more) {
                 return None;
             }
         }
-        if have > 0 {
-            self.take_free(s, start, have);
-            self.seg(s).blocks.remove(&start);
-        }
-        self.seg(s).mapped += more;
+        let mapped = self.segments[s].mapped;
+        let b = match self.tail(s).filter(|_| have > 0) {
+            Some(t) => {
+                self.take_free(t);
+                self.blocks[t as usize].size = have + more;
+                t
+            }
+            None => self.push_block(s, mapped, more),
+        };
+        self.segments[s].mapped += more;
         self.note_reserved(more);
-        self.put_free(s, start, have + more);
-        Some((s, start, have + more))
+        self.put_free(b);
+        Some(b)
     }
 
     fn malloc(&mut self, stream: u8, bytes: u64) -> Option<(Handle, u64)> {
         let size = round_size(bytes);
         let small = size <= SMALL_SIZE;
         let pool = (stream, small);
-        let (s, off, bsize) = match self.find(pool, size) {
+        let b = match self.find(pool, size) {
             Some(f) => f,
             None => match self.grow(pool, size) {
                 Some(f) => f,
@@ -317,30 +390,33 @@ impl Allocator {
                 }
             },
         };
-        let (h, got) = self.carve(s, off, bsize, size, small);
+        let (h, got) = self.carve(b, size, small);
         self.active += got;
         self.max_active = self.max_active.max(self.active);
         Some((h, got))
     }
 
-    fn release(&mut self, (s, off): Handle) {
-        let Some(b) = self.seg(s).blocks.get(&off).copied() else { return };
+    fn release(&mut self, h: Handle) {
+        let Some(&b) = self.blocks.get(h as usize) else { return };
+        if b.free {
+            return;
+        }
         self.active -= b.size;
-        let (mut start, mut size) = (off, b.size);
-        let prev = self.seg(s).blocks.range(..off).next_back().map(|(&o, b)| (o, *b));
-        if let Some((po, pb)) = prev.filter(|(po, pb)| pb.free && po + pb.size == off) {
-            self.take_free(s, po, pb.size);
-            self.seg(s).blocks.remove(&off);
-            start = po;
-            size += pb.size;
+        let mut i = h;
+        if b.prev != NONE && self.blocks[b.prev as usize].free {
+            let p = b.prev;
+            self.take_free(p);
+            self.blocks[p as usize].size += b.size;
+            self.unlink(i);
+            i = p;
         }
-        let next = self.seg(s).blocks.range(off + 1..).next().map(|(&o, b)| (o, *b));
-        if let Some((no, nb)) = next.filter(|(no, nb)| nb.free && *no == off + b.size) {
-            self.take_free(s, no, nb.size);
-            self.seg(s).blocks.remove(&no);
-            size += nb.size;
+        let next = self.blocks[i as usize].next;
+        if next != NONE && self.blocks[next as usize].free {
+            self.take_free(next);
+            self.blocks[i as usize].size += self.blocks[next as usize].size;
+            self.unlink(next);
         }
-        self.put_free(s, start, size);
+        self.put_free(i);
     }
 }
 
@@ -719,7 +795,8 @@ mod tests {
                         let (h, _) = a.malloc(stream, size).expect("no capacity limit");
                         let (s, i) = n.malloc(stream, size);
                         let no = (s, offset_of(&n, s, i));
-                        assert_eq!(h, no, "seed {seed} expandable {expandable}: placement");
+                        let b = a.blocks[h as usize];
+                        assert_eq!((b.seg, b.off), no, "seed {seed} expandable {expandable}: placement");
                         live.push((h, no));
                     } else {
                         let (h, (s, off)) = live.swap_remove(pick % live.len());

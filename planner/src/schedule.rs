@@ -91,8 +91,26 @@ struct B<'a> {
     all_reduce_held: Vec<Option<BufferId>>,
 }
 
-/// Concatenates name parts (cheaper than `format!` for the ~10⁶ buffer names of big models).
+thread_local! {
+    /// Whether this thread's schedules name their buffers (on unless [`without_names`]).
+    static NAMES: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
+}
+
+/// Runs `f` with the buffers of the schedules it builds on this thread left unnamed (empty
+/// names: nothing else changes) — `tune`'s searches, which print no buffer, build hundreds.
+pub fn without_names<R>(f: impl FnOnce() -> R) -> R {
+    let before = NAMES.with(|n| n.replace(false));
+    let r = f();
+    NAMES.with(|n| n.set(before));
+    r
+}
+
+/// A buffer's name from its parts, concatenated (cheaper than `format!` for the ~10⁶ buffer
+/// names of big models); empty under [`without_names`].
 fn cat(parts: &[&str]) -> String {
+    if !NAMES.with(|n| n.get()) {
+        return String::new();
+    }
     let mut s = String::with_capacity(parts.iter().map(|p| p.len()).sum());
     for p in parts {
         s.push_str(p);

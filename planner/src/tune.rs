@@ -591,6 +591,10 @@ fn boundary_up(lo: u32, hi: u32, fits: &mut dyn FnMut(u32) -> bool) -> u32 {
 /// outer point (fastest first) with its own bound, so that the answer does not depend on
 /// timing. `progress(planned, outer points done, of)` is called as outer points finish.
 pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit: Limit, threads: usize, progress: &(dyn Fn(usize, usize, usize) + Sync)) -> Tuned {
+    // the master dtype's copy of the model once, not in every plan (`plan_unchecked` makes it
+    // when the params are in another dtype)
+    let recast = base.master_dtype.filter(|&d| model.params.iter().any(|p| p.dtype.is_float() && p.dtype != d)).map(|d| model.with_param_dtype(d));
+    let model = recast.as_ref().unwrap_or(model);
     let all = outers(space);
     let threads = threads.clamp(1, all.len().max(1));
     let done = std::sync::atomic::AtomicUsize::new(0);
@@ -604,7 +608,7 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
             .map(|t| {
                 let mine: Vec<Outer> = all.iter().copied().skip(t).step_by(threads).collect();
                 let (done, planned) = (&done, &planned);
-                s.spawn(move || {
+                s.spawn(move || crate::schedule::without_names(|| {
                     let mut ev = Evaluator::new(model, base, hw, space, limit);
                     let mut firsts: Vec<(f64, Outer)> = mine.iter().filter_map(|&o| ev.time(Config { outer: o, full: 0, sac: 0 }).map(|t| (t, o))).collect();
                     firsts.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
@@ -622,7 +626,7 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
                         progress(planned.load(std::sync::atomic::Ordering::Relaxed), d, n);
                     }
                     (found, ev.evaluated())
-                })
+                }))
             })
             .collect();
         handles.into_iter().filter_map(|h| h.join().ok()).collect()
