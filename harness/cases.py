@@ -248,6 +248,19 @@ BASE_CASES = {
                            "reduce_dtype": "float32", "checkpoint": ["Gemma3DecoderLayer"]},
     "gemma3_sac_op_ws2": {"model": "tiny-gemma3", "world_size": 2, "checkpoint": ["Gemma3DecoderLayer"],
                           "ac_mode": "selective-op"},
+    # MoE experts as FSDP units of their own inside their layer's (a `modules:` pattern policy):
+    # Qwen3-MoE's dense layer has none; Mixtral in bf16, and under checkpointing (in fp32:
+    # with bf16 params PyTorch refuses the recompute — the experts unit's forward-input cast
+    # of the float32 routing weights is not replayed, torch.utils.checkpoint's metadata check
+    # fails)
+    "qwen3_moe_expert_units_ws2": {"model": "tiny-qwen3-moe", "world_size": 2,
+                                   "wrap": "modules:model.layers.*.mlp.experts,model.layers.*"},
+    "mixtral_expert_units_bf16_ws2": {"model": "tiny-mixtral", "world_size": 2,
+                                      "wrap": "modules:model.layers.*.mlp.experts,model.layers.{0..1}",
+                                      "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    "mixtral_expert_units_ac_ws3": {"model": "tiny-mixtral", "world_size": 3,
+                                    "wrap": "modules:model.layers.*.mlp.experts,model.layers.*",
+                                    "checkpoint": ["MixtralDecoderLayer"]},
     # Gemma 2: alternating local (window 4) and global layers, the attention scores soft-capped
     # (eager; HF's SDPA path ignores it) and the logits soft-capped (tanh(l / 3) * 3)
     "gemma2_ws2": {"model": "tiny-gemma2", "world_size": 2},
@@ -525,6 +538,12 @@ FAKE_CASES.update({
     "gemma2_9b_eager_ws8": {"model": "gemma-2-9b", "world_size": 8, "batch": 1, "seq": 2048,
                             "attn_implementation": "eager",
                             "param_dtype": "bfloat16", "reduce_dtype": "float32", "optimizer": "adamw"},
+    # Qwen3-30B-A3B with each layer's experts an FSDP unit inside the layer's
+    "qwen3_30b_a3b_expert_units_bf16_ac_ws8": {"model": "qwen3-30b-a3b", "world_size": 8, "batch": 1,
+                                               "seq": 4096, "model_dtype": "float32",
+                                               "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                               "optimizer": "adamw", "checkpoint": ["Qwen3MoeDecoderLayer"],
+                                               "wrap": "modules:model.layers.*.mlp.experts,model.layers.*"},
     # Qwen3-30B-A3B (128 experts, top-8 renormalized, weights cast back to bf16)
     "qwen3_30b_a3b_bf16_ac_ws8": {"model": "qwen3-30b-a3b", "world_size": 8, "batch": 1, "seq": 4096,
                                   "model_dtype": "float32", "param_dtype": "bfloat16",

@@ -19,6 +19,7 @@ import copy
 import inspect
 import functools
 import os
+import re
 import sys
 import tempfile
 import time
@@ -514,6 +515,20 @@ def convert_float8(model, case):
         fqn != "lm_head" and mod.in_features % 16 == 0 and mod.out_features % 16 == 0))
 
 
+def module_pattern(name):
+    """A `modules:` entry as the planner reads it (`planner/src/wrap.rs` glob_match): per
+    path component, `*` any text within it, `{a..b}` a number from a to b."""
+    parts = []
+    for comp in re.split(r"\.(?![^{]*\})", name):
+        m = re.fullmatch(r"(.*)\{(\d+)\.\.(\d+)\}(.*)", comp)
+        if m:
+            nums = "|".join(str(i) for i in range(int(m[2]), int(m[3]) + 1))
+            parts.append(re.escape(m[1]) + f"(?:{nums})" + re.escape(m[4]))
+        else:
+            parts.append("[^.]*".join(re.escape(x) for x in comp.split("*")))
+    return re.compile(r"\.".join(parts))
+
+
 def shard_model(model, case, mesh, cfg):
     """fully_shard on the case's modules (`wrap`; default every instance of
     model._no_split_modules, the decoder layers), children before parents, the case's explicit
@@ -529,9 +544,10 @@ def shard_model(model, case, mesh, cfg):
     kind, _, names = policy.partition(":")
     names = names.split(",")
     assert kind in ("transformer", "modules") and names, policy
+    patterns = [module_pattern(n) for n in names] if kind == "modules" else []
     targets = [(path, mod) for path, mod in _post_order(model) if path and (
-        type(mod).__name__ in names if kind == "transformer" else path in names)]
-    assert targets and (kind == "transformer" or len(targets) == len(names)), (policy, targets)
+        type(mod).__name__ in names if kind == "transformer" else any(p.fullmatch(path) for p in patterns))]
+    assert targets and all(any(p.fullmatch(path) for path, _ in targets) for p in patterns), (policy, targets)
     # (fully_shard changes a module's class to FSDP<Class>: the decoder layers are found first)
     layers = [mod for _, mod in targets if type(mod).__name__ in model._no_split_modules]
     raf = unit_reshard(case, targets)

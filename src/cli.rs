@@ -104,7 +104,9 @@ pub(crate) enum Cmd {
 pub(crate) struct PlanOpts {
     #[arg(long, default_value_t = 8)]
     pub(crate) world_size: u64,
-    /// transformer:<Class>[,…] | size:<min_num_params> | modules:<path>[,…] | none | auto
+    /// transformer:<Class>[,…] | size:<min_num_params> | modules:<path>[,…] | none | auto;
+    /// a `modules:` path may be a pattern: `*` within a component, `{a..b}` numbers
+    /// (`modules:model.layers.*.mlp.experts,model.layers.*`: MoE experts as their own units)
     #[arg(long, default_value = "auto")]
     pub(crate) policy: String,
     #[command(flatten)]

@@ -275,6 +275,9 @@ pub struct Ctx<'a> {
     pub input_cast: Option<DType>,
     /// `--float8`: its linears' casts ([`float8_linear`]).
     pub float8: Option<crate::options::Float8>,
+    /// Modules that are FSDP units below the root (their forward inputs cast under
+    /// `input_cast`); empty where the units are not known (the cost model's context).
+    pub unit_modules: Vec<String>,
 }
 
 impl<'a> Ctx<'a> {
@@ -292,6 +295,7 @@ impl<'a> Ctx<'a> {
             device: opts.device,
             input_cast: opts.param_dtype,
             float8: opts.float8,
+            unit_modules: vec![],
         }
     }
 }
@@ -598,7 +602,13 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             // them back: Qwen3-MoE) sets the dtype of the weighted outputs and their sum
             let router = op.inputs.get(1).and_then(|r| cx.model.ops.iter().find(|o| &o.name == r)).map(|r| &r.kind);
             let router_casts = matches!(router, Some(OpKind::Router { cast: true, .. }));
-            let f = if router_casts { cd } else { DType::Float32 };
+            // experts that are an FSDP unit of their own get float32 routing weights cast to
+            // the param dtype by the unit's pre-forward (a copy, alive during their forward)
+            let unit_cast = !router_casts && cd != DType::Float32 && cx.input_cast == Some(cd) && cx.unit_modules.iter().any(|u| u == &op.module);
+            if unit_cast {
+                m.fwd_scratch.push(t(tok * top_k, cd, "routing weights (the unit's input cast)"));
+            }
+            let f = if router_casts || unit_cast { cd } else { DType::Float32 };
             // the router's output stays saved (its renormalization node keeps it) only when it
             // is the renormalized float32 weights themselves (Mixtral)
             let kept = matches!(router, Some(OpKind::Router { normalize: true, .. })) && !(router_casts && cd != DType::Float32);

@@ -640,7 +640,8 @@ fn sac_saved(model: &Model, opts: &Options, region: &[Option<usize>], attn: Attn
 
 pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId], attn: AttnImpl) -> Schedule {
     // activations in param_dtype under MP, else in the model's parameter dtype
-    let cx = Ctx::new(model, opts, attn);
+    let mut cx = Ctx::new(model, opts, attn);
+    cx.unit_modules = units.iter().filter(|u| !u.is_root()).map(|u| u.module.clone()).collect();
     let mems: Vec<OpMem> = model.ops.iter().map(|o| op_mem(&cx, o)).collect();
     let op_index: HashMap<&str, usize> = model.ops.iter().enumerate().map(|(i, o)| (o.name.as_str(), i)).collect();
     let nops = model.ops.len();

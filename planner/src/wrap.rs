@@ -81,6 +81,14 @@ pub fn wrap(model: &Model, policy: &Policy) -> Result<Vec<String>, PlanError> {
         }
         Policy::Modules(paths) => {
             for p in paths {
+                if p.contains('*') || p.contains('{') {
+                    let hits: Vec<usize> = (1..model.modules.len()).filter(|&i| glob_match(p, &model.modules[i].path)).collect();
+                    if hits.is_empty() {
+                        return Err(perr(format!("the pattern `{p}` matches no module (`*` stands for one path component or part of it, `{{a..b}}` for the numbers a to b)")));
+                    }
+                    wrapped.extend(hits);
+                    continue;
+                }
                 match tree.index.get(p.as_str()) {
                     Some(0) => {}
                     Some(&i) => {
@@ -97,6 +105,48 @@ pub fn wrap(model: &Model, policy: &Policy) -> Result<Vec<String>, PlanError> {
     let mut v: Vec<usize> = wrapped.into_iter().collect();
     v.sort_unstable();
     Ok(v.into_iter().map(|i| model.modules[i].path.clone()).collect())
+}
+
+/// Whether module `path` matches `pattern`, component by component (split at `.`): `*`
+/// matches any text within a component (`*` alone, a whole component: `model.layers.*.mlp`),
+/// `{a..b}` a number from a to b (`model.layers.{0..7}`), anything else itself.
+pub fn glob_match(pattern: &str, path: &str) -> bool {
+    let mut pc = vec![];
+    let (mut depth, mut start) = (0, 0);
+    for (i, c) in pattern.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            '.' if depth == 0 => {
+                pc.push(&pattern[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    pc.push(&pattern[start..]);
+    let mc: Vec<&str> = path.split('.').collect();
+    pc.len() == mc.len() && pc.iter().zip(&mc).all(|(p, m)| component_match(p, m))
+}
+
+fn component_match(p: &str, m: &str) -> bool {
+    if let Some((head, rest)) = p.split_once('{') {
+        let Some((range, tail)) = rest.split_once('}') else { return false };
+        let Some((a, b)) = range.split_once("..") else { return false };
+        let (Ok(a), Ok(b)) = (a.trim().parse::<u64>(), b.trim().parse::<u64>()) else { return false };
+        let Some(mid) = m.strip_prefix(head).and_then(|x| x.strip_suffix(tail)) else { return false };
+        return !mid.is_empty() && mid.bytes().all(|c| c.is_ascii_digit()) && mid.parse::<u64>().is_ok_and(|n| (a..=b).contains(&n)) && (mid == "0" || !mid.starts_with('0'));
+    }
+    wildcard(p.as_bytes(), m.as_bytes())
+}
+
+/// `*` as any run of bytes, the rest literally.
+fn wildcard(p: &[u8], m: &[u8]) -> bool {
+    match p.split_first() {
+        None => m.is_empty(),
+        Some((b'*', rest)) => (0..=m.len()).any(|k| wildcard(rest, &m[k..])),
+        Some((&c, rest)) => m.first() == Some(&c) && wildcard(rest, &m[1..]),
+    }
 }
 
 /// FSDP1 `size_based_auto_wrap_policy` through `_recursive_wrap`: recurse into a module if
@@ -176,4 +226,29 @@ pub fn group(model: &Model, wrapped: &[String], policy: &Policy, k: u32) -> Resu
         return Err(PlanError::Policy { policy: policy.to_string(), message: format!("--unit-group {k}: no two wrapped modules are consecutive siblings (model.layers.0, model.layers.1, …) to group") });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob_match;
+
+    #[test]
+    fn module_patterns_match_whole_components() {
+        for (p, m, want) in [
+            ("model.layers.*.mlp.experts", "model.layers.12.mlp.experts", true),
+            ("model.layers.*.mlp.experts", "model.layers.12.mlp", false),
+            ("model.layers.*", "model.layers.3", true),
+            ("model.layers.*", "model.layers.3.mlp", false),
+            ("model.layers.{0..7}", "model.layers.7", true),
+            ("model.layers.{0..7}", "model.layers.8", false),
+            ("model.layers.{0..7}", "model.layers.07", false),
+            ("model.layers.{2..3}.self_attn", "model.layers.2.self_attn", true),
+            ("model.layers.1*", "model.layers.12", true),
+            ("model.layers.1*", "model.layers.21", false),
+            ("model.*.mlp.*_proj", "model.layers.mlp.gate_proj", true),
+            ("lm_head", "lm_head", true),
+        ] {
+            assert_eq!(glob_match(p, m), want, "{p} vs {m}");
+        }
+    }
 }

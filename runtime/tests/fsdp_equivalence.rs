@@ -202,6 +202,8 @@ fn sharded_training_equals_single_device() {
     check("tiny-gpt2", Options { grad_accum: 2, checkpoint: vec!["GPT2Block".into()], ..opts(3, Layout::Flat, Policy::Auto) }, &mut report);
     check("tiny-llama-tied", opts(2, Layout::Fsdp2, Policy::Auto), &mut report);
     check("tiny-mixtral", opts(2, Layout::Fsdp2, Policy::Auto), &mut report);
+    // the experts as units of their own inside their layers' (a `modules:` pattern)
+    check("tiny-mixtral", opts(2, Layout::Fsdp2, Policy::Modules(vec!["model.layers.*.mlp.experts".into(), "model.layers.*".into()])), &mut report);
     check("tiny-qwen3-moe", opts(3, Layout::Fsdp2, Policy::Auto), &mut report);
     check("tiny-olmo2", opts(3, Layout::Fsdp2, Policy::Auto), &mut report);
     check("tiny-olmo2", Options { checkpoint: vec!["Olmo2DecoderLayer".into()], ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);
