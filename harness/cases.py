@@ -248,6 +248,14 @@ BASE_CASES = {
                            "reduce_dtype": "float32", "checkpoint": ["Gemma3DecoderLayer"]},
     "gemma3_sac_op_ws2": {"model": "tiny-gemma3", "world_size": 2, "checkpoint": ["Gemma3DecoderLayer"],
                           "ac_mode": "selective-op"},
+    # Phi-3: fused qkv_proj and gate_up_proj (q/k/v and gate/up are views of one output)
+    "phi3_ws2": {"model": "tiny-phi3", "world_size": 2},
+    "phi3_bf16_ws2": {"model": "tiny-phi3", "world_size": 2, "param_dtype": "bfloat16",
+                      "reduce_dtype": "float32"},
+    "phi3_ac_ws3": {"model": "tiny-phi3", "world_size": 3, "checkpoint": ["Phi3DecoderLayer"]},
+    # more tokens: the peak inside a block's backward (the slices' grads)
+    "phi3_ac_b8s64_ws2": {"model": "tiny-phi3", "world_size": 2, "batch": 8, "seq": 64,
+                          "checkpoint": ["Phi3DecoderLayer"]},
     # MoE experts as FSDP units of their own inside their layer's (a `modules:` pattern policy):
     # Qwen3-MoE's dense layer has none; Mixtral in bf16, and under checkpointing (in fp32:
     # with bf16 params PyTorch refuses the recompute — the experts unit's forward-input cast
@@ -538,6 +546,17 @@ FAKE_CASES.update({
     "gemma2_9b_eager_ws8": {"model": "gemma-2-9b", "world_size": 8, "batch": 1, "seq": 2048,
                             "attn_implementation": "eager",
                             "param_dtype": "bfloat16", "reduce_dtype": "float32", "optimizer": "adamw"},
+    # Phi-3-mini (fused qkv and gate_up; its 2047-token window < seq 4096: the sliding mask)
+    # and Phi-4 (GQA 4:1) under checkpointing
+    "phi3_mini_bf16_ws8": {"model": "phi-3-mini-4k", "world_size": 8, "batch": 1, "seq": 4096,
+                           "model_dtype": "float32", "param_dtype": "bfloat16",
+                           "reduce_dtype": "float32", "optimizer": "adamw"},
+    "phi4_bf16_ac_ws8": {"model": "phi-4", "world_size": 8, "batch": 2, "seq": 4096,
+                         "model_dtype": "float32", "param_dtype": "bfloat16",
+                         "reduce_dtype": "float32", "optimizer": "adamw",
+                         "checkpoint": ["Phi3DecoderLayer"]},
+    "phi4_bf16_ws8": {"model": "phi-4", "world_size": 8, "batch": 1, "seq": 4096,
+                      "param_dtype": "bfloat16", "reduce_dtype": "float32"},
     # Qwen3-30B-A3B with each layer's experts an FSDP unit inside the layer's
     "qwen3_30b_a3b_expert_units_bf16_ac_ws8": {"model": "qwen3-30b-a3b", "world_size": 8, "batch": 1,
                                                "seq": 4096, "model_dtype": "float32",

@@ -37,6 +37,7 @@ PARITY_MODELS = [
     "tiny-olmo2",
     "tiny-gemma3",
     "tiny-gemma2",
+    "tiny-phi3",
     # (NAME.eager: the model under eager attention, where Gemma 2 soft-caps the scores)
     "tiny-gemma2.eager",
 ]

@@ -4,7 +4,7 @@
 //! keys missing from the config take that version's config-class defaults, so a partial
 //! config imports to the parameters HF builds from it. Supported: GPT2LMHeadModel,
 //! LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
-//! MixtralForCausalLM, Qwen3MoeForCausalLM, Olmo2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (also the text
+//! MixtralForCausalLM, Qwen3MoeForCausalLM, Olmo2ForCausalLM, Phi3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (also the text
 //! model of a Gemma3ForConditionalGeneration config: its `text_config`).
 
 use crate::error::IrError;
@@ -24,10 +24,11 @@ pub enum Family {
     Olmo2,
     Gemma2,
     Gemma3,
+    Phi3,
 }
 
 impl Family {
-    const ALL: [Family; 10] = [Family::Gpt2, Family::Llama, Family::Mistral, Family::Qwen2, Family::Qwen3, Family::Mixtral, Family::Qwen3Moe, Family::Olmo2, Family::Gemma2, Family::Gemma3];
+    const ALL: [Family; 11] = [Family::Gpt2, Family::Llama, Family::Mistral, Family::Qwen2, Family::Qwen3, Family::Mixtral, Family::Qwen3Moe, Family::Olmo2, Family::Gemma2, Family::Gemma3, Family::Phi3];
 
     /// `not a supported model (supported: gpt2 (GPT2LMHeadModel), llama (…), …)`.
     fn unsupported() -> String {
@@ -47,6 +48,7 @@ impl Family {
             Family::Olmo2 => "olmo2",
             Family::Gemma2 => "gemma2",
             Family::Gemma3 => "gemma3_text",
+            Family::Phi3 => "phi3",
         }
     }
     fn from_model_type(t: &str) -> Option<Family> {
@@ -61,6 +63,7 @@ impl Family {
             "olmo2" => Family::Olmo2,
             "gemma2" => Family::Gemma2,
             "gemma3_text" => Family::Gemma3,
+            "phi3" => Family::Phi3,
             _ => return None,
         })
     }
@@ -76,6 +79,7 @@ impl Family {
             "Olmo2ForCausalLM" => Family::Olmo2,
             "Gemma2ForCausalLM" => Family::Gemma2,
             "Gemma3ForCausalLM" => Family::Gemma3,
+            "Phi3ForCausalLM" => Family::Phi3,
             _ => return None,
         })
     }
@@ -92,6 +96,7 @@ impl Family {
             Family::Olmo2 => "Olmo2",
             Family::Gemma2 => "Gemma2",
             Family::Gemma3 => "Gemma3",
+            Family::Phi3 => "Phi3",
         }
     }
     pub fn architecture(self) -> String {
@@ -484,6 +489,7 @@ fn build(c: &Cfg, name: &str, dtype_override: Option<DType>) -> Result<Model, Ir
         Family::Gpt2 => gpt2(c, &mut b)?,
         Family::Olmo2 => olmo2(c, &mut b)?,
         f @ (Family::Gemma2 | Family::Gemma3) => gemma(c, f, &mut b)?,
+        Family::Phi3 => phi3(c, &mut b)?,
         f => llama_like(c, f, &mut b)?,
     }
     let problems = crate::validate::validate(&b.m);
@@ -566,6 +572,7 @@ fn gpt2(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
                 dropout: attn_p,
                 sliding_window: None,
                 scaling: None,
+                v_offset: None,
                 softcap: None,
             },
             &format!("{p}.attn"),
@@ -672,9 +679,9 @@ fn olmo2(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
         let (qs, ks) = (format!("{sa}.q_norm"), format!("{sa}.k_norm"));
         let qo = b.op(&qs, norm(None), &qs, &[&qo], vec![qn], bsd(heads * hd));
         let ko = b.op(&ks, norm(None), &ks, &[&ko], vec![kn], bsd(kv * hd));
-        let qr = b.op(&format!("{sa}.rope_q"), OpKind::Rope { head_dim: hd }, &sa, &[&qo, &rot], vec![], bsd(heads * hd));
-        let kr = b.op(&format!("{sa}.rope_k"), OpKind::Rope { head_dim: hd }, &sa, &[&ko, &rot], vec![], bsd(kv * hd));
-        let attn = OpKind::Attention { heads, kv_heads: kv, head_dim: hd, causal: true, dropout: attn_p, sliding_window: None, scaling: None, softcap: None };
+        let qr = b.op(&format!("{sa}.rope_q"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false }, &sa, &[&qo, &rot], vec![], bsd(heads * hd));
+        let kr = b.op(&format!("{sa}.rope_k"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false }, &sa, &[&ko, &rot], vec![], bsd(kv * hd));
+        let attn = OpKind::Attention { heads, kv_heads: kv, head_dim: hd, causal: true, dropout: attn_p, sliding_window: None, scaling: None, v_offset: None, softcap: None };
         let a = b.op(&format!("{sa}.sdpa"), attn, &sa, &[&qr, &kr, &vo], vec![], bsd(heads * hd));
         let ao = b.linear_op(&format!("{sa}.o_proj"), &a, o, d, false);
         let pa = format!("{p}.post_attention_layernorm");
@@ -708,7 +715,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
         Qwen2 | Qwen3 => (151936, 22016, None, 1e-6, 10000.0),
         Mixtral => (32000, 14336, Some(8), 1e-5, 1e6),
         Qwen3Moe => (151936, 6144, Some(4), 1e-6, 10000.0),
-        Gpt2 | Olmo2 | Gemma2 | Gemma3 => unreachable!("gpt2, olmo2 and gemma have their own builders"),
+        Gpt2 | Olmo2 | Gemma2 | Gemma3 | Phi3 => unreachable!("gpt2, olmo2, gemma and phi3 have their own builders"),
     };
     let (d_d, layers_d) = if f == Qwen3Moe { (2048, 24) } else { (4096, 32) };
     let vocab = c.u("vocab_size", vocab_d)?;
@@ -861,8 +868,8 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
             }
             None => (qo, ko),
         };
-        let qr = b.op(&format!("{sa}.rope_q"), OpKind::Rope { head_dim: hd }, &sa, &[&qo, &rot], vec![], bsd(heads * hd));
-        let kr = b.op(&format!("{sa}.rope_k"), OpKind::Rope { head_dim: hd }, &sa, &[&ko, &rot], vec![], bsd(kv * hd));
+        let qr = b.op(&format!("{sa}.rope_q"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false }, &sa, &[&qo, &rot], vec![], bsd(heads * hd));
+        let kr = b.op(&format!("{sa}.rope_k"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false }, &sa, &[&ko, &rot], vec![], bsd(kv * hd));
         let a = b.op(
             &format!("{sa}.sdpa"),
             OpKind::Attention {
@@ -873,6 +880,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
                 dropout: attn_p,
                 sliding_window: window(i),
                 scaling: None,
+                v_offset: None,
                 softcap: None,
             },
             &sa,
@@ -1137,8 +1145,8 @@ fn gemma(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
             None => (qo, ko),
         };
         let r = rot.get(&is_sliding).cloned().unwrap_or_default();
-        let qr = b.op(&format!("{sa}.rope_q"), OpKind::Rope { head_dim: hd }, &sa, &[&qo, &r], vec![], bsd(heads * hd));
-        let kr = b.op(&format!("{sa}.rope_k"), OpKind::Rope { head_dim: hd }, &sa, &[&ko, &r], vec![], bsd(kv * hd));
+        let qr = b.op(&format!("{sa}.rope_q"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false }, &sa, &[&qo, &r], vec![], bsd(heads * hd));
+        let kr = b.op(&format!("{sa}.rope_k"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false }, &sa, &[&ko, &r], vec![], bsd(kv * hd));
         let attn = OpKind::Attention {
             heads,
             kv_heads: kv,
@@ -1147,6 +1155,7 @@ fn gemma(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
             dropout: attn_p,
             sliding_window: is_sliding.then_some(window),
             scaling: Some(1.0 / qpas.sqrt()),
+            v_offset: None,
             softcap: attn_cap,
         };
         let a = b.op(&format!("{sa}.sdpa"), attn, &sa, &[&qr, &kr, &vo], vec![], bsd(heads * hd));
@@ -1193,5 +1202,103 @@ fn gemma(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
             b.op("loss", OpKind::CrossEntropy { vocab }, "", &[&l, "labels"], vec![], vec![]);
         }
     }
+    Ok(())
+}
+
+/// Phi-3 / Phi-4 (transformers' `Phi3ForCausalLM`): Llama's blocks with q, k and v from one
+/// fused `qkv_proj` (views of its output: RoPE reads q and k from it, attention reads v) and
+/// gate and up from one fused `gate_up_proj` (`up * act(gate)` over its two halves), HF's
+/// partial-rotary code path (the rotated part sliced off and concatenated back), residual
+/// dropouts, and a sliding window over every layer when the config sets one (one mask).
+fn phi3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
+    let vocab = c.u("vocab_size", 32064)?;
+    let d = c.u("hidden_size", 3072)?;
+    let inter = c.u("intermediate_size", 8192)?;
+    let layers = c.u("num_hidden_layers", 32)?;
+    if layers > MAX_LAYERS {
+        return Err(c.err(format!("`num_hidden_layers` {layers}: at most {MAX_LAYERS}")));
+    }
+    let heads = c.u("num_attention_heads", 32)?;
+    let kv = c.opt_u("num_key_value_heads")?.unwrap_or(heads);
+    if d % heads != 0 {
+        return Err(c.err(format!("hidden_size {d} is not a multiple of num_attention_heads {heads}")));
+    }
+    let hd = d / heads;
+    if kv == 0 || heads % kv != 0 {
+        return Err(c.err(format!("num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")));
+    }
+    let eps = c.f("rms_norm_eps", 1e-5)?;
+    let theta = c.rope_theta(10000.0)?;
+    let scaling = c.rope_scaling()?;
+    let partial = match c.get("rope_parameters").and_then(|r| r.get("partial_rotary_factor")).or_else(|| c.get("partial_rotary_factor")) {
+        None => 1.0,
+        Some(x) => x.as_f64().ok_or_else(|| c.err(format!("`partial_rotary_factor` must be a number, got {x}")))?,
+    };
+    if partial != 1.0 {
+        return Err(c.err(format!("`partial_rotary_factor` {partial}: only RoPE over the whole head is supported (Phi-3, Phi-4; not Phi-4-mini's 0.75)")));
+    }
+    let tie = c.b("tie_word_embeddings", false)?;
+    let attn_p = c.f("attention_dropout", 0.0)?;
+    let resid_p = c.f("resid_pdrop", 0.0)?;
+    // (Phi3Model has no embedding dropout in transformers 5.17)
+    let _ = (c.get("embd_pdrop"), c.get("original_max_position_embeddings"), c.get("attention_bias"));
+    let window = c.opt_u("sliding_window")?;
+    let (act, act_class) = {
+        let a = c.s("hidden_act", "silu")?;
+        act_of(a).ok_or_else(|| c.err(format!("unsupported hidden_act `{a}`")))?
+    };
+    b.module("", "Phi3ForCausalLM");
+    b.module("model", "Phi3Model");
+    b.module("model.embed_tokens", "Embedding");
+    let embed = b.param("model.embed_tokens.weight".into(), vec![vocab, d]);
+    b.module("model.layers", "ModuleList");
+    let mut x = b.op("model.embed_tokens", OpKind::Embedding, "model.embed_tokens", &["input_ids"], vec![embed.clone()], bsd(d));
+    let rot = b.op("model.rotary_emb", OpKind::RotaryEmbedding { theta, head_dim: hd, scaling, f32_tables: false }, "model.rotary_emb", &["input_ids"], vec![], vec![Dim::N(1), sym("seq"), Dim::N(hd)]);
+    let (qw, kvw) = (heads * hd, kv * hd);
+    for i in 0..layers {
+        let p = format!("model.layers.{i}");
+        let sa = format!("{p}.self_attn");
+        b.module(&p, "Phi3DecoderLayer");
+        b.module(&sa, "Phi3Attention");
+        let o = b.linear_module(&format!("{sa}.o_proj"), "Linear", qw, d, false, false);
+        let qkv = b.linear_module(&format!("{sa}.qkv_proj"), "Linear", d, qw + 2 * kvw, false, false);
+        let mlp = format!("{p}.mlp");
+        b.module(&mlp, "Phi3MLP");
+        let gu = b.linear_module(&format!("{mlp}.gate_up_proj"), "Linear", d, 2 * inter, false, false);
+        let dn = b.linear_module(&format!("{mlp}.down_proj"), "Linear", inter, d, false, false);
+        b.module(&format!("{mlp}.activation_fn"), act_class);
+        b.module(&format!("{p}.input_layernorm"), "Phi3RMSNorm");
+        let ln1 = b.param(format!("{p}.input_layernorm.weight"), vec![d]);
+        b.module(&format!("{p}.post_attention_layernorm"), "Phi3RMSNorm");
+        let ln2 = b.param(format!("{p}.post_attention_layernorm.weight"), vec![d]);
+        b.module(&format!("{p}.resid_attn_dropout"), "Dropout");
+        b.module(&format!("{p}.resid_mlp_dropout"), "Dropout");
+
+        let norm = OpKind::RmsNorm { eps, head_dim: None, weight_f32: false, unit_offset: false };
+        let h = b.op(&format!("{p}.input_layernorm"), norm.clone(), &format!("{p}.input_layernorm"), &[&x], vec![ln1], bsd(d));
+        let qkvo = b.linear_op(&format!("{sa}.qkv_proj"), &h, qkv, qw + 2 * kvw, false);
+        let rope = |offset| OpKind::Rope { head_dim: hd, offset: Some(offset), pass_through: true };
+        let qr = b.op(&format!("{sa}.rope_q"), rope(0), &sa, &[&qkvo, &rot], vec![], bsd(qw));
+        let kr = b.op(&format!("{sa}.rope_k"), rope(qw), &sa, &[&qkvo, &rot], vec![], bsd(kvw));
+        let attn = OpKind::Attention { heads, kv_heads: kv, head_dim: hd, causal: true, dropout: attn_p, sliding_window: window, scaling: None, v_offset: Some(qw + kvw), softcap: None };
+        let a = b.op(&format!("{sa}.sdpa"), attn, &sa, &[&qr, &kr, &qkvo], vec![], bsd(qw));
+        let ao = b.linear_op(&format!("{sa}.o_proj"), &a, o, d, false);
+        let ao = b.op(&format!("{p}.resid_attn_dropout"), OpKind::Dropout { p: resid_p }, &format!("{p}.resid_attn_dropout"), &[&ao], vec![], bsd(d));
+        x = b.op(&format!("{p}.residual_attn"), OpKind::Add, &p, &[&x, &ao], vec![], bsd(d));
+        let h = b.op(&format!("{p}.post_attention_layernorm"), norm, &format!("{p}.post_attention_layernorm"), &[&x], vec![ln2], bsd(d));
+        let g = b.linear_op(&format!("{mlp}.gate_up_proj"), &h, gu, 2 * inter, false);
+        let g = b.op(&format!("{mlp}.gated_act"), OpKind::GatedActivation { act }, &mlp, &[&g], vec![], bsd(inter));
+        let m = b.linear_op(&format!("{mlp}.down_proj"), &g, dn, d, false);
+        let m = b.op(&format!("{p}.resid_mlp_dropout"), OpKind::Dropout { p: resid_p }, &format!("{p}.resid_mlp_dropout"), &[&m], vec![], bsd(d));
+        x = b.op(&format!("{p}.residual_mlp"), OpKind::Add, &p, &[&x, &m], vec![], bsd(d));
+    }
+    b.module("model.norm", "Phi3RMSNorm");
+    let nw = b.param("model.norm.weight".into(), vec![d]);
+    let h = b.op("model.norm", OpKind::RmsNorm { eps, head_dim: None, weight_f32: false, unit_offset: false }, "model.norm", &[&x], vec![nw], bsd(d));
+    b.module("model.rotary_emb", "Phi3RotaryEmbedding");
+    for n in ["inv_freq", "original_inv_freq"] {
+        b.m.buffers.push(Buffer { name: format!("model.rotary_emb.{n}"), shape: vec![hd / 2], dtype: DType::Float32, persistent: false });
+    }
+    lm_head(b, &h, d, vocab, tie, &embed);
     Ok(())
 }

@@ -257,6 +257,9 @@ pub enum OpKind {
         buffer: bool,
     },
     Activation { act: Act },
+    /// A gated activation over a fused gate/up projection (Phi-3's `gate_up_proj`): the input
+    /// chunked in two halves, `up * act(gate)` (gate the first half).
+    GatedActivation { act: Act },
     /// Dropout with probability `p` (saves a mask when `p > 0`).
     Dropout { p: f64 },
     /// The rotary tables `cos` and `sin`, `[1, seq, head_dim]` each, from the `inv_freq`
@@ -274,7 +277,16 @@ pub enum OpKind {
         f32_tables: bool,
     },
     /// Applies RoPE to q or k (inputs: the projection, the `RotaryEmbedding` output).
-    Rope { head_dim: u64 },
+    /// `offset`: the projection is a fused one (Phi-3's `qkv_proj`) and q or k is the view of
+    /// its columns from `offset` on, as wide as the output. `pass_through`: HF's partial-rotary
+    /// code path (Phi-3), which slices the rotated part off and concatenates the rest back.
+    Rope {
+        head_dim: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        offset: Option<u64>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        pass_through: bool,
+    },
     /// Scaled dot-product attention. Inputs: q, k, v (after RoPE, q and k packed in one
     /// input when it comes from `Rope`), or one fused `qkv` input (GPT-2).
     Attention {
@@ -290,6 +302,10 @@ pub enum OpKind {
         /// `query_pre_attn_scalar ** -0.5`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         scaling: Option<f64>,
+        /// v is the view of the third input's columns from this offset on (Phi-3's fused
+        /// `qkv_proj` output), `kv_heads · head_dim` wide.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        v_offset: Option<u64>,
         /// Gemma 2's `attn_logit_softcapping`: the scaled scores become `tanh(s / c) · c`
         /// before the mask. HF applies it in eager attention (and flash-attention); its SDPA
         /// path ignores it.
@@ -331,6 +347,7 @@ impl OpKind {
             OpKind::Add => "add",
             OpKind::Mul => "mul",
             OpKind::Scale { .. } => "scale",
+            OpKind::GatedActivation { .. } => "gated_activation",
             OpKind::Activation { .. } => "activation",
             OpKind::Dropout { .. } => "dropout",
             OpKind::RotaryEmbedding { .. } => "rotary_embedding",

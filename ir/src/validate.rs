@@ -372,6 +372,13 @@ fn check_kind(op: &Op, i: &[&Shape], p: &[&Param]) -> Result<(), String> {
             }
             expect_eq("output", out, i[0])
         }
+        OpKind::GatedActivation { .. } => {
+            arity(op, 1, 0..=0, i, p)?;
+            match (last(i[0]), last(out)) {
+                (Some(Dim::N(w)), Some(Dim::N(o))) if *w == 2 * o => Ok(()),
+                _ => Err(format!("output {} is not half of input {} (gate and up halves)", shape_str(out), shape_str(i[0]))),
+            }
+        }
         OpKind::Activation { .. } | OpKind::Dropout { .. } | OpKind::Scale { .. } => {
             arity(op, 1, 0..=0, i, p)?;
             expect_eq("output", out, i[0])
@@ -391,7 +398,17 @@ fn check_kind(op: &Op, i: &[&Shape], p: &[&Param]) -> Result<(), String> {
             arity(op, 1, 0..=0, i, p)?;
             expect_eq("output", out, &[n(1), i[0].last().cloned().unwrap_or(n(1)), n(*head_dim)])
         }
-        OpKind::Rope { head_dim } => {
+        OpKind::Rope { head_dim, offset: Some(off), .. } => {
+            arity(op, 2, 0..=0, i, p)?;
+            if i[1].last() != Some(&n(*head_dim)) {
+                return Err(format!("rotary input has shape {}, expected last dim {head_dim}", shape_str(i[1])));
+            }
+            match (last(i[0]), last(out)) {
+                (Some(Dim::N(w)), Some(Dim::N(o))) if off + o <= *w && o % head_dim == 0 => Ok(()),
+                _ => Err(format!("output {} from column {off} does not fit in input {} (or is not a multiple of head_dim {head_dim})", shape_str(out), shape_str(i[0]))),
+            }
+        }
+        OpKind::Rope { head_dim, .. } => {
             arity(op, 2, 0..=0, i, p)?;
             if i[1].last() != Some(&n(*head_dim)) {
                 return Err(format!("rotary input has shape {}, expected last dim {head_dim}", shape_str(i[1])));
@@ -405,6 +422,7 @@ fn check_kind(op: &Op, i: &[&Shape], p: &[&Param]) -> Result<(), String> {
             heads,
             kv_heads,
             head_dim,
+            v_offset,
             ..
         } => {
             if !p.is_empty() {
@@ -421,7 +439,15 @@ fn check_kind(op: &Op, i: &[&Shape], p: &[&Param]) -> Result<(), String> {
                     }
                 }
                 3 => {
+                    if let Some(off) = v_offset {
+                        if !matches!(last(i[2]), Some(Dim::N(w)) if off + kv <= *w) {
+                            return Err(format!("v ({kv} columns from {off}) does not fit in input `{}` {}", op.inputs[2], shape_str(i[2])));
+                        }
+                    }
                     for (k, want) in [(0, q), (1, kv), (2, kv)] {
+                        if k == 2 && v_offset.is_some() {
+                            continue;
+                        }
                         if last(i[k]) != Some(&n(want)) {
                             return Err(format!(
                                 "input `{}` has shape {}, expected last dim {want}",

@@ -278,6 +278,9 @@ pub struct Ctx<'a> {
     /// Modules that are FSDP units below the root (their forward inputs cast under
     /// `input_cast`); empty where the units are not known (the cost model's context).
     pub unit_modules: Vec<String>,
+    /// HF's forward keeps a DynamicCache (no gradient checkpointing): attention reads k and v
+    /// through the cache's copies (`torch.cat` onto the empty cache).
+    pub use_cache: bool,
 }
 
 impl<'a> Ctx<'a> {
@@ -296,6 +299,7 @@ impl<'a> Ctx<'a> {
             input_cast: opts.param_dtype,
             float8: opts.float8,
             unit_modules: vec![],
+            use_cache: opts.checkpoint.is_empty(),
         }
     }
 }
@@ -525,7 +529,7 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             m.differentiable = false;
             m.fwd_scratch.push(t(cx.dims.seq * head_dim, DType::Float32, "rotary freqs"));
         }
-        OpKind::Rope { head_dim } => {
+        OpKind::Rope { head_dim, pass_through, .. } => {
             // (x*cos) + (rotate_half(x)*sin): saves cos/sin only (held by the rotary op).
             m.saves_inputs = vec![false, true];
             // float32 tables (OLMo-2) under mixed precision: each layer's FSDP2 forward-input
@@ -545,6 +549,34 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             m.fwd_scratch.push(t(n, cd, "rope rot*sin"));
             m.bwd_scratch.push(t(n, cd, "rope grad scratch"));
             m.bwd_scratch.push(t(n, cd, "rope grad scratch"));
+            if *pass_through {
+                // the rotated part is a slice of the input: its grad goes back through a
+                // SliceBackward (zeros of the input's size, the grad copied in)
+                m.bwd_scratch.push(t(n, cd, "rope rotated-part grad"));
+            }
+        }
+        OpKind::GatedActivation { act } => {
+            // Phi-3's MLP: gate, up = x.chunk(2); up * act(gate). The chunks are views of the
+            // input, which act (gate) and the product (up) save; the product also saves act's
+            // output. Backward: the product's two grads, act's backward, then SplitBackward's
+            // cat of both halves' grads: the input's grad.
+            m.saves_inputs = vec![true];
+            let a = m.saved.len();
+            m.saved.push(t(n, cd, "gated act output"));
+            if matches!(act, Act::GeluTanh) {
+                m.fwd_scratch.push(t(n, cd, "gated act scratch"));
+            }
+            let mut c = Chain::default();
+            let up = c.make(t(n, cd, "gated up grad"));
+            let ga = c.make(t(n, cd, "gated act grad"));
+            c.drop_out_grad();
+            c.release(a);
+            let gg = c.make(t(n, cd, "gated gate grad"));
+            c.drop(ga);
+            c.input_grad(0);
+            c.drop(gg);
+            c.drop(up);
+            m.bwd_chain = c.steps;
         }
         OpKind::Attention {
             heads,
@@ -556,6 +588,23 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
         } => {
             let masked = sliding_window.is_some_and(|w| cx.dims.seq > w);
             attention(cx, op, &mut m, *heads, *kv_heads, *head_dim, *dropout, masked);
+            // q from a partial-rotary RoPE (Phi-3) is `torch.cat`'s contiguous [b, h, s, d]: so
+            // is the kernel's output, which SDPA saves, and the op's `transpose(1, 2)
+            // .contiguous()` a copy of it (q in the projection's layout leaves both one tensor)
+            let q_cat = op.inputs.first().and_then(|q| cx.model.ops.iter().find(|o| &o.name == q)).is_some_and(|q| matches!(q.kind, OpKind::Rope { pass_through: true, .. }));
+            if q_cat && cx.attn != AttnImpl::Eager && m.saves_output {
+                m.saved.insert(0, t(n, cd, "attention output (b, h, s, d)"));
+                m.first_node_saved += usize::from(m.first_node_saved > 0);
+            }
+            // v a view of the fused projection (Phi-3): under the cache, what attention saves
+            // is the cache's copy of v, not the projection the view keeps alive
+            if let (OpKind::Attention { v_offset: Some(_), .. }, true) = (&op.kind, cx.use_cache) {
+                if m.saves_inputs.get(2).copied().unwrap_or(false) {
+                    m.saves_inputs[2] = false;
+                    let at = m.saved.len() - m.input_copies;
+                    m.saved.insert(at, t(n / heads.max(&1) * kv_heads, cd, "kv cache values (v copied)"));
+                }
+            }
             if let (OpKind::Attention { softcap: Some(_), .. }, AttnImpl::Eager) = (&op.kind, cx.attn) {
                 softcap_scores(cx, &mut m, *heads);
             }

@@ -256,6 +256,8 @@ impl Fusion {
             OpKind::Activation { .. } if self.into_product.contains(&op.name) => Some(((0.0, 0.0), (0, 0))),
             OpKind::Activation { .. } => Some(((2.0 * c * n, 3.0 * c * n), (1, 1))),
             OpKind::Mul => Some(((3.0 * c * n, 5.0 * c * n), (1, 1))),
+            // Phi-3's fused SwiGLU: the same kernel as an activation fused into its product
+            OpKind::GatedActivation { .. } => Some(((3.0 * c * n, 5.0 * c * n), (1, 1))),
             OpKind::Add => Some(((3.0 * c * n, 3.0 * c * n), (1, 1))),
             _ => None,
         }
@@ -278,6 +280,8 @@ pub fn launches(op: &Op, cast: bool) -> (u32, u32) {
         OpKind::Mul => (1, 2),
         // (Gemma's embedding scale: a low-precision copy of the scalar first)
         OpKind::Scale { buffer, .. } => (1 + c * u32::from(*buffer), 1),
+        // chunk's views, act, mul; backward: mul's two, act's, the cat of the halves' grads
+        OpKind::GatedActivation { .. } => (2, 4),
         OpKind::Activation { act } => match act {
             // NewGELUActivation: 0.5·x·(1 + tanh(c·(x + 0.044715·x³))), eight kernels
             fsdp_ir::Act::GeluTanh => (8, 14),
@@ -698,6 +702,9 @@ fn traffic(cx: &Ctx, op: &Op, out: f64, x: f64) -> (f64, f64) {
             }
         }
         OpKind::Mul => (n * 3.0 * c, n * 6.0 * c),
+        // act (read gate, write) and the product (read both, write); backward: the product's
+        // two grads, act's, the cat of both halves
+        OpKind::GatedActivation { .. } => (n * 5.0 * c, n * 13.0 * c),
         OpKind::Add => (n * 3.0 * c, n * 3.0 * c),
         OpKind::Scale { .. } => (n * 2.0 * c, n * 2.0 * c),
         OpKind::Dropout { p } if *p > 0.0 => (n * 6.0 * c, n * 3.0 * c),

@@ -1118,7 +1118,7 @@ fn post_forward(b: &mut B, u: UnitId) {
 }
 
 /// The attention masks HF's base model makes before its layers, by kind (`None` the causal
-/// mask, `Some(w)` a sliding window of `w`): Mistral and Mixtral one, of their config's kind,
+/// mask, `Some(w)` a sliding window of `w`): Mistral, Mixtral and Phi-3 one, of their config's kind,
 /// for every layer; the others (Qwen2/3, Gemma 3) the causal mask and, when a layer slides,
 /// a sliding-window mask as well (`causal_mask_mapping`).
 fn hf_mask_kinds(model: &fsdp_ir::Model) -> Vec<Option<u64>> {
@@ -1126,7 +1126,7 @@ fn hf_mask_kinds(model: &fsdp_ir::Model) -> Vec<Option<u64>> {
         fsdp_ir::OpKind::Attention { sliding_window, .. } => Some(sliding_window),
         _ => None,
     });
-    if matches!(model.architecture.as_str(), "MistralForCausalLM" | "MixtralForCausalLM") {
+    if matches!(model.architecture.as_str(), "MistralForCausalLM" | "MixtralForCausalLM" | "Phi3ForCausalLM") {
         return windows.take(1).collect();
     }
     let mut kinds = vec![None];
@@ -1219,6 +1219,16 @@ fn fwd_scratch(b: &mut B, op: &str, m: &OpMem, suffix: &str, category: Category)
     }
 }
 
+/// The bytes of the grad of the slice op `op` reads of its input `pos` (a view of a fused
+/// projection: Phi-3's q, k — as wide as the op's output — and v), or `None`.
+fn slice_read(op: &fsdp_ir::Op, pos: usize, out_bytes: u64) -> Option<u64> {
+    match op.kind {
+        fsdp_ir::OpKind::Rope { offset: Some(_), .. } if pos == 0 => Some(out_bytes),
+        fsdp_ir::OpKind::Attention { v_offset: Some(_), kv_heads, heads, .. } if pos == 2 => Some(out_bytes / heads.max(1) * kv_heads),
+        _ => None,
+    }
+}
+
 /// Drops op `i`'s reference to its output's grad (freed with the last one).
 fn release_out_grad(b: &mut B, tz: &Tensors, grad: &mut [Option<BufferId>], grad_refs: &mut HashMap<BufferId, u32>, i: usize) {
     let me = tz.alias[i];
@@ -1237,7 +1247,8 @@ fn release_out_grad(b: &mut B, tz: &Tensors, grad: &mut [Option<BufferId>], grad
 
 /// Makes the grad of op `i`'s input `j`: a new buffer, the output grad itself through a
 /// pass-through add, or a transient when another consumer's backward made it already.
-fn input_grad(b: &mut B, tz: &Tensors, mems: &[OpMem], grad: &mut [Option<BufferId>], grad_refs: &mut HashMap<BufferId, u32>, i: usize, j: usize) {
+#[allow(clippy::too_many_arguments)]
+fn input_grad(b: &mut B, tz: &Tensors, mems: &[OpMem], grad: &mut [Option<BufferId>], grad_refs: &mut HashMap<BufferId, u32>, i: usize, pos: usize, j: usize) {
     let model = b.model;
     let me = tz.alias[i];
     let pass_through = matches!(model.ops[i].kind, fsdp_ir::OpKind::Add);
@@ -1247,6 +1258,25 @@ fn input_grad(b: &mut B, tz: &Tensors, mems: &[OpMem], grad: &mut [Option<Buffer
     }
     let shape_n = mems[j].out.map(|o| o.bytes()).unwrap_or(0);
     let same = mems[i].out.map(|o| o.bytes()) == Some(shape_n);
+    // the op reads a slice (a view) of input j: its grad of the slice's size is made first,
+    // then SliceBackward's zeros of j's size with it copied in (added to j's grad when there
+    // is one: `old + new`, out of place)
+    if let Some(slice) = slice_read(&model.ops[i], pos, mems[i].out.map_or(0, |o| o.bytes())) {
+        let gs = b.alloc(cat(&[&model.ops[i].name, " grad (slice)"]), b.bwd_temp, slice, None);
+        let full = b.alloc(cat(&[&model.ops[j].name, " grad"]), b.bwd_temp, shape_n, None);
+        b.free(gs);
+        match grad[j] {
+            None => {
+                grad[j] = Some(full);
+                grad_refs.insert(full, 1);
+            }
+            Some(_) => {
+                b.transient(cat(&[&model.ops[j].name, " grad (accumulate)"]), b.bwd_temp, shape_n);
+                b.free(full);
+            }
+        }
+        return;
+    }
     match (grad[j], pass_through && same, grad[me]) {
         (None, true, Some(g)) => {
             grad[j] = Some(g);
@@ -1528,8 +1558,8 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
             for x in saved[i].drain(..first_node) {
                 b.free(x);
             }
-            for &(_, j) in &tz.inputs[i] {
-                input_grad(b, tz, mems, &mut grad, &mut grad_refs, i, j);
+            for &(pos, j) in &tz.inputs[i] {
+                input_grad(b, tz, mems, &mut grad, &mut grad_refs, i, pos, j);
             }
             let op_params = std::mem::take(&mut b.op_params[i]);
             for &(k, owner) in &op_params {
@@ -1561,7 +1591,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                     Step::InputGrad(p) => {
                         for &(pos, j) in &tz.inputs[i] {
                             if pos == p {
-                                input_grad(b, tz, mems, &mut grad, &mut grad_refs, i, j);
+                                input_grad(b, tz, mems, &mut grad, &mut grad_refs, i, pos, j);
                             }
                         }
                     }

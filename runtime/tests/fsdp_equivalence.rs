@@ -210,6 +210,9 @@ fn sharded_training_equals_single_device() {
     // Gemma 3: local and global layers (seq past the window), (1 + weight) norms, scaled embeddings
     check("tiny-gemma3", opts(3, Layout::Fsdp2, Policy::Auto), &mut report);
     check("tiny-gemma3", Options { checkpoint: vec!["Gemma3DecoderLayer".into()], ac_mode: fsdp_planner::AcMode::SelectiveOp, ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);
+    // Phi-3: fused qkv and gate_up projections
+    check("tiny-phi3", opts(2, Layout::Fsdp2, Policy::Auto), &mut report);
+    check("tiny-phi3", Options { checkpoint: vec!["Phi3DecoderLayer".into()], ..opts(3, Layout::Fsdp2, Policy::Auto) }, &mut report);
     // Gemma 2: soft-capped logits
     check("tiny-gemma2", opts(2, Layout::Fsdp2, Policy::Auto), &mut report);
     check("tiny-gemma2", Options { checkpoint: vec!["Gemma2DecoderLayer".into()], ..opts(3, Layout::Fsdp2, Policy::Auto) }, &mut report);

@@ -138,6 +138,13 @@ fn measured_peak_is_within_two_percent_of_the_plan() {
             o.reduce_dtype = fsdp_ir::DType::parse("f32");
         }),
         case("tiny-gemma2", "Gemma 2, soft-capped logits, ws 2", |_| {}),
+        case("tiny-phi3", "Phi-3, fused qkv and gate_up, ws 2", |_| {}),
+        case("tiny-phi3", "Phi-3, bf16 params, checkpointing, ws 3", |o| {
+            o.world_size = 3;
+            o.checkpoint = vec!["Phi3DecoderLayer".into()];
+            o.param_dtype = fsdp_ir::DType::parse("bf16");
+            o.reduce_dtype = fsdp_ir::DType::parse("f32");
+        }),
         case("tiny-qwen3-moe", "Qwen3-MoE, bf16 params, selective-op AC", |o| {
             o.checkpoint = vec!["Qwen3MoeDecoderLayer".into()];
             o.ac_mode = fsdp_planner::AcMode::SelectiveOp;

@@ -211,19 +211,16 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
         }
         OpKind::Activation { act } => {
             need(1, 0)?;
-            let x = inputs[0];
-            match act {
-                Act::Silu => x.silu(),
-                Act::Relu => x.relu(),
-                Act::Gelu => x.gelu("none"),
-                Act::GeluPytorchTanh => x.gelu("tanh"),
-                Act::Tanh => x.tanh(),
-                // NewGELUActivation, literally.
-                Act::GeluTanh => {
-                    let c = (2.0f64 / std::f64::consts::PI).sqrt();
-                    (x * 0.5) * ((((x + x.pow_tensor_scalar(3.0) * 0.044715) * c).tanh()) + 1.0)
-                }
-            }
+            activation(inputs[0], *act)
+        }
+        OpKind::GatedActivation { act } => {
+            // Phi-3: gate, up = x.chunk(2, -1); up * act(gate)
+            need(1, 0)?;
+            let halves = inputs[0].chunk(2, -1);
+            let [gate, up] = halves.as_slice() else {
+                return Err(RtError::Op { op: op.name.clone(), message: "the fused input does not chunk in two".into() });
+            };
+            up * activation(gate, *act)
         }
         OpKind::Dropout { p } => {
             need(1, 0)?;
@@ -263,9 +260,22 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
             let emb = Tensor::cat(&[&freqs, &freqs], -1);
             Tensor::stack(&[emb.cos(), emb.sin()], 0).to_kind(cx.kind)
         }
-        OpKind::Rope { head_dim } => {
+        OpKind::Rope { head_dim, offset, .. } => {
             need(2, 0)?;
-            let x = inputs[0];
+            // (Phi-3: q or k is a column slice of the fused qkv projection, as wide as the
+            // output; the partial-rotary path's concatenation of nothing changes no value)
+            let sliced;
+            let x = match offset {
+                Some(off) => {
+                    let width = match op.shape.last() {
+                        Some(fsdp_ir::Dim::N(w)) => *w as i64,
+                        _ => return Err(RtError::Op { op: op.name.clone(), message: "a sliced RoPE needs a fixed output width".into() }),
+                    };
+                    sliced = inputs[0].narrow(-1, *off as i64, width);
+                    &sliced
+                }
+                None => inputs[0],
+            };
             let hd = *head_dim as i64;
             let sh = dims(x);
             let (b, s) = (sh[0], sh[1]);
@@ -285,8 +295,17 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
             dropout,
             scaling,
             softcap,
+            v_offset,
             ..
-        } => attention(cx, op, inputs, *heads as i64, *kv_heads as i64, *head_dim as i64, *sliding_window, *dropout, *scaling, *softcap)?,
+        } => {
+            // (Phi-3: v is a column slice of the fused qkv projection)
+            let v = v_offset.map(|off| inputs[2].narrow(-1, off as i64, (*kv_heads * *head_dim) as i64));
+            let ins: Vec<&Tensor> = match &v {
+                Some(v) => vec![inputs[0], inputs[1], v],
+                None => inputs.to_vec(),
+            };
+            attention(cx, op, &ins, *heads as i64, *kv_heads as i64, *head_dim as i64, *sliding_window, *dropout, *scaling, *softcap)?
+        }
         OpKind::Router { top_k, normalize, cast, .. } => {
             // MixtralTopKRouter / Qwen3MoeTopKRouter after the gate's linear (its own op):
             // softmax(logits.float()), top-k,
@@ -350,6 +369,22 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
                 .cross_entropy_loss(&shift, None::<&Tensor>, tch::Reduction::Mean, -100, 0.0)
         }
     })
+}
+
+/// An activation function as HF's modules compute it.
+fn activation(x: &Tensor, act: Act) -> Tensor {
+    match act {
+        Act::Silu => x.silu(),
+        Act::Relu => x.relu(),
+        Act::Gelu => x.gelu("none"),
+        Act::GeluPytorchTanh => x.gelu("tanh"),
+        Act::Tanh => x.tanh(),
+        // NewGELUActivation, literally.
+        Act::GeluTanh => {
+            let c = (2.0f64 / std::f64::consts::PI).sqrt();
+            (x * 0.5) * ((((x + x.pow_tensor_scalar(3.0) * 0.044715) * c).tanh()) + 1.0)
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
