@@ -256,6 +256,55 @@ impl Cfg<'_> {
     }
 }
 
+/// The sizes every decoder family reads first, in this order (the note of defaulted keys
+/// lists them so): vocabulary, hidden, intermediate, layers (at most [`MAX_LAYERS`]), heads.
+struct Sizes {
+    vocab: u64,
+    d: u64,
+    inter: u64,
+    layers: u64,
+    heads: u64,
+}
+
+impl Cfg<'_> {
+    /// [`Sizes`] with these defaults (the family's config class's).
+    fn sizes(&self, vocab: u64, d: u64, inter: u64, layers: u64, heads: u64) -> Result<Sizes, IrError> {
+        let s = Sizes {
+            vocab: self.u("vocab_size", vocab)?,
+            d: self.u("hidden_size", d)?,
+            inter: self.u("intermediate_size", inter)?,
+            layers: self.u("num_hidden_layers", layers)?,
+            heads: 0,
+        };
+        if s.layers > MAX_LAYERS {
+            return Err(self.err(format!("`num_hidden_layers` {}: at most {MAX_LAYERS}", s.layers)));
+        }
+        Ok(Sizes { heads: self.u("num_attention_heads", heads)?, ..s })
+    }
+    /// `hidden_size` a multiple of the heads.
+    fn check_hidden(&self, d: u64, heads: u64) -> Result<(), IrError> {
+        match d % heads {
+            0 => Ok(()),
+            _ => Err(self.err(format!("hidden_size {d} is not a multiple of num_attention_heads {heads}"))),
+        }
+    }
+    /// The heads a multiple of the kv heads.
+    fn check_kv(&self, heads: u64, kv: u64) -> Result<(), IrError> {
+        match kv > 0 && heads.is_multiple_of(kv) {
+            true => Ok(()),
+            false => Err(self.err(format!("num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}"))),
+        }
+    }
+}
+
+/// A rotary module's `inv_freq` and `original_inv_freq` buffers (float32, `head_dim / 2`),
+/// names prefixed by `prefix` (Gemma 3's layer type).
+fn rotary_buffers(b: &mut Builder, prefix: &str, hd: u64) {
+    for n in ["inv_freq", "original_inv_freq"] {
+        b.m.buffers.push(Buffer { name: format!("model.rotary_emb.{prefix}{n}"), shape: vec![hd / 2], dtype: DType::Float32, persistent: false });
+    }
+}
+
 /// The most decoder layers a config may have (released models have at most ~130; the
 /// planning benchmark's synthetic model has 10 000).
 const MAX_LAYERS: u64 = 16384;
@@ -615,22 +664,11 @@ fn lm_head(b: &mut Builder, h: &str, d: u64, vocab: u64, tie: bool, embed: &str)
 /// input norm), an RMSNorm over the whole q and k projections before RoPE, and every
 /// RMSNorm multiplying its weight in float32 before the cast back.
 fn olmo2(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
-    let vocab = c.u("vocab_size", 50304)?;
-    let d = c.u("hidden_size", 4096)?;
-    let inter = c.u("intermediate_size", 11008)?;
-    let layers = c.u("num_hidden_layers", 32)?;
-    if layers > MAX_LAYERS {
-        return Err(c.err(format!("`num_hidden_layers` {layers}: at most {MAX_LAYERS}")));
-    }
-    let heads = c.u("num_attention_heads", 32)?;
+    let Sizes { vocab, d, inter, layers, heads } = c.sizes(50304, 4096, 11008, 32, 32)?;
     let kv = c.opt_u("num_key_value_heads")?.unwrap_or(heads);
-    if d % heads != 0 {
-        return Err(c.err(format!("hidden_size {d} is not a multiple of num_attention_heads {heads}")));
-    }
+    c.check_hidden(d, heads)?;
     let hd = c.opt_u("head_dim")?.unwrap_or(d / heads);
-    if kv == 0 || heads % kv != 0 {
-        return Err(c.err(format!("num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")));
-    }
+    c.check_kv(heads, kv)?;
     let eps = c.f("rms_norm_eps", 1e-5)?;
     let theta = c.rope_theta(10000.0)?;
     let scaling = c.rope_scaling()?;
@@ -700,9 +738,7 @@ fn olmo2(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
     let nw = b.param("model.norm.weight".into(), vec![d]);
     let h = b.op("model.norm", norm(None), "model.norm", &[&x], vec![nw], bsd(d));
     b.module("model.rotary_emb", "Olmo2RotaryEmbedding");
-    for n in ["inv_freq", "original_inv_freq"] {
-        b.m.buffers.push(Buffer { name: format!("model.rotary_emb.{n}"), shape: vec![hd / 2], dtype: DType::Float32, persistent: false });
-    }
+    rotary_buffers(b, "", hd);
     lm_head(b, &h, d, vocab, tie, &embed);
     Ok(())
 }
@@ -718,29 +754,18 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
         Gpt2 | Olmo2 | Gemma2 | Gemma3 | Phi3 => unreachable!("gpt2, olmo2, gemma and phi3 have their own builders"),
     };
     let (d_d, layers_d) = if f == Qwen3Moe { (2048, 24) } else { (4096, 32) };
-    let vocab = c.u("vocab_size", vocab_d)?;
-    let d = c.u("hidden_size", d_d)?;
-    let inter = c.u("intermediate_size", inter_d)?;
-    let layers = c.u("num_hidden_layers", layers_d)?;
-    if layers > MAX_LAYERS {
-        return Err(c.err(format!("`num_hidden_layers` {layers}: at most {MAX_LAYERS}")));
-    }
-    let heads = c.u("num_attention_heads", 32)?;
+    let Sizes { vocab, d, inter, layers, heads } = c.sizes(vocab_d, d_d, inter_d, layers_d, 32)?;
     let kv = c.opt_u("num_key_value_heads")?.or(kv_d).unwrap_or(heads);
     let hd = match c.opt_u("head_dim")? {
         Some(h) => h,
         // Qwen3Config's own default, whatever hidden_size / heads is
         None if f == Qwen3 => 128,
         None => {
-            if d % heads != 0 {
-                return Err(c.err(format!("hidden_size {d} is not a multiple of num_attention_heads {heads}")));
-            }
+            c.check_hidden(d, heads)?;
             d / heads
         }
     };
-    if kv == 0 || heads % kv != 0 {
-        return Err(c.err(format!("num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")));
-    }
+    c.check_kv(heads, kv)?;
     let eps = c.f("rms_norm_eps", eps_d)?;
     let theta = c.rope_theta(theta_d)?;
     let scaling = c.rope_scaling()?;
@@ -935,14 +960,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
     let nw = b.param("model.norm.weight".into(), vec![d]);
     let h = b.op("model.norm", OpKind::RmsNorm { eps, head_dim: None, weight_f32: false, unit_offset: false }, "model.norm", &[&x], vec![nw], bsd(d));
     b.module("model.rotary_emb", &format!("{pre}RotaryEmbedding"));
-    for n in ["inv_freq", "original_inv_freq"] {
-        b.m.buffers.push(Buffer {
-            name: format!("model.rotary_emb.{n}"),
-            shape: vec![hd / 2],
-            dtype: DType::Float32,
-            persistent: false,
-        });
-    }
+    rotary_buffers(b, "", hd);
     lm_head(b, &h, d, vocab, tie, &embed);
     Ok(())
 }
@@ -958,22 +976,11 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
 fn gemma(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
     let v3 = f == Family::Gemma3;
     let pre = f.prefix();
-    let vocab = c.u("vocab_size", if v3 { 262_208 } else { 256_000 })?;
-    let d = c.u("hidden_size", 2304)?;
-    let inter = c.u("intermediate_size", 9216)?;
-    let layers = c.u("num_hidden_layers", 26)?;
-    if layers > MAX_LAYERS {
-        return Err(c.err(format!("`num_hidden_layers` {layers}: at most {MAX_LAYERS}")));
-    }
-    let heads = c.u("num_attention_heads", 8)?;
+    let Sizes { vocab, d, inter, layers, heads } = c.sizes(if v3 { 262_208 } else { 256_000 }, 2304, 9216, 26, 8)?;
     let kv = c.u("num_key_value_heads", 4)?;
     let hd = c.u("head_dim", 256)?;
-    if d % heads != 0 {
-        return Err(c.err(format!("hidden_size {d} is not a multiple of num_attention_heads {heads}")));
-    }
-    if heads % kv != 0 {
-        return Err(c.err(format!("num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")));
-    }
+    c.check_hidden(d, heads)?;
+    c.check_kv(heads, kv)?;
     let eps = c.f("rms_norm_eps", 1e-6)?;
     let tie = c.b("tie_word_embeddings", true)?;
     let bias = c.b("attention_bias", false)?;
@@ -1185,9 +1192,7 @@ fn gemma(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
     };
     names.sort_unstable();
     for t in names {
-        for n in ["inv_freq", "original_inv_freq"] {
-            b.m.buffers.push(Buffer { name: format!("model.rotary_emb.{t}{n}"), shape: vec![hd / 2], dtype: DType::Float32, persistent: false });
-        }
+        rotary_buffers(b, &t, hd);
     }
     match final_cap {
         None => lm_head(b, &h, d, vocab, tie, &embed),
@@ -1211,22 +1216,11 @@ fn gemma(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
 /// partial-rotary code path (the rotated part sliced off and concatenated back), residual
 /// dropouts, and a sliding window over every layer when the config sets one (one mask).
 fn phi3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
-    let vocab = c.u("vocab_size", 32064)?;
-    let d = c.u("hidden_size", 3072)?;
-    let inter = c.u("intermediate_size", 8192)?;
-    let layers = c.u("num_hidden_layers", 32)?;
-    if layers > MAX_LAYERS {
-        return Err(c.err(format!("`num_hidden_layers` {layers}: at most {MAX_LAYERS}")));
-    }
-    let heads = c.u("num_attention_heads", 32)?;
+    let Sizes { vocab, d, inter, layers, heads } = c.sizes(32064, 3072, 8192, 32, 32)?;
     let kv = c.opt_u("num_key_value_heads")?.unwrap_or(heads);
-    if d % heads != 0 {
-        return Err(c.err(format!("hidden_size {d} is not a multiple of num_attention_heads {heads}")));
-    }
+    c.check_hidden(d, heads)?;
     let hd = d / heads;
-    if kv == 0 || heads % kv != 0 {
-        return Err(c.err(format!("num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")));
-    }
+    c.check_kv(heads, kv)?;
     let eps = c.f("rms_norm_eps", 1e-5)?;
     let theta = c.rope_theta(10000.0)?;
     let scaling = c.rope_scaling()?;
@@ -1296,9 +1290,7 @@ fn phi3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
     let nw = b.param("model.norm.weight".into(), vec![d]);
     let h = b.op("model.norm", OpKind::RmsNorm { eps, head_dim: None, weight_f32: false, unit_offset: false }, "model.norm", &[&x], vec![nw], bsd(d));
     b.module("model.rotary_emb", "Phi3RotaryEmbedding");
-    for n in ["inv_freq", "original_inv_freq"] {
-        b.m.buffers.push(Buffer { name: format!("model.rotary_emb.{n}"), shape: vec![hd / 2], dtype: DType::Float32, persistent: false });
-    }
+    rotary_buffers(b, "", hd);
     lm_head(b, &h, d, vocab, tie, &embed);
     Ok(())
 }
