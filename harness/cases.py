@@ -256,6 +256,14 @@ BASE_CASES = {
     # more tokens: the peak inside a block's backward (the slices' grads)
     "phi3_ac_b8s64_ws2": {"model": "tiny-phi3", "world_size": 2, "batch": 8, "seq": 64,
                           "checkpoint": ["Phi3DecoderLayer"]},
+    # the embeddings and the LM head as units of their own (torchtitan's wrapping): the root
+    # keeps only the final norm
+    "llama_embed_head_units_ws2": {"model": "tiny-llama", "world_size": 2,
+                                   "wrap": "modules:model.embed_tokens,model.layers.*,lm_head"},
+    "llama_embed_head_units_bf16_ac_ws2": {"model": "tiny-llama", "world_size": 2,
+                                           "wrap": "modules:model.embed_tokens,model.layers.*,lm_head",
+                                           "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                           "checkpoint": ["LlamaDecoderLayer"]},
     # MoE experts as FSDP units of their own inside their layer's (a `modules:` pattern policy):
     # Qwen3-MoE's dense layer has none; Mixtral in bf16, and under checkpointing (in fp32:
     # with bf16 params PyTorch refuses the recompute — the experts unit's forward-input cast

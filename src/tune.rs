@@ -56,6 +56,11 @@ pub(crate) struct TuneArgs {
     /// two blocks per unit (fewer, larger collectives; about doubles the search).
     #[arg(long, value_delimiter = ',', default_value = "1")]
     pub(crate) unit_groups: Vec<u32>,
+    /// Also search the embeddings and the LM head as FSDP units of their own, not the root's
+    /// (torchtitan's wrapping: their params gathered only around their use; untied models;
+    /// about doubles the search).
+    #[arg(long)]
+    pub(crate) embed_head_units: bool,
     /// Runner-ups to list.
     #[arg(long, default_value_t = 5)]
     pub(crate) top: usize,
@@ -155,6 +160,9 @@ fn describe(space: &Space, world: u64, c: &Config) -> String {
     if o.group > 1 {
         v.push(format!("{} blocks per unit", o.group));
     }
+    if o.edges {
+        v.push("embeddings and head own units".into());
+    }
     let none = l - c.full - c.sac;
     v.push(match (c.full, c.sac, none) {
         (0, 0, _) => "no AC".into(),
@@ -190,7 +198,7 @@ fn suggestions(model: &fsdp_ir::Model, base: &Options, hw: &Hardware, space: &Sp
     let least = |ws: u64, seq: u64| -> Option<Eval> {
         let b = Options { world_size: ws, seq, ..base.clone() };
         let s = Space { shards: vec![ws], ..space.clone() };
-        let c = Config { outer: tune::Outer { shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All, group: 1 }, full: l, sac: 0 };
+        let c = Config { outer: tune::Outer { shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All, group: 1, edges: false }, full: l, sac: 0 };
         let plan = fsdp_planner::plan_unchecked(model, &tune::options(&b, &s, &c)).ok()?;
         Some(tune::evaluate(&plan, model, hw, limit, c))
     };
@@ -227,6 +235,12 @@ pub(crate) fn run(a: TuneArgs) -> Result<()> {
     space.groups = a.unit_groups.clone();
     space.groups.sort_unstable();
     space.groups.dedup();
+    if a.embed_head_units {
+        if space.edge_policy.is_none() {
+            bail!(UserError(format!("--embed-head-units: {} has no untied embeddings and LM head to make units of their own (a tied head shares its weight with the embeddings: one unit)", a.model.display())));
+        }
+        space.edges = vec![false, true];
+    }
     if space.blocks.is_empty() {
         bail!(UserError(format!("{}: no decoder blocks to tune (the transformer policy wraps none)", a.model.display())));
     }
@@ -356,7 +370,7 @@ pub(crate) fn fit(a: FitArgs) -> Result<()> {
     let try_n = |n: u64| -> Option<Eval> {
         let opts = if a.seq_len { Options { seq: n, ..base.clone() } } else { Options { batch: n, ..base.clone() } };
         let plan = fsdp_planner::plan_unchecked(&model, &opts).ok()?;
-        let c = Config { outer: tune::Outer { shard: opts.world_size, micro_batch: opts.batch, accum: opts.grad_accum, prefetch: 0, reshard: tune::Reshard::All, group: opts.unit_group }, full: 0, sac: 0 };
+        let c = Config { outer: tune::Outer { shard: opts.world_size, micro_batch: opts.batch, accum: opts.grad_accum, prefetch: 0, reshard: tune::Reshard::All, group: opts.unit_group, edges: false }, full: 0, sac: 0 };
         Some(tune::evaluate(&plan, &model, &hw, limit, c))
     };
     let fits = |n: u64| try_n(n).is_some_and(|e| e.fits);

@@ -69,6 +69,26 @@ fn tune_answers_with_flags_plan_accepts() {
 }
 
 #[test]
+fn tune_searches_embeddings_and_head_as_their_own_units() {
+    // Llama-3-8B at world size 8: with the embeddings and the head their own units the root
+    // no longer holds them unsharded through the step; the answer takes them, and its
+    // `--policy modules:…` re-plans to its numbers
+    let model = "models/llama-3-8b.ron";
+    let v = json(&["tune", model, "--world-size", "8", "--global-batch", "16", "--seq", "8192", "--param-dtype", "bf16", "--reduce-dtype", "f32", "--master-dtype", "f32", "--optimizer", "adamw", "--hardware", "h100-sxm", "--embed-head-units", "--format", "json"]);
+    let flags: Vec<String> = v["best"]["flags"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()).collect();
+    let policy = flags.iter().position(|f| f == "--policy").map(|i| flags[i + 1].as_str());
+    assert_eq!(policy, Some("modules:model.embed_tokens,model.layers.*,lm_head"), "{flags:?}");
+    let (fits, _, peak, tps) = replan(model, &flags, "79.65GiB");
+    assert!(fits);
+    assert_eq!(Some(peak), v["best"]["predicted"]["peak_bytes"].as_u64());
+    assert_eq!(Some(tps), v["best"]["predicted"]["tokens_per_s_per_gpu"].as_f64());
+    // a tied head shares the embeddings' weight: one unit, said and refused
+    let (code, _, err) = run(&["tune", "models/tiny-llama-tied.ron", "--world-size", "2", "--global-batch", "2", "--seq", "32", "--embed-head-units"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--embed-head-units") && err.contains("tied"), "{err}");
+}
+
+#[test]
 fn tune_says_what_would_fit() {
     // activations bind: a shorter sequence fits (more GPUs shard only the params)
     let (code, out, _) = run(&["tune", "models/tiny-llama-4l.ron", "--world-size", "2", "--global-batch", "2", "--seq", "1024", "--memory-limit", "3MiB", "--reserve", "0"]);

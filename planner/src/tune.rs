@@ -81,6 +81,9 @@ pub struct Outer {
     pub reshard: Reshard,
     /// Blocks per FSDP unit (`--unit-group`; 1: a unit per block).
     pub group: u32,
+    /// The embeddings and the LM head FSDP units of their own (torchtitan's wrapping), not
+    /// the root's (`--policy modules:<embeddings>,<blocks>,<head>`).
+    pub edges: bool,
 }
 
 /// A point of the space.
@@ -109,6 +112,11 @@ pub struct Space {
     pub blocks: Vec<String>,
     /// Whether op-level SAC is a choice (else only full checkpointing).
     pub sac: bool,
+    /// The edge-unit choices searched ([`Outer::edges`]; `[false]` unless asked for).
+    pub edges: Vec<bool>,
+    /// The `modules:` policy that makes the embeddings and the head units of their own
+    /// (embeddings, a pattern of the blocks, head), when the model has them untied.
+    pub edge_policy: Option<Vec<String>>,
 }
 
 /// The memory a configuration must fit in.
@@ -170,7 +178,27 @@ pub fn space(model: &Model, base: &Options, world_size: u64, global_batch: u64, 
     if world_size > node && world_size.is_multiple_of(node) && node > 1 {
         reshard.push(Reshard::ToNode);
     }
-    Ok(Space { shards, batches, prefetch: vec![0, 2], reshard, groups: vec![1], node, blocks, sac: true })
+    let edge_policy = edge_policy(model, &blocks);
+    Ok(Space { shards, batches, prefetch: vec![0, 2], reshard, groups: vec![1], node, blocks, sac: true, edges: vec![false], edge_policy })
+}
+
+/// `[embeddings, blocks pattern, head]`: the embedding's module, the blocks as one `*`
+/// pattern (`model.layers.*`) and the LM head's module, when the head's weight is its own
+/// (a tied one must stay in one unit with the embeddings) and the pattern names exactly
+/// the blocks.
+fn edge_policy(model: &Model, blocks: &[String]) -> Option<Vec<String>> {
+    use fsdp_ir::OpKind;
+    let embed = model.ops.iter().find(|o| matches!(o.kind, OpKind::Embedding))?;
+    let loss = model.ops.iter().position(|o| matches!(o.kind, OpKind::CrossEntropy { .. }))?;
+    let head = model.ops[..loss].iter().rev().find(|o| matches!(o.kind, OpKind::Linear { .. }))?;
+    let head_param = model.params.iter().find(|p| head.params.first() == Some(&p.name))?;
+    if head_param.tied_to.is_some() || embed.module.is_empty() || head.module.is_empty() || embed.module == head.module {
+        return None;
+    }
+    let first = blocks.first()?;
+    let pattern = format!("{}.*", first.rsplit_once('.')?.0);
+    let matched: Vec<&str> = model.modules.iter().map(|m| m.path.as_str()).filter(|p| crate::wrap::glob_match(&pattern, p)).collect();
+    (matched.len() == blocks.len() && blocks.iter().all(|b| matched.contains(&b.as_str()))).then(|| vec![embed.module.clone(), pattern, head.module.clone()])
 }
 
 /// The plan options of a configuration (on top of `base`: dtypes, optimizer, seq, …).
@@ -190,6 +218,9 @@ pub fn options(base: &Options, space: &Space, c: &Config) -> Options {
     opts.ac_mode = AcMode::Full;
     opts.checkpoint = checkpoint_entries(&space.blocks, c.full as usize, c.sac as usize);
     opts.unit_group = o.group.max(1);
+    if let (true, Some(p)) = (o.edges, &space.edge_policy) {
+        opts.policy = crate::options::Policy::Modules(p.clone());
+    }
     opts
 }
 
@@ -244,6 +275,9 @@ pub fn flags(space: &Space, base: &Options, c: &Config) -> Vec<String> {
     }
     if o.group > 1 {
         f.extend(["--unit-group".into(), o.group.to_string()]);
+    }
+    if let (true, Some(p)) = (o.edges, &space.edge_policy) {
+        f.extend(["--policy".into(), format!("modules:{}", p.join(","))]);
     }
     for e in checkpoint_entries(&space.blocks, c.full as usize, c.sac as usize) {
         f.extend(["--checkpoint".into(), e]);
@@ -448,7 +482,10 @@ pub fn outers(space: &Space) -> Vec<Outer> {
                 let fsdp = space.shards.iter().max() == Some(&shard);
                 for &reshard in space.reshard.iter().filter(|&&r| r != Reshard::ToNode || fsdp) {
                     for &group in &space.groups {
-                        v.push(Outer { shard, micro_batch, accum, prefetch, reshard, group });
+                        // (edge units name the blocks one by one: not with unit groups)
+                        for &edges in space.edges.iter().filter(|&&e| !e || (group == 1 && space.edge_policy.is_some())) {
+                            v.push(Outer { shard, micro_batch, accum, prefetch, reshard, group, edges });
+                        }
                     }
                 }
             }

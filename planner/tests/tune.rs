@@ -60,6 +60,10 @@ fn check(name: &str, ws: u64, global_batch: u64, base: Options, allocator: bool)
         space.node = 2;
         space.reshard.push(tune::Reshard::ToNode);
     }
+    // the embeddings and the head as units of their own, where they are untied
+    if space.edge_policy.is_some() {
+        space.edges = vec![false, true];
+    }
     assert!(space.blocks.len() <= 4, "brute force is 3^blocks per outer point");
     let all = brute(&m, &base, &h, &space);
     // the memory judged: the tensor peak (reserve 0) or the allocator model's need
@@ -98,4 +102,11 @@ fn tune_equals_brute_force_on_a_4_block_llama() {
 #[test]
 fn tune_equals_brute_force_on_a_2_block_mixtral() {
     check("tiny-mixtral", 2, 4, Options { seq: 32, ..Options::default() }, false);
+}
+
+#[test]
+fn edge_units_are_searched_only_where_the_head_is_its_own() {
+    let space = |name: &str| tune::space(&model(name), &Options { world_size: 2, seq: 32, ..Options::default() }, 2, 2, 8).unwrap();
+    assert_eq!(space("tiny-llama-4l").edge_policy, Some(vec!["model.embed_tokens".to_string(), "model.layers.*".to_string(), "lm_head".to_string()]));
+    assert_eq!(space("tiny-llama-tied").edge_policy, None);
 }

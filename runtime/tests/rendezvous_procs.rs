@@ -238,7 +238,9 @@ fn launch_names_the_rank_that_refused_its_input_even_when_a_peer_exits_first() {
     let t0 = Instant::now();
     let e = launch(&spec(&[("FSDP_TEST_EXITS", "0:1:0,1:2:100")])).unwrap_err();
     match &e {
-        LaunchError::RankFailed { rank, code, others, .. } => assert_eq!((*rank, *code, *others), (1, Some(2), 1), "{e}"),
+        // (rank 2 is stopped; so is rank 0 when, on a loaded machine, it had not started and
+        // exited yet when rank 1's exit came)
+        LaunchError::RankFailed { rank, code, others, .. } => assert!((*rank, *code) == (1, Some(2)) && (1..=2).contains(others), "{e}"),
         e => panic!("{e}"),
     }
     assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}", t0.elapsed());
