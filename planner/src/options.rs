@@ -182,15 +182,22 @@ pub fn checkpoint_spec(entry: &str, default: AcMode) -> Result<(Vec<String>, AcM
             None => return Err(format!("`{entry}`: the mode after `=` is full or selective-op")),
         },
     };
-    let Some((head, rest)) = name.split_once('{') else { return Ok((vec![name.to_string()], mode)) };
-    let range = rest.split_once('}').and_then(|(r, tail)| {
-        let (a, b) = r.split_once("..")?;
-        Some((a.trim().parse::<u64>().ok()?, b.trim().parse::<u64>().ok()?, tail))
-    });
-    match range {
-        Some((a, b, tail)) if a <= b && b - a < 1_000_000 => Ok(((a..=b).map(|i| format!("{head}{i}{tail}")).collect(), mode)),
+    if !name.contains('{') {
+        return Ok((vec![name.to_string()], mode));
+    }
+    match brace_range(name) {
+        Some((head, a, b, tail)) if a <= b && b - a < 1_000_000 => Ok(((a..=b).map(|i| format!("{head}{i}{tail}")).collect(), mode)),
         _ => Err(format!("`{entry}`: a range is written {{FIRST..LAST}}, e.g. model.layers.{{0..7}}")),
     }
+}
+
+/// `head{a..b}tail` as `(head, a, b, tail)`: a range of numbers as the shell writes it (the
+/// `--checkpoint` paths, the `modules:` policy's patterns); `None` unless well formed.
+pub fn brace_range(s: &str) -> Option<(&str, u64, u64, &str)> {
+    let (head, rest) = s.split_once('{')?;
+    let (range, tail) = rest.split_once('}')?;
+    let (a, b) = range.split_once("..")?;
+    Some((head, a.trim().parse().ok()?, b.trim().parse().ok()?, tail))
 }
 
 impl Options {

@@ -130,10 +130,8 @@ pub fn glob_match(pattern: &str, path: &str) -> bool {
 }
 
 fn component_match(p: &str, m: &str) -> bool {
-    if let Some((head, rest)) = p.split_once('{') {
-        let Some((range, tail)) = rest.split_once('}') else { return false };
-        let Some((a, b)) = range.split_once("..") else { return false };
-        let (Ok(a), Ok(b)) = (a.trim().parse::<u64>(), b.trim().parse::<u64>()) else { return false };
+    if p.contains('{') {
+        let Some((head, a, b, tail)) = crate::options::brace_range(p) else { return false };
         let Some(mid) = m.strip_prefix(head).and_then(|x| x.strip_suffix(tail)) else { return false };
         return !mid.is_empty() && mid.bytes().all(|c| c.is_ascii_digit()) && mid.parse::<u64>().is_ok_and(|n| (a..=b).contains(&n)) && (mid == "0" || !mid.starts_with('0'));
     }
