@@ -302,6 +302,18 @@ impl<'a> Ctx<'a> {
             use_cache: opts.checkpoint.is_empty(),
         }
     }
+
+    /// Whether a sliding window of `window` masks this step's sequence: HF then builds an
+    /// explicit mask (SDPA computes every tile under it), flash-attention skips tiles.
+    pub fn window_masks(&self, window: Option<u64>) -> bool {
+        window.is_some_and(|w| self.dims.seq > w)
+    }
+
+    /// The op that makes `op`'s `k`-th input (`None` for a model input).
+    fn input_op(&self, op: &Op, k: usize) -> Option<&'a Op> {
+        let name = op.inputs.get(k)?;
+        self.model.ops.iter().find(|o| &o.name == name)
+    }
 }
 
 /// The dtype activations are computed in: `param_dtype`, else the master dtype (the
@@ -536,7 +548,7 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             // cast makes a low-precision copy of cos and sin, which the layer's RoPEs save
             // (counted with its first, `rope_q`); the float32 tables then live only as long
             // as the forward needs them
-            let tables = op.inputs.get(1).and_then(|r| cx.model.ops.iter().find(|o| &o.name == r));
+            let tables = cx.input_op(op, 1);
             let f32_tables = tables.is_some_and(|r| matches!(r.kind, OpKind::RotaryEmbedding { f32_tables: true, .. }));
             if f32_tables && cx.input_cast.is_some_and(|d| d != DType::Float32) {
                 m.saves_inputs = vec![false, false];
@@ -586,12 +598,12 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             sliding_window,
             ..
         } => {
-            let masked = sliding_window.is_some_and(|w| cx.dims.seq > w);
+            let masked = cx.window_masks(*sliding_window);
             attention(cx, op, &mut m, *heads, *kv_heads, *head_dim, *dropout, masked);
             // q from a partial-rotary RoPE (Phi-3) is `torch.cat`'s contiguous [b, h, s, d]: so
             // is the kernel's output, which SDPA saves, and the op's `transpose(1, 2)
             // .contiguous()` a copy of it (q in the projection's layout leaves both one tensor)
-            let q_cat = op.inputs.first().and_then(|q| cx.model.ops.iter().find(|o| &o.name == q)).is_some_and(|q| matches!(q.kind, OpKind::Rope { pass_through: true, .. }));
+            let q_cat = cx.input_op(op, 0).is_some_and(|q| matches!(q.kind, OpKind::Rope { pass_through: true, .. }));
             if q_cat && cx.attn != AttnImpl::Eager && m.saves_output {
                 m.saved.insert(0, t(n, cd, "attention output (b, h, s, d)"));
                 m.first_node_saved += usize::from(m.first_node_saved > 0);
@@ -649,7 +661,7 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             let i = *intermediate;
             // the routing weights' dtype (float32, or the compute dtype when the router casts
             // them back: Qwen3-MoE) sets the dtype of the weighted outputs and their sum
-            let router = op.inputs.get(1).and_then(|r| cx.model.ops.iter().find(|o| &o.name == r)).map(|r| &r.kind);
+            let router = cx.input_op(op, 1).map(|r| &r.kind);
             let router_casts = matches!(router, Some(OpKind::Router { cast: true, .. }));
             // experts that are an FSDP unit of their own get float32 routing weights cast to
             // the param dtype by the unit's pre-forward (a copy, alive during their forward)

@@ -494,7 +494,7 @@ impl CostModel {
                     let eager = cx.attn == AttnImpl::Eager;
                     // (SDPA under an explicit sliding-window mask runs its kernel unmasked by
                     // causality: the non-causal rate; flash-attention's window, the causal one)
-                    let causal = &(*causal && !(cx.attn == AttnImpl::Sdpa && sliding_window.is_some_and(|w| dims.seq > w)));
+                    let causal = &(*causal && !(cx.attn == AttnImpl::Sdpa && cx.window_masks(*sliding_window)));
                     let qkvo = in_sum + out;
                     let (bh, s, hd) = (dims.batch * heads, dims.seq, *head_dim);
                     if eager {
@@ -757,13 +757,13 @@ pub fn matmul_flops(cx: &Ctx, op: &Op) -> f64 {
                 AttnImpl::Eager => full,
                 // flash-attention's window: query i attends to min(i + 1, w) keys, tiles
                 // outside the band skipped
-                AttnImpl::FlashAttention2 if *causal && s > w => {
+                AttnImpl::FlashAttention2 if *causal && cx.window_masks(*sliding_window) => {
                     let pairs = (w * (w + 1) / 2 + (s - w) * w) as f64;
                     full * pairs / (s as f64 * s as f64)
                 }
                 // SDPA under HF's explicit sliding-window mask: a masked kernel computes every
                 // tile (no causal skip)
-                AttnImpl::Sdpa if s > w => full,
+                AttnImpl::Sdpa if cx.window_masks(*sliding_window) => full,
                 _ if *causal => full / 2.0,
                 _ => full,
             }

@@ -892,7 +892,7 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
     // is dropped. Where attention saves repeat_kv copies instead (eager GQA, SDPA GQA with a
     // sliding-window mask), the cache is what keeps them: the k and v inputs stay alive
     // until the forward returns.
-    let use_cache = b.opts.checkpoint.is_empty();
+    let use_cache = cx.use_cache;
     // the base model (`model`, `transformer`: the first path component of the attention ops)
     // ends at its last op (`model.norm`); its forward's locals (position ids, the attention
     // mask) go when it returns
@@ -962,7 +962,7 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
                     let n = cx.dims.batch * s * s;
                     let what = if kind.is_some() { "sliding-window mask" } else { "causal mask" };
                     masks.push((kind, b.alloc(what.into(), Category::Activation, n * cx.cd.size(), None)));
-                } else if cx.attn == AttnImpl::Sdpa && kind.is_some_and(|w| s > w) {
+                } else if cx.attn == AttnImpl::Sdpa && cx.window_masks(kind) {
                     masks.push((kind, b.alloc("sliding-window mask (bool)".into(), Category::Activation, s * s * DType::Bool.size(), None)));
                 }
             }
@@ -1161,7 +1161,7 @@ fn kv_cache_holds(cx: &Ctx, op: &fsdp_ir::Op) -> bool {
     if op.inputs.len() != 3 || heads == kv_heads {
         return false;
     }
-    let masked = sliding_window.is_some_and(|w| cx.dims.seq > w);
+    let masked = cx.window_masks(*sliding_window);
     match cx.attn {
         AttnImpl::Eager => true,
         AttnImpl::Sdpa => masked,
