@@ -290,6 +290,31 @@ BASE_CASES = {
     "mixtral_ac_ws2": {"model": "tiny-mixtral", "world_size": 2, "checkpoint": ["MixtralDecoderLayer"]},
     "mixtral_bf16_ac_ws2": {"model": "tiny-mixtral", "world_size": 2, "checkpoint": ["MixtralDecoderLayer"],
                             "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    # DeepSeek-V3: latent attention (low-rank q, a shared kv latent and one rotary key head,
+    # q/k heads 12 wide and v heads 6: SDPA's math path on the CPU), interleaved YaRN RoPE, a
+    # dense first layer, then MoE with a sigmoid group-limited float32 router, routed and
+    # shared experts
+    "deepseek_v3_ws2": {"model": "tiny-deepseek-v3", "world_size": 2},
+    "deepseek_v3_bf16_ws2": {"model": "tiny-deepseek-v3", "world_size": 2, "param_dtype": "bfloat16",
+                             "reduce_dtype": "float32"},
+    "deepseek_v3_ac_ws3": {"model": "tiny-deepseek-v3", "world_size": 3, "checkpoint": ["DeepseekV3DecoderLayer"]},
+    "deepseek_v3_bf16_ac_ws2": {"model": "tiny-deepseek-v3", "world_size": 2, "param_dtype": "bfloat16",
+                                "reduce_dtype": "float32", "checkpoint": ["DeepseekV3DecoderLayer"]},
+    "deepseek_v3_sac_op_ws2": {"model": "tiny-deepseek-v3", "world_size": 2,
+                               "checkpoint": ["DeepseekV3DecoderLayer"], "ac_mode": "selective-op"},
+    # more tokens: the peak inside a block's backward
+    "deepseek_v3_ac_b8s64_ws2": {"model": "tiny-deepseek-v3", "world_size": 2, "batch": 8, "seq": 64,
+                                 "checkpoint": ["DeepseekV3DecoderLayer"]},
+    # long rows: the attention's [b, h, s, s] probs dominate, the peak inside its backward
+    "deepseek_v3_ac_b1s128_ws2": {"model": "tiny-deepseek-v3", "world_size": 2, "batch": 1, "seq": 128,
+                                  "checkpoint": ["DeepseekV3DecoderLayer"]},
+    "deepseek_v3_bf16_ac_b1s128_ws2": {"model": "tiny-deepseek-v3", "world_size": 2, "batch": 1, "seq": 128,
+                                       "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                       "checkpoint": ["DeepseekV3DecoderLayer"]},
+    "deepseek_v3_bf16_b1s128_ws2": {"model": "tiny-deepseek-v3", "world_size": 2, "batch": 1, "seq": 128,
+                                    "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    "deepseek_v3_expert_units_ws2": {"model": "tiny-deepseek-v3", "world_size": 2,
+                                     "wrap": "modules:model.layers.*.mlp.experts,model.layers.*"},
     # more tokens than weights: activations dominate
     "mixtral_ac_b4s64_ws4": {"model": "tiny-mixtral", "world_size": 4, "batch": 4, "seq": 64,
                              "checkpoint": ["MixtralDecoderLayer"]},
@@ -576,6 +601,19 @@ FAKE_CASES.update({
                                   "model_dtype": "float32", "param_dtype": "bfloat16",
                                   "reduce_dtype": "float32", "optimizer": "adamw",
                                   "checkpoint": ["Qwen3MoeDecoderLayer"]},
+    # DeepSeek-V3 671B (61 layers: 3 dense, 58 MoE of 256 routed + 1 shared experts; latent
+    # attention with 128 heads, q/k 192 and v 128 wide: SDPA's math path on the CPU)
+    "deepseek_v3_bf16_ac_ws256": {"model": "deepseek-v3", "world_size": 256, "batch": 1, "seq": 4096,
+                                  "model_dtype": "float32", "param_dtype": "bfloat16",
+                                  "reduce_dtype": "float32", "optimizer": "adamw",
+                                  "checkpoint": ["DeepseekV3DecoderLayer"]},
+    "deepseek_v3_bf16_ws128": {"model": "deepseek-v3", "world_size": 128, "batch": 1, "seq": 1024,
+                               "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    "deepseek_v3_expert_units_bf16_ac_ws256": {"model": "deepseek-v3", "world_size": 256, "batch": 2,
+                                               "seq": 2048, "model_dtype": "float32",
+                                               "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                               "optimizer": "adamw", "checkpoint": ["DeepseekV3DecoderLayer"],
+                                               "wrap": "modules:model.layers.*.mlp.experts,model.layers.*"},
     "qwen3_30b_a3b_bf16_ws8": {"model": "qwen3-30b-a3b", "world_size": 8, "batch": 1, "seq": 2048,
                                "param_dtype": "bfloat16", "reduce_dtype": "float32"},
     # a mode per block at torchtitan's shape: 8 blocks full, 16 op-SAC, 8 none

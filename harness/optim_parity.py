@@ -63,8 +63,7 @@ def run(name):
     for kind, h in OPTIMIZERS.items():
         _, model, _ = hf_parity.build(name, seed=1)
         params, aliases = hf_parity.primary_params(model)
-        res = model.load_state_dict(weights, strict=False)
-        assert not res.unexpected_keys and set(res.missing_keys) <= set(aliases), res
+        hf_parity.check_loaded(model, model.load_state_dict(weights, strict=False), aliases)
         start = {n: p.detach().clone() for n, p in params}
         opt = make(kind, [p for _, p in params], h)
         losses = []

@@ -95,7 +95,8 @@ fn shipped_models_are_generated_from_their_configs() {
 fn unsupported_or_malformed_config_values_are_named() {
     let base: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(root().join("models/tiny-llama.config.json")).unwrap()).unwrap();
     let cases: Vec<(&str, serde_json::Value, &str)> = vec![
-        ("rope_scaling", serde_json::json!({"rope_type": "yarn", "factor": 4.0}), "`rope_scaling.rope_type` `yarn` is not supported (default, linear or llama3)"),
+        ("rope_scaling", serde_json::json!({"rope_type": "dynamic", "factor": 4.0}), "`rope_scaling.rope_type` `dynamic` is not supported (default, linear, llama3 or yarn)"),
+        ("rope_scaling", serde_json::json!({"rope_type": "yarn", "factor": 4.0}), "`rope_scaling.original_max_position_embeddings` must be a positive integer (yarn rope scaling)"),
         ("rope_scaling", serde_json::json!("yes"), "`rope_scaling` must be an object or null"),
         ("rope_scaling", serde_json::json!({"rope_type": "llama3", "factor": 8.0}), "`rope_scaling.low_freq_factor` must be a number"),
         ("architectures", serde_json::json!("LlamaForCausalLM"), "`architectures` must be a list of class names"),

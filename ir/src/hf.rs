@@ -25,10 +25,11 @@ pub enum Family {
     Gemma2,
     Gemma3,
     Phi3,
+    DeepseekV3,
 }
 
 impl Family {
-    const ALL: [Family; 11] = [Family::Gpt2, Family::Llama, Family::Mistral, Family::Qwen2, Family::Qwen3, Family::Mixtral, Family::Qwen3Moe, Family::Olmo2, Family::Gemma2, Family::Gemma3, Family::Phi3];
+    const ALL: [Family; 12] = [Family::Gpt2, Family::Llama, Family::Mistral, Family::Qwen2, Family::Qwen3, Family::Mixtral, Family::Qwen3Moe, Family::Olmo2, Family::Gemma2, Family::Gemma3, Family::Phi3, Family::DeepseekV3];
 
     /// `not a supported model (supported: gpt2 (GPT2LMHeadModel), llama (…), …)`.
     fn unsupported() -> String {
@@ -49,6 +50,7 @@ impl Family {
             Family::Gemma2 => "gemma2",
             Family::Gemma3 => "gemma3_text",
             Family::Phi3 => "phi3",
+            Family::DeepseekV3 => "deepseek_v3",
         }
     }
     fn from_model_type(t: &str) -> Option<Family> {
@@ -64,6 +66,7 @@ impl Family {
             "gemma2" => Family::Gemma2,
             "gemma3_text" => Family::Gemma3,
             "phi3" => Family::Phi3,
+            "deepseek_v3" => Family::DeepseekV3,
             _ => return None,
         })
     }
@@ -80,6 +83,7 @@ impl Family {
             "Gemma2ForCausalLM" => Family::Gemma2,
             "Gemma3ForCausalLM" => Family::Gemma3,
             "Phi3ForCausalLM" => Family::Phi3,
+            "DeepseekV3ForCausalLM" => Family::DeepseekV3,
             _ => return None,
         })
     }
@@ -97,6 +101,7 @@ impl Family {
             Family::Gemma2 => "Gemma2",
             Family::Gemma3 => "Gemma3",
             Family::Phi3 => "Phi3",
+            Family::DeepseekV3 => "DeepseekV3",
         }
     }
     pub fn architecture(self) -> String {
@@ -142,6 +147,10 @@ const IGNORED_KEYS: &[&str] = &[
     "layer_types", "use_mrope", "rope_scaling", "rope_parameters", "rope_theta", "torch_dtype", "dtype",
     "architectures", "model_type", "gradient_checkpointing", "use_bfloat16", "bias", "auto_map",
     "output_past", "max_window_layers",
+    // DeepSeek's hub configs: transformers' DeepseekV3 reads none of them (its router is the
+    // sigmoid, group-limited `noaux_tc` one; no multi-token-prediction layer is built)
+    "ep_size", "moe_layer_freq", "num_nextn_predict_layers", "scoring_func", "topk_method", "aux_loss_alpha",
+    "seq_aux", "num_mtp_layers",
 ];
 
 /// The closest of `known` to `k` within two edits (Levenshtein), for "did you mean".
@@ -245,7 +254,39 @@ impl Cfg<'_> {
                     .ok_or_else(|| self.err(format!("`{key}.original_max_position_embeddings` must be a positive integer (llama3 rope scaling)")))?,
             })),
             "linear" => Ok(Some(RopeScaling::Linear { factor: num("factor")? })),
-            t => Err(self.err(format!("`{key}.rope_type` `{t}` is not supported (default, linear or llama3)"))),
+            "yarn" => {
+                // transformers' `_compute_yarn_parameters`: the factor (else max positions over
+                // the original ones), the cos/sin scale from `mscale` / `mscale_all_dim`
+                let opt = |k: &str| o.get(k).filter(|x| !x.is_null()).map(|x| x.as_f64().ok_or_else(|| self.err(format!("`{key}.{k}` must be a number (yarn rope scaling)")))).transpose();
+                let original = o
+                    .get("original_max_position_embeddings")
+                    .and_then(|x| x.as_u64())
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| self.err(format!("`{key}.original_max_position_embeddings` must be a positive integer (yarn rope scaling)")))?;
+                let factor = match opt("factor")? {
+                    Some(f) => f,
+                    None => self.u("max_position_embeddings", 4096)? as f64 / original as f64,
+                };
+                let get_mscale = |scale: f64, m: f64| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
+                let attention_factor = match (opt("attention_factor")?, opt("mscale")?, opt("mscale_all_dim")?) {
+                    (Some(a), _, _) => a,
+                    (None, Some(m), Some(ma)) if m != 0.0 && ma != 0.0 => get_mscale(factor, m) / get_mscale(factor, ma),
+                    _ => get_mscale(factor, 1.0),
+                };
+                let truncate = match o.get("truncate") {
+                    None | Some(Value::Null) => true,
+                    Some(x) => x.as_bool().ok_or_else(|| self.err(format!("`{key}.truncate` must be true or false")))?,
+                };
+                Ok(Some(RopeScaling::Yarn {
+                    factor,
+                    original_max_position_embeddings: original,
+                    beta_fast: opt("beta_fast")?.filter(|&x| x != 0.0).unwrap_or(32.0),
+                    beta_slow: opt("beta_slow")?.filter(|&x| x != 0.0).unwrap_or(1.0),
+                    attention_factor,
+                    truncate,
+                }))
+            }
+            t => Err(self.err(format!("`{key}.rope_type` `{t}` is not supported (default, linear, llama3 or yarn)"))),
         }
     }
     fn rope_theta(&self, default: f64) -> Result<f64, IrError> {
@@ -373,7 +414,7 @@ impl Builder {
     }
     fn linear_op(&mut self, path: &str, x: &str, ps: Vec<String>, fan_out: u64, transposed: bool) -> String {
         let bias = ps.len() == 2;
-        self.op(path, OpKind::Linear { bias, transposed }, path, &[x], ps, bsd(fan_out))
+        self.op(path, OpKind::Linear { bias, transposed, float32: false }, path, &[x], ps, bsd(fan_out))
     }
 }
 
@@ -539,6 +580,7 @@ fn build(c: &Cfg, name: &str, dtype_override: Option<DType>) -> Result<Model, Ir
         Family::Olmo2 => olmo2(c, &mut b)?,
         f @ (Family::Gemma2 | Family::Gemma3) => gemma(c, f, &mut b)?,
         Family::Phi3 => phi3(c, &mut b)?,
+        Family::DeepseekV3 => deepseek_v3(c, &mut b)?,
         f => llama_like(c, f, &mut b)?,
     }
     let problems = crate::validate::validate(&b.m);
@@ -623,6 +665,7 @@ fn gpt2(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
                 scaling: None,
                 v_offset: None,
                 softcap: None,
+                mla: None,
             },
             &format!("{p}.attn"),
             &[&qkv],
@@ -679,7 +722,7 @@ fn olmo2(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
         let a = c.s("hidden_act", "silu")?;
         act_of(a).ok_or_else(|| c.err(format!("unsupported hidden_act `{a}`")))?
     };
-    let norm = |head_dim: Option<u64>| OpKind::RmsNorm { eps, head_dim, weight_f32: true, unit_offset: false };
+    let norm = |head_dim: Option<u64>| OpKind::RmsNorm { eps, head_dim, weight_f32: true, unit_offset: false, input_width: None };
     b.module("", "Olmo2ForCausalLM");
     b.module("model", "Olmo2Model");
     b.module("model.embed_tokens", "Embedding");
@@ -717,9 +760,9 @@ fn olmo2(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
         let (qs, ks) = (format!("{sa}.q_norm"), format!("{sa}.k_norm"));
         let qo = b.op(&qs, norm(None), &qs, &[&qo], vec![qn], bsd(heads * hd));
         let ko = b.op(&ks, norm(None), &ks, &[&ko], vec![kn], bsd(kv * hd));
-        let qr = b.op(&format!("{sa}.rope_q"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false }, &sa, &[&qo, &rot], vec![], bsd(heads * hd));
-        let kr = b.op(&format!("{sa}.rope_k"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false }, &sa, &[&ko, &rot], vec![], bsd(kv * hd));
-        let attn = OpKind::Attention { heads, kv_heads: kv, head_dim: hd, causal: true, dropout: attn_p, sliding_window: None, scaling: None, v_offset: None, softcap: None };
+        let qr = b.op(&format!("{sa}.rope_q"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false, head_stride: None, interleave: false }, &sa, &[&qo, &rot], vec![], bsd(heads * hd));
+        let kr = b.op(&format!("{sa}.rope_k"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false, head_stride: None, interleave: false }, &sa, &[&ko, &rot], vec![], bsd(kv * hd));
+        let attn = OpKind::Attention { heads, kv_heads: kv, head_dim: hd, causal: true, dropout: attn_p, sliding_window: None, scaling: None, v_offset: None, softcap: None, mla: None };
         let a = b.op(&format!("{sa}.sdpa"), attn, &sa, &[&qr, &kr, &vo], vec![], bsd(heads * hd));
         let ao = b.linear_op(&format!("{sa}.o_proj"), &a, o, d, false);
         let pa = format!("{p}.post_attention_layernorm");
@@ -751,7 +794,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
         Qwen2 | Qwen3 => (151936, 22016, None, 1e-6, 10000.0),
         Mixtral => (32000, 14336, Some(8), 1e-5, 1e6),
         Qwen3Moe => (151936, 6144, Some(4), 1e-6, 10000.0),
-        Gpt2 | Olmo2 | Gemma2 | Gemma3 | Phi3 => unreachable!("gpt2, olmo2, gemma and phi3 have their own builders"),
+        Gpt2 | Olmo2 | Gemma2 | Gemma3 | Phi3 | DeepseekV3 => unreachable!("gpt2, olmo2, gemma, phi3 and deepseek have their own builders"),
     };
     let (d_d, layers_d) = if f == Qwen3Moe { (2048, 24) } else { (4096, 32) };
     let Sizes { vocab, d, inter, layers, heads } = c.sizes(vocab_d, d_d, inter_d, layers_d, 32)?;
@@ -881,20 +924,20 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
         b.module(&format!("{p}.post_attention_layernorm"), &norm_class);
         let ln2 = b.param(format!("{p}.post_attention_layernorm.weight"), vec![d]);
 
-        let h = b.op(&format!("{p}.input_layernorm"), OpKind::RmsNorm { eps, head_dim: None, weight_f32: false, unit_offset: false }, &format!("{p}.input_layernorm"), &[&x], vec![ln1], bsd(d));
+        let h = b.op(&format!("{p}.input_layernorm"), OpKind::RmsNorm { eps, head_dim: None, weight_f32: false, unit_offset: false, input_width: None }, &format!("{p}.input_layernorm"), &[&x], vec![ln1], bsd(d));
         let qo = b.linear_op(&format!("{sa}.q_proj"), &h, q, heads * hd, false);
         let ko = b.linear_op(&format!("{sa}.k_proj"), &h, k, kv * hd, false);
         let vo = b.linear_op(&format!("{sa}.v_proj"), &h, v, kv * hd, false);
         let (qo, ko) = match qk_norm {
             Some((qn, kn)) => {
-                let norm = OpKind::RmsNorm { eps, head_dim: Some(hd), weight_f32: false, unit_offset: false };
+                let norm = OpKind::RmsNorm { eps, head_dim: Some(hd), weight_f32: false, unit_offset: false, input_width: None };
                 let (qs, ks) = (format!("{sa}.q_norm"), format!("{sa}.k_norm"));
                 (b.op(&qs, norm.clone(), &qs, &[&qo], vec![qn], bsd(heads * hd)), b.op(&ks, norm, &ks, &[&ko], vec![kn], bsd(kv * hd)))
             }
             None => (qo, ko),
         };
-        let qr = b.op(&format!("{sa}.rope_q"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false }, &sa, &[&qo, &rot], vec![], bsd(heads * hd));
-        let kr = b.op(&format!("{sa}.rope_k"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false }, &sa, &[&ko, &rot], vec![], bsd(kv * hd));
+        let qr = b.op(&format!("{sa}.rope_q"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false, head_stride: None, interleave: false }, &sa, &[&qo, &rot], vec![], bsd(heads * hd));
+        let kr = b.op(&format!("{sa}.rope_k"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false, head_stride: None, interleave: false }, &sa, &[&ko, &rot], vec![], bsd(kv * hd));
         let a = b.op(
             &format!("{sa}.sdpa"),
             OpKind::Attention {
@@ -907,6 +950,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
                 scaling: None,
                 v_offset: None,
                 softcap: None,
+                mla: None,
             },
             &sa,
             &[&qr, &kr, &vo],
@@ -917,7 +961,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
         x = b.op(&format!("{p}.residual_attn"), OpKind::Add, &p, &[&x, &ao], vec![], bsd(d));
         let h = b.op(
             &format!("{p}.post_attention_layernorm"),
-            OpKind::RmsNorm { eps, head_dim: None, weight_f32: false, unit_offset: false },
+            OpKind::RmsNorm { eps, head_dim: None, weight_f32: false, unit_offset: false, input_width: None },
             &format!("{p}.post_attention_layernorm"),
             &[&x],
             vec![ln2],
@@ -930,7 +974,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
             // the router: its linear (an `aten.mm` of its own: op-level SAC counts it), then
             // softmax, top-k and the renormalization
             let logits = b.linear_op(&format!("{mlp}.gate"), &h, gate, experts, false);
-            let router = OpKind::Router { experts, top_k, normalize, cast: f == Qwen3Moe };
+            let router = OpKind::Router { experts, top_k, normalize, cast: f == Qwen3Moe, sigmoid: None };
             let r = b.op(&format!("{mlp}.gate.route"), router, &format!("{mlp}.gate"), &[&logits], vec![], bsd(top_k));
             b.op(
                 &format!("{mlp}.experts"),
@@ -958,7 +1002,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
     }
     b.module("model.norm", &norm_class);
     let nw = b.param("model.norm.weight".into(), vec![d]);
-    let h = b.op("model.norm", OpKind::RmsNorm { eps, head_dim: None, weight_f32: false, unit_offset: false }, "model.norm", &[&x], vec![nw], bsd(d));
+    let h = b.op("model.norm", OpKind::RmsNorm { eps, head_dim: None, weight_f32: false, unit_offset: false, input_width: None }, "model.norm", &[&x], vec![nw], bsd(d));
     b.module("model.rotary_emb", &format!("{pre}RotaryEmbedding"));
     rotary_buffers(b, "", hd);
     lm_head(b, &h, d, vocab, tie, &embed);
@@ -1082,7 +1126,7 @@ fn gemma(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
             return Err(c.err("`rope_parameters.sliding_attention.rope_type`: only the default rope is supported for local layers"));
         }
     }
-    let norm = |head_dim: Option<u64>| OpKind::RmsNorm { eps, head_dim, weight_f32: false, unit_offset: true };
+    let norm = |head_dim: Option<u64>| OpKind::RmsNorm { eps, head_dim, weight_f32: false, unit_offset: true, input_width: None };
     let norm_class = format!("{pre}RMSNorm");
     let norm_class = norm_class.as_str();
     b.module("", &f.architecture());
@@ -1152,8 +1196,8 @@ fn gemma(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
             None => (qo, ko),
         };
         let r = rot.get(&is_sliding).cloned().unwrap_or_default();
-        let qr = b.op(&format!("{sa}.rope_q"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false }, &sa, &[&qo, &r], vec![], bsd(heads * hd));
-        let kr = b.op(&format!("{sa}.rope_k"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false }, &sa, &[&ko, &r], vec![], bsd(kv * hd));
+        let qr = b.op(&format!("{sa}.rope_q"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false, head_stride: None, interleave: false }, &sa, &[&qo, &r], vec![], bsd(heads * hd));
+        let kr = b.op(&format!("{sa}.rope_k"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false, head_stride: None, interleave: false }, &sa, &[&ko, &r], vec![], bsd(kv * hd));
         let attn = OpKind::Attention {
             heads,
             kv_heads: kv,
@@ -1164,6 +1208,7 @@ fn gemma(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
             scaling: Some(1.0 / qpas.sqrt()),
             v_offset: None,
             softcap: attn_cap,
+            mla: None,
         };
         let a = b.op(&format!("{sa}.sdpa"), attn, &sa, &[&qr, &kr, &vo], vec![], bsd(heads * hd));
         let ao = b.linear_op(&format!("{sa}.o_proj"), &a, o, d, false);
@@ -1268,13 +1313,13 @@ fn phi3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
         b.module(&format!("{p}.resid_attn_dropout"), "Dropout");
         b.module(&format!("{p}.resid_mlp_dropout"), "Dropout");
 
-        let norm = OpKind::RmsNorm { eps, head_dim: None, weight_f32: false, unit_offset: false };
+        let norm = OpKind::RmsNorm { eps, head_dim: None, weight_f32: false, unit_offset: false, input_width: None };
         let h = b.op(&format!("{p}.input_layernorm"), norm.clone(), &format!("{p}.input_layernorm"), &[&x], vec![ln1], bsd(d));
         let qkvo = b.linear_op(&format!("{sa}.qkv_proj"), &h, qkv, qw + 2 * kvw, false);
-        let rope = |offset| OpKind::Rope { head_dim: hd, offset: Some(offset), pass_through: true };
+        let rope = |offset| OpKind::Rope { head_dim: hd, offset: Some(offset), pass_through: true, head_stride: None, interleave: false };
         let qr = b.op(&format!("{sa}.rope_q"), rope(0), &sa, &[&qkvo, &rot], vec![], bsd(qw));
         let kr = b.op(&format!("{sa}.rope_k"), rope(qw), &sa, &[&qkvo, &rot], vec![], bsd(kvw));
-        let attn = OpKind::Attention { heads, kv_heads: kv, head_dim: hd, causal: true, dropout: attn_p, sliding_window: window, scaling: None, v_offset: Some(qw + kvw), softcap: None };
+        let attn = OpKind::Attention { heads, kv_heads: kv, head_dim: hd, causal: true, dropout: attn_p, sliding_window: window, scaling: None, v_offset: Some(qw + kvw), softcap: None, mla: None };
         let a = b.op(&format!("{sa}.sdpa"), attn, &sa, &[&qr, &kr, &qkvo], vec![], bsd(qw));
         let ao = b.linear_op(&format!("{sa}.o_proj"), &a, o, d, false);
         let ao = b.op(&format!("{p}.resid_attn_dropout"), OpKind::Dropout { p: resid_p }, &format!("{p}.resid_attn_dropout"), &[&ao], vec![], bsd(d));
@@ -1288,9 +1333,198 @@ fn phi3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
     }
     b.module("model.norm", "Phi3RMSNorm");
     let nw = b.param("model.norm.weight".into(), vec![d]);
-    let h = b.op("model.norm", OpKind::RmsNorm { eps, head_dim: None, weight_f32: false, unit_offset: false }, "model.norm", &[&x], vec![nw], bsd(d));
+    let h = b.op("model.norm", OpKind::RmsNorm { eps, head_dim: None, weight_f32: false, unit_offset: false, input_width: None }, "model.norm", &[&x], vec![nw], bsd(d));
     b.module("model.rotary_emb", "Phi3RotaryEmbedding");
     rotary_buffers(b, "", hd);
+    lm_head(b, &h, d, vocab, tie, &embed);
+    Ok(())
+}
+
+/// DeepSeek-V3 (transformers' `DeepseekV3ForCausalLM`): multi-head latent attention — q
+/// through a low-rank `q_a_proj` → RMSNorm → `q_b_proj` (or one `q_proj` without
+/// `q_lora_rank`), k and v from a shared latent (`kv_a_proj_with_mqa`: `kv_lora_rank` latent
+/// columns, RMS-normed, then `kv_b_proj`, and `qk_rope_head_dim` columns of one rotary key
+/// head shared by all heads), the rotary parts interleaved (`rope_interleave`), the softmax
+/// scaled by `qk_head_dim ** -0.5` times YaRN's `mscale_all_dim` correction squared; dense
+/// SwiGLU MLPs in the first `first_k_dense_replace` layers, MoE in the rest: a sigmoid router
+/// in float32 choosing among the best groups, routed experts and `n_shared_experts` shared ones
+/// (one MLP as wide as them together), summed.
+fn deepseek_v3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
+    let Sizes { vocab, d, inter, layers, heads } = c.sizes(129280, 7168, 18432, 61, 128)?;
+    let kv = c.opt_u("num_key_value_heads")?.unwrap_or(heads);
+    if kv != heads {
+        return Err(c.err(format!("num_key_value_heads {kv} differs from num_attention_heads {heads}: DeepSeek's latent attention makes k and v for every head")));
+    }
+    let moe_inter = c.u("moe_intermediate_size", 2048)?;
+    let shared = c.u("n_shared_experts", 1)?;
+    let experts = c.u("n_routed_experts", 256)?;
+    let scale = c.f("routed_scaling_factor", 2.5)?;
+    let kvr = c.u("kv_lora_rank", 512)?;
+    let qr = match c.get("q_lora_rank") {
+        Some(Value::Null) => None,
+        _ => Some(c.u("q_lora_rank", 1536)?),
+    };
+    let dr = c.u("qk_rope_head_dim", 64)?;
+    let dv = c.u("v_head_dim", 128)?;
+    let dn = c.u("qk_nope_head_dim", 128)?;
+    let groups = c.u("n_group", 8)?;
+    let topk_groups = c.u("topk_group", 4)?;
+    let top_k = c.u("num_experts_per_tok", 8)?;
+    let first_dense = c.u("first_k_dense_replace", 3)?;
+    let normalize = c.b("norm_topk_prob", true)?;
+    let (act, act_class) = {
+        let a = c.s("hidden_act", "silu")?;
+        act_of(a).ok_or_else(|| c.err(format!("unsupported hidden_act `{a}`")))?
+    };
+    let eps = c.f("rms_norm_eps", 1e-6)?;
+    let tie = c.b("tie_word_embeddings", false)?;
+    let interleave = c.b("rope_interleave", true)?;
+    let bias = c.b("attention_bias", false)?;
+    let attn_p = c.f("attention_dropout", 0.0)?;
+    let theta = c.rope_theta(10000.0)?;
+    let scaling = c.rope_scaling()?;
+    if dr == 0 || !dr.is_multiple_of(2) {
+        return Err(c.err(format!("qk_rope_head_dim {dr} must be even and positive")));
+    }
+    if experts > 0 && (groups == 0 || !experts.is_multiple_of(groups) || experts / groups < 2) {
+        return Err(c.err(format!("n_routed_experts {experts} must split into n_group {groups} groups of at least two experts (the router scores a group by its best two)")));
+    }
+    if topk_groups == 0 || topk_groups > groups {
+        return Err(c.err(format!("topk_group {topk_groups} must be between 1 and n_group {groups}")));
+    }
+    if top_k == 0 || top_k > topk_groups * (experts / groups.max(1)) {
+        return Err(c.err(format!("num_experts_per_tok {top_k} must be between 1 and the experts of the topk_group {topk_groups} best groups ({})", topk_groups * (experts / groups.max(1)))));
+    }
+    let dqk = dn + dr;
+    // `yarn_apply_mscale`: qk_head_dim ** -0.5, times mscale(factor, mscale_all_dim) squared
+    // under YaRN
+    let mut softmax_scale = (dqk as f64).powf(-0.5);
+    if let Some(RopeScaling::Yarn { factor, .. }) = scaling {
+        let all_dim = ["rope_scaling", "rope_parameters"].iter().find_map(|k| c.get(k).and_then(|r| r.get("mscale_all_dim")).and_then(|x| x.as_f64())).unwrap_or(0.0);
+        if all_dim != 0.0 && factor > 1.0 {
+            let m = 0.1 * all_dim * factor.ln() + 1.0;
+            softmax_scale *= m * m;
+        }
+    }
+    b.module("", "DeepseekV3ForCausalLM");
+    b.module("model", "DeepseekV3Model");
+    b.module("model.embed_tokens", "Embedding");
+    let embed = b.param("model.embed_tokens.weight".into(), vec![vocab, d]);
+    b.module("model.layers", "ModuleList");
+    let mut x = b.op("model.embed_tokens", OpKind::Embedding, "model.embed_tokens", &["input_ids"], vec![embed.clone()], bsd(d));
+    // (the rotary tables are `qk_rope_head_dim` wide: the config's `head_dim`)
+    let rot = b.op("model.rotary_emb", OpKind::RotaryEmbedding { theta, head_dim: dr, scaling, f32_tables: false }, "model.rotary_emb", &["input_ids"], vec![], vec![Dim::N(1), sym("seq"), Dim::N(dr)]);
+    let norm = |eps: f64, input_width: Option<u64>| OpKind::RmsNorm { eps, head_dim: None, weight_f32: false, unit_offset: false, input_width };
+    for i in 0..layers {
+        let p = format!("model.layers.{i}");
+        let sa = format!("{p}.self_attn");
+        b.module(&p, "DeepseekV3DecoderLayer");
+        b.module(&sa, "DeepseekV3Attention");
+        let q_params = match qr {
+            None => vec![b.linear_module(&format!("{sa}.q_proj"), "Linear", d, heads * dqk, false, false)],
+            Some(r) => {
+                let a = b.linear_module(&format!("{sa}.q_a_proj"), "Linear", d, r, bias, false);
+                b.module(&format!("{sa}.q_a_layernorm"), "DeepseekV3RMSNorm");
+                let n = b.param(format!("{sa}.q_a_layernorm.weight"), vec![r]);
+                let bb = b.linear_module(&format!("{sa}.q_b_proj"), "Linear", r, heads * dqk, false, false);
+                vec![a, vec![n], bb]
+            }
+        };
+        let kva = b.linear_module(&format!("{sa}.kv_a_proj_with_mqa"), "Linear", d, kvr + dr, bias, false);
+        b.module(&format!("{sa}.kv_a_layernorm"), "DeepseekV3RMSNorm");
+        let kvn = b.param(format!("{sa}.kv_a_layernorm.weight"), vec![kvr]);
+        let kvb = b.linear_module(&format!("{sa}.kv_b_proj"), "Linear", kvr, heads * (dn + dv), false, false);
+        let o = b.linear_module(&format!("{sa}.o_proj"), "Linear", heads * dv, d, bias, false);
+        let mlp = format!("{p}.mlp");
+        let moe = i >= first_dense;
+        let swiglu_params = |b: &mut Builder, path: &str, class: &str, width: u64| {
+            b.module(path, class);
+            let g = b.linear_module(&format!("{path}.gate_proj"), "Linear", d, width, false, false);
+            let u = b.linear_module(&format!("{path}.up_proj"), "Linear", d, width, false, false);
+            let dn = b.linear_module(&format!("{path}.down_proj"), "Linear", width, d, false, false);
+            b.module(&format!("{path}.act_fn"), act_class);
+            [g, u, dn]
+        };
+        let (routed, mlp_params) = if moe {
+            b.module(&mlp, "DeepseekV3MoE");
+            b.module(&format!("{mlp}.experts"), "DeepseekV3Experts");
+            let gu = b.param(format!("{mlp}.experts.gate_up_proj"), vec![experts, 2 * moe_inter, d]);
+            let dnp = b.param(format!("{mlp}.experts.down_proj"), vec![experts, d, moe_inter]);
+            b.module(&format!("{mlp}.experts.act_fn"), act_class);
+            b.module(&format!("{mlp}.gate"), "DeepseekV3TopkRouter");
+            let g = b.param(format!("{mlp}.gate.weight"), vec![experts, d]);
+            b.m.buffers.push(Buffer { name: format!("{mlp}.gate.e_score_correction_bias"), shape: vec![experts], dtype: b.dtype, persistent: true });
+            let sh = swiglu_params(b, &format!("{mlp}.shared_experts"), "DeepseekV3MLP", moe_inter * shared);
+            (Some((g, vec![gu, dnp])), sh)
+        } else {
+            (None, swiglu_params(b, &mlp, "DeepseekV3MLP", inter))
+        };
+        b.module(&format!("{p}.input_layernorm"), "DeepseekV3RMSNorm");
+        let ln1 = b.param(format!("{p}.input_layernorm.weight"), vec![d]);
+        b.module(&format!("{p}.post_attention_layernorm"), "DeepseekV3RMSNorm");
+        let ln2 = b.param(format!("{p}.post_attention_layernorm.weight"), vec![d]);
+
+        let h = b.op(&format!("{p}.input_layernorm"), norm(eps, None), &format!("{p}.input_layernorm"), &[&x], vec![ln1], bsd(d));
+        let mut qp = q_params.into_iter();
+        let q = match qr {
+            None => b.linear_op(&format!("{sa}.q_proj"), &h, qp.next().unwrap_or_default(), heads * dqk, false),
+            Some(r) => {
+                let qa = b.linear_op(&format!("{sa}.q_a_proj"), &h, qp.next().unwrap_or_default(), r, false);
+                // (DeepseekV3RMSNorm's own eps default: the config's rms_norm_eps is not passed)
+                let qn = b.op(&format!("{sa}.q_a_layernorm"), norm(1e-6, None), &format!("{sa}.q_a_layernorm"), &[&qa], qp.next().unwrap_or_default(), bsd(r));
+                b.linear_op(&format!("{sa}.q_b_proj"), &qn, qp.next().unwrap_or_default(), heads * dqk, false)
+            }
+        };
+        let ckv = b.linear_op(&format!("{sa}.kv_a_proj_with_mqa"), &h, kva, kvr + dr, false);
+        let kv_nope = b.op(&format!("{sa}.kv_a_layernorm"), norm(1e-6, Some(kvr + dr)), &format!("{sa}.kv_a_layernorm"), &[&ckv], vec![kvn], bsd(kvr));
+        let rope = |offset: u64, head_stride: Option<u64>| OpKind::Rope { head_dim: dr, offset: Some(offset), pass_through: false, head_stride, interleave };
+        let q_rot = b.op(&format!("{sa}.rope_q"), rope(dn, Some(dqk)), &sa, &[&q, &rot], vec![], bsd(heads * dr));
+        let k_rot = b.op(&format!("{sa}.rope_k"), rope(kvr, None), &sa, &[&ckv, &rot], vec![], bsd(dr));
+        let kvo = b.linear_op(&format!("{sa}.kv_b_proj"), &kv_nope, kvb, heads * (dn + dv), false);
+        let attn = OpKind::Attention {
+            heads,
+            kv_heads: heads,
+            head_dim: dqk,
+            causal: true,
+            dropout: attn_p,
+            sliding_window: None,
+            scaling: Some(softmax_scale),
+            v_offset: None,
+            softcap: None,
+            mla: Some(Mla { nope: dn, v_head_dim: dv }),
+        };
+        let a = b.op(&format!("{sa}.sdpa"), attn, &sa, &[&q, &q_rot, &kvo, &k_rot], vec![], bsd(heads * dv));
+        let ao = b.linear_op(&format!("{sa}.o_proj"), &a, o, d, false);
+        x = b.op(&format!("{p}.residual_attn"), OpKind::Add, &p, &[&x, &ao], vec![], bsd(d));
+        let h = b.op(&format!("{p}.post_attention_layernorm"), norm(eps, None), &format!("{p}.post_attention_layernorm"), &[&x], vec![ln2], bsd(d));
+        let swiglu = |b: &mut Builder, path: &str, [g, u, dn]: [Vec<String>; 3], width: u64| {
+            let go = b.linear_op(&format!("{path}.gate_proj"), &h, g, width, false);
+            let ga = b.op(&format!("{path}.act_fn"), OpKind::Activation { act }, &format!("{path}.act_fn"), &[&go], vec![], bsd(width));
+            let uo = b.linear_op(&format!("{path}.up_proj"), &h, u, width, false);
+            let gu = b.op(&format!("{path}.mul"), OpKind::Mul, path, &[&ga, &uo], vec![], bsd(width));
+            b.linear_op(&format!("{path}.down_proj"), &gu, dn, d, false)
+        };
+        let m = match routed {
+            Some((g, ex)) => {
+                // the router: F.linear in float32 (an `aten.mm`: op-level SAC counts it), then
+                // sigmoid, the group-limited top-k and the renormalized, scaled weights
+                let gate = format!("{mlp}.gate");
+                let logits = b.op(&gate, OpKind::Linear { bias: false, transposed: false, float32: true }, &gate, &[&h], vec![g], bsd(experts));
+                let router = OpKind::Router { experts, top_k, normalize, cast: false, sigmoid: Some(GroupedTopK { groups, topk_groups, scale }) };
+                let r = b.op(&format!("{gate}.route"), router, &gate, &[&logits], vec![], bsd(top_k));
+                let e = b.op(&format!("{mlp}.experts"), OpKind::Experts { experts, top_k, intermediate: moe_inter, act }, &format!("{mlp}.experts"), &[&h, &r], ex, bsd(d));
+                let s = swiglu(b, &format!("{mlp}.shared_experts"), mlp_params, moe_inter * shared);
+                b.op(&format!("{mlp}.add"), OpKind::Add, &mlp, &[&e, &s], vec![], bsd(d))
+            }
+            None => swiglu(b, &mlp, mlp_params, inter),
+        };
+        x = b.op(&format!("{p}.residual_mlp"), OpKind::Add, &p, &[&x, &m], vec![], bsd(d));
+    }
+    b.module("model.norm", "DeepseekV3RMSNorm");
+    let nw = b.param("model.norm.weight".into(), vec![d]);
+    let h = b.op("model.norm", norm(eps, None), "model.norm", &[&x], vec![nw], bsd(d));
+    b.module("model.rotary_emb", "DeepseekV3RotaryEmbedding");
+    rotary_buffers(b, "", dr);
     lm_head(b, &h, d, vocab, tie, &embed);
     Ok(())
 }

@@ -211,6 +211,37 @@ pub enum RopeScaling {
     /// Linear position interpolation (`rope_type: linear`, Gemma 3's global layers):
     /// `inv_freq / factor`.
     Linear { factor: f64 },
+    /// YaRN (`rope_type: yarn`, DeepSeek-V3): `inv_freq` blended between `inv_freq / factor`
+    /// and `inv_freq` along a linear ramp over the dimensions between the correction range of
+    /// `beta_fast` and `beta_slow` rotations at `original_max_position_embeddings` (`truncate`:
+    /// its bounds rounded outwards), the tables times `attention_factor`.
+    Yarn { factor: f64, original_max_position_embeddings: u64, beta_fast: f64, beta_slow: f64, attention_factor: f64, truncate: bool },
+}
+
+/// DeepSeek's multi-head latent attention (transformers' `DeepseekV3Attention`), after its
+/// projections. Inputs: `q_b_proj`'s output (each head `nope + rope` wide; q's first `nope`
+/// columns per head are read as a view), q's rotated part (a [`OpKind::Rope`]), `kv_b_proj`'s
+/// output (each head `nope + v_head_dim` wide: k's first part and v, views) and k's rotated
+/// part (one head, broadcast to all). q is `torch.cat` of its two parts; k is made with
+/// `new_empty` and two `copy_` (its parts, the rotated one expanded); v stays a strided view.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Mla {
+    pub nope: u64,
+    pub v_head_dim: u64,
+}
+
+/// The expert selection of DeepSeek-V3's router: `groups` groups of experts, each scored by
+/// the sum of its best two biased scores; the best `topk_groups` groups are kept and the
+/// top-k experts chosen among theirs; the chosen sigmoid scores are renormalized (with
+/// `normalize`) and multiplied by `scale` (`routed_scaling_factor`). The bias is the gate's
+/// `e_score_correction_bias` buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupedTopK {
+    pub groups: u64,
+    pub topk_groups: u64,
+    pub scale: f64,
 }
 
 /// What an op computes. Attributes are what FLOPs, saved bytes and execution need.
@@ -222,7 +253,14 @@ pub enum OpKind {
     /// GPT-2's learned positions: gather rows `0..seq` of `params[0]`.
     PositionEmbedding,
     /// `x @ W^T (+ b)`; `transposed` is GPT-2's Conv1D (`W` stored `[in, out]`).
-    Linear { bias: bool, transposed: bool },
+    /// `float32`: computed in float32 on float32 copies of the input and the weight, whatever
+    /// their dtype (DeepSeek-V3's router: `F.linear(x.type(torch.float32), w.type(torch.float32))`).
+    Linear {
+        bias: bool,
+        transposed: bool,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        float32: bool,
+    },
     LayerNorm { eps: f64 },
     /// HF's RMSNorm (`x32 · rsqrt(mean(x32²) + eps)`, cast back, times the weight) over the
     /// last dim, or with `head_dim` over each head's `head_dim` elements of it (Qwen3's
@@ -240,6 +278,11 @@ pub enum OpKind {
         /// (`(xn * (1 + w32)).type_as(x)`).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         unit_offset: bool,
+        /// The input is this wide and the norm reads its first `shape[-1]` columns: a
+        /// `torch.split` view (DeepSeek's `kv_a_layernorm` over the latent part of
+        /// `kv_a_proj_with_mqa`'s output).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        input_width: Option<u64>,
     },
     /// Element-wise sum of two inputs.
     Add,
@@ -286,6 +329,16 @@ pub enum OpKind {
         offset: Option<u64>,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         pass_through: bool,
+        /// The input's heads are this wide and the rotated part is `head_dim` columns of each
+        /// from `offset` on (DeepSeek's `q_rot`: the last `qk_rope_head_dim` columns of every
+        /// `qk_head_dim`-wide head of `q_b_proj`'s output, a `torch.split` view).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        head_stride: Option<u64>,
+        /// DeepSeek's `apply_rotary_pos_emb_interleave`: the pairs `(x0, x1), (x2, x3), …`
+        /// rotate together (even and odd strided slices, the two results concatenated), where
+        /// HF's default rotates `x[i]` with `x[i + d/2]`.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        interleave: bool,
     },
     /// Scaled dot-product attention. Inputs: q, k, v (after RoPE, q and k packed in one
     /// input when it comes from `Rope`), or one fused `qkv` input (GPT-2).
@@ -311,6 +364,10 @@ pub enum OpKind {
         /// path ignores it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         softcap: Option<f64>,
+        /// DeepSeek's multi-head latent attention ([`Mla`]); `head_dim` is then the q/k head
+        /// width (`qk_nope_head_dim + qk_rope_head_dim`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mla: Option<Mla>,
     },
     /// MoE router over the gate's logits (input: the `Linear` of the router's weight):
     /// softmax over `experts` in float32, top-k selection,
@@ -323,6 +380,11 @@ pub enum OpKind {
         normalize: bool,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         cast: bool,
+        /// DeepSeek-V3's scoring (`DeepseekV3TopkRouter`): sigmoid instead of softmax, the
+        /// experts chosen by `scores + e_score_correction_bias` within the best groups, the
+        /// weights gathered from the sigmoid scores ([`GroupedTopK`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sigmoid: Option<GroupedTopK>,
     },
     /// MoE experts: SwiGLU per expert over routed tokens. Inputs: hidden, router output.
     /// Params: `gate_up_proj [E, 2I, H]`, `down_proj [E, H, I]`.
@@ -417,11 +479,16 @@ impl PartialEq for AliasIndex {
 
 impl Model {
     /// The model with every floating-point parameter in `dtype` (what HF's `from_config`
-    /// builds with `dtype=`; buffers keep theirs).
+    /// builds with `dtype=`). So are its persistent floating-point buffers (made in the default
+    /// dtype: DeepSeek's `e_score_correction_bias`); the non-persistent ones (the rotary
+    /// `inv_freq`, Gemma's `embed_scale`: float32 by construction) keep theirs.
     pub fn with_param_dtype(&self, dtype: DType) -> Model {
         let mut m = self.clone();
         for p in m.params.iter_mut().filter(|p| p.dtype.is_float()) {
             p.dtype = dtype;
+        }
+        for b in m.buffers.iter_mut().filter(|b| b.persistent && b.dtype.is_float()) {
+            b.dtype = dtype;
         }
         m
     }

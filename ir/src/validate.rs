@@ -301,6 +301,11 @@ fn check_attrs(k: &OpKind) -> Result<(), String> {
         OpKind::Attention { dropout, .. } => prob("attention dropout", dropout),
         OpKind::Scale { factor, divide, .. } if !(factor.is_finite() && (!divide || factor != 0.0)) => Err(format!("scale factor {factor}: expected a finite number (non-zero to divide by)")),
         OpKind::RotaryEmbedding { scaling: Some(RopeScaling::Linear { factor }), .. } if !(factor.is_finite() && factor > 0.0) => Err(format!("linear rope scaling factor {factor}: expected a positive number")),
+        OpKind::RotaryEmbedding { scaling: Some(RopeScaling::Yarn { factor, original_max_position_embeddings: n, beta_fast, beta_slow, attention_factor, .. }), .. }
+            if !(factor.is_finite() && factor > 0.0 && n > 0 && beta_fast.is_finite() && beta_slow.is_finite() && attention_factor.is_finite() && attention_factor > 0.0) =>
+        {
+            Err(format!("yarn rope scaling (factor {factor}, original_max_position_embeddings {n}, beta_fast {beta_fast}, beta_slow {beta_slow}, attention_factor {attention_factor}): expected positive finite numbers"))
+        }
         OpKind::RotaryEmbedding { theta, .. } if !(theta.is_finite() && theta > 0.0) => Err(format!("rope theta {theta}: expected a positive number")),
         OpKind::RotaryEmbedding { scaling: Some(RopeScaling::Llama3 { factor, low_freq_factor: lo, high_freq_factor: hi, original_max_position_embeddings: n }), .. } => {
             if !(factor.is_finite() && factor > 0.0 && lo.is_finite() && lo > 0.0 && hi.is_finite() && hi > lo && n > 0) {
@@ -330,7 +335,7 @@ fn check_kind(op: &Op, i: &[&Shape], p: &[&Param]) -> Result<(), String> {
             want.push(n(w[1]));
             expect_eq("output", out, &want)
         }
-        OpKind::Linear { bias, transposed } => {
+        OpKind::Linear { bias, transposed, .. } => {
             arity(op, 1, if *bias { 2..=2 } else { 1..=1 }, i, p)?;
             let w = &p[0].shape;
             if w.len() != 2 {
@@ -350,6 +355,17 @@ fn check_kind(op: &Op, i: &[&Shape], p: &[&Param]) -> Result<(), String> {
                 return Err(format!("bias `{}` has shape {:?}, expected [{fan_out}]", p[1].name, p[1].shape));
             }
             expect_eq("output", out, &with_last(i[0], fan_out))
+        }
+        OpKind::RmsNorm { input_width: Some(w), .. } => {
+            arity(op, 1, 1..=1, i, p)?;
+            let (Some(Dim::N(o)), Some(x)) = (last(out), last(i[0])) else { return Err(format!("output {} needs a fixed last dim", shape_str(out))) };
+            if x != &n(*w) || o >= w {
+                return Err(format!("input {} should be {w} wide, more than the output's {o} columns it normalizes", shape_str(i[0])));
+            }
+            if p[0].numel() != *o {
+                return Err(format!("norm weight `{}` {:?} does not match output {}", p[0].name, p[0].shape, shape_str(out)));
+            }
+            expect_eq("output", out, &with_last(i[0], *o))
         }
         OpKind::RmsNorm { head_dim: Some(hd), .. } => {
             arity(op, 1, 1..=1, i, p)?;
@@ -398,6 +414,16 @@ fn check_kind(op: &Op, i: &[&Shape], p: &[&Param]) -> Result<(), String> {
             arity(op, 1, 0..=0, i, p)?;
             expect_eq("output", out, &[n(1), i[0].last().cloned().unwrap_or(n(1)), n(*head_dim)])
         }
+        OpKind::Rope { head_dim, offset: Some(off), head_stride: Some(hs), .. } => {
+            arity(op, 2, 0..=0, i, p)?;
+            if i[1].last() != Some(&n(*head_dim)) {
+                return Err(format!("rotary input has shape {}, expected last dim {head_dim}", shape_str(i[1])));
+            }
+            match (last(i[0]), last(out)) {
+                (Some(Dim::N(w)), Some(Dim::N(o))) if *head_dim > 0 && o % head_dim == 0 && off + head_dim <= *hs && *w == o / head_dim * hs => Ok(()),
+                _ => Err(format!("output {} ({head_dim} columns from {off} of each {hs}-wide head) does not fit input {}", shape_str(out), shape_str(i[0]))),
+            }
+        }
         OpKind::Rope { head_dim, offset: Some(off), .. } => {
             arity(op, 2, 0..=0, i, p)?;
             if i[1].last() != Some(&n(*head_dim)) {
@@ -417,6 +443,24 @@ fn check_kind(op: &Op, i: &[&Shape], p: &[&Param]) -> Result<(), String> {
                 Some(Dim::N(x)) if x % head_dim == 0 => expect_eq("output", out, i[0]),
                 _ => Err(format!("input {} is not a multiple of head_dim {head_dim}", shape_str(i[0]))),
             }
+        }
+        OpKind::Attention { heads, kv_heads, head_dim, mla: Some(m), .. } => {
+            if !p.is_empty() {
+                return Err("attention takes no parameters".into());
+            }
+            if kv_heads != heads || m.nope >= *head_dim {
+                return Err(format!("latent attention: kv_heads {kv_heads} must equal heads {heads}, nope {} be less than head_dim {head_dim}", m.nope));
+            }
+            if i.len() != 4 {
+                return Err(format!("latent attention takes 4 inputs (q, q's rotary part, kv_b_proj's output, k's rotary part), got {}", i.len()));
+            }
+            let r = head_dim - m.nope;
+            for (k, want) in [(0, heads * head_dim), (1, heads * r), (2, heads * (m.nope + m.v_head_dim)), (3, r)] {
+                if last(i[k]) != Some(&n(want)) {
+                    return Err(format!("input `{}` has shape {}, expected last dim {want}", op.inputs[k], shape_str(i[k])));
+                }
+            }
+            expect_eq("output", out, &with_last(i[0], heads * m.v_head_dim))
         }
         OpKind::Attention {
             heads,
@@ -463,6 +507,12 @@ fn check_kind(op: &Op, i: &[&Shape], p: &[&Param]) -> Result<(), String> {
         }
         OpKind::Router { experts, top_k, .. } => {
             arity(op, 1, 0..=0, i, p)?;
+            if let OpKind::Router { sigmoid: Some(g), .. } = &op.kind {
+                let per = if g.groups > 0 && experts % g.groups == 0 { experts / g.groups } else { 0 };
+                if per < 2 || g.topk_groups == 0 || g.topk_groups > g.groups || *top_k > g.topk_groups * per || !(g.scale.is_finite() && g.scale > 0.0) {
+                    return Err(format!("grouped top-k: {experts} experts in {} groups of at least 2, the best {} groups holding the top {top_k}, a positive scale ({})", g.groups, g.topk_groups, g.scale));
+                }
+            }
             if last(i[0]) != Some(&n(*experts)) {
                 return Err(format!("router input (the gate's logits) should end in {experts} experts, got {}", shape_str(i[0])));
             }

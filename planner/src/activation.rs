@@ -81,6 +81,9 @@ pub enum Step {
     ParamGrad(usize),
     /// (forward chains) The op's output is made.
     Output,
+    /// The op's node that saved its input at position `k` (as a view) has run: the op no
+    /// longer holds that input (freed when nobody else does).
+    ReleaseInput(usize),
 }
 
 /// Builds a [`OpMem::bwd_chain`], a method per [`Step`]: `make` returns the index `drop` takes.
@@ -110,6 +113,9 @@ impl Chain {
     }
     fn param_grad(&mut self, k: usize) {
         self.steps.push(Step::ParamGrad(k));
+    }
+    fn release_input(&mut self, k: usize) {
+        self.steps.push(Step::ReleaseInput(k));
     }
 
     /// torchao's `hp_tensor_to_float8_dynamic` of `n` elements of `d`, as eager runs it, with
@@ -368,6 +374,10 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             // a Float8Linear (input_hp, weight_hp_t), around its casts
             m.saves_inputs = vec![true];
             let w = op.params.first().and_then(|p| cx.model.param(p)).map(|p| p.shape.as_slice());
+            if let (OpKind::Linear { float32: true, .. }, Some(&[o, i])) = (&op.kind, w) {
+                float32_linear(&mut m, cd, n / o.max(1), i, o);
+                return m;
+            }
             if let (Some(f8), Some(&[o, i]), OpKind::Linear { bias, .. }) = (cx.float8, w, &op.kind) {
                 if crate::float8::is_float8_linear(cx.model, op) {
                     let rows = n / o.max(1);
@@ -541,6 +551,14 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             m.differentiable = false;
             m.fwd_scratch.push(t(cx.dims.seq * head_dim, DType::Float32, "rotary freqs"));
         }
+        OpKind::Rope { interleave: true, .. } | OpKind::Rope { head_stride: Some(_), .. } => {
+            // DeepSeek's rotary part of q or k (a split view of its projection):
+            // apply_rotary_pos_emb_interleave's `cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin])`
+            // on the even and odd slices; saves cos/sin (views of the shared tables)
+            m.saves_inputs = vec![false, true];
+            m.fwd_scratch.push(t(n, cd, "rope halves"));
+            m.bwd_chain = interleaved_rope_backward(cd, n);
+        }
         OpKind::Rope { head_dim, pass_through, .. } => {
             // (x*cos) + (rotate_half(x)*sin): saves cos/sin only (held by the rotary op).
             m.saves_inputs = vec![false, true];
@@ -590,6 +608,7 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             c.drop(up);
             m.bwd_chain = c.steps;
         }
+        OpKind::Attention { heads, head_dim, mla: Some(mla), .. } => mla_attention(cx, &mut m, *heads, *head_dim, *mla),
         OpKind::Attention {
             heads,
             kv_heads,
@@ -621,7 +640,29 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
                 softcap_scores(cx, &mut m, *heads);
             }
         }
-        OpKind::Router { experts, top_k, normalize, cast } => {
+        OpKind::Router { experts, top_k, normalize, sigmoid: Some(_), .. } => {
+            // DeepseekV3TopkRouter after its float32 linear: sigmoid (SigmoidBackward keeps
+            // its result), the biased scores' group-limited top-k (their nodes reach no loss:
+            // freed with the forward's locals), the chosen scores gathered (GatherBackward
+            // keeps the indices), `weights /= sum + 1e-20` in place (DivBackward keeps the
+            // denominator and a clone of the weights) and `* routed_scaling_factor`
+            // (measured: harness/saved_tensors.py on tiny-deepseek-v3)
+            let (tok, f) = (cx.tokens(), DType::Float32);
+            m.saves_inputs = vec![false];
+            m.out = Some(t(tok * top_k, f, "router top-k weights"));
+            m.saved.push(t(tok * experts, f, "router sigmoid scores"));
+            m.saved.push(t(tok * top_k, DType::Int64, "router top-k indices"));
+            if *normalize {
+                m.saved.push(t(tok, f, "router top-k sum"));
+                m.saved.push(t(tok * top_k, f, "router top-k weights (before the in-place division)"));
+            }
+            m.fwd_scratch.push(t(tok * experts, f, "router biased scores"));
+            // (backward: [tokens, k] grads, then the gather's zeros [tokens, experts] and
+            // sigmoid's grad of that size)
+            m.bwd_scratch.push(t(tok * experts, f, "router gather grad"));
+            m.bwd_scratch.push(t(tok * experts, f, "router sigmoid grad"));
+        }
+        OpKind::Router { experts, top_k, normalize, cast, .. } => {
             // (the logits come from the gate's Linear op) softmax(logits.float()) saved; topk
             // values/indices; renormalized in place (Mixtral; Qwen3-MoE with norm_topk_prob);
             // Qwen3-MoE then casts the weights back to the logits' dtype.
@@ -672,7 +713,8 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             let f = if router_casts || unit_cast { cd } else { DType::Float32 };
             // the router's output stays saved (its renormalization node keeps it) only when it
             // is the renormalized float32 weights themselves (Mixtral)
-            let kept = matches!(router, Some(OpKind::Router { normalize: true, .. })) && !(router_casts && cd != DType::Float32);
+            // (DeepSeek's scaled weights are a new product no node keeps)
+            let kept = matches!(router, Some(OpKind::Router { normalize: true, sigmoid: None, .. })) && !(router_casts && cd != DType::Float32);
             m.saves_inputs = vec![false, kept];
             const INPUTS: usize = 0;
             const GATE_UP: usize = 1;
@@ -816,6 +858,280 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
         }
     }
     m
+}
+
+/// A linear computed in float32 (`F.linear(x.type(torch.float32), w.type(torch.float32))`,
+/// DeepSeek-V3's router) of `rows·i` inputs and an `o·i` weight: under a lower-precision `cd`
+/// the mm saves the float32 copies of both (the input's, and the weight's transposed), its
+/// output is float32; the backward makes both grads in float32, then casts each back
+/// (the weight's first: its cast node is the later one).
+fn float32_linear(m: &mut OpMem, cd: DType, rows: u64, i: u64, o: u64) {
+    let f = DType::Float32;
+    m.out = Some(t(rows * o, f, "output (f32)"));
+    if cd == f {
+        return;
+    }
+    m.saves_inputs = vec![false];
+    m.saved.push(t(rows * i, f, "input (f32 copy)"));
+    m.saved.push(t(o * i, f, "weight (f32 copy)"));
+    let mut c = Chain::default();
+    let gi = c.make(t(rows * i, f, "input grad (f32)"));
+    let gw = c.make(t(o * i, f, "weight grad (f32)"));
+    c.drop_out_grad();
+    c.release(0);
+    c.release(1);
+    c.param_grad(0);
+    c.drop(gw);
+    c.input_grad(0);
+    c.drop(gi);
+    m.bwd_chain = c.steps;
+}
+
+/// The backward of DeepSeek's interleaved RoPE over `n` elements, node by node: the four
+/// products' grads (`n/2` each; the subtraction's negated grad), the two slices' grads summed
+/// (out of place under the tracker's dispatch mode), each slice's SliceBackward (zeros of the
+/// whole input with the grad copied in), their sum: the input's grad, a piece of the split
+/// its projection's grad is joined from.
+fn interleaved_rope_backward(cd: DType, n: u64) -> Vec<Step> {
+    let h = n / 2;
+    let mut c = Chain::default();
+    // `x2 * cos + x1 * sin` (the later expression), then `x1 * cos - x2 * sin`
+    let x1a = c.make(t(h, cd, "rope grad (x1 * sin)"));
+    let x2a = c.make(t(h, cd, "rope grad (x2 * cos)"));
+    let neg = c.make(t(h, cd, "rope grad (negated)"));
+    let x2b = c.make(t(h, cd, "rope grad (x2 * sin)"));
+    c.drop(neg);
+    let x2 = c.make(t(h, cd, "rope grad (x2, summed)"));
+    c.drop(x2a);
+    c.drop(x2b);
+    let x1b = c.make(t(h, cd, "rope grad (x1 * cos)"));
+    let x1 = c.make(t(h, cd, "rope grad (x1, summed)"));
+    c.drop_out_grad();
+    c.drop(x1a);
+    c.drop(x1b);
+    // SliceBackward of x[..., 1::2], then of x[..., 0::2]
+    let s2 = c.make(t(n, cd, "rope grad (odd slice)"));
+    c.drop(x2);
+    let s1 = c.make(t(n, cd, "rope grad (even slice)"));
+    c.drop(x1);
+    c.input_grad(0);
+    c.drop(s1);
+    c.drop(s2);
+    c.steps
+}
+
+/// DeepSeek's multi-head latent attention ([`fsdp_ir::Mla`]) from its projections' outputs:
+/// q = cat(q_pass, q_rot) and k = new_empty + copy_(k_nope) + copy_(k_rot expanded), v a
+/// strided view of kv_b_proj's output. q/k heads are `dqk` wide, v heads `dv`: the CPU's
+/// SDPA has no fused kernel for that (its flash kernel wants one head width) and runs its math
+/// path (which upcasts half/bf16 to float32): q·sqrt(scale) and kᵀ·sqrt(scale), the probs
+/// and a contiguous v saved; eager saves q, k, the float32 probs (and their cast) and a
+/// contiguous v. On CUDA SDPA takes the memory-efficient kernel (q, k, v, its output and
+/// log-sum-exp saved; not measured). The backward, node by node, ends in the latent part's:
+/// k's two CopySlices (a whole copy of k's grad each, the slices cloned), the rotated key's
+/// grad summed over the heads, and k_nope's with v's joined (SplitWithSizesBackward) and
+/// reshaped: kv_b_proj's grad. q's grad is a piece of the split q_b_proj's grad is joined
+/// from (schedule: `split_read`), the rotated q's a view of it.
+fn mla_attention(cx: &Ctx, m: &mut OpMem, heads: u64, dqk: u64, mla: fsdp_ir::Mla) {
+    let (cd, f) = (cx.cd, DType::Float32);
+    let (b, s) = (cx.dims.batch, cx.dims.seq);
+    let dr = dqk.saturating_sub(mla.nope);
+    let q = b * heads * s * dqk;
+    let v = b * heads * s * mla.v_head_dim;
+    let p = b * heads * s * s;
+    let sizes = MlaSizes { q, r: b * heads * s * dr, nope: b * heads * s * mla.nope, kv: b * heads * s * (mla.nope + mla.v_head_dim) };
+    m.saves_inputs = vec![false; 4];
+    m.out = Some(t(v, cd, "output"));
+    // the forward's q (cat) and k (new_empty + copies), alive through the kernel
+    m.fwd_scratch_together = true;
+    m.fwd_scratch.push(t(q, cd, "q (cat)"));
+    m.fwd_scratch.push(t(q, cd, "k (new_empty + copy_)"));
+    let mut c = Chain::default();
+    if cx.device == Device::Cuda && cx.attn != AttnImpl::Eager {
+        // the memory-efficient kernel (not measured): q, k, v (kv_b_proj's output, a view),
+        // its output and log-sum-exp saved; its backward makes the three grads
+        m.saves_inputs[2] = true;
+        m.saved.push(t(q, cd, "q"));
+        m.saved.push(t(q, cd, "k"));
+        m.saved.push(t(v, cd, "attention output (b, h, s, d)"));
+        m.saved.push(t(b * heads * s.div_ceil(32) * 32, f, "attention logsumexp"));
+        let vg = c.make(t(v, cd, "attention v grad"));
+        let kg = c.make(t(q, cd, "attention k grad"));
+        c.input_grad(0);
+        c.input_grad(1);
+        c.drop_out_grad();
+        for k in 0..4 {
+            c.release(k);
+        }
+        mla_backward_tail(&mut c, cd, kg, vg, sizes);
+        m.bwd_chain = c.steps;
+        return;
+    }
+    if cx.attn == AttnImpl::Eager {
+        // matmul(q, kᵀ) · scaling (+ mask) -> softmax(f32) -> .to(dtype) -> matmul(probs, v)
+        const Q: usize = 0;
+        const K: usize = 1;
+        const PROBS: usize = 2;
+        const V: usize = 3;
+        let cast = cd != f;
+        m.saved.push(t(q, cd, "q (cat)"));
+        m.saved.push(t(q, cd, "k (new_empty + copy_)"));
+        m.saved.push(t(p, f, "attention probs"));
+        // matmul(probs, v) folds v's batch and heads for bmm: a copy of the strided view,
+        // but a view of kv_b_proj's output (kept whole) with one row
+        if b == 1 {
+            m.saves_inputs[2] = true;
+            m.saved.push(t(0, cd, "attention v (a view)"));
+        } else {
+            m.saved.push(t(v, cd, "attention v (contiguous copy)"));
+        }
+        if cast {
+            m.saved.push(t(p, cd, "attention probs cast"));
+        }
+        m.fwd_scratch.clear();
+        m.fwd_scratch_together = false;
+        m.fwd_scratch.push(t(p, cd, "attention scores"));
+        let g2 = c.make(t(v, cd, "attention output grad (bmm layout)"));
+        let vg = c.make(t(v, cd, "attention v grad"));
+        let pg = c.make(t(p, cd, "attention probs grad"));
+        c.drop_out_grad();
+        c.drop(g2);
+        c.release(V);
+        if b == 1 {
+            c.release_input(2);
+        }
+        if cast {
+            c.release(4);
+        }
+        let pg = if cast {
+            let x = c.make(t(p, f, "attention probs grad (f32)"));
+            c.drop(pg);
+            x
+        } else {
+            pg
+        };
+        // softmax(·, dtype=float32): its grad in f32, then the upcast's ToCopyBackward
+        let sg = c.make(t(p, f, "softmax grad"));
+        c.drop(pg);
+        c.release(PROBS);
+        let sg = if cast {
+            let x = c.make(t(p, cd, "softmax grad (cast)"));
+            c.drop(sg);
+            x
+        } else {
+            sg
+        };
+        let sg2 = c.make(t(p, cd, "scores grad (scaled)"));
+        c.drop(sg);
+        let kg = c.make(t(q, cd, "attention k grad"));
+        c.input_grad(0);
+        c.input_grad(1);
+        c.drop(sg2);
+        c.release(Q);
+        c.release(K);
+        mla_backward_tail(&mut c, cd, kg, vg, sizes);
+        m.bwd_chain = c.steps;
+        return;
+    }
+    // SDPA's math path (measured: harness/saved_tensors.py on tiny-deepseek-v3), in `w`
+    const PROBS: usize = 0;
+    const VC: usize = 1;
+    const QS: usize = 2;
+    const KS: usize = 3;
+    let up = cd != f;
+    let w = if up { f } else { cd };
+    m.saved.push(t(p, w, "attention probs"));
+    m.saved.push(t(v, w, "attention v (contiguous copy)"));
+    m.saved.push(t(q, w, "attention q scaled"));
+    m.saved.push(t(q, w, "attention k scaled (transposed)"));
+    if up {
+        m.fwd_scratch.push(t(q, f, "q (f32)"));
+        m.fwd_scratch.push(t(q, f, "k (f32)"));
+    }
+    m.fwd_scratch.push(t(p, w, "attention scores"));
+    // the output's grad (a transposed view): cast to f32 when upcast, reshaped for bmm
+    let g = up.then(|| c.make(t(v, f, "attention output grad (f32)")));
+    if g.is_some() {
+        c.drop_out_grad();
+    }
+    let g2 = c.make(t(v, w, "attention output grad (bmm layout)"));
+    if let Some(g) = g {
+        c.drop(g);
+    }
+    let vg = c.make(t(v, w, "attention v grad"));
+    let pg = c.make(t(p, w, "attention probs grad"));
+    if !up {
+        c.drop_out_grad();
+    }
+    c.drop(g2);
+    c.release(VC);
+    let sg = c.make(t(p, w, "softmax grad"));
+    c.drop(pg);
+    c.release(PROBS);
+    let kg = c.make(t(q, w, "attention k grad"));
+    let qg = c.make(t(q, w, "attention q grad"));
+    c.drop(sg);
+    c.release(QS);
+    c.release(KS);
+    // MulBackward of kᵀ · sqrt(scale), then of q · sqrt(scale)
+    let kg2 = c.make(t(q, w, "attention k grad (scaled)"));
+    c.drop(kg);
+    let (kg, vg) = if up {
+        let qg2 = c.make(t(q, w, "attention q grad (scaled)"));
+        c.drop(qg);
+        // the f32 upcasts' ToCopyBackward: v, k, then q (q's is the piece of q_b_proj's grad)
+        let v16 = c.make(t(v, cd, "attention v grad (cast)"));
+        c.drop(vg);
+        let k16 = c.make(t(q, cd, "attention k grad (cast)"));
+        c.drop(kg2);
+        c.input_grad(0);
+        c.input_grad(1);
+        c.drop(qg2);
+        (k16, v16)
+    } else {
+        c.input_grad(0);
+        c.input_grad(1);
+        c.drop(qg);
+        (kg2, vg)
+    };
+    mla_backward_tail(&mut c, cd, kg, vg, sizes);
+    m.bwd_chain = c.steps;
+}
+
+/// Element counts of one latent attention: q (and k), q's rotary part, k's non-rotary part,
+/// kv_b_proj's output.
+#[derive(Clone, Copy)]
+struct MlaSizes {
+    q: u64,
+    r: u64,
+    nope: u64,
+    kv: u64,
+}
+
+/// The latent part of [`mla_attention`]'s backward, from k's grad (`kg`) and v's (`vg`).
+fn mla_backward_tail(c: &mut Chain, cd: DType, kg: usize, vg: usize, z: MlaSizes) {
+    // CopySlices of `key[..., nope:].copy_(k_rot)`: k's grad copied whole, the rotated slice
+    // cloned (k_rot's grad) and zeroed in the copy (CopyBackwards' zeros)
+    let whole = c.make(t(z.q, cd, "k grad (CopySlices copy)"));
+    c.drop(kg);
+    let kr = c.make(t(z.r, cd, "k_rot grad (slice clone)"));
+    let zeros = c.make(t(z.r, cd, "k_rot grad zeros"));
+    c.drop(zeros);
+    // CopySlices of `key[..., :nope].copy_(k_nope)`: again, the slice cloned (new_empty
+    // takes no grad: the whole copy is dropped)
+    let whole2 = c.make(t(z.q, cd, "k grad (CopySlices copy)"));
+    c.drop(whole);
+    let kn = c.make(t(z.nope, cd, "k_nope grad (slice clone)"));
+    c.drop(whole2);
+    // ExpandBackward: the rotated key's grad summed over the heads
+    c.input_grad(3);
+    c.drop(kr);
+    // SplitWithSizesBackward (k_nope, v): cat; then the heads' transpose and view: a copy
+    let joined = c.make(t(z.kv, cd, "kv grad (split joined)"));
+    c.drop(kn);
+    c.drop(vg);
+    c.input_grad(2);
+    c.drop(joined);
 }
 
 /// SDPA runs its math kernel in f32 on half/bf16 inputs: on the CPU, with dropout (the CPU

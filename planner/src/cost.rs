@@ -490,21 +490,25 @@ impl CostModel {
             // element-wise ops: the bytes their kernels move, from HF's implementation
             let elementwise = traffic(&cx, op, out, ins.first().copied().unwrap_or(0.0));
             let (f, b) = match &op.kind {
-                OpKind::Attention { head_dim, causal, heads, sliding_window, .. } => {
+                OpKind::Attention { causal, heads, sliding_window, .. } => {
                     let eager = cx.attn == AttnImpl::Eager;
+                    // (DeepSeek's latent attention: q/k heads `hd` wide, v heads `vd`; SDPA then
+                    // runs its memory-efficient kernel on CUDA, costed here at the flash rate
+                    // of a `hd` head: not measured)
+                    let (hd, vd) = head_widths(op);
                     // (SDPA under an explicit sliding-window mask runs its kernel unmasked by
                     // causality: the non-causal rate; flash-attention's window, the causal one)
                     let causal = &(*causal && !(cx.attn == AttnImpl::Sdpa && cx.window_masks(*sliding_window)));
                     let qkvo = in_sum + out;
-                    let (bh, s, hd) = (dims.batch * heads, dims.seq, *head_dim);
+                    let (bh, s) = (dims.batch * heads, dims.seq);
                     if eager {
                         // QKᵀ and PV as batched GEMMs; softmax, scaling, mask and casts over the scores
                         let mem_f = saved + 2.0 * fscratch;
                         let mem_b = saved + 2.0 * bscratch;
                         (
-                            vec![gemm(bh, s, s, hd, cd), gemm(bh, s, hd, s, cd), k(0.0, mem_f, cd, Work::Memory)],
+                            vec![gemm(bh, s, s, hd, cd), gemm(bh, s, vd, s, cd), k(0.0, mem_f, cd, Work::Memory)],
                             // dP = dO·Vᵀ, dV = Pᵀ·dO, dQ = dS·K, dK = dSᵀ·Q
-                            vec![gemm(bh, s, s, hd, cd), gemm(bh, s, hd, s, cd), gemm(bh, s, hd, s, cd), gemm(bh, s, hd, s, cd), k(0.0, mem_b, cd, Work::Memory)],
+                            vec![gemm(bh, s, s, vd, cd), gemm(bh, s, vd, s, cd), gemm(bh, s, hd, s, cd), gemm(bh, s, hd, s, cd), k(0.0, mem_b, cd, Work::Memory)],
                         )
                     } else {
                         let flash = |backward| Shape::Flash { head_dim: hd, causal: *causal, seq: s, backward };
@@ -518,7 +522,11 @@ impl CostModel {
                 OpKind::Linear { .. } => match (linear_dims(&cx, op), opts.float8.filter(|_| crate::float8::is_float8_linear(model, op))) {
                     (Some((rows, i, o)), Some(f8)) => float8_linear(rows, i, o, cd, f8, opts.compile),
                     // forward, then the input's grad and the weight's grad
-                    (Some((rows, i, o)), None) => (vec![gemm(1, rows, o, i, cd)], vec![gemm(1, rows, i, o, cd), gemm(1, o, i, rows, cd)]),
+                    // (DeepSeek's router linear runs in float32)
+                    (Some((rows, i, o)), None) => {
+                        let d = if let OpKind::Linear { float32: true, .. } = op.kind { DType::Float32 } else { cd };
+                        (vec![gemm(1, rows, o, i, d)], vec![gemm(1, rows, i, o, d), gemm(1, o, i, rows, d)])
+                    }
                     (None, _) => (vec![k(mf, f_bytes, cd, Work::Matmul)], vec![k(2.0 * mf, b_bytes, cd, Work::Matmul)]),
                 },
                 OpKind::Experts { experts, top_k, intermediate, .. } => {
@@ -734,7 +742,7 @@ fn last_dim(cx: &Ctx, op: &Op) -> u64 {
 pub fn matmul_flops(cx: &Ctx, op: &Op) -> f64 {
     let out_n = numel(&op.shape, cx.dims).unwrap_or(0) as f64;
     match &op.kind {
-        OpKind::Linear { bias, transposed } => {
+        OpKind::Linear { bias, transposed, .. } => {
             let w = op.params.first().and_then(|p| cx.model.param(p));
             let Some(w) = w else { return 0.0 };
             let (o, i) = match (w.shape.as_slice(), transposed) {
@@ -750,8 +758,9 @@ pub fn matmul_flops(cx: &Ctx, op: &Op) -> f64 {
             let rows = out_n / h;
             6.0 * rows * *top_k as f64 * h * *intermediate as f64
         }
-        OpKind::Attention { heads, head_dim, causal, sliding_window, .. } => {
-            let full = attention_flops(cx.dims, *heads, *head_dim);
+        OpKind::Attention { heads, causal, sliding_window, .. } => {
+            let (qk, v) = head_widths(op);
+            let full = attention_flops(cx.dims, *heads, qk, v);
             let (s, w) = (cx.dims.seq, sliding_window.unwrap_or(u64::MAX));
             match cx.attn {
                 AttnImpl::Eager => full,
@@ -772,9 +781,20 @@ pub fn matmul_flops(cx: &Ctx, op: &Op) -> f64 {
     }
 }
 
-/// `4·b·s²·h·hd`: the two `s×s` GEMMs of attention, no causal discount.
-pub fn attention_flops(d: Dims, heads: u64, head_dim: u64) -> f64 {
-    4.0 * d.batch as f64 * (d.seq as f64).powi(2) * heads as f64 * head_dim as f64
+/// `2·b·s²·h·(qk + v)` (`4·b·s²·h·hd` when q, k and v heads are as wide): the two `s×s`
+/// GEMMs of attention, no causal discount.
+pub fn attention_flops(d: Dims, heads: u64, qk: u64, v: u64) -> f64 {
+    2.0 * d.batch as f64 * (d.seq as f64).powi(2) * heads as f64 * (qk + v) as f64
+}
+
+/// An attention op's q/k and v head widths (DeepSeek's latent attention: `qk_head_dim` and
+/// `v_head_dim`; else both `head_dim`).
+fn head_widths(op: &Op) -> (u64, u64) {
+    match op.kind {
+        OpKind::Attention { head_dim, mla: Some(m), .. } => (head_dim, m.v_head_dim),
+        OpKind::Attention { head_dim, .. } => (head_dim, head_dim),
+        _ => (0, 0),
+    }
 }
 
 /// Model FLOPs of the op's forward for MFU: GEMMs (`2·T·in·out`, active experts only) and
@@ -782,7 +802,10 @@ pub fn attention_flops(d: Dims, heads: u64, head_dim: u64) -> f64 {
 /// memory-bound ops count zero. Training = 3 × this (backward = 2 × forward).
 pub fn model_op_flops(cx: &Ctx, op: &Op) -> f64 {
     match &op.kind {
-        OpKind::Attention { heads, head_dim, .. } => attention_flops(cx.dims, *heads, *head_dim),
+        OpKind::Attention { heads, .. } => {
+            let (qk, v) = head_widths(op);
+            attention_flops(cx.dims, *heads, qk, v)
+        }
         OpKind::Linear { .. } => {
             let out_n = numel(&op.shape, cx.dims).unwrap_or(0) as f64;
             let w = op.params.first().and_then(|p| cx.model.param(p));

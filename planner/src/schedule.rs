@@ -42,6 +42,9 @@ struct B<'a> {
     /// Scales a backward copy-out replaced that a forward-saved weight (`weight_hp_t`, a
     /// float8 tensor holding its scale) still references: freed with that linear's backward.
     f8_old: HashMap<String, BufferId>,
+    /// Per op, the grads its consumers made of the `torch.split` views they read of its
+    /// output ([`split_read`]), held until its backward joins them.
+    split_pieces: Vec<Vec<BufferId>>,
     /// Float8 weights whose linear runs inside a checkpointed region (saves nothing in forward).
     f8_recomputed: rustc_hash::FxHashSet<String>,
     /// What FSDPMemTracker calls a tensor the backward makes: temp, or activation while it
@@ -626,11 +629,14 @@ fn sac_saved(model: &Model, opts: &Options, region: &[Option<usize>], attn: Attn
             continue;
         }
         out[i] = match op.kind {
-            fsdp_ir::OpKind::Linear { bias: false, transposed: false } => {
+            fsdp_ir::OpKind::Linear { bias: false, transposed: false, .. } => {
                 let c = mm_count.entry(r).or_default();
                 *c += 1;
                 *c % 2 == 1
             }
+            // (DeepSeek's latent attention has no fused kernel on the CPU: SDPA's math path
+            // is plain aten ops, none of them saved)
+            fsdp_ir::OpKind::Attention { mla: Some(_), .. } if opts.device == crate::options::Device::Cpu => false,
             fsdp_ir::OpKind::Attention { .. } => attn != AttnImpl::Eager,
             _ => false,
         };
@@ -696,6 +702,7 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
         f8_pending: vec![vec![]; units.len()],
         f8_held: vec![vec![]; units.len()],
         f8_old: HashMap::default(),
+        split_pieces: vec![vec![]; model.ops.len()],
         f8_recomputed: model
             .ops
             .iter()
@@ -990,6 +997,12 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
         if use_cache {
             // the cache's copies of k and v (`torch.cat` onto the empty cache), held until the
             // forward returns where the attention saves other tensors
+            // (DeepSeek's latent cache: the normed latent, which kv_b_proj then reads and
+            // saves, and the rotated key, which only the cache holds)
+            if let fsdp_ir::OpKind::Attention { mla: Some(m), head_dim, .. } = &op.kind {
+                let n = cx.dims.batch * cx.dims.seq * head_dim.saturating_sub(m.nope) * cx.cd.size();
+                cache_held.push(b.alloc(cat(&[&op.name, " kv cache rotary key"]), Category::Activation, n, None));
+            }
             if let Some(n) = kv_cache_copies(cx, op) {
                 for what in [" kv cache keys", " kv cache values"] {
                     cache_held.push(b.alloc(cat(&[&op.name, what]), Category::Activation, n, None));
@@ -1229,6 +1242,60 @@ fn slice_read(op: &fsdp_ir::Op, pos: usize, out_bytes: u64) -> Option<u64> {
     }
 }
 
+/// The bytes of the grad op `op` makes of input `pos` when it reads a `torch.split` view of
+/// it (DeepSeek's latent attention: `kv_a_layernorm` and k's RoPE read the two parts of
+/// `kv_a_proj_with_mqa`'s output, q's RoPE and the attention's `cat` the two parts of each
+/// head of q's): SplitWithSizesBackward holds the pieces until the last arrives and
+/// concatenates them ([`join_split`]). The attention's q grad is the storage both q pieces
+/// view: the whole q for `q_pass`, nothing more for the rotated part.
+fn split_read(model: &fsdp_ir::Model, op: &fsdp_ir::Op, pos: usize, out_bytes: u64) -> Option<u64> {
+    use fsdp_ir::OpKind;
+    match &op.kind {
+        OpKind::RmsNorm { input_width: Some(_), .. } if pos == 0 => Some(out_bytes),
+        OpKind::Rope { offset: Some(_), pass_through: false, .. } if pos == 0 => Some(out_bytes),
+        OpKind::Attention { mla: Some(m), heads, head_dim, .. } if pos <= 1 => {
+            let _ = model;
+            Some(if pos == 0 { out_bytes / (heads * m.v_head_dim).max(1) * heads * head_dim } else { 0 })
+        }
+        _ => None,
+    }
+}
+
+/// Op `i`'s backward begins: the grads of the split views its consumers read
+/// ([`split_read`]) are concatenated into its output's grad (SplitWithSizesBackward's `cat`),
+/// reshaped once more when the views were of its heads transposed (`view(…).transpose(1,
+/// 2)`: the joined grad is laid out `[b, h, s, d]`, ViewBackward's reshape copies it).
+fn join_split(b: &mut B, tz: &Tensors, mems: &[OpMem], grad: &mut [Option<BufferId>], grad_refs: &mut HashMap<BufferId, u32>, i: usize) {
+    let pieces = std::mem::take(&mut b.split_pieces[i]);
+    if pieces.is_empty() {
+        return;
+    }
+    let model = b.model;
+    let bytes = mems[i].out.map_or(0, |o| o.bytes());
+    let name = &model.ops[i].name;
+    let mut joined = b.alloc(cat(&[name, " grad (split joined)"]), b.bwd_temp, bytes, None);
+    for x in pieces {
+        b.free(x);
+    }
+    let per_head = tz.consumers[i].iter().any(|&c| matches!(model.ops[c].kind, fsdp_ir::OpKind::Rope { head_stride: Some(_), .. }));
+    if per_head {
+        let r = b.alloc(cat(&[name, " grad (heads reshaped)"]), b.bwd_temp, bytes, None);
+        b.free(joined);
+        joined = r;
+    }
+    let me = tz.alias[i];
+    match grad[me] {
+        None => {
+            grad[me] = Some(joined);
+            grad_refs.insert(joined, 1);
+        }
+        Some(_) => {
+            b.transient(cat(&[name, " grad (accumulate)"]), b.bwd_temp, bytes);
+            b.free(joined);
+        }
+    }
+}
+
 /// Drops op `i`'s reference to its output's grad (freed with the last one).
 fn release_out_grad(b: &mut B, tz: &Tensors, grad: &mut [Option<BufferId>], grad_refs: &mut HashMap<BufferId, u32>, i: usize) {
     let me = tz.alias[i];
@@ -1258,6 +1325,13 @@ fn input_grad(b: &mut B, tz: &Tensors, mems: &[OpMem], grad: &mut [Option<Buffer
     }
     let shape_n = mems[j].out.map(|o| o.bytes()).unwrap_or(0);
     let same = mems[i].out.map(|o| o.bytes()) == Some(shape_n);
+    if let Some(piece) = split_read(model, &model.ops[i], pos, mems[i].out.map_or(0, |o| o.bytes())) {
+        if piece > 0 {
+            let g = b.alloc(cat(&[&model.ops[i].name, " grad (split piece)"]), b.bwd_temp, piece, None);
+            b.split_pieces[j].push(g);
+        }
+        return;
+    }
     // the op reads a slice (a view) of input j: its grad of the slice's size is made first,
     // then SliceBackward's zeros of j's size with it copied in (added to j's grad when there
     // is one: `old + new`, out of place)
@@ -1530,6 +1604,9 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
         }
         let dep = b.last_ag_op[unit_of_op[i].index()].into_iter().collect();
         b.op(OpKind::Backward { op: op.name.clone(), unit: unit_of_op[i] }, Stream::Compute, dep);
+        join_split(b, tz, mems, &mut grad, &mut grad_refs, i);
+        // inputs a composite op's node let go of before its end ([`Step::ReleaseInput`])
+        let mut released_early: Vec<usize> = vec![];
         let me = tz.alias[i];
         let has_grad = tz.differentiable[me] || matches!(op.kind, fsdp_ir::OpKind::CrossEntropy { .. });
         if has_grad && m.out.is_some() && m.bwd_chain.is_empty() {
@@ -1572,6 +1649,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
         } else if has_grad && m.out.is_some() {
             // a composite op's nodes, one by one
             let mut made: Vec<Option<BufferId>> = vec![];
+            let mut let_go: Vec<usize> = vec![];
             let mut held: Vec<Option<BufferId>> = saved[i].drain(..).map(Some).collect();
             for step in &m.bwd_chain {
                 match *step {
@@ -1588,6 +1666,28 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                     }
                     Step::DropOutGrad => release_out_grad(b, tz, &mut grad, &mut grad_refs, i),
                     Step::Output => {}
+                    Step::ReleaseInput(p) => {
+                        for &(pos, j) in &tz.inputs[i] {
+                            let j = tz.alias[j];
+                            if pos != p || let_go.contains(&j) {
+                                continue;
+                            }
+                            let_go.push(j);
+                            if tz.saves[i].contains(&j) {
+                                savers_left[j] = savers_left[j].saturating_sub(1);
+                                if savers_left[j] == 0 {
+                                    if let Some(buf) = out_buf[j].take() {
+                                        b.free(buf);
+                                    }
+                                }
+                            } else if region[j].is_some() && region[j] == region[i] && !b.sac[j] && tz.consumers[j].iter().all(|&c| c >= i) {
+                                // a recomputed internal this op was the last to hold
+                                if let Some(buf) = out_buf[j].take() {
+                                    b.free(buf);
+                                }
+                            }
+                        }
+                    }
                     Step::InputGrad(p) => {
                         for &(pos, j) in &tz.inputs[i] {
                             if pos == p {
@@ -1611,6 +1711,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                 b.free(x);
             }
             saved[i] = held.into_iter().flatten().collect();
+            released_early = let_go;
             // a float8 linear's saved weight goes with its node: so does the scale it held
             if let Some(w) = op.params.first().map(|w| model.primary_of(w)) {
                 if let Some(x) = b.f8_old.remove(w) {
@@ -1626,6 +1727,9 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
         for &(_, j) in &tz.inputs[i] {
             {
                 let j = tz.alias[j];
+                if released_early.contains(&j) {
+                    continue;
+                }
                 if tz.saves[i].contains(&j) {
                     savers_left[j] = savers_left[j].saturating_sub(1);
                     if savers_left[j] == 0 {
@@ -1638,7 +1742,12 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                     // recomputed internals: drop once their consumers' backward ran (but not
                     // selective AC's cache entries before the recompute or never popped by it)
                     let cached = b.sac[j] && (unpopped[j] || region[j].is_some_and(|r| !recomputed.contains(&r)));
-                    if tz.consumers[j].iter().all(|&c| c >= i) && !cached {
+                    // (only the consumers that save it hold it: DeepSeek's MoE input goes after
+                    // the shared experts' backward, before the routed experts' and the router's)
+                    let saves = |c: usize| tz.inputs[c].iter().any(|&(p, x)| tz.alias[x] == j && mems[c].saves_inputs.get(p).copied().unwrap_or(false));
+                    let savers: Vec<usize> = tz.consumers[j].iter().copied().filter(|&c| saves(c)).collect();
+                    let holders = if savers.is_empty() { &tz.consumers[j] } else { &savers };
+                    if holders.iter().all(|&c| c >= i) && !cached {
                         if let Some(buf) = out_buf[j].take() {
                             b.free(buf);
                         }

@@ -46,7 +46,7 @@ fn hw() -> Hardware {
 fn model() -> Model {
     let lin = |name: &str, input: &str| Op {
         name: name.into(),
-        kind: IrOp::Linear { bias: false, transposed: false },
+        kind: IrOp::Linear { bias: false, transposed: false, float32: false },
         module: name.into(),
         inputs: vec![input.into()],
         params: vec![format!("{name}.weight")],

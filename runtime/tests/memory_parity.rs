@@ -145,6 +145,14 @@ fn measured_peak_is_within_two_percent_of_the_plan() {
             o.param_dtype = fsdp_ir::DType::parse("bf16");
             o.reduce_dtype = fsdp_ir::DType::parse("f32");
         }),
+        // DeepSeek-V3: latent attention (SDPA's math path: q/k and v heads differ), MoE
+        case("tiny-deepseek-v3", "DeepSeek-V3, latent attention, MoE, ws 2", |_| {}),
+        case("tiny-deepseek-v3", "DeepSeek-V3, bf16 params, checkpointing, ws 3", |o| {
+            o.world_size = 3;
+            o.checkpoint = vec!["DeepseekV3DecoderLayer".into()];
+            o.param_dtype = fsdp_ir::DType::parse("bf16");
+            o.reduce_dtype = fsdp_ir::DType::parse("f32");
+        }),
         case("tiny-qwen3-moe", "Qwen3-MoE, bf16 params, selective-op AC", |o| {
             o.checkpoint = vec!["Qwen3MoeDecoderLayer".into()];
             o.ac_mode = fsdp_planner::AcMode::SelectiveOp;

@@ -129,7 +129,20 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
             let pos = Tensor::arange(s, (Kind::Int64, inputs[0].device())).unsqueeze(0);
             Tensor::embedding(params[0], &pos, -1, false, false)
         }
-        OpKind::Linear { bias, transposed } => {
+        OpKind::Linear { bias, transposed, float32: true } if !*transposed => {
+            // DeepSeek-V3's router: F.linear(x.type(float32), w.type(float32)) on the tokens
+            need(1, if *bias { 2 } else { 1 })?;
+            let f = |t: &Tensor| t.to_kind(Kind::Float);
+            let x = inputs[0];
+            let d = *dims(x).last().unwrap_or(&1);
+            let mut sh = dims(x);
+            let y = f(&x.reshape([-1, d])).linear(&f(params[0]), bias.then(|| f(params[1])).as_ref());
+            if let Some(l) = sh.last_mut() {
+                *l = dims(params[0])[0];
+            }
+            y.reshape(sh.as_slice())
+        }
+        OpKind::Linear { bias, transposed, .. } => {
             need(1, if *bias { 2 } else { 1 })?;
             let b = if *bias { Some(params[1]) } else { None };
             if *transposed {
@@ -156,11 +169,20 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
             let d = *dims(inputs[0]).last().unwrap_or(&1);
             inputs[0].layer_norm([d], Some(params[0]), Some(params[1]), *eps, true)
         }
-        OpKind::RmsNorm { eps, head_dim, weight_f32, unit_offset } => {
+        OpKind::RmsNorm { eps, head_dim, weight_f32, unit_offset, input_width } => {
             // HF LlamaRMSNorm: x32 * rsqrt(mean(x32^2) + eps), cast back, times weight.
             // Per head (Qwen3's q_norm / k_norm): on the input viewed [..., heads, head_dim].
+            // (DeepSeek's kv_a_layernorm: on the first columns of its input, a split view)
             need(1, 1)?;
-            let dims_in = dims(inputs[0]);
+            let part;
+            let input = match input_width {
+                Some(_) => {
+                    part = inputs[0].narrow(-1, 0, dims(params[0])[0]);
+                    &part
+                }
+                None => inputs[0],
+            };
+            let dims_in = dims(input);
             let viewed;
             let x = match *head_dim {
                 Some(hd) => {
@@ -170,7 +192,7 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
                     viewed = inputs[0].view(v.as_slice());
                     &viewed
                 }
-                None => inputs[0],
+                None => input,
             };
             let x32 = up(x);
             let var = x32.pow_tensor_scalar(2).mean_dim(-1, true, None::<Kind>);
@@ -255,10 +277,50 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
             if let Some(fsdp_ir::RopeScaling::Linear { factor }) = *scaling {
                 inv /= factor;
             }
+            let mut attention_factor = None;
+            if let Some(fsdp_ir::RopeScaling::Yarn { factor, original_max_position_embeddings: n, beta_fast, beta_slow, attention_factor: a, truncate }) = *scaling {
+                // transformers' _compute_yarn_parameters, op for op
+                inv = yarn_inv_freq(&exps, *theta, hd, factor, n as f64, beta_fast, beta_slow, truncate, fk, dev);
+                attention_factor = Some(a);
+            }
             let pos = Tensor::arange(s, (Kind::Int64, dev)).to_kind(fk);
             let freqs = pos.unsqueeze(1).matmul(&inv.unsqueeze(0));
             let emb = Tensor::cat(&[&freqs, &freqs], -1);
-            Tensor::stack(&[emb.cos(), emb.sin()], 0).to_kind(cx.kind)
+            let (cos, sin) = match attention_factor {
+                Some(a) => (emb.cos() * a, emb.sin() * a),
+                None => (emb.cos(), emb.sin()),
+            };
+            Tensor::stack(&[cos, sin], 0).to_kind(cx.kind)
+        }
+        OpKind::Rope { head_dim, offset, head_stride, interleave, .. } if *interleave || head_stride.is_some() => {
+            // DeepSeek: the rotary part of each head of q (`head_stride` wide, from `offset`)
+            // or of k's one head (columns from `offset`), a split view of the projection;
+            // rotated in pairs (`interleave`) or by halves
+            need(2, 0)?;
+            let hd = *head_dim as i64;
+            let x = inputs[0];
+            let sh = dims(x);
+            let (b, s) = (sh[0], sh[1]);
+            let off = offset.unwrap_or(0) as i64;
+            let part = match head_stride {
+                Some(hs) => x.view([b, s, -1, *hs as i64]).narrow(-1, off, hd),
+                None => x.narrow(-1, off, hd).view([b, s, 1, hd]),
+            };
+            // (in the [b, s, heads, d] layout: the same elementwise products as HF's
+            // [b, heads, s, d], and a contiguous result)
+            let cos = inputs[1].get(0).unsqueeze(0).unsqueeze(2);
+            let sin = inputs[1].get(1).unsqueeze(0).unsqueeze(2);
+            let out = if *interleave {
+                let (c, sn) = (cos.narrow(-1, 0, hd / 2), sin.narrow(-1, 0, hd / 2));
+                let x1 = part.slice(-1, 0, None, 2);
+                let x2 = part.slice(-1, 1, None, 2);
+                Tensor::cat(&[&x1 * &c - &x2 * &sn, &x2 * &c + &x1 * &sn], -1)
+            } else {
+                let x1 = part.narrow(-1, 0, hd / 2);
+                let x2 = part.narrow(-1, hd / 2, hd / 2);
+                &part * cos + Tensor::cat(&[&(-x2), &x1], -1) * sin
+            };
+            out.reshape([b, s, -1])
         }
         OpKind::Rope { head_dim, offset, .. } => {
             need(2, 0)?;
@@ -287,6 +349,13 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
             let rot = Tensor::cat(&[&(-x2), &x1], -1);
             (&x4 * cos + rot * sin).reshape(sh.as_slice())
         }
+        OpKind::Attention { heads, head_dim, dropout, scaling, mla: Some(m), .. } => {
+            need(4, 0)?;
+            if *dropout > 0.0 && cx.train.is_some() {
+                return Err(bad("attention dropout in latent attention is not supported by the runtime"));
+            }
+            mla_attention(cx, inputs, *heads as i64, *head_dim as i64, m.nope as i64, m.v_head_dim as i64, *scaling)?
+        }
         OpKind::Attention {
             heads,
             kv_heads,
@@ -305,6 +374,33 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
                 None => inputs.to_vec(),
             };
             attention(cx, op, &ins, *heads as i64, *kv_heads as i64, *head_dim as i64, *sliding_window, *dropout, *scaling, *softcap)?
+        }
+        OpKind::Router { top_k, normalize, sigmoid: Some(g), .. } => {
+            // DeepseekV3TopkRouter after its float32 linear: sigmoid scores; the experts chosen
+            // by the scores plus e_score_correction_bias (zeros: HF initializes it so and it is
+            // not trained) within the `topk_groups` groups whose best two sum highest; the
+            // chosen sigmoid scores renormalized (in place) and scaled. Packed as the other
+            // routers: [tokens, 2k] (weights, then the indices as the weights' dtype).
+            need(1, 0)?;
+            let l = inputs[0];
+            let e = *dims(l).last().unwrap_or(&1);
+            let (ng, k) = (g.groups as i64, *top_k as i64);
+            let scores = l.reshape([-1, e]).sigmoid();
+            let choice = &scores + Tensor::zeros([e], (scores.kind(), scores.device()));
+            let group_scores = choice.view([-1, ng, e / ng]).topk(2, -1, true, true).0.sum_dim_intlist(-1, false, None::<Kind>);
+            let group_idx = group_scores.topk(g.topk_groups as i64, -1, true, false).1;
+            let group_mask = group_scores.zeros_like().scatter_value(1, &group_idx, 1);
+            let score_mask = group_mask.unsqueeze(-1).expand([-1, ng, e / ng], false).reshape([-1, e]);
+            let choice = choice.masked_fill(&score_mask.to_kind(Kind::Bool).logical_not(), f64::NEG_INFINITY);
+            let idx = choice.topk(k, -1, true, false).1;
+            let mut w = scores.gather(1, &idx, false);
+            if *normalize {
+                let denom = w.sum_dim_intlist(-1, true, None::<Kind>) + 1e-20;
+                let _ = w.g_div_(&denom);
+            }
+            let w = w * g.scale;
+            let kind = w.kind();
+            Tensor::cat(&[w, idx.to_kind(kind)], -1)
         }
         OpKind::Router { top_k, normalize, cast, .. } => {
             // MixtralTopKRouter / Qwen3MoeTopKRouter after the gate's linear (its own op):
@@ -369,6 +465,62 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
                 .cross_entropy_loss(&shift, None::<&Tensor>, tch::Reduction::Mean, -100, 0.0)
         }
     })
+}
+
+/// transformers' `_compute_yarn_parameters`: `inv_freq` blended between interpolation
+/// (`/ factor`) and extrapolation along a linear ramp over the correction range; `exps` is
+/// `arange(0, dim, 2) / dim` in `fk`.
+#[allow(clippy::too_many_arguments)]
+fn yarn_inv_freq(exps: &Tensor, theta: f64, dim: i64, factor: f64, original: f64, beta_fast: f64, beta_slow: f64, truncate: bool, fk: Kind, dev: tch::Device) -> Tensor {
+    let pos_freqs = Tensor::from(theta).to_kind(fk).to_device(dev).pow(exps);
+    let extrapolation = pos_freqs.reciprocal();
+    let interpolation = (&pos_freqs * factor).reciprocal();
+    let d = dim as f64;
+    let correction_dim = |rot: f64| (d * (original / (rot * 2.0 * std::f64::consts::PI)).ln()) / (2.0 * theta.ln());
+    let (mut low, mut high) = (correction_dim(beta_fast), correction_dim(beta_slow));
+    if truncate {
+        low = low.floor();
+        high = high.ceil();
+    }
+    let (low, mut high) = (low.max(0.0), high.min(d - 1.0));
+    if low == high {
+        high += 0.001;
+    }
+    let ramp = ((Tensor::arange(dim / 2, (Kind::Float, dev)) - low) / (high - low)).clamp(0.0, 1.0).to_kind(fk);
+    let extrapolation_factor = -ramp + 1.0;
+    interpolation * (-&extrapolation_factor + 1.0) + extrapolation * extrapolation_factor
+}
+
+/// DeepSeek's multi-head latent attention (transformers' `DeepseekV3Attention` after its
+/// projections and RoPE): q = cat(q_pass, q_rot); k = new_empty + copy_(k_nope) +
+/// copy_(k_rot expanded to every head); v a view of kv_b_proj's output; SDPA (causal) or
+/// eager attention; the output's heads merged.
+fn mla_attention(cx: &OpCx, inputs: &[&Tensor], h: i64, dqk: i64, nope: i64, dv: i64, scaling: Option<f64>) -> Result<Tensor, RtError> {
+    let sh = dims(inputs[0]);
+    let (b, s) = (sh[0], sh[1]);
+    let dr = dqk - nope;
+    let q_pass = inputs[0].view([b, s, h, dqk]).transpose(1, 2).narrow(-1, 0, nope);
+    let q_rot = inputs[1].view([b, s, h, dr]).transpose(1, 2);
+    let query = Tensor::cat(&[&q_pass, &q_rot], -1);
+    let kv = inputs[2].view([b, s, h, nope + dv]).transpose(1, 2);
+    let k_nope = kv.narrow(-1, 0, nope);
+    let value = kv.narrow(-1, nope, dv);
+    let k_rot = inputs[3].view([b, 1, s, dr]).expand([-1, h, -1, -1], false);
+    let key = kv.new_empty([b, h, s, dqk], (kv.kind(), kv.device()));
+    key.narrow(-1, 0, nope).copy_(&k_nope);
+    key.narrow(-1, nope, dr).copy_(&k_rot);
+    let scale = scaling.unwrap_or((dqk as f64).powf(-0.5));
+    let o = match cx.attn {
+        Attn::Sdpa => Tensor::scaled_dot_product_attention(&query, &key, &value, None::<&Tensor>, 0.0, true, Some(scale), false),
+        Attn::Eager => {
+            let scores = query.matmul(&key.transpose(-1, -2)) * scale;
+            let ones = Tensor::ones([s, s], (Kind::Bool, query.device()));
+            let m = Tensor::zeros([s, s], (cx.kind, query.device())).masked_fill(&ones.triu(1), f64::NEG_INFINITY);
+            let probs = up(&(scores + m)).softmax(-1, None::<Kind>).to_kind(cx.kind);
+            probs.matmul(&value)
+        }
+    };
+    Ok(o.transpose(1, 2).reshape([b, s, h * dv]))
 }
 
 /// An activation function as HF's modules compute it.
