@@ -45,6 +45,16 @@ struct B<'a> {
     /// Per op, the grads its consumers made of the `torch.split` views they read of its
     /// output ([`split_read`]), held until its backward joins them.
     split_pieces: Vec<Vec<BufferId>>,
+    /// The unit whose ops make each op's backward (its innermost), and the units covering
+    /// each unit (`chains`, kept here too: the backward takes `chains` out).
+    unit_of_op: &'a [UnitId],
+    covering: Vec<Vec<UnitId>>,
+    /// Per unit, the grads of its forward inputs that wait for its post-backward before they
+    /// join their other consumers' grads or are cast back ([`crossing_grad`]): (tensor,
+    /// buffer, whether the pre-forward cast it).
+    through_post_backward: Vec<Vec<(usize, BufferId, bool)>>,
+    /// The unit whose forward-input grad made each tensor's grad buffer.
+    grad_made_in: HashMap<usize, UnitId>,
     /// Float8 weights whose linear runs inside a checkpointed region (saves nothing in forward).
     f8_recomputed: rustc_hash::FxHashSet<String>,
     /// What FSDPMemTracker calls a tensor the backward makes: temp, or activation while it
@@ -703,6 +713,10 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
         f8_held: vec![vec![]; units.len()],
         f8_old: HashMap::default(),
         split_pieces: vec![vec![]; model.ops.len()],
+        unit_of_op,
+        covering: chains(units),
+        through_post_backward: vec![vec![]; units.len()],
+        grad_made_in: HashMap::default(),
         f8_recomputed: model
             .ops
             .iter()
@@ -1296,6 +1310,80 @@ fn join_split(b: &mut B, tz: &Tensors, mems: &[OpMem], grad: &mut [Option<Buffer
     }
 }
 
+/// Op `i`'s grad of its input `j` (already resolved), when `j` is a forward input of op `i`'s
+/// (non-root) unit: FSDP2's pre-forward cast it (a float32 tensor under a lower `param_dtype`)
+/// and ran it through RegisterPostBackwardFunction, whose backward is the unit's
+/// post-backward. The grad (in the cast dtype) waits there: it is cast back and joins the
+/// grads of `j`'s consumers outside the unit only after the post-backward
+/// ([`after_post_backward`]) — measured: DeepSeek-V3 with its experts as units, whose input's
+/// grad from the shared experts is made first. Returns false where nothing waits (the first
+/// grad of an uncast input is the tensor's grad itself).
+#[allow(clippy::too_many_arguments)]
+fn crossing_grad(b: &mut B, tz: &Tensors, mems: &[OpMem], grad: &mut [Option<BufferId>], grad_refs: &mut HashMap<BufferId, u32>, i: usize, j: usize) -> bool {
+    let u = b.unit_of_op[i];
+    // (FSDP2's hook; FSDP1 runs its post-backward from its params' grad hooks)
+    if b.opts.layout != Layout::Fsdp2 || b.units[u.index()].is_root() || b.covering[b.unit_of_op[j].index()].contains(&u) {
+        return false;
+    }
+    let Some(out) = mems[j].out else { return false };
+    let cd = b.opts.param_dtype;
+    let cast = cd.is_some_and(|d| out.dtype.is_float() && out.dtype != d);
+    let bytes = match (cast, cd) {
+        (true, Some(d)) => out.numel * d.size(),
+        _ => out.bytes(),
+    };
+    let name = &b.model.ops[j].name;
+    if let Some(&(_, g, _)) = b.through_post_backward[u.index()].iter().find(|x| x.0 == j) {
+        // another of the unit's ops reads it: the grads add up inside, before the hook
+        let _ = g;
+        b.transient(cat(&[name, " grad (accumulate)"]), b.bwd_temp, bytes);
+        return true;
+    }
+    let outside = grad[j].is_some() && b.grad_made_in.get(&j) != Some(&u);
+    if !cast && !outside {
+        if grad[j].is_none() {
+            b.grad_made_in.insert(j, u);
+        }
+        let _ = (tz, grad_refs);
+        return false;
+    }
+    let g = b.alloc(cat(&[name, " grad (through the unit's post-backward)"]), b.bwd_temp, bytes, None);
+    b.through_post_backward[u.index()].push((j, g, cast));
+    true
+}
+
+/// Unit `u`'s post-backward has run: its forward inputs' grads go on ([`crossing_grad`]):
+/// cast back to the tensor's dtype, added to (or becoming) the tensor's grad.
+fn after_post_backward(b: &mut B, mems: &[OpMem], grad: &mut [Option<BufferId>], grad_refs: &mut HashMap<BufferId, u32>, u: UnitId) {
+    for (j, g, cast) in std::mem::take(&mut b.through_post_backward[u.index()]) {
+        let bytes = mems[j].out.map_or(0, |o| o.bytes());
+        let name = &b.model.ops[j].name;
+        match (grad[j], cast) {
+            (None, true) => {
+                let n = b.alloc(cat(&[name, " grad"]), b.bwd_temp, bytes, None);
+                b.free(g);
+                grad[j] = Some(n);
+                grad_refs.insert(n, 1);
+            }
+            (None, false) => {
+                grad[j] = Some(g);
+                grad_refs.insert(g, 1);
+            }
+            (Some(_), _) => {
+                if cast {
+                    let c = b.alloc(cat(&[name, " grad (cast back)"]), b.bwd_temp, bytes, None);
+                    b.free(g);
+                    b.transient(cat(&[name, " grad (accumulate)"]), b.bwd_temp, bytes);
+                    b.free(c);
+                } else {
+                    b.transient(cat(&[name, " grad (accumulate)"]), b.bwd_temp, bytes);
+                    b.free(g);
+                }
+            }
+        }
+    }
+}
+
 /// Drops op `i`'s reference to its output's grad (freed with the last one).
 fn release_out_grad(b: &mut B, tz: &Tensors, grad: &mut [Option<BufferId>], grad_refs: &mut HashMap<BufferId, u32>, i: usize) {
     let me = tz.alias[i];
@@ -1325,6 +1413,9 @@ fn input_grad(b: &mut B, tz: &Tensors, mems: &[OpMem], grad: &mut [Option<Buffer
     }
     let shape_n = mems[j].out.map(|o| o.bytes()).unwrap_or(0);
     let same = mems[i].out.map(|o| o.bytes()) == Some(shape_n);
+    if crossing_grad(b, tz, mems, grad, grad_refs, i, j) {
+        return;
+    }
     if let Some(piece) = split_read(model, &model.ops[i], pos, mems[i].out.map_or(0, |o| o.bytes())) {
         if piece > 0 {
             let g = b.alloc(cat(&[&model.ops[i].name, " grad (split piece)"]), b.bwd_temp, piece, None);
@@ -1413,6 +1504,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
     // `loss.backward()` seeds the graph with ones_like(loss), made before the autograd engine
     // starts (so the tracker counts it as activation) and held until the engine returns
     let seed = b.loss.map(|(_, bytes)| b.alloc("loss grad seed (ones_like)".into(), Category::Activation, bytes, None));
+    b.grad_made_in.clear();
     let chains = std::mem::take(&mut b.chains);
     // grad buffer of each tensor, with the count of tensors sharing it
     let mut grad: Vec<Option<BufferId>> = vec![None; mems.len()];
@@ -1484,6 +1576,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
             }
             active.pop();
             leave(b, top, needs_grad_input(top), sync, &mut done_post, &mut deferred, &mut pfo);
+            after_post_backward(b, mems, &mut grad, &mut grad_refs, top);
         }
         for &u in want {
             if !active.contains(&u) {
@@ -1781,6 +1874,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
     }
     while let Some(top) = active.pop() {
         leave(b, top, needs_grad_input(top), sync, &mut done_post, &mut deferred, &mut pfo);
+        after_post_backward(b, mems, &mut grad, &mut grad_refs, top);
     }
     // final callback: per FSDP state in module pre-order (root first), its deferred
     // post-backward, then its `finalize_backward` (what it held for the all-reduce goes)
