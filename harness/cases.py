@@ -313,6 +313,20 @@ BASE_CASES = {
                                        "checkpoint": ["DeepseekV3DecoderLayer"]},
     "deepseek_v3_bf16_b1s128_ws2": {"model": "tiny-deepseek-v3", "world_size": 2, "batch": 1, "seq": 128,
                                     "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    # DeepSeek-V2: latent attention with one q_proj (V2-Lite's), complex RoPE in float32, a
+    # softmax router, group-limited and scaled, routed and two shared experts
+    "deepseek_v2_ws2": {"model": "tiny-deepseek-v2", "world_size": 2},
+    "deepseek_v2_bf16_ws2": {"model": "tiny-deepseek-v2", "world_size": 2, "param_dtype": "bfloat16",
+                             "reduce_dtype": "float32"},
+    "deepseek_v2_ac_ws3": {"model": "tiny-deepseek-v2", "world_size": 3, "checkpoint": ["DeepseekV2DecoderLayer"]},
+    "deepseek_v2_bf16_ac_b1s128_ws2": {"model": "tiny-deepseek-v2", "world_size": 2, "batch": 1, "seq": 128,
+                                       "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                       "checkpoint": ["DeepseekV2DecoderLayer"]},
+    "deepseek_v2_sac_op_ws2": {"model": "tiny-deepseek-v2", "world_size": 2,
+                               "checkpoint": ["DeepseekV2DecoderLayer"], "ac_mode": "selective-op"},
+    "deepseek_v2_expert_units_bf16_ws2": {"model": "tiny-deepseek-v2", "world_size": 2,
+                                          "wrap": "modules:model.layers.*.mlp.experts,model.layers.*",
+                                          "param_dtype": "bfloat16", "reduce_dtype": "float32"},
     "deepseek_v3_expert_units_ws2": {"model": "tiny-deepseek-v3", "world_size": 2,
                                      "wrap": "modules:model.layers.*.mlp.experts,model.layers.*"},
     # more tokens than weights: activations dominate
@@ -614,6 +628,15 @@ FAKE_CASES.update({
                                                "param_dtype": "bfloat16", "reduce_dtype": "float32",
                                                "optimizer": "adamw", "checkpoint": ["DeepseekV3DecoderLayer"],
                                                "wrap": "modules:model.layers.*.mlp.experts,model.layers.*"},
+    # DeepSeek-V2-Lite 15.7B (27 layers: 1 dense, 26 MoE of 64 routed + 2 shared experts, greedy
+    # routing; latent attention without a q latent)
+    "deepseek_v2_lite_bf16_ws8": {"model": "deepseek-v2-lite", "world_size": 8, "batch": 1, "seq": 4096,
+                                  "model_dtype": "float32", "param_dtype": "bfloat16",
+                                  "reduce_dtype": "float32", "optimizer": "adamw"},
+    "deepseek_v2_lite_bf16_ac_ws8": {"model": "deepseek-v2-lite", "world_size": 8, "batch": 2, "seq": 4096,
+                                     "model_dtype": "float32", "param_dtype": "bfloat16",
+                                     "reduce_dtype": "float32", "optimizer": "adamw",
+                                     "checkpoint": ["DeepseekV2DecoderLayer"]},
     "qwen3_30b_a3b_bf16_ws8": {"model": "qwen3-30b-a3b", "world_size": 8, "batch": 1, "seq": 2048,
                                "param_dtype": "bfloat16", "reduce_dtype": "float32"},
     # a mode per block at torchtitan's shape: 8 blocks full, 16 op-SAC, 8 none

@@ -38,9 +38,11 @@ PARITY_MODELS = [
     "tiny-gemma3",
     "tiny-gemma2",
     "tiny-phi3",
+    "tiny-deepseek-v2",
     "tiny-deepseek-v3",
     # (NAME.eager: the model under eager attention, where Gemma 2 soft-caps the scores)
     "tiny-gemma2.eager",
+    "tiny-deepseek-v2.eager",
     "tiny-deepseek-v3.eager",
 ]
 BATCH = 2

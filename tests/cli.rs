@@ -78,7 +78,7 @@ fn syntax_error_names_file_line_col() {
     std::fs::write(&unk, "{\"model_type\": \"bert\"}").unwrap();
     let (code, _, err) = run(&["import", "hf", unk.to_str().unwrap(), "-o", dir.join("o.ron").to_str().unwrap()]);
     assert_eq!(code, 2);
-    assert!(err.contains("not a model this importer knows (it knows gpt2 (GPT2LMHeadModel), llama (LlamaForCausalLM), mistral (MistralForCausalLM), qwen2 (Qwen2ForCausalLM), qwen3 (Qwen3ForCausalLM), mixtral (MixtralForCausalLM), qwen3_moe (Qwen3MoeForCausalLM), olmo2 (Olmo2ForCausalLM), gemma2 (Gemma2ForCausalLM), gemma3_text (Gemma3ForCausalLM), phi3 (Phi3ForCausalLM), deepseek_v3 (DeepseekV3ForCausalLM)): model_type `bert`"), "{err}");
+    assert!(err.contains("not a model this importer knows (it knows gpt2 (GPT2LMHeadModel), llama (LlamaForCausalLM), mistral (MistralForCausalLM), qwen2 (Qwen2ForCausalLM), qwen3 (Qwen3ForCausalLM), mixtral (MixtralForCausalLM), qwen3_moe (Qwen3MoeForCausalLM), olmo2 (Olmo2ForCausalLM), gemma2 (Gemma2ForCausalLM), gemma3_text (Gemma3ForCausalLM), phi3 (Phi3ForCausalLM), deepseek_v2 (DeepseekV2ForCausalLM), deepseek_v3 (DeepseekV3ForCausalLM)): model_type `bert`"), "{err}");
 }
 
 #[test]

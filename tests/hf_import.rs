@@ -115,6 +115,34 @@ fn unsupported_or_malformed_config_values_are_named() {
     assert!(m.ops.iter().any(|o| matches!(o.kind, fsdp_ir::OpKind::RotaryEmbedding { scaling: Some(fsdp_ir::RopeScaling::Llama3 { factor, .. }), .. } if factor == 8.0)));
 }
 
+/// DeepSeek configs the latent attention or the routers cannot take are refused by name.
+#[test]
+fn deepseek_configs_refused_by_name() {
+    let v3: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(root().join("models/tiny-deepseek-v3.config.json")).unwrap()).unwrap();
+    let v2: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(root().join("models/tiny-deepseek-v2.config.json")).unwrap()).unwrap();
+    let cases: Vec<(&serde_json::Value, &str, serde_json::Value, &str)> = vec![
+        (&v3, "num_key_value_heads", serde_json::json!(2), "num_key_value_heads 2 differs from num_attention_heads 4"),
+        (&v3, "qk_rope_head_dim", serde_json::json!(3), "qk_rope_head_dim 3 must be even"),
+        (&v3, "n_group", serde_json::json!(8), "must split into n_group 8 groups of at least 2 experts"),
+        (&v3, "topk_group", serde_json::json!(3), "topk_group 3 must be between 1 and n_group 2"),
+        (&v2, "num_experts_per_tok", serde_json::Value::Null, "`num_experts_per_tok` must be set"),
+        (&v2, "topk_method", serde_json::json!("noaux_tc"), "`topk_method` `noaux_tc` is not one DeepseekV2TopkRouter has"),
+    ];
+    for (base, k, v, want) in cases {
+        let mut c = base.clone();
+        c[k] = v;
+        let e = fsdp_ir::hf::import_hf(&c.to_string(), "c.json", "c").unwrap_err().to_string();
+        assert!(e.contains(want) && e.contains("c.json"), "{k}: `{e}` lacks `{want}`");
+    }
+    // an explicit null q_lora_rank is one q_proj (V2-Lite); absent, the default rank's latent
+    let mut c = v2.clone();
+    c.as_object_mut().unwrap().remove("q_lora_rank");
+    let m = fsdp_ir::hf::import_hf(&c.to_string(), "c.json", "c").unwrap();
+    assert!(m.params.iter().any(|p| p.name == "model.layers.0.self_attn.q_a_proj.weight" && p.shape == vec![1536, 32]));
+    let m = fsdp_ir::hf::import_hf(&v2.to_string(), "c.json", "c").unwrap();
+    assert!(m.params.iter().any(|p| p.name == "model.layers.0.self_attn.q_proj.weight"));
+}
+
 /// What `import hf` says of a config: nothing unknown in any shipped config; a misspelt key
 /// named with the key it resembles (also inside the error it causes); the keys that took
 /// transformers' defaults; a model_type contradicting the architecture refused.

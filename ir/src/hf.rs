@@ -25,11 +25,12 @@ pub enum Family {
     Gemma2,
     Gemma3,
     Phi3,
+    DeepseekV2,
     DeepseekV3,
 }
 
 impl Family {
-    const ALL: [Family; 12] = [Family::Gpt2, Family::Llama, Family::Mistral, Family::Qwen2, Family::Qwen3, Family::Mixtral, Family::Qwen3Moe, Family::Olmo2, Family::Gemma2, Family::Gemma3, Family::Phi3, Family::DeepseekV3];
+    const ALL: [Family; 13] = [Family::Gpt2, Family::Llama, Family::Mistral, Family::Qwen2, Family::Qwen3, Family::Mixtral, Family::Qwen3Moe, Family::Olmo2, Family::Gemma2, Family::Gemma3, Family::Phi3, Family::DeepseekV2, Family::DeepseekV3];
 
     /// `not a supported model (supported: gpt2 (GPT2LMHeadModel), llama (…), …)`.
     fn unsupported() -> String {
@@ -50,6 +51,7 @@ impl Family {
             Family::Gemma2 => "gemma2",
             Family::Gemma3 => "gemma3_text",
             Family::Phi3 => "phi3",
+            Family::DeepseekV2 => "deepseek_v2",
             Family::DeepseekV3 => "deepseek_v3",
         }
     }
@@ -66,6 +68,7 @@ impl Family {
             "gemma2" => Family::Gemma2,
             "gemma3_text" => Family::Gemma3,
             "phi3" => Family::Phi3,
+            "deepseek_v2" => Family::DeepseekV2,
             "deepseek_v3" => Family::DeepseekV3,
             _ => return None,
         })
@@ -83,6 +86,7 @@ impl Family {
             "Gemma2ForCausalLM" => Family::Gemma2,
             "Gemma3ForCausalLM" => Family::Gemma3,
             "Phi3ForCausalLM" => Family::Phi3,
+            "DeepseekV2ForCausalLM" => Family::DeepseekV2,
             "DeepseekV3ForCausalLM" => Family::DeepseekV3,
             _ => return None,
         })
@@ -101,6 +105,7 @@ impl Family {
             Family::Gemma2 => "Gemma2",
             Family::Gemma3 => "Gemma3",
             Family::Phi3 => "Phi3",
+            Family::DeepseekV2 => "DeepseekV2",
             Family::DeepseekV3 => "DeepseekV3",
         }
     }
@@ -580,7 +585,7 @@ fn build(c: &Cfg, name: &str, dtype_override: Option<DType>) -> Result<Model, Ir
         Family::Olmo2 => olmo2(c, &mut b)?,
         f @ (Family::Gemma2 | Family::Gemma3) => gemma(c, f, &mut b)?,
         Family::Phi3 => phi3(c, &mut b)?,
-        Family::DeepseekV3 => deepseek_v3(c, &mut b)?,
+        f @ (Family::DeepseekV2 | Family::DeepseekV3) => deepseek(c, f, &mut b)?,
         f => llama_like(c, f, &mut b)?,
     }
     let problems = crate::validate::validate(&b.m);
@@ -729,7 +734,7 @@ fn olmo2(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
     let embed = b.param("model.embed_tokens.weight".into(), vec![vocab, d]);
     b.module("model.layers", "ModuleList");
     let mut x = b.op("model.embed_tokens", OpKind::Embedding, "model.embed_tokens", &["input_ids"], vec![embed.clone()], bsd(d));
-    let rot = b.op("model.rotary_emb", OpKind::RotaryEmbedding { theta, head_dim: hd, scaling, f32_tables: true }, "model.rotary_emb", &["input_ids"], vec![], vec![Dim::N(1), sym("seq"), Dim::N(hd)]);
+    let rot = b.op("model.rotary_emb", OpKind::RotaryEmbedding { theta, head_dim: hd, scaling, f32_tables: true, complex: false }, "model.rotary_emb", &["input_ids"], vec![], vec![Dim::N(1), sym("seq"), Dim::N(hd)]);
     for i in 0..layers {
         let p = format!("model.layers.{i}");
         let sa = format!("{p}.self_attn");
@@ -760,8 +765,8 @@ fn olmo2(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
         let (qs, ks) = (format!("{sa}.q_norm"), format!("{sa}.k_norm"));
         let qo = b.op(&qs, norm(None), &qs, &[&qo], vec![qn], bsd(heads * hd));
         let ko = b.op(&ks, norm(None), &ks, &[&ko], vec![kn], bsd(kv * hd));
-        let qr = b.op(&format!("{sa}.rope_q"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false, head_stride: None, interleave: false }, &sa, &[&qo, &rot], vec![], bsd(heads * hd));
-        let kr = b.op(&format!("{sa}.rope_k"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false, head_stride: None, interleave: false }, &sa, &[&ko, &rot], vec![], bsd(kv * hd));
+        let qr = b.op(&format!("{sa}.rope_q"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false, head_stride: None, interleave: false, complex: false }, &sa, &[&qo, &rot], vec![], bsd(heads * hd));
+        let kr = b.op(&format!("{sa}.rope_k"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false, head_stride: None, interleave: false, complex: false }, &sa, &[&ko, &rot], vec![], bsd(kv * hd));
         let attn = OpKind::Attention { heads, kv_heads: kv, head_dim: hd, causal: true, dropout: attn_p, sliding_window: None, scaling: None, v_offset: None, softcap: None, mla: None };
         let a = b.op(&format!("{sa}.sdpa"), attn, &sa, &[&qr, &kr, &vo], vec![], bsd(heads * hd));
         let ao = b.linear_op(&format!("{sa}.o_proj"), &a, o, d, false);
@@ -794,7 +799,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
         Qwen2 | Qwen3 => (151936, 22016, None, 1e-6, 10000.0),
         Mixtral => (32000, 14336, Some(8), 1e-5, 1e6),
         Qwen3Moe => (151936, 6144, Some(4), 1e-6, 10000.0),
-        Gpt2 | Olmo2 | Gemma2 | Gemma3 | Phi3 | DeepseekV3 => unreachable!("gpt2, olmo2, gemma, phi3 and deepseek have their own builders"),
+        Gpt2 | Olmo2 | Gemma2 | Gemma3 | Phi3 | DeepseekV2 | DeepseekV3 => unreachable!("gpt2, olmo2, gemma, phi3 and deepseek have their own builders"),
     };
     let (d_d, layers_d) = if f == Qwen3Moe { (2048, 24) } else { (4096, 32) };
     let Sizes { vocab, d, inter, layers, heads } = c.sizes(vocab_d, d_d, inter_d, layers_d, 32)?;
@@ -868,7 +873,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
     let mut x = b.op("model.embed_tokens", OpKind::Embedding, "model.embed_tokens", &["input_ids"], vec![embed.clone()], bsd(d));
     let rot = b.op(
         "model.rotary_emb",
-        OpKind::RotaryEmbedding { theta, head_dim: hd, scaling, f32_tables: false },
+        OpKind::RotaryEmbedding { theta, head_dim: hd, scaling, f32_tables: false, complex: false },
         "model.rotary_emb",
         &["input_ids"],
         vec![],
@@ -936,8 +941,8 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
             }
             None => (qo, ko),
         };
-        let qr = b.op(&format!("{sa}.rope_q"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false, head_stride: None, interleave: false }, &sa, &[&qo, &rot], vec![], bsd(heads * hd));
-        let kr = b.op(&format!("{sa}.rope_k"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false, head_stride: None, interleave: false }, &sa, &[&ko, &rot], vec![], bsd(kv * hd));
+        let qr = b.op(&format!("{sa}.rope_q"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false, head_stride: None, interleave: false, complex: false }, &sa, &[&qo, &rot], vec![], bsd(heads * hd));
+        let kr = b.op(&format!("{sa}.rope_k"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false, head_stride: None, interleave: false, complex: false }, &sa, &[&ko, &rot], vec![], bsd(kv * hd));
         let a = b.op(
             &format!("{sa}.sdpa"),
             OpKind::Attention {
@@ -974,7 +979,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
             // the router: its linear (an `aten.mm` of its own: op-level SAC counts it), then
             // softmax, top-k and the renormalization
             let logits = b.linear_op(&format!("{mlp}.gate"), &h, gate, experts, false);
-            let router = OpKind::Router { experts, top_k, normalize, cast: f == Qwen3Moe, sigmoid: None };
+            let router = OpKind::Router { experts, top_k, normalize, cast: f == Qwen3Moe, sigmoid: None, scaled: None };
             let r = b.op(&format!("{mlp}.gate.route"), router, &format!("{mlp}.gate"), &[&logits], vec![], bsd(top_k));
             b.op(
                 &format!("{mlp}.experts"),
@@ -1145,11 +1150,11 @@ fn gemma(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
         for &(t, s) in &types {
             let (theta, scaling) = if s { (local_theta, None) } else { (global_theta, global_scaling) };
             let name = format!("model.rotary_emb.{t}");
-            let r = b.op(&name, OpKind::RotaryEmbedding { theta, head_dim: hd, scaling, f32_tables: false }, "model.rotary_emb", &["input_ids"], vec![], vec![Dim::N(1), sym("seq"), Dim::N(hd)]);
+            let r = b.op(&name, OpKind::RotaryEmbedding { theta, head_dim: hd, scaling, f32_tables: false, complex: false }, "model.rotary_emb", &["input_ids"], vec![], vec![Dim::N(1), sym("seq"), Dim::N(hd)]);
             rot.insert(s, r);
         }
     } else {
-        let r = b.op("model.rotary_emb", OpKind::RotaryEmbedding { theta: global_theta, head_dim: hd, scaling: global_scaling, f32_tables: false }, "model.rotary_emb", &["input_ids"], vec![], vec![Dim::N(1), sym("seq"), Dim::N(hd)]);
+        let r = b.op("model.rotary_emb", OpKind::RotaryEmbedding { theta: global_theta, head_dim: hd, scaling: global_scaling, f32_tables: false, complex: false }, "model.rotary_emb", &["input_ids"], vec![], vec![Dim::N(1), sym("seq"), Dim::N(hd)]);
         rot.insert(true, r.clone());
         rot.insert(false, r);
     }
@@ -1196,8 +1201,8 @@ fn gemma(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
             None => (qo, ko),
         };
         let r = rot.get(&is_sliding).cloned().unwrap_or_default();
-        let qr = b.op(&format!("{sa}.rope_q"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false, head_stride: None, interleave: false }, &sa, &[&qo, &r], vec![], bsd(heads * hd));
-        let kr = b.op(&format!("{sa}.rope_k"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false, head_stride: None, interleave: false }, &sa, &[&ko, &r], vec![], bsd(kv * hd));
+        let qr = b.op(&format!("{sa}.rope_q"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false, head_stride: None, interleave: false, complex: false }, &sa, &[&qo, &r], vec![], bsd(heads * hd));
+        let kr = b.op(&format!("{sa}.rope_k"), OpKind::Rope { head_dim: hd, offset: None, pass_through: false, head_stride: None, interleave: false, complex: false }, &sa, &[&ko, &r], vec![], bsd(kv * hd));
         let attn = OpKind::Attention {
             heads,
             kv_heads: kv,
@@ -1292,7 +1297,7 @@ fn phi3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
     let embed = b.param("model.embed_tokens.weight".into(), vec![vocab, d]);
     b.module("model.layers", "ModuleList");
     let mut x = b.op("model.embed_tokens", OpKind::Embedding, "model.embed_tokens", &["input_ids"], vec![embed.clone()], bsd(d));
-    let rot = b.op("model.rotary_emb", OpKind::RotaryEmbedding { theta, head_dim: hd, scaling, f32_tables: false }, "model.rotary_emb", &["input_ids"], vec![], vec![Dim::N(1), sym("seq"), Dim::N(hd)]);
+    let rot = b.op("model.rotary_emb", OpKind::RotaryEmbedding { theta, head_dim: hd, scaling, f32_tables: false, complex: false }, "model.rotary_emb", &["input_ids"], vec![], vec![Dim::N(1), sym("seq"), Dim::N(hd)]);
     let (qw, kvw) = (heads * hd, kv * hd);
     for i in 0..layers {
         let p = format!("model.layers.{i}");
@@ -1316,7 +1321,7 @@ fn phi3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
         let norm = OpKind::RmsNorm { eps, head_dim: None, weight_f32: false, unit_offset: false, input_width: None };
         let h = b.op(&format!("{p}.input_layernorm"), norm.clone(), &format!("{p}.input_layernorm"), &[&x], vec![ln1], bsd(d));
         let qkvo = b.linear_op(&format!("{sa}.qkv_proj"), &h, qkv, qw + 2 * kvw, false);
-        let rope = |offset| OpKind::Rope { head_dim: hd, offset: Some(offset), pass_through: true, head_stride: None, interleave: false };
+        let rope = |offset| OpKind::Rope { head_dim: hd, offset: Some(offset), pass_through: true, head_stride: None, interleave: false, complex: false };
         let qr = b.op(&format!("{sa}.rope_q"), rope(0), &sa, &[&qkvo, &rot], vec![], bsd(qw));
         let kr = b.op(&format!("{sa}.rope_k"), rope(qw), &sa, &[&qkvo, &rot], vec![], bsd(kvw));
         let attn = OpKind::Attention { heads, kv_heads: kv, head_dim: hd, causal: true, dropout: attn_p, sliding_window: window, scaling: None, v_offset: Some(qw + kvw), softcap: None, mla: None };
@@ -1340,7 +1345,8 @@ fn phi3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
     Ok(())
 }
 
-/// DeepSeek-V3 (transformers' `DeepseekV3ForCausalLM`): multi-head latent attention — q
+/// DeepSeek-V3 and DeepSeek-V2 (transformers' `DeepseekV3ForCausalLM`,
+/// `DeepseekV2ForCausalLM`): multi-head latent attention — q
 /// through a low-rank `q_a_proj` → RMSNorm → `q_b_proj` (or one `q_proj` without
 /// `q_lora_rank`), k and v from a shared latent (`kv_a_proj_with_mqa`: `kv_lora_rank` latent
 /// columns, RMS-normed, then `kv_b_proj`, and `qk_rope_head_dim` columns of one rotary key
@@ -1348,37 +1354,64 @@ fn phi3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
 /// scaled by `qk_head_dim ** -0.5` times YaRN's `mscale_all_dim` correction squared; dense
 /// SwiGLU MLPs in the first `first_k_dense_replace` layers, MoE in the rest: a sigmoid router
 /// in float32 choosing among the best groups, routed experts and `n_shared_experts` shared ones
-/// (one MLP as wide as them together), summed.
-fn deepseek_v3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
-    let Sizes { vocab, d, inter, layers, heads } = c.sizes(129280, 7168, 18432, 61, 128)?;
+/// (one MLP as wide as them together), summed. DeepSeek-V2 differs in its RoPE (complex
+/// products in float32, `apply_rotary_emb`), its router (softmax, the top-k (`greedy`) or the
+/// top-k within the best groups by their best score (`group_limited_greedy`), scaled, not
+/// renormalized: no `e_score_correction_bias`), `mlp_bias`, and its config's defaults.
+fn deepseek(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
+    let v2 = f == Family::DeepseekV2;
+    let pre = f.prefix();
+    let norm_class = format!("{pre}RMSNorm");
+    let Sizes { vocab, d, inter, layers, heads } = if v2 { c.sizes(102400, 4096, 11008, 32, 32)? } else { c.sizes(129280, 7168, 18432, 61, 128)? };
     let kv = c.opt_u("num_key_value_heads")?.unwrap_or(heads);
     if kv != heads {
         return Err(c.err(format!("num_key_value_heads {kv} differs from num_attention_heads {heads}: DeepSeek's latent attention makes k and v for every head")));
     }
-    let moe_inter = c.u("moe_intermediate_size", 2048)?;
-    let shared = c.u("n_shared_experts", 1)?;
-    let experts = c.u("n_routed_experts", 256)?;
-    let scale = c.f("routed_scaling_factor", 2.5)?;
+    let moe_inter = c.u("moe_intermediate_size", if v2 { 1407 } else { 2048 })?;
+    let shared = c.u("n_shared_experts", if v2 { 2 } else { 1 })?;
+    let experts = c.u("n_routed_experts", if v2 { 64 } else { 256 })?;
+    let scale = c.f("routed_scaling_factor", if v2 { 1.0 } else { 2.5 })?;
     let kvr = c.u("kv_lora_rank", 512)?;
-    let qr = match c.get("q_lora_rank") {
+    // (an explicit null: one q_proj, DeepSeek-V2-Lite's; absent: the default rank)
+    let _ = c.get("q_lora_rank");
+    let qr = match c.v.get("q_lora_rank") {
         Some(Value::Null) => None,
         _ => Some(c.u("q_lora_rank", 1536)?),
     };
     let dr = c.u("qk_rope_head_dim", 64)?;
     let dv = c.u("v_head_dim", 128)?;
     let dn = c.u("qk_nope_head_dim", 128)?;
-    let groups = c.u("n_group", 8)?;
-    let topk_groups = c.u("topk_group", 4)?;
-    let top_k = c.u("num_experts_per_tok", 8)?;
-    let first_dense = c.u("first_k_dense_replace", 3)?;
-    let normalize = c.b("norm_topk_prob", true)?;
+    // (DeepseekV2Config leaves n_group, topk_group and num_experts_per_tok None: greedy
+    // routing needs no groups, and the experts per token must be given)
+    let groups = match (v2, c.get("n_group")) {
+        (true, None | Some(Value::Null)) => 1,
+        _ => c.u("n_group", 8)?,
+    };
+    let topk_groups = match (v2, c.get("topk_group")) {
+        (true, None | Some(Value::Null)) => 1,
+        _ => c.u("topk_group", 4)?,
+    };
+    let top_k = match (v2, c.get("num_experts_per_tok")) {
+        (true, None | Some(Value::Null)) => return Err(c.err("`num_experts_per_tok` must be set (DeepseekV2Config's default is None)")),
+        _ => c.u("num_experts_per_tok", 8)?,
+    };
+    let first_dense = c.u("first_k_dense_replace", if v2 { 0 } else { 3 })?;
+    // (DeepSeek-V2's router reads no norm_topk_prob)
+    let normalize = if v2 { c.b("norm_topk_prob", false).map(|_| false)? } else { c.b("norm_topk_prob", true)? };
+    let group_limited = v2
+        && match c.s("topk_method", "greedy")? {
+            "greedy" => false,
+            "group_limited_greedy" => true,
+            m => return Err(c.err(format!("`topk_method` `{m}` is not one DeepseekV2TopkRouter has (greedy, group_limited_greedy)"))),
+        };
+    let mlp_bias = v2 && c.b("mlp_bias", false)?;
     let (act, act_class) = {
         let a = c.s("hidden_act", "silu")?;
         act_of(a).ok_or_else(|| c.err(format!("unsupported hidden_act `{a}`")))?
     };
     let eps = c.f("rms_norm_eps", 1e-6)?;
     let tie = c.b("tie_word_embeddings", false)?;
-    let interleave = c.b("rope_interleave", true)?;
+    let interleave = !v2 && c.b("rope_interleave", true)?;
     let bias = c.b("attention_bias", false)?;
     let attn_p = c.f("attention_dropout", 0.0)?;
     let theta = c.rope_theta(10000.0)?;
@@ -1386,8 +1419,9 @@ fn deepseek_v3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
     if dr == 0 || !dr.is_multiple_of(2) {
         return Err(c.err(format!("qk_rope_head_dim {dr} must be even and positive")));
     }
-    if experts > 0 && (groups == 0 || !experts.is_multiple_of(groups) || experts / groups < 2) {
-        return Err(c.err(format!("n_routed_experts {experts} must split into n_group {groups} groups of at least two experts (the router scores a group by its best two)")));
+    let min_group = if v2 { 1 } else { 2 };
+    if experts > 0 && (groups == 0 || !experts.is_multiple_of(groups) || experts / groups < min_group) {
+        return Err(c.err(format!("n_routed_experts {experts} must split into n_group {groups} groups of at least {min_group} experts")));
     }
     if topk_groups == 0 || topk_groups > groups {
         return Err(c.err(format!("topk_group {topk_groups} must be between 1 and n_group {groups}")));
@@ -1406,62 +1440,65 @@ fn deepseek_v3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
             softmax_scale *= m * m;
         }
     }
-    b.module("", "DeepseekV3ForCausalLM");
-    b.module("model", "DeepseekV3Model");
+    b.module("", &f.architecture());
+    b.module("model", &format!("{pre}Model"));
     b.module("model.embed_tokens", "Embedding");
     let embed = b.param("model.embed_tokens.weight".into(), vec![vocab, d]);
     b.module("model.layers", "ModuleList");
     let mut x = b.op("model.embed_tokens", OpKind::Embedding, "model.embed_tokens", &["input_ids"], vec![embed.clone()], bsd(d));
     // (the rotary tables are `qk_rope_head_dim` wide: the config's `head_dim`)
-    let rot = b.op("model.rotary_emb", OpKind::RotaryEmbedding { theta, head_dim: dr, scaling, f32_tables: false }, "model.rotary_emb", &["input_ids"], vec![], vec![Dim::N(1), sym("seq"), Dim::N(dr)]);
+    let rot = b.op("model.rotary_emb", OpKind::RotaryEmbedding { theta, head_dim: dr, scaling, f32_tables: false, complex: v2 }, "model.rotary_emb", &["input_ids"], vec![], vec![Dim::N(1), sym("seq"), Dim::N(dr)]);
     let norm = |eps: f64, input_width: Option<u64>| OpKind::RmsNorm { eps, head_dim: None, weight_f32: false, unit_offset: false, input_width };
     for i in 0..layers {
         let p = format!("model.layers.{i}");
         let sa = format!("{p}.self_attn");
-        b.module(&p, "DeepseekV3DecoderLayer");
-        b.module(&sa, "DeepseekV3Attention");
+        b.module(&p, &f.layer_class());
+        b.module(&sa, &format!("{pre}Attention"));
         let q_params = match qr {
             None => vec![b.linear_module(&format!("{sa}.q_proj"), "Linear", d, heads * dqk, false, false)],
             Some(r) => {
                 let a = b.linear_module(&format!("{sa}.q_a_proj"), "Linear", d, r, bias, false);
-                b.module(&format!("{sa}.q_a_layernorm"), "DeepseekV3RMSNorm");
+                b.module(&format!("{sa}.q_a_layernorm"), &norm_class);
                 let n = b.param(format!("{sa}.q_a_layernorm.weight"), vec![r]);
                 let bb = b.linear_module(&format!("{sa}.q_b_proj"), "Linear", r, heads * dqk, false, false);
                 vec![a, vec![n], bb]
             }
         };
         let kva = b.linear_module(&format!("{sa}.kv_a_proj_with_mqa"), "Linear", d, kvr + dr, bias, false);
-        b.module(&format!("{sa}.kv_a_layernorm"), "DeepseekV3RMSNorm");
+        b.module(&format!("{sa}.kv_a_layernorm"), &norm_class);
         let kvn = b.param(format!("{sa}.kv_a_layernorm.weight"), vec![kvr]);
         let kvb = b.linear_module(&format!("{sa}.kv_b_proj"), "Linear", kvr, heads * (dn + dv), false, false);
         let o = b.linear_module(&format!("{sa}.o_proj"), "Linear", heads * dv, d, bias, false);
         let mlp = format!("{p}.mlp");
         let moe = i >= first_dense;
+        let mlp_class = format!("{pre}MLP");
         let swiglu_params = |b: &mut Builder, path: &str, class: &str, width: u64| {
             b.module(path, class);
-            let g = b.linear_module(&format!("{path}.gate_proj"), "Linear", d, width, false, false);
-            let u = b.linear_module(&format!("{path}.up_proj"), "Linear", d, width, false, false);
-            let dn = b.linear_module(&format!("{path}.down_proj"), "Linear", width, d, false, false);
+            let g = b.linear_module(&format!("{path}.gate_proj"), "Linear", d, width, mlp_bias, false);
+            let u = b.linear_module(&format!("{path}.up_proj"), "Linear", d, width, mlp_bias, false);
+            let dn = b.linear_module(&format!("{path}.down_proj"), "Linear", width, d, mlp_bias, false);
             b.module(&format!("{path}.act_fn"), act_class);
             [g, u, dn]
         };
         let (routed, mlp_params) = if moe {
-            b.module(&mlp, "DeepseekV3MoE");
-            b.module(&format!("{mlp}.experts"), "DeepseekV3Experts");
+            b.module(&mlp, if v2 { "DeepseekV2Moe" } else { "DeepseekV3MoE" });
+            b.module(&format!("{mlp}.experts"), &format!("{pre}Experts"));
             let gu = b.param(format!("{mlp}.experts.gate_up_proj"), vec![experts, 2 * moe_inter, d]);
             let dnp = b.param(format!("{mlp}.experts.down_proj"), vec![experts, d, moe_inter]);
             b.module(&format!("{mlp}.experts.act_fn"), act_class);
-            b.module(&format!("{mlp}.gate"), "DeepseekV3TopkRouter");
+            b.module(&format!("{mlp}.gate"), &format!("{pre}TopkRouter"));
             let g = b.param(format!("{mlp}.gate.weight"), vec![experts, d]);
-            b.m.buffers.push(Buffer { name: format!("{mlp}.gate.e_score_correction_bias"), shape: vec![experts], dtype: b.dtype, persistent: true });
-            let sh = swiglu_params(b, &format!("{mlp}.shared_experts"), "DeepseekV3MLP", moe_inter * shared);
+            if !v2 {
+                b.m.buffers.push(Buffer { name: format!("{mlp}.gate.e_score_correction_bias"), shape: vec![experts], dtype: b.dtype, persistent: true });
+            }
+            let sh = swiglu_params(b, &format!("{mlp}.shared_experts"), &mlp_class, moe_inter * shared);
             (Some((g, vec![gu, dnp])), sh)
         } else {
-            (None, swiglu_params(b, &mlp, "DeepseekV3MLP", inter))
+            (None, swiglu_params(b, &mlp, &mlp_class, inter))
         };
-        b.module(&format!("{p}.input_layernorm"), "DeepseekV3RMSNorm");
+        b.module(&format!("{p}.input_layernorm"), &norm_class);
         let ln1 = b.param(format!("{p}.input_layernorm.weight"), vec![d]);
-        b.module(&format!("{p}.post_attention_layernorm"), "DeepseekV3RMSNorm");
+        b.module(&format!("{p}.post_attention_layernorm"), &norm_class);
         let ln2 = b.param(format!("{p}.post_attention_layernorm.weight"), vec![d]);
 
         let h = b.op(&format!("{p}.input_layernorm"), norm(eps, None), &format!("{p}.input_layernorm"), &[&x], vec![ln1], bsd(d));
@@ -1477,7 +1514,7 @@ fn deepseek_v3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
         };
         let ckv = b.linear_op(&format!("{sa}.kv_a_proj_with_mqa"), &h, kva, kvr + dr, false);
         let kv_nope = b.op(&format!("{sa}.kv_a_layernorm"), norm(1e-6, Some(kvr + dr)), &format!("{sa}.kv_a_layernorm"), &[&ckv], vec![kvn], bsd(kvr));
-        let rope = |offset: u64, head_stride: Option<u64>| OpKind::Rope { head_dim: dr, offset: Some(offset), pass_through: false, head_stride, interleave };
+        let rope = |offset: u64, head_stride: Option<u64>| OpKind::Rope { head_dim: dr, offset: Some(offset), pass_through: false, head_stride, interleave, complex: v2 };
         let q_rot = b.op(&format!("{sa}.rope_q"), rope(dn, Some(dqk)), &sa, &[&q, &rot], vec![], bsd(heads * dr));
         let k_rot = b.op(&format!("{sa}.rope_k"), rope(kvr, None), &sa, &[&ckv, &rot], vec![], bsd(dr));
         let kvo = b.linear_op(&format!("{sa}.kv_b_proj"), &kv_nope, kvb, heads * (dn + dv), false);
@@ -1510,7 +1547,10 @@ fn deepseek_v3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
                 // sigmoid, the group-limited top-k and the renormalized, scaled weights
                 let gate = format!("{mlp}.gate");
                 let logits = b.op(&gate, OpKind::Linear { bias: false, transposed: false, float32: true }, &gate, &[&h], vec![g], bsd(experts));
-                let router = OpKind::Router { experts, top_k, normalize, cast: false, sigmoid: Some(GroupedTopK { groups, topk_groups, scale }) };
+                let router = match v2 {
+                    true => OpKind::Router { experts, top_k, normalize, cast: false, sigmoid: None, scaled: Some(ScaledTopK { scale, groups: group_limited.then_some((groups, topk_groups)) }) },
+                    false => OpKind::Router { experts, top_k, normalize, cast: false, sigmoid: Some(GroupedTopK { groups, topk_groups, scale }), scaled: None },
+                };
                 let r = b.op(&format!("{gate}.route"), router, &gate, &[&logits], vec![], bsd(top_k));
                 let e = b.op(&format!("{mlp}.experts"), OpKind::Experts { experts, top_k, intermediate: moe_inter, act }, &format!("{mlp}.experts"), &[&h, &r], ex, bsd(d));
                 let s = swiglu(b, &format!("{mlp}.shared_experts"), mlp_params, moe_inter * shared);
@@ -1520,10 +1560,10 @@ fn deepseek_v3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
         };
         x = b.op(&format!("{p}.residual_mlp"), OpKind::Add, &p, &[&x, &m], vec![], bsd(d));
     }
-    b.module("model.norm", "DeepseekV3RMSNorm");
+    b.module("model.norm", &norm_class);
     let nw = b.param("model.norm.weight".into(), vec![d]);
     let h = b.op("model.norm", norm(eps, None), "model.norm", &[&x], vec![nw], bsd(d));
-    b.module("model.rotary_emb", "DeepseekV3RotaryEmbedding");
+    b.module("model.rotary_emb", &format!("{pre}RotaryEmbedding"));
     rotary_buffers(b, "", dr);
     lm_head(b, &h, d, vocab, tie, &embed);
     Ok(())

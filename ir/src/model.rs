@@ -244,6 +244,17 @@ pub struct GroupedTopK {
     pub scale: f64,
 }
 
+/// DeepSeek-V2's expert choice: the top-k of the softmax scores (`greedy`), or
+/// (`group_limited_greedy`: `groups` = (n_group, topk_group)) of the scores of the `topk_group`
+/// groups whose best score is highest, the others zeroed; the chosen scores times `scale`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScaledTopK {
+    pub scale: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub groups: Option<(u64, u64)>,
+}
+
 /// What an op computes. Attributes are what FLOPs, saved bytes and execution need.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -318,6 +329,10 @@ pub enum OpKind {
         /// makes its own low-precision copy).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         f32_tables: bool,
+        /// DeepSeek-V2's: one complex64 table `polar(1, freqs)` `[1, seq, head_dim / 2]`
+        /// (float32 parts, as many bytes as a float32 `[1, seq, head_dim]`), not cos and sin.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        complex: bool,
     },
     /// Applies RoPE to q or k (inputs: the projection, the `RotaryEmbedding` output).
     /// `offset`: the projection is a fused one (Phi-3's `qkv_proj`) and q or k is the view of
@@ -339,6 +354,10 @@ pub enum OpKind {
         /// HF's default rotates `x[i]` with `x[i + d/2]`.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         interleave: bool,
+        /// DeepSeek-V2's `apply_rotary_emb`: the pairs viewed as complex numbers (in float32)
+        /// times the complex table, viewed back as real and cast to the input's dtype.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        complex: bool,
     },
     /// Scaled dot-product attention. Inputs: q, k, v (after RoPE, q and k packed in one
     /// input when it comes from `Rope`), or one fused `qkv` input (GPT-2).
@@ -385,6 +404,10 @@ pub enum OpKind {
         /// weights gathered from the sigmoid scores ([`GroupedTopK`]).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sigmoid: Option<GroupedTopK>,
+        /// DeepSeek-V2's (`DeepseekV2TopkRouter`, after its float32 linear): the softmax
+        /// scores' top-k ([`ScaledTopK`]), times `scale`, not renormalized.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        scaled: Option<ScaledTopK>,
     },
     /// MoE experts: SwiGLU per expert over routed tokens. Inputs: hidden, router output.
     /// Params: `gate_up_proj [E, 2I, H]`, `down_proj [E, H, I]`.

@@ -507,6 +507,12 @@ fn check_kind(op: &Op, i: &[&Shape], p: &[&Param]) -> Result<(), String> {
         }
         OpKind::Router { experts, top_k, .. } => {
             arity(op, 1, 0..=0, i, p)?;
+            if let OpKind::Router { scaled: Some(sc), .. } = &op.kind {
+                let ok = sc.scale.is_finite() && sc.scale > 0.0 && sc.groups.is_none_or(|(g, k)| g > 0 && experts % g == 0 && k > 0 && k <= g && *top_k <= k * (experts / g));
+                if !ok {
+                    return Err(format!("scaled top-k: a positive scale ({}), the {top_k} experts within the best groups {:?} (n_group, topk_group) of {experts}", sc.scale, sc.groups));
+                }
+            }
             if let OpKind::Router { sigmoid: Some(g), .. } = &op.kind {
                 let per = if g.groups > 0 && experts % g.groups == 0 { experts / g.groups } else { 0 };
                 if per < 2 || g.topk_groups == 0 || g.topk_groups > g.groups || *top_k > g.topk_groups * per || !(g.scale.is_finite() && g.scale > 0.0) {

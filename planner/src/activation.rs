@@ -544,12 +544,44 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
                 m.out = None;
             }
         }
+        OpKind::RotaryEmbedding { head_dim, complex: true, .. } => {
+            // DeepSeek-V2: polar(1, freqs) · attention_scaling, complex64 [1, seq, head_dim / 2]
+            m.out = Some(t(cx.dims.seq * head_dim, DType::Float32, "rotary freqs_cis (complex64)"));
+            m.differentiable = false;
+            m.fwd_scratch.push(t(cx.dims.seq * head_dim, DType::Float32, "rotary freqs"));
+        }
         OpKind::RotaryEmbedding { head_dim, f32_tables, .. } => {
             // cos and sin, [1, seq, head_dim] each, in the activation dtype (OLMo-2: float32);
             // no grad.
             m.out = Some(t(2 * cx.dims.seq * head_dim, if *f32_tables { DType::Float32 } else { cd }, "rotary cos+sin"));
             m.differentiable = false;
             m.fwd_scratch.push(t(cx.dims.seq * head_dim, DType::Float32, "rotary freqs"));
+        }
+        OpKind::Rope { complex: true, .. } => {
+            // DeepSeek-V2's apply_rotary_emb on a split view of q's or k's projection:
+            // `view_as_complex(x.float().reshape(…, -1, 2)) * freqs_cis`, viewed as real, cast
+            // back (`type_as`); MulBackward keeps the complex table (the rotary op's output).
+            // In float32 the product is the output; else the float32 copy and the product
+            // are made and dropped around the cast
+            m.saves_inputs = vec![false, true];
+            let f = DType::Float32;
+            let mut c = Chain::default();
+            if cd == f {
+                // the grad's product with the table's conjugate: the input's grad (a piece)
+                c.input_grad(0);
+                c.drop_out_grad();
+            } else {
+                m.fwd_scratch_together = true;
+                m.fwd_scratch.push(t(n, f, "rope input (f32)"));
+                m.fwd_scratch.push(t(n, f, "rope complex product"));
+                let g = c.make(t(n, f, "rope grad (f32)"));
+                c.drop_out_grad();
+                let p = c.make(t(n, f, "rope grad (complex product)"));
+                c.drop(g);
+                c.input_grad(0);
+                c.drop(p);
+            }
+            m.bwd_chain = c.steps;
         }
         OpKind::Rope { interleave: true, .. } | OpKind::Rope { head_stride: Some(_), .. } => {
             // DeepSeek's rotary part of q or k (a split view of its projection):
@@ -661,6 +693,22 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             // sigmoid's grad of that size)
             m.bwd_scratch.push(t(tok * experts, f, "router gather grad"));
             m.bwd_scratch.push(t(tok * experts, f, "router sigmoid grad"));
+        }
+        OpKind::Router { experts, top_k, scaled: Some(sc), .. } => {
+            // DeepseekV2TopkRouter after its float32 linear: softmax (its result kept),
+            // group-limited: each group's best score (max: its node reaches no loss), the best
+            // groups' mask (masked_fill keeps it), top-k (TopkBackward keeps the indices), the
+            // weights times the scale (measured: harness/saved_tensors.py on tiny-deepseek-v2)
+            let (tok, f) = (cx.tokens(), DType::Float32);
+            m.saves_inputs = vec![false];
+            m.out = Some(t(tok * top_k, f, "router top-k weights"));
+            m.saved.push(t(tok * experts, f, "router probs"));
+            if sc.groups.is_some() {
+                m.saved.push(t(tok * experts, DType::Bool, "router group mask"));
+            }
+            m.saved.push(t(tok * top_k, DType::Int64, "router top-k indices"));
+            m.bwd_scratch.push(t(tok * experts, f, "router top-k grad"));
+            m.bwd_scratch.push(t(tok * experts, f, "router softmax grad"));
         }
         OpKind::Router { experts, top_k, normalize, cast, .. } => {
             // (the logits come from the gate's Linear op) softmax(logits.float()) saved; topk

@@ -218,6 +218,8 @@ fn sharded_training_equals_single_device() {
     check("tiny-gemma2", Options { checkpoint: vec!["Gemma2DecoderLayer".into()], ..opts(3, Layout::Fsdp2, Policy::Auto) }, &mut report);
     // DeepSeek-V3: latent attention, a dense layer, then sigmoid-routed and shared experts
     check("tiny-deepseek-v3", opts(2, Layout::Fsdp2, Policy::Auto), &mut report);
+    // DeepSeek-V2: complex RoPE, a group-limited softmax router, experts as units
+    check("tiny-deepseek-v2", opts(3, Layout::Fsdp2, Policy::Modules(vec!["model.layers.*.mlp.experts".into(), "model.layers.*".into()])), &mut report);
     check("tiny-deepseek-v3", Options { checkpoint: vec!["DeepseekV3DecoderLayer".into()], ..opts(3, Layout::Fsdp2, Policy::Auto) }, &mut report);
     check("tiny-qwen3-moe", Options { checkpoint: vec!["Qwen3MoeDecoderLayer".into()], ac_mode: fsdp_planner::AcMode::SelectiveOp, ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);
     check("tiny-qwen2", opts(3, Layout::Flat, Policy::Auto), &mut report);

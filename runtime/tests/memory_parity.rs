@@ -153,6 +153,10 @@ fn measured_peak_is_within_two_percent_of_the_plan() {
             o.param_dtype = fsdp_ir::DType::parse("bf16");
             o.reduce_dtype = fsdp_ir::DType::parse("f32");
         }),
+        case("tiny-deepseek-v2", "DeepSeek-V2, complex RoPE, bf16 params, ws 2", |o| {
+            o.param_dtype = fsdp_ir::DType::parse("bf16");
+            o.reduce_dtype = fsdp_ir::DType::parse("f32");
+        }),
         case("tiny-qwen3-moe", "Qwen3-MoE, bf16 params, selective-op AC", |o| {
             o.checkpoint = vec!["Qwen3MoeDecoderLayer".into()];
             o.ac_mode = fsdp_planner::AcMode::SelectiveOp;

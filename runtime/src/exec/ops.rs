@@ -251,7 +251,7 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
                 _ => inputs[0].shallow_clone(),
             }
         }
-        OpKind::RotaryEmbedding { theta, head_dim, scaling, .. } => {
+        OpKind::RotaryEmbedding { theta, head_dim, scaling, complex, .. } => {
             // HF default rope: inv_freq = 1 / theta^(arange(0, hd, 2) / hd) (Llama 3.1's
             // scaling applied to it); freqs = pos ⊗ inv_freq (f32); emb = cat(freqs, freqs);
             // cos and sin stacked as [2, s, hd].
@@ -285,6 +285,11 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
             }
             let pos = Tensor::arange(s, (Kind::Int64, dev)).to_kind(fk);
             let freqs = pos.unsqueeze(1).matmul(&inv.unsqueeze(0));
+            if *complex {
+                // DeepSeek-V2: freqs_cis = polar(ones_like(freqs), freqs) * attention_scaling
+                // (complex, [seq, head_dim / 2]; not cast)
+                return Ok(Tensor::polar(&freqs.ones_like(), &freqs) * attention_factor.unwrap_or(1.0));
+            }
             let emb = Tensor::cat(&[&freqs, &freqs], -1);
             let (cos, sin) = match attention_factor {
                 Some(a) => (emb.cos() * a, emb.sin() * a),
@@ -292,7 +297,7 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
             };
             Tensor::stack(&[cos, sin], 0).to_kind(cx.kind)
         }
-        OpKind::Rope { head_dim, offset, head_stride, interleave, .. } if *interleave || head_stride.is_some() => {
+        OpKind::Rope { head_dim, offset, head_stride, interleave, complex, .. } if *interleave || *complex || head_stride.is_some() => {
             // DeepSeek: the rotary part of each head of q (`head_stride` wide, from `offset`)
             // or of k's one head (columns from `offset`), a split view of the projection;
             // rotated in pairs (`interleave`) or by halves
@@ -308,6 +313,13 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
             };
             // (in the [b, s, heads, d] layout: the same elementwise products as HF's
             // [b, heads, s, d], and a contiguous result)
+            if *complex {
+                // DeepSeek-V2's apply_rotary_emb: view_as_complex(x.float().reshape(…, -1, 2))
+                // times freqs_cis, view_as_real, flattened, type_as(x)
+                let xc = part.to_kind(Kind::Float).reshape([b, s, -1, hd / 2, 2]).view_as_complex();
+                let rotated = (xc * inputs[1].unsqueeze(0).unsqueeze(2)).view_as_real().flatten(3, -1);
+                return Ok(rotated.to_kind(x.kind()).reshape([b, s, -1]));
+            }
             let cos = inputs[1].get(0).unsqueeze(0).unsqueeze(2);
             let sin = inputs[1].get(1).unsqueeze(0).unsqueeze(2);
             let out = if *interleave {
@@ -399,6 +411,31 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
                 let _ = w.g_div_(&denom);
             }
             let w = w * g.scale;
+            let kind = w.kind();
+            Tensor::cat(&[w, idx.to_kind(kind)], -1)
+        }
+        OpKind::Router { top_k, scaled: Some(sc), .. } => {
+            // DeepseekV2TopkRouter after its float32 linear: softmax; the top-k (greedy), or
+            // (group_limited_greedy) the top-k of the scores of the best groups by their best
+            // score, the others zeroed; times routed_scaling_factor. Packed as the others.
+            need(1, 0)?;
+            let l = inputs[0];
+            let e = *dims(l).last().unwrap_or(&1);
+            let k = *top_k as i64;
+            let scores = l.reshape([-1, e]).softmax(-1, Kind::Float);
+            let scores = match sc.groups {
+                None => scores,
+                Some((g, tg)) => {
+                    let g = g as i64;
+                    let group_scores = scores.view([-1, g, e / g]).max_dim(-1, false).0;
+                    let group_idx = group_scores.topk(tg as i64, -1, true, false).1;
+                    let group_mask = group_scores.zeros_like().scatter_value(1, &group_idx, 1);
+                    let score_mask = group_mask.unsqueeze(-1).expand([-1, g, e / g], false).reshape([-1, e]);
+                    scores.masked_fill(&score_mask.to_kind(Kind::Bool).logical_not(), 0.0)
+                }
+            };
+            let (w, idx) = scores.topk(k, -1, true, false);
+            let w = w * sc.scale;
             let kind = w.kind();
             Tensor::cat(&[w, idx.to_kind(kind)], -1)
         }
