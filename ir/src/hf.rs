@@ -417,6 +417,17 @@ impl Builder {
         }
         ps
     }
+    /// A decoder model's root, its base model, the token embeddings and the layers' list, in
+    /// HF's registration order: the embedding weight and the embedding op's output.
+    fn decoder_start(&mut self, arch: &str, base: &str, vocab: u64, d: u64) -> (String, String) {
+        self.module("", arch);
+        self.module("model", base);
+        self.module("model.embed_tokens", "Embedding");
+        let embed = self.param("model.embed_tokens.weight".into(), vec![vocab, d]);
+        self.module("model.layers", "ModuleList");
+        let x = self.op("model.embed_tokens", OpKind::Embedding, "model.embed_tokens", &["input_ids"], vec![embed.clone()], bsd(d));
+        (embed, x)
+    }
     fn linear_op(&mut self, path: &str, x: &str, ps: Vec<String>, fan_out: u64, transposed: bool) -> String {
         let bias = ps.len() == 2;
         self.op(path, OpKind::Linear { bias, transposed, float32: false }, path, &[x], ps, bsd(fan_out))
@@ -728,12 +739,7 @@ fn olmo2(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
         act_of(a).ok_or_else(|| c.err(format!("unsupported hidden_act `{a}`")))?
     };
     let norm = |head_dim: Option<u64>| OpKind::RmsNorm { eps, head_dim, weight_f32: true, unit_offset: false, input_width: None };
-    b.module("", "Olmo2ForCausalLM");
-    b.module("model", "Olmo2Model");
-    b.module("model.embed_tokens", "Embedding");
-    let embed = b.param("model.embed_tokens.weight".into(), vec![vocab, d]);
-    b.module("model.layers", "ModuleList");
-    let mut x = b.op("model.embed_tokens", OpKind::Embedding, "model.embed_tokens", &["input_ids"], vec![embed.clone()], bsd(d));
+    let (embed, mut x) = b.decoder_start("Olmo2ForCausalLM", "Olmo2Model", vocab, d);
     let rot = b.op("model.rotary_emb", OpKind::RotaryEmbedding { theta, head_dim: hd, scaling, f32_tables: true, complex: false }, "model.rotary_emb", &["input_ids"], vec![], vec![Dim::N(1), sym("seq"), Dim::N(hd)]);
     for i in 0..layers {
         let p = format!("model.layers.{i}");
@@ -865,12 +871,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
     let max_window_layers = if matches!(f, Qwen2 | Qwen3) { c.u("max_window_layers", 28)? } else { 0 };
     let window = |i: u64| sw.filter(|_| i >= max_window_layers);
     let pre = f.prefix();
-    b.module("", &f.architecture());
-    b.module("model", &format!("{pre}Model"));
-    b.module("model.embed_tokens", "Embedding");
-    let embed = b.param("model.embed_tokens.weight".into(), vec![vocab, d]);
-    b.module("model.layers", "ModuleList");
-    let mut x = b.op("model.embed_tokens", OpKind::Embedding, "model.embed_tokens", &["input_ids"], vec![embed.clone()], bsd(d));
+    let (embed, mut x) = b.decoder_start(&f.architecture(), &format!("{pre}Model"), vocab, d);
     let rot = b.op(
         "model.rotary_emb",
         OpKind::RotaryEmbedding { theta, head_dim: hd, scaling, f32_tables: false, complex: false },
@@ -1291,12 +1292,7 @@ fn phi3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
         let a = c.s("hidden_act", "silu")?;
         act_of(a).ok_or_else(|| c.err(format!("unsupported hidden_act `{a}`")))?
     };
-    b.module("", "Phi3ForCausalLM");
-    b.module("model", "Phi3Model");
-    b.module("model.embed_tokens", "Embedding");
-    let embed = b.param("model.embed_tokens.weight".into(), vec![vocab, d]);
-    b.module("model.layers", "ModuleList");
-    let mut x = b.op("model.embed_tokens", OpKind::Embedding, "model.embed_tokens", &["input_ids"], vec![embed.clone()], bsd(d));
+    let (embed, mut x) = b.decoder_start("Phi3ForCausalLM", "Phi3Model", vocab, d);
     let rot = b.op("model.rotary_emb", OpKind::RotaryEmbedding { theta, head_dim: hd, scaling, f32_tables: false, complex: false }, "model.rotary_emb", &["input_ids"], vec![], vec![Dim::N(1), sym("seq"), Dim::N(hd)]);
     let (qw, kvw) = (heads * hd, kv * hd);
     for i in 0..layers {
@@ -1440,12 +1436,7 @@ fn deepseek(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
             softmax_scale *= m * m;
         }
     }
-    b.module("", &f.architecture());
-    b.module("model", &format!("{pre}Model"));
-    b.module("model.embed_tokens", "Embedding");
-    let embed = b.param("model.embed_tokens.weight".into(), vec![vocab, d]);
-    b.module("model.layers", "ModuleList");
-    let mut x = b.op("model.embed_tokens", OpKind::Embedding, "model.embed_tokens", &["input_ids"], vec![embed.clone()], bsd(d));
+    let (embed, mut x) = b.decoder_start(&f.architecture(), &format!("{pre}Model"), vocab, d);
     // (the rotary tables are `qk_rope_head_dim` wide: the config's `head_dim`)
     let rot = b.op("model.rotary_emb", OpKind::RotaryEmbedding { theta, head_dim: dr, scaling, f32_tables: false, complex: v2 }, "model.rotary_emb", &["input_ids"], vec![], vec![Dim::N(1), sym("seq"), Dim::N(dr)]);
     let norm = |eps: f64, input_width: Option<u64>| OpKind::RmsNorm { eps, head_dim: None, weight_f32: false, unit_offset: false, input_width };
