@@ -401,3 +401,19 @@ fn float8_is_planned_and_refused_where_it_cannot_run() {
     let (code, _, err) = run(&["plan", "models/tiny-qwen3.ron", "--world-size", "2", "--float8", "tensorwise", "--summary"]);
     assert!(code == 0 && err.contains("linear(s) left in high precision") && err.contains("model.layers.0.self_attn.q_proj"), "{err}");
 }
+
+/// A plan whose tensors outgrow the device: the caching-allocator replay stops at the device's
+/// size (its reserved peak is then no measure), and the verdict says it does not fit — in
+/// text and in JSON — by at least the tensor peak over the device.
+#[test]
+fn a_plan_past_the_device_does_not_fit() {
+    let m = format!("{}/models/llama-3.1-405b.ron", env!("CARGO_MANIFEST_DIR"));
+    let (code, out, err) = run(&[&m, "--world-size", "8", "--batch", "1", "--seq", "4096", "--summary"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("a request fails: CUDA out of memory") && out.contains("does not fit in 79.65 GiB (h100-sxm)"), "{out}");
+    let (code, out, err) = run(&[&m, "--world-size", "8", "--batch", "1", "--seq", "4096", "--format", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["fits"]["fits"], false, "{}", v["fits"]);
+    assert!(v["fits"]["needed_bytes"].as_u64().unwrap() >= v["memory"]["peak_bytes"].as_u64().unwrap(), "{}", v["fits"]);
+}

@@ -83,3 +83,29 @@ fn eager_vs_sdpa_activation_llama3_8b_s4096() {
     );
     expect_file!["golden/eager-vs-sdpa-llama-3-8b-s4096.txt"].assert_eq(&out);
 }
+
+/// What DeepSeek-V3's latent attention and its router keep for backward at real size, per
+/// device and attention implementation (CPU: SDPA's math path, FSDP2-exact in
+/// tests/conformance.rs; CUDA: the memory-efficient kernel, from its saved tensors).
+#[test]
+fn deepseek_v3_latent_attention_saves() {
+    let m = model("deepseek-v3");
+    let mut out = String::new();
+    for (device, attn) in [(Device::Cpu, AttnImpl::Sdpa), (Device::Cpu, AttnImpl::Eager), (Device::Cuda, AttnImpl::Sdpa)] {
+        let opts = Options {
+            world_size: 256,
+            batch: 1,
+            seq: 4096,
+            param_dtype: fsdp_ir::DType::parse("bf16"),
+            reduce_dtype: fsdp_ir::DType::parse("f32"),
+            attn_implementation: Some(attn),
+            device,
+            ..Options::default()
+        };
+        out += &format!("device {device:?}\n");
+        for op in ["model.layers.3.self_attn.sdpa", "model.layers.3.self_attn.rope_q", "model.layers.3.mlp.gate", "model.layers.3.mlp.gate.route"] {
+            out += &fsdp_planner::activation::explain(&m, &opts, op);
+        }
+    }
+    expect_file!["golden/deepseek-v3-latent-attention.txt"].assert_eq(&out);
+}

@@ -75,6 +75,9 @@ pub struct Reserved {
     /// Whether a request could not be served within the device's memory even after the
     /// cache was released (the run would fail with CUDA out of memory).
     pub out_of_memory: bool,
+    /// With `out_of_memory`: what the allocator would have reserved to serve that request,
+    /// plus the context and NCCL — a floor of what the run needs (more than the device).
+    pub out_of_memory_need_bytes: u64,
     /// Segments (or mapped pages of expandable segments) at the end of the replay.
     pub segments: usize,
 }
@@ -130,6 +133,9 @@ struct Allocator {
     max_reserved: u64,
     max_active: u64,
     oom: bool,
+    /// What the allocator would have reserved to serve the first request it could not (the
+    /// cache released): more than the device has.
+    oom_need: u64,
 }
 
 fn round_size(bytes: u64) -> u64 {
@@ -161,6 +167,7 @@ impl Allocator {
             max_reserved: 0,
             max_active: 0,
             oom: false,
+            oom_need: 0,
         }
     }
 
@@ -385,6 +392,9 @@ impl Allocator {
             None => match self.grow(pool, size) {
                 Some(f) => f,
                 None => {
+                    if !self.oom {
+                        self.oom_need = self.reserved + allocation_size(size);
+                    }
                     self.oom = true;
                     return None;
                 }
@@ -611,15 +621,20 @@ pub fn predict_steps(plan: &Plan, hw: &Hardware, steps: usize) -> Reserved {
         nccl_bytes: nccl,
         device_bytes: a.max_reserved + context + nccl,
         out_of_memory: a.oom,
+        out_of_memory_need_bytes: if a.oom { a.oom_need + context + nccl } else { 0 },
         segments,
     }
 }
 
 impl Reserved {
     /// What the plan needs of the device: on a GPU the allocator's reserved peak plus the
-    /// CUDA context and NCCL's buffers; on the CPU (no caching allocator) the tensor peak.
+    /// CUDA context and NCCL's buffers — where the replay ran out of the device's memory, at
+    /// least what the failed request would have reserved, and the tensor peak with the context
+    /// and NCCL (the replay stops at the device's size: its reserved peak is no measure then);
+    /// on the CPU (no caching allocator) the tensor peak.
     pub fn needed_bytes(&self, plan: &Plan) -> u64 {
         match plan.options.device {
+            Device::Cuda if self.out_of_memory => self.device_bytes.max(self.out_of_memory_need_bytes).max(plan.memory.peak_bytes + self.context_bytes + self.nccl_bytes),
             Device::Cuda => self.device_bytes,
             Device::Cpu => plan.memory.peak_bytes,
         }
