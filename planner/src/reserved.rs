@@ -566,9 +566,14 @@ pub fn predict_steps(plan: &Plan, hw: &Hardware, steps: usize) -> Reserved {
     };
     let lazy_state = |b: &BufferInfo| b.category == Category::Optstate && b.free.is_none();
     let mut workspaces_made = false;
-    for step in 0..steps {
+    'steps: for step in 0..steps {
         let mut state_made = step > 0;
         for op in &plan.schedule {
+            // a request the device could not serve: the run fails there (what it would have
+            // reserved is kept); the rest of the replay measures nothing
+            if a.oom {
+                break 'steps;
+            }
             if matches!(op.kind, OpKind::Setup) && step > 0 {
                 // persistent state lives on; the per-step setup buffers (the previous step's
                 // loss) come again

@@ -1838,9 +1838,11 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                     // (only the consumers that save it hold it: DeepSeek's MoE input goes after
                     // the shared experts' backward, before the routed experts' and the router's)
                     let saves = |c: usize| tz.inputs[c].iter().any(|&(p, x)| tz.alias[x] == j && mems[c].saves_inputs.get(p).copied().unwrap_or(false));
-                    let savers: Vec<usize> = tz.consumers[j].iter().copied().filter(|&c| saves(c)).collect();
-                    let holders = if savers.is_empty() { &tz.consumers[j] } else { &savers };
-                    if holders.iter().all(|&c| c >= i) && !cached {
+                    let released = || {
+                        let any_saver = tz.consumers[j].iter().any(|&c| saves(c));
+                        tz.consumers[j].iter().filter(|&&c| !any_saver || saves(c)).all(|&c| c >= i)
+                    };
+                    if !cached && released() {
                         if let Some(buf) = out_buf[j].take() {
                             b.free(buf);
                         }
