@@ -428,6 +428,12 @@ impl Builder {
         let x = self.op("model.embed_tokens", OpKind::Embedding, "model.embed_tokens", &["input_ids"], vec![embed.clone()], bsd(d));
         (embed, x)
     }
+    /// The base model's final norm (`model.norm`, its module and weight) over `x`: its output.
+    fn final_norm(&mut self, class: &str, kind: OpKind, x: &str, d: u64) -> String {
+        self.module("model.norm", class);
+        let nw = self.param("model.norm.weight".into(), vec![d]);
+        self.op("model.norm", kind, "model.norm", &[x], vec![nw], bsd(d))
+    }
     fn linear_op(&mut self, path: &str, x: &str, ps: Vec<String>, fan_out: u64, transposed: bool) -> String {
         let bias = ps.len() == 2;
         self.op(path, OpKind::Linear { bias, transposed, float32: false }, path, &[x], ps, bsd(fan_out))
@@ -788,9 +794,7 @@ fn olmo2(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
         let m = b.op(&pf, norm(None), &pf, &[&m], vec![ln2], bsd(d));
         x = b.op(&format!("{p}.residual_mlp"), OpKind::Add, &p, &[&x, &m], vec![], bsd(d));
     }
-    b.module("model.norm", "Olmo2RMSNorm");
-    let nw = b.param("model.norm.weight".into(), vec![d]);
-    let h = b.op("model.norm", norm(None), "model.norm", &[&x], vec![nw], bsd(d));
+    let h = b.final_norm("Olmo2RMSNorm", norm(None), &x, d);
     b.module("model.rotary_emb", "Olmo2RotaryEmbedding");
     rotary_buffers(b, "", hd);
     lm_head(b, &h, d, vocab, tie, &embed);
@@ -1006,9 +1010,7 @@ fn llama_like(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
         };
         x = b.op(&format!("{p}.residual_mlp"), OpKind::Add, &p, &[&x, &m], vec![], bsd(d));
     }
-    b.module("model.norm", &norm_class);
-    let nw = b.param("model.norm.weight".into(), vec![d]);
-    let h = b.op("model.norm", OpKind::RmsNorm { eps, head_dim: None, weight_f32: false, unit_offset: false, input_width: None }, "model.norm", &[&x], vec![nw], bsd(d));
+    let h = b.final_norm(&norm_class, OpKind::RmsNorm { eps, head_dim: None, weight_f32: false, unit_offset: false, input_width: None }, &x, d);
     b.module("model.rotary_emb", &format!("{pre}RotaryEmbedding"));
     rotary_buffers(b, "", hd);
     lm_head(b, &h, d, vocab, tie, &embed);
@@ -1232,9 +1234,7 @@ fn gemma(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
         let m = b.op(&pf, norm(None), &pf, &[&m], vec![next()], bsd(d));
         x = b.op(&format!("{p}.residual_mlp"), OpKind::Add, &p, &[&x, &m], vec![], bsd(d));
     }
-    b.module("model.norm", norm_class);
-    let nw = b.param("model.norm.weight".into(), vec![d]);
-    let h = b.op("model.norm", norm(None), "model.norm", &[&x], vec![nw], bsd(d));
+    let h = b.final_norm(norm_class, norm(None), &x, d);
     b.module("model.rotary_emb", &format!("{pre}RotaryEmbedding"));
     // Gemma 3: registered per layer type in sorted order
     let mut names: Vec<String> = match v3 {
@@ -1332,9 +1332,7 @@ fn phi3(c: &Cfg, b: &mut Builder) -> Result<(), IrError> {
         let m = b.op(&format!("{p}.resid_mlp_dropout"), OpKind::Dropout { p: resid_p }, &format!("{p}.resid_mlp_dropout"), &[&m], vec![], bsd(d));
         x = b.op(&format!("{p}.residual_mlp"), OpKind::Add, &p, &[&x, &m], vec![], bsd(d));
     }
-    b.module("model.norm", "Phi3RMSNorm");
-    let nw = b.param("model.norm.weight".into(), vec![d]);
-    let h = b.op("model.norm", OpKind::RmsNorm { eps, head_dim: None, weight_f32: false, unit_offset: false, input_width: None }, "model.norm", &[&x], vec![nw], bsd(d));
+    let h = b.final_norm("Phi3RMSNorm", OpKind::RmsNorm { eps, head_dim: None, weight_f32: false, unit_offset: false, input_width: None }, &x, d);
     b.module("model.rotary_emb", "Phi3RotaryEmbedding");
     rotary_buffers(b, "", hd);
     lm_head(b, &h, d, vocab, tie, &embed);
@@ -1551,9 +1549,7 @@ fn deepseek(c: &Cfg, f: Family, b: &mut Builder) -> Result<(), IrError> {
         };
         x = b.op(&format!("{p}.residual_mlp"), OpKind::Add, &p, &[&x, &m], vec![], bsd(d));
     }
-    b.module("model.norm", &norm_class);
-    let nw = b.param("model.norm.weight".into(), vec![d]);
-    let h = b.op("model.norm", norm(eps, None), "model.norm", &[&x], vec![nw], bsd(d));
+    let h = b.final_norm(&norm_class, norm(eps, None), &x, d);
     b.module("model.rotary_emb", &format!("{pre}RotaryEmbedding"));
     rotary_buffers(b, "", dr);
     lm_head(b, &h, d, vocab, tie, &embed);

@@ -990,15 +990,12 @@ fn mla_attention(cx: &Ctx, m: &mut OpMem, heads: u64, dqk: u64, mla: fsdp_ir::Ml
     let sizes = MlaSizes { q, r: b * heads * s * dr, nope: b * heads * s * mla.nope, kv: b * heads * s * (mla.nope + mla.v_head_dim) };
     m.saves_inputs = vec![false; 4];
     m.out = Some(t(v, cd, "output"));
-    // the forward's q (cat) and k (new_empty + copies), alive through the kernel
-    m.fwd_scratch_together = true;
-    m.fwd_scratch.push(t(q, cd, "q (cat)"));
-    m.fwd_scratch.push(t(q, cd, "k (new_empty + copy_)"));
     let mut c = Chain::default();
     if cx.device == Device::Cuda && cx.attn != AttnImpl::Eager {
         // the memory-efficient kernel (not measured): q, k, v (kv_b_proj's output, a view),
         // its output and log-sum-exp saved; its backward makes the three grads
         m.saves_inputs[2] = true;
+        mla_qk_scratch(m, q, cd);
         m.saved.push(t(q, cd, "q"));
         m.saved.push(t(q, cd, "k"));
         m.saved.push(t(v, cd, "attention output (b, h, s, d)"));
@@ -1036,8 +1033,6 @@ fn mla_attention(cx: &Ctx, m: &mut OpMem, heads: u64, dqk: u64, mla: fsdp_ir::Ml
         if cast {
             m.saved.push(t(p, cd, "attention probs cast"));
         }
-        m.fwd_scratch.clear();
-        m.fwd_scratch_together = false;
         m.fwd_scratch.push(t(p, cd, "attention scores"));
         let g2 = c.make(t(v, cd, "attention output grad (bmm layout)"));
         let vg = c.make(t(v, cd, "attention v grad"));
@@ -1088,6 +1083,7 @@ fn mla_attention(cx: &Ctx, m: &mut OpMem, heads: u64, dqk: u64, mla: fsdp_ir::Ml
     const KS: usize = 3;
     let up = cd != f;
     let w = if up { f } else { cd };
+    mla_qk_scratch(m, q, cd);
     m.saved.push(t(p, w, "attention probs"));
     m.saved.push(t(v, w, "attention v (contiguous copy)"));
     m.saved.push(t(q, w, "attention q scaled"));
@@ -1144,6 +1140,14 @@ fn mla_attention(cx: &Ctx, m: &mut OpMem, heads: u64, dqk: u64, mla: fsdp_ir::Ml
     };
     mla_backward_tail(&mut c, cd, kg, vg, sizes);
     m.bwd_chain = c.steps;
+}
+
+/// The latent attention's forward q (cat) and k (new_empty + copies), alive together through
+/// a kernel that does not save them.
+fn mla_qk_scratch(m: &mut OpMem, q: u64, cd: DType) {
+    m.fwd_scratch_together = true;
+    m.fwd_scratch.push(t(q, cd, "q (cat)"));
+    m.fwd_scratch.push(t(q, cd, "k (new_empty + copy_)"));
 }
 
 /// Element counts of one latent attention: q (and k), q's rotary part, k's non-rotary part,

@@ -1262,15 +1262,12 @@ fn slice_read(op: &fsdp_ir::Op, pos: usize, out_bytes: u64) -> Option<u64> {
 /// head of q's): SplitWithSizesBackward holds the pieces until the last arrives and
 /// concatenates them ([`join_split`]). The attention's q grad is the storage both q pieces
 /// view: the whole q for `q_pass`, nothing more for the rotated part.
-fn split_read(model: &fsdp_ir::Model, op: &fsdp_ir::Op, pos: usize, out_bytes: u64) -> Option<u64> {
+fn split_read(op: &fsdp_ir::Op, pos: usize, out_bytes: u64) -> Option<u64> {
     use fsdp_ir::OpKind;
     match &op.kind {
         OpKind::RmsNorm { input_width: Some(_), .. } if pos == 0 => Some(out_bytes),
         OpKind::Rope { offset: Some(_), pass_through: false, .. } if pos == 0 => Some(out_bytes),
-        OpKind::Attention { mla: Some(m), heads, head_dim, .. } if pos <= 1 => {
-            let _ = model;
-            Some(if pos == 0 { out_bytes / (heads * m.v_head_dim).max(1) * heads * head_dim } else { 0 })
-        }
+        OpKind::Attention { mla: Some(m), heads, head_dim, .. } if pos <= 1 => Some(if pos == 0 { out_bytes / (heads * m.v_head_dim).max(1) * heads * head_dim } else { 0 }),
         _ => None,
     }
 }
@@ -1318,8 +1315,7 @@ fn join_split(b: &mut B, tz: &Tensors, mems: &[OpMem], grad: &mut [Option<Buffer
 /// ([`after_post_backward`]) — measured: DeepSeek-V3 with its experts as units, whose input's
 /// grad from the shared experts is made first. Returns false where nothing waits (the first
 /// grad of an uncast input is the tensor's grad itself).
-#[allow(clippy::too_many_arguments)]
-fn crossing_grad(b: &mut B, tz: &Tensors, mems: &[OpMem], grad: &mut [Option<BufferId>], grad_refs: &mut HashMap<BufferId, u32>, i: usize, j: usize) -> bool {
+fn crossing_grad(b: &mut B, mems: &[OpMem], grad: &[Option<BufferId>], i: usize, j: usize) -> bool {
     let u = b.unit_of_op[i];
     // (FSDP2's hook; FSDP1 runs its post-backward from its params' grad hooks)
     if b.opts.layout != Layout::Fsdp2 || b.units[u.index()].is_root() || b.covering[b.unit_of_op[j].index()].contains(&u) {
@@ -1333,9 +1329,8 @@ fn crossing_grad(b: &mut B, tz: &Tensors, mems: &[OpMem], grad: &mut [Option<Buf
         _ => out.bytes(),
     };
     let name = &b.model.ops[j].name;
-    if let Some(&(_, g, _)) = b.through_post_backward[u.index()].iter().find(|x| x.0 == j) {
+    if b.through_post_backward[u.index()].iter().any(|x| x.0 == j) {
         // another of the unit's ops reads it: the grads add up inside, before the hook
-        let _ = g;
         b.transient(cat(&[name, " grad (accumulate)"]), b.bwd_temp, bytes);
         return true;
     }
@@ -1344,7 +1339,6 @@ fn crossing_grad(b: &mut B, tz: &Tensors, mems: &[OpMem], grad: &mut [Option<Buf
         if grad[j].is_none() {
             b.grad_made_in.insert(j, u);
         }
-        let _ = (tz, grad_refs);
         return false;
     }
     let g = b.alloc(cat(&[name, " grad (through the unit's post-backward)"]), b.bwd_temp, bytes, None);
@@ -1413,10 +1407,10 @@ fn input_grad(b: &mut B, tz: &Tensors, mems: &[OpMem], grad: &mut [Option<Buffer
     }
     let shape_n = mems[j].out.map(|o| o.bytes()).unwrap_or(0);
     let same = mems[i].out.map(|o| o.bytes()) == Some(shape_n);
-    if crossing_grad(b, tz, mems, grad, grad_refs, i, j) {
+    if crossing_grad(b, mems, grad, i, j) {
         return;
     }
-    if let Some(piece) = split_read(model, &model.ops[i], pos, mems[i].out.map_or(0, |o| o.bytes())) {
+    if let Some(piece) = split_read(&model.ops[i], pos, mems[i].out.map_or(0, |o| o.bytes())) {
         if piece > 0 {
             let g = b.alloc(cat(&[&model.ops[i].name, " grad (split piece)"]), b.bwd_temp, piece, None);
             b.split_pieces[j].push(g);
