@@ -88,6 +88,35 @@ type PoolKey = (u8, bool);
 /// No block (the end of a segment's list).
 const NONE: u32 = u32::MAX;
 
+/// A free block's place in best-fit order — (pool, size, segment, offset), as the caching
+/// allocator orders its free blocks by (stream, size, address) — and the block, packed in one
+/// integer (the B-tree compares one word instead of a tuple; a search took a fifth of its
+/// time in the free set's B-tree): stream 3 bits, small 1, size and offset in 512-byte units
+/// 34 bits each (8 TiB, [`MAX_CAPACITY`]), segment 25 bits ([`MAX_SEGMENTS`]), block 31 bits
+/// (2³¹ blocks: 80 GB of them; a replay holds a few thousand).
+type FreeKey = u128;
+/// The largest device the packed keys describe.
+const MAX_CAPACITY: u64 = (1 << 34) * MIN_BLOCK - 1;
+/// Segments a replay may create (a request past them fails as out of memory).
+const MAX_SEGMENTS: usize = 1 << 25;
+
+fn free_key(pool: PoolKey, size: u64, seg: usize, off: u64, block: u32) -> FreeKey {
+    let pool = (u128::from(pool.0 & 7) << 1) | u128::from(pool.1);
+    (pool << 124) | (u128::from(size / MIN_BLOCK) << 90) | ((seg as u128) << 65) | (u128::from(off / MIN_BLOCK) << 31) | u128::from(block & 0x7fff_ffff)
+}
+
+fn key_pool(k: FreeKey) -> PoolKey {
+    (((k >> 125) & 7) as u8, (k >> 124) & 1 == 1)
+}
+
+fn key_seg(k: FreeKey) -> usize {
+    ((k >> 65) & ((1 << 25) - 1)) as usize
+}
+
+fn key_block(k: FreeKey) -> u32 {
+    (k & 0x7fff_ffff) as u32
+}
+
 /// A block of a segment, in its segment's address-ordered list (`prev`, `next`: indices in
 /// [`Allocator::blocks`]), as the caching allocator links its blocks.
 #[derive(Debug, Clone, Copy)]
@@ -123,9 +152,9 @@ struct Allocator {
     /// Every block, live or merged away (`spare` lists the reusable slots).
     blocks: Vec<Block>,
     spare: Vec<u32>,
-    /// Free blocks: (pool, size, segment, offset, block) — best fit is the first at or after
-    /// (pool, request).
-    free: BTreeSet<(PoolKey, u64, usize, u64, u32)>,
+    /// Free blocks as [`FreeKey`]s — (pool, size, segment, offset, block): best fit is the
+    /// first at or after (pool, request).
+    free: BTreeSet<FreeKey>,
     /// Expandable segment of each pool.
     grow: BTreeMap<PoolKey, usize>,
     reserved: u64,
@@ -156,7 +185,7 @@ impl Allocator {
     fn new(expandable: bool, capacity: u64) -> Self {
         Allocator {
             expandable,
-            capacity,
+            capacity: capacity.min(MAX_CAPACITY),
             segments: vec![],
             blocks: vec![],
             spare: vec![],
@@ -230,8 +259,9 @@ impl Allocator {
     /// inside the mapped range fits (its "expandable size" ranks it last).
     fn find(&self, pool: PoolKey, size: u64) -> Option<u32> {
         let mut tail = None;
-        for &(p, _, s, _, i) in self.free.range((pool, size, 0, 0, 0)..) {
-            if p != pool {
+        for &k in self.free.range(free_key(pool, size, 0, 0, 0)..) {
+            let (s, i) = (key_seg(k), key_block(k));
+            if key_pool(k) != pool {
                 break;
             }
             if self.segments[s].expandable && self.tail(s) == Some(i) {
@@ -243,9 +273,9 @@ impl Allocator {
         tail
     }
 
-    fn key(&self, i: u32) -> (PoolKey, u64, usize, u64, u32) {
+    fn key(&self, i: u32) -> FreeKey {
         let b = &self.blocks[i as usize];
-        (self.segments[b.seg].pool, b.size, b.seg, b.off, i)
+        free_key(self.segments[b.seg].pool, b.size, b.seg, b.off, i)
     }
 
     fn take_free(&mut self, i: u32) {
@@ -339,6 +369,9 @@ impl Allocator {
                 }
             }
             let s = self.segments.len();
+            if s >= MAX_SEGMENTS {
+                return None;
+            }
             self.segments.push(Segment { pool, first: NONE, last: NONE, mapped: seg_size, expandable: false, page: seg_size, released: false });
             let b = self.push_block(s, 0, seg_size);
             self.put_free(b);
