@@ -30,6 +30,8 @@ DEFAULTS = {
                                       # nn.Linear but lm_head (torchtitan's filter), before
                                       # fully_shard (the planner's --float8; needs torchao 0.18.0)
     "float8_all_gather": False,       # Float8LinearConfig.enable_fsdp_float8_all_gather
+    "fsdp_hooks_outside_ac": False,   # torchtitan's order (AC wrapper, then fully_shard): FSDP's
+                                      # pre-forward unshard outside the checkpoint and SAC's cache
 }
 
 BASE_CASES = {
@@ -593,6 +595,23 @@ FAKE_CASES.update({
     "gemma2_9b_eager_ws8": {"model": "gemma-2-9b", "world_size": 8, "batch": 1, "seq": 2048,
                             "attn_implementation": "eager",
                             "param_dtype": "bfloat16", "reduce_dtype": "float32", "optimizer": "adamw"},
+    # float8 linears under torchtitan's op-level SAC (its save list keeps each cast's abs and
+    # max as well): f32, bf16, on one layer only, and at real size (weights gathered as they
+    # are: float8 all-gather under SAC is not planned yet)
+    "llama_wide_f8_sac_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
+                              "float8": "tensorwise", "checkpoint": ["LlamaDecoderLayer"],
+                              "ac_mode": "selective-op"},
+    "llama_wide_f8_sac_bf16_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
+                                   "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                   "float8": "tensorwise", "checkpoint": ["LlamaDecoderLayer"],
+                                   "ac_mode": "selective-op"},
+    "llama_wide_f8_sac_l1_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
+                                 "float8": "tensorwise", "checkpoint": ["model.layers.1"],
+                                 "ac_mode": "selective-op"},
+    "llama31_8b_f8_sac_bf16_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 1, "seq": 2048,
+                                   "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                   "optimizer": "adamw", "float8": "tensorwise",
+                                   "checkpoint": ["LlamaDecoderLayer"], "ac_mode": "selective-op"},
     # Phi-3-mini (fused qkv and gate_up; its 2047-token window < seq 4096: the sliding mask)
     # and Phi-4 (GQA 4:1) under checkpointing
     "phi3_mini_bf16_ws8": {"model": "phi-3-mini-4k", "world_size": 8, "batch": 1, "seq": 4096,

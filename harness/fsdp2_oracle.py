@@ -282,7 +282,8 @@ class WhereTracker(FSDPMemTracker):
                 if isinstance(t, torch.Tensor) and not isinstance(t, DTensor):
                     st = t.untyped_storage()
                     if st not in self._made_by:
-                        self._made_by[st] = (str(func), "bw" if self._mod_tracker.is_bw else "fw")
+                        deepest = max(self._mod_tracker.parents, key=lambda p: p.count("."), default="")
+                        self._made_by[st] = (str(func), "bw" if self._mod_tracker.is_bw else "fw", deepest)
         return res
 
     def _update_peak_stats(self, peak_state):
@@ -421,6 +422,20 @@ def enable_checkpointing(model, case, cfg):
         "selective-op": functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False,
                                           context_fn=op_sac_context_fn),
     }
+    if case.get("fsdp_hooks_outside_ac"):
+        # torchtitan's order: the blocks are wrapped for AC (checkpoint_wrapper) before
+        # fully_shard, so FSDP's pre-forward hook — the unshard, and with float8 all-gather
+        # torchao's casts of the weight shards (abs, max) — runs outside the checkpoint and
+        # outside SAC's cache; HF's GradientCheckpointingLayer runs it inside. The block is
+        # unsharded before its checkpoint (its own hook then finds it unsharded).
+        def outside(ckpt):
+            def run(fn, *args, **kwargs):
+                layer = fn.func.__self__
+                if hasattr(layer, "unshard"):
+                    layer.unshard()
+                return ckpt(fn, *args, **kwargs)
+            return run
+        funcs = {k: outside(f) for k, f in funcs.items()}
     names = set(specs)
     layers = [(path, m) for path, m in model.named_modules() if isinstance(m, GradientCheckpointingLayer)]
     for path, m in layers:

@@ -74,8 +74,9 @@ fn options_of(row: &Value, model: &fsdp_ir::Model) -> std::result::Result<Option
             return Err(format!("{k} {} (beyond FSDP)", p[k]));
         }
     }
+    // (torchtitan's float8 rows gather the weights in float8)
     if row["float8"].as_bool() == Some(true) && row["activation_checkpointing"].as_str() == Some("selective-op") {
-        return Err("float8 under op-level SAC (not planned yet)".into());
+        return Err("float8 all-gather under op-level SAC (not planned yet)".into());
     }
     let kind = p["kind"].as_str().unwrap_or("FSDP2");
     let ws = row["hardware"]["world_size"].as_u64().ok_or("no world size")?;

@@ -227,8 +227,8 @@ pub(crate) fn run(a: TuneArgs) -> Result<()> {
     crate::io::check_float8(&hw, base.float8.is_some())?;
     let (limit, how) = a.limit.of(&hw)?;
     let mut space = tune::space(&model, &base, a.world_size, a.global_batch, hw.gpus_per_node).map_err(user)?;
-    // (float8 under op-level SAC is not planned yet: full AC or none)
-    space.sac &= !a.no_sac && base.float8.is_none();
+    // (float8 all-gather under op-level SAC is not planned yet: full AC or none)
+    space.sac &= !a.no_sac && !base.float8.is_some_and(|f| f.all_gather);
     if a.unit_groups.iter().any(|&k| k == 0 || k > 1024) {
         bail!(UserError(format!("--unit-groups: blocks per unit are 1 to 1024, got {:?}", a.unit_groups)));
     }

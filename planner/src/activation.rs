@@ -7,6 +7,7 @@
 
 use crate::options::{AttnImpl, Device};
 use fsdp_ir::{numel, Act, DType, Dims, Model, Op, OpKind};
+use rustc_hash::FxHashMap as HashMap;
 
 /// One tensor: element count and dtype.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +85,10 @@ pub enum Step {
     /// The op's node that saved its input at position `k` (as a view) has run: the op no
     /// longer holds that input (freed when nobody else does).
     ReleaseInput(usize),
+    /// (forward chains) A tensor made by an op torchtitan's op-level SAC keeps (`abs`, `max`:
+    /// a float8 cast's amax): in a selective-op region it stays from the forward until the
+    /// recompute, which takes it instead of making it again. Elsewhere a plain `Make`.
+    MakeSaved(T),
 }
 
 /// Builds a [`OpMem::bwd_chain`], a method per [`Step`]: `make` returns the index `drop` takes.
@@ -96,6 +101,11 @@ struct Chain {
 impl Chain {
     fn make(&mut self, t: T) -> usize {
         self.steps.push(Step::Make(t));
+        self.made += 1;
+        self.made - 1
+    }
+    fn make_saved(&mut self, t: T) -> usize {
+        self.steps.push(Step::MakeSaved(t));
         self.made += 1;
         self.made - 1
     }
@@ -127,8 +137,9 @@ impl Chain {
     /// until it returns).
     fn float8_cast(&mut self, n: u64, d: DType, k: u64, pow2: bool) {
         let (f32_, f64_) = (DType::Float32, DType::Int64); // (8-byte elements)
-        let a = self.make(t(n, d, "float8 cast abs"));
-        let amax = self.make(t(k, d, "float8 amax"));
+        let a = self.make_saved(t(n, d, "float8 cast abs"));
+        // (tensorwise: `max`, which SAC keeps; rowwise: `amax`, which it does not)
+        let amax = if pow2 { self.make(t(k, d, "float8 amax")) } else { self.make_saved(t(k, d, "float8 amax")) };
         self.drop(a);
         let a64 = self.make(t(k, f64_, "float8 amax (float64)"));
         let c64 = self.make(t(k, f64_, "float8 clamped amax (float64)"));
@@ -287,6 +298,8 @@ pub struct Ctx<'a> {
     /// HF's forward keeps a DynamicCache (no gradient checkpointing): attention reads k and v
     /// through the cache's copies (`torch.cat` onto the empty cache).
     pub use_cache: bool,
+    /// Each op's index by name, made on first use ([`Ctx::input_op`]).
+    op_index: std::cell::OnceCell<HashMap<&'a str, usize>>,
 }
 
 impl<'a> Ctx<'a> {
@@ -306,6 +319,7 @@ impl<'a> Ctx<'a> {
             float8: opts.float8,
             unit_modules: vec![],
             use_cache: opts.checkpoint.is_empty(),
+            op_index: std::cell::OnceCell::new(),
         }
     }
 
@@ -318,7 +332,8 @@ impl<'a> Ctx<'a> {
     /// The op that makes `op`'s `k`-th input (`None` for a model input).
     fn input_op(&self, op: &Op, k: usize) -> Option<&'a Op> {
         let name = op.inputs.get(k)?;
-        self.model.ops.iter().find(|o| &o.name == name)
+        let index = self.op_index.get_or_init(|| self.model.ops.iter().enumerate().map(|(i, o)| (o.name.as_str(), i)).collect());
+        index.get(name.as_str()).map(|&i| &self.model.ops[i])
     }
 }
 

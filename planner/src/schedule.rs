@@ -91,6 +91,11 @@ struct B<'a> {
     /// Per model op: a checkpointed op whose outputs selective AC keeps from the forward
     /// (the recompute is served them from its cache, without running the op).
     sac: Vec<bool>,
+    /// Ops inside a region under op-level selective AC.
+    sac_region: Vec<bool>,
+    /// What op-level SAC keeps from inside an op's forward chain (a float8 cast's `abs` and
+    /// `max`), by op index, until the op's recompute takes it.
+    sac_kept: HashMap<usize, std::collections::VecDeque<BufferId>>,
     /// The loss the training loop holds (`loss = model(...).loss`): the previous step's or
     /// micro-batch's until the next forward returns, then that one's.
     held_loss: Option<BufferId>,
@@ -574,6 +579,43 @@ struct Tensors {
     differentiable: Vec<bool>,
     /// Each op's inputs that are op outputs: (input position, producing op before aliasing).
     inputs: Vec<Vec<(usize, usize)>>,
+    /// Per tensor: the last op of the module frames it was passed to (`0`: none) — a module's
+    /// forward holds its arguments until it returns (`self.mlp(x)`: `x` lives through
+    /// `down_proj`, after `up_proj`, its last reader, ran).
+    frame_hold: Vec<usize>,
+}
+
+/// The op index where each module's forward returns (its last op, descendants' included).
+fn module_ends(model: &Model) -> HashMap<&str, usize> {
+    let mut ends: HashMap<&str, usize> = HashMap::default();
+    for (i, op) in model.ops.iter().enumerate() {
+        let m = op.module.as_str();
+        let mut cut = m.len();
+        while cut > 0 {
+            ends.insert(&m[..cut], i);
+            cut = m[..cut].rfind('.').unwrap_or(0);
+        }
+    }
+    ends
+}
+
+/// The module a tensor made in module `made` is passed to when an op of module `read` reads
+/// it: the child, on the reader's side, of the two modules' closest common ancestor (`None`:
+/// the reader runs in that ancestor's own frame).
+fn frame_of<'a>(made: &str, read: &'a str) -> Option<&'a str> {
+    if read.is_empty() {
+        return None;
+    }
+    let mut made = made.split('.').filter(|c| !c.is_empty());
+    let mut end = 0;
+    for (k, c) in read.split('.').enumerate() {
+        let next = if k == 0 { c.len() } else { end + 1 + c.len() };
+        if made.next() != Some(c) {
+            return Some(&read[..next]);
+        }
+        end = next;
+    }
+    None
 }
 
 /// The checkpointed ops whose outputs torchtitan's op-level selective AC keeps: per region
@@ -638,8 +680,10 @@ fn sac_saved(model: &Model, opts: &Options, region: &[Option<usize>], attn: Attn
         if modes.get(&r) != Some(&crate::options::AcMode::SelectiveOp) {
             continue;
         }
+        // (a float8 linear's GEMM is `torch.mm` whatever its bias, added after)
+        let mm = matches!(op.kind, fsdp_ir::OpKind::Linear { bias: false, transposed: false, .. }) || (opts.float8.is_some() && crate::float8::is_float8_linear(model, op));
         out[i] = match op.kind {
-            fsdp_ir::OpKind::Linear { bias: false, transposed: false, .. } => {
+            fsdp_ir::OpKind::Linear { .. } if mm => {
                 let c = mm_count.entry(r).or_default();
                 *c += 1;
                 *c % 2 == 1
@@ -669,6 +713,7 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
     // Checkpointed ops: inside a module of a checkpointed class or path (region = that
     // module's index in the module list)
     let region = checkpoint_regions(model, opts);
+    let ends = module_ends(model);
     let mut tz = Tensors {
         alias: (0..nops).collect(),
         consumers: vec![vec![]; nops],
@@ -676,6 +721,7 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
         saves: vec![vec![]; nops],
         differentiable: vec![false; nops],
         inputs,
+        frame_hold: vec![0; nops],
     };
     for (i, op) in model.ops.iter().enumerate() {
         if mems[i].out.is_none() {
@@ -686,6 +732,10 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
         let mut diff = !op.params.is_empty() && mems[i].differentiable;
         for ki in 0..tz.inputs[i].len() {
             let (k, j) = tz.inputs[i][ki];
+            if let Some(&end) = frame_of(&model.ops[j].module, &op.module).and_then(|m| ends.get(m)) {
+                let h = &mut tz.frame_hold[tz.alias[j]];
+                *h = (*h).max(end);
+            }
             {
                 let j = tz.alias[j];
                 tz.consumers[j].push(i);
@@ -759,6 +809,11 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
             .collect(),
         device: opts.device,
         sac: sac_saved(model, opts, &region, attn),
+        sac_region: {
+            let modes = region_modes(model, opts);
+            region.iter().map(|r| r.is_some_and(|r| modes.get(&r) == Some(&crate::options::AcMode::SelectiveOp))).collect()
+        },
+        sac_kept: HashMap::default(),
         held_loss: None,
         loss: model
             .ops
@@ -925,6 +980,8 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
         .and_then(|(base, _)| model.ops.iter().rposition(|o| o.name.strip_prefix(base).is_some_and(|r| r.starts_with('.'))))
         .unwrap_or(usize::MAX);
     let mut cache_held: Vec<BufferId> = vec![];
+    // tensors no op reads any more, held by the module frame they were passed to: (its last op, buffer)
+    let mut frame_held: Vec<(usize, BufferId)> = vec![];
     // Forward order of non-root units (first op of each).
     let mut order: Vec<UnitId> = vec![];
     let mut seen = vec![false; units.len()];
@@ -1026,7 +1083,8 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
         let m = &mems[i];
         let in_region = region[i].is_some();
         if !m.fwd_chain.is_empty() {
-            out_buf[i] = forward_chain(b, &op.name, m, "", Category::Activation);
+            let sac = b.sac_region[i];
+            out_buf[i] = forward_chain(b, i, &op.name, m, "", Category::Activation, ChainRun::Forward { sac });
         } else if let Some(o) = m.out {
             out_buf[i] = Some(b.alloc(cat(&[&op.name, " ", o.what]), Category::Activation, o.bytes(), None));
         }
@@ -1060,6 +1118,8 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
                     if let Some(buf) = out_buf[j].take() {
                         if cached && (pos == 1 || pos == 2) {
                             cache_held.push(buf);
+                        } else if tz.frame_hold[j] > i {
+                            frame_held.push((tz.frame_hold[j], buf));
                         } else {
                             b.free(buf);
                         }
@@ -1067,6 +1127,14 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
                 }
             }
         }
+        // the module frames that return with this op let go of their arguments
+        frame_held.retain(|&(end, buf)| {
+            if end > i {
+                return true;
+            }
+            b.free(buf);
+            false
+        });
         if i == base_end && checkpointed.is_none() {
             // the base model returns: its locals go (position ids, the attention mask)
             if let Some(p) = positions.take() {
@@ -1206,29 +1274,57 @@ fn kv_cache_copies(cx: &Ctx, op: &fsdp_ir::Op) -> Option<u64> {
         .then(|| cx.dims.batch * cx.dims.seq * kv_heads * head_dim * cx.cd.size())
 }
 
-/// An op's [`OpMem::fwd_chain`]: what it makes and drops around its output, which it
-/// returns; what it made and kept goes when the forward returns.
-fn forward_chain(b: &mut B, op: &str, m: &OpMem, suffix: &str, category: Category) -> Option<BufferId> {
+/// How an op's forward chain runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ChainRun {
+    /// The forward; under op-level SAC, what SAC keeps (`Step::MakeSaved`) stays.
+    Forward { sac: bool },
+    /// A checkpoint's recompute: SAC's kept tensors are taken, not made again; with `cached`,
+    /// the output comes from SAC's cache (the GEMM is not run).
+    Recompute { cached: bool },
+}
+
+/// An op's [`OpMem::fwd_chain`] (op index `i`): what it makes and drops around its output,
+/// which it returns; what it made and kept goes when the forward returns, but what op-level
+/// SAC keeps, which stays for the recompute ([`B::sac_kept`]).
+fn forward_chain(b: &mut B, i: usize, op: &str, m: &OpMem, suffix: &str, category: Category, run: ChainRun) -> Option<BufferId> {
     let mut made: Vec<Option<BufferId>> = vec![];
+    let mut kept: Vec<usize> = vec![];
     let mut out = None;
     for step in &m.fwd_chain {
         match *step {
             Step::Make(t) => made.push(Some(b.alloc(cat(&[op, " ", t.what, suffix]), category, t.bytes(), None))),
+            Step::MakeSaved(t) => {
+                let served = match run {
+                    ChainRun::Recompute { .. } => b.sac_kept.get_mut(&i).and_then(|q| q.pop_front()),
+                    ChainRun::Forward { .. } => None,
+                };
+                let x = served.unwrap_or_else(|| b.alloc(cat(&[op, " ", t.what, suffix]), category, t.bytes(), None));
+                if run == (ChainRun::Forward { sac: true }) {
+                    kept.push(made.len());
+                    b.sac_kept.entry(i).or_default().push_back(x);
+                }
+                made.push(Some(x));
+            }
             Step::Drop(k) => {
-                if let Some(x) = made.get_mut(k).and_then(Option::take) {
-                    b.free(x);
+                if !kept.contains(&k) {
+                    if let Some(x) = made.get_mut(k).and_then(Option::take) {
+                        b.free(x);
+                    }
                 }
             }
             Step::Output => {
-                if let Some(o) = m.out {
+                if let (Some(o), false) = (m.out, run == ChainRun::Recompute { cached: true }) {
                     out = Some(b.alloc(cat(&[op, " ", o.what, suffix]), category, o.bytes(), None));
                 }
             }
             _ => {}
         }
     }
-    for x in made.into_iter().flatten() {
-        b.free(x);
+    for (k, x) in made.into_iter().enumerate() {
+        if let (Some(x), false) = (x, kept.contains(&k)) {
+            b.free(x);
+        }
     }
     out
 }
@@ -1612,6 +1708,11 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                     let category = if inside { Category::Activation } else { Category::Temp };
                     if b.sac[j] || stops_before {
                         b.op(OpKind::Recompute { op: oj.name.clone(), unit: u, cached: true }, Stream::Compute, vec![]);
+                        // a float8 linear's casts run again (they are not GEMMs): only its
+                        // `torch.mm` output, and the casts' abs and max, come from SAC's cache
+                        if b.sac[j] && !stops_before && !mems[j].fwd_chain.is_empty() {
+                            forward_chain(b, j, &oj.name, &mems[j], " (recomputed)", b.bwd_temp, ChainRun::Recompute { cached: true });
+                        }
                         // the copies of its inputs it saves are made again (repeat_kv, the
                         // float mask) and saved by the op served from the cache; the inputs
                         // they copy go as below
@@ -1632,7 +1733,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                         b.wait(u);
                         b.op(OpKind::Recompute { op: oj.name.clone(), unit: u, cached: false }, Stream::Compute, vec![]);
                         if !mems[j].fwd_chain.is_empty() && out_buf[j].is_none() {
-                            out_buf[j] = forward_chain(b, &oj.name, &mems[j], " (recomputed)", category);
+                            out_buf[j] = forward_chain(b, j, &oj.name, &mems[j], " (recomputed)", category, ChainRun::Recompute { cached: false });
                         } else if let Some(o) = mems[j].out {
                             if out_buf[j].is_none() {
                                 out_buf[j] = Some(b.alloc(cat(&[&oj.name, " ", o.what, " (recomputed)"]), category, o.bytes(), None));
@@ -1685,6 +1786,14 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                         if let Some(buf) = out_buf[k].take() {
                             b.free(buf);
                         }
+                    }
+                }
+                // what SAC kept from inside ops the early-stopped recompute never reached (a
+                // float8 cast's abs and max) goes when it stops (FSDP2: the backward of the
+                // region's last float8 linear, llama_wide_f8_sac_l1_ws2)
+                for k in start..=end {
+                    for x in b.sac_kept.remove(&k).into_iter().flatten() {
+                        b.free(x);
                     }
                 }
             }
@@ -1740,7 +1849,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
             let mut held: Vec<Option<BufferId>> = saved[i].drain(..).map(Some).collect();
             for step in &m.bwd_chain {
                 match *step {
-                    Step::Make(t) => made.push(Some(b.alloc(cat(&[&op.name, " ", t.what]), b.bwd_temp, t.bytes(), None))),
+                    Step::Make(t) | Step::MakeSaved(t) => made.push(Some(b.alloc(cat(&[&op.name, " ", t.what]), b.bwd_temp, t.bytes(), None))),
                     Step::Drop(k) => {
                         if let Some(x) = made.get_mut(k).and_then(Option::take) {
                             b.free(x);
@@ -1857,6 +1966,10 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
         // recompute never reached
         if let Some(r) = region[i].filter(|r| region_start.get(r) == Some(&i)) {
             for j in i..=region_end.get(&r).copied().unwrap_or(i) {
+                // (what SAC kept from inside ops past the early stop: a float8 cast's abs, max)
+                for x in b.sac_kept.remove(&j).into_iter().flatten() {
+                    b.free(x);
+                }
                 if std::mem::take(&mut unpopped[j]) {
                     if let Some(buf) = out_buf[j].take() {
                         b.free(buf);
