@@ -1306,11 +1306,9 @@ fn forward_chain(b: &mut B, i: usize, op: &str, m: &OpMem, suffix: &str, categor
                 }
                 made.push(Some(x));
             }
-            Step::Drop(k) => {
-                if !kept.contains(&k) {
-                    if let Some(x) = made.get_mut(k).and_then(Option::take) {
-                        b.free(x);
-                    }
+            Step::Drop(k) if !kept.contains(&k) => {
+                if let Some(x) = made.get_mut(k).and_then(Option::take) {
+                    b.free(x);
                 }
             }
             Step::Output => {
