@@ -100,6 +100,14 @@ fn tune_equals_brute_force_on_a_4_block_llama() {
 }
 
 #[test]
+fn tune_equals_brute_force_with_float8_linears() {
+    // torchao's float8 linears (tensorwise, weights gathered as they are): op-level SAC keeps
+    // the casts' abs and max besides every other GEMM's output
+    let f8 = fsdp_planner::Float8 { recipe: fsdp_planner::Float8Recipe::Tensorwise, all_gather: false };
+    let base = Options { seq: 64, param_dtype: fsdp_ir::DType::parse("bf16"), reduce_dtype: fsdp_ir::DType::parse("f32"), float8: Some(f8), ..Options::default() };
+    check("tiny-llama-wide", 2, 4, base, true);
+}
+#[test]
 fn tune_equals_brute_force_on_a_2_block_mixtral() {
     check("tiny-mixtral", 2, 4, Options { seq: 32, ..Options::default() }, false);
 }
