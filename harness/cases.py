@@ -608,6 +608,12 @@ FAKE_CASES.update({
     "llama_wide_f8_sac_l1_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
                                  "float8": "tensorwise", "checkpoint": ["model.layers.1"],
                                  "ac_mode": "selective-op"},
+    # (batch 8: the peak in layer 1's down_proj backward, after a recompute that runs the
+    # float8 linear whole — a custom autograd Function packs what it saves after its forward)
+    "llama_wide_f8_sac_bf16_b8_ws2": {"model": "tiny-llama-wide", "world_size": 2, "batch": 8, "model_dtype": "float32",
+                                      "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                      "float8": "tensorwise", "checkpoint": ["LlamaDecoderLayer"],
+                                      "ac_mode": "selective-op"},
     "llama31_8b_f8_sac_bf16_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 1, "seq": 2048,
                                    "param_dtype": "bfloat16", "reduce_dtype": "float32",
                                    "optimizer": "adamw", "float8": "tensorwise",

@@ -93,6 +93,8 @@ struct B<'a> {
     sac: Vec<bool>,
     /// Ops inside a region under op-level selective AC.
     sac_region: Vec<bool>,
+    /// Float8 linears (`--float8`): a custom autograd Function each.
+    f8_linear: Vec<bool>,
     /// What op-level SAC keeps from inside an op's forward chain (a float8 cast's `abs` and
     /// `max`), by op index, until the op's recompute takes it.
     sac_kept: HashMap<usize, std::collections::VecDeque<BufferId>>,
@@ -814,6 +816,7 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
             region.iter().map(|r| r.is_some_and(|r| modes.get(&r) == Some(&crate::options::AcMode::SelectiveOp))).collect()
         },
         sac_kept: HashMap::default(),
+        f8_linear: model.ops.iter().map(|o| opts.float8.is_some() && crate::float8::is_float8_linear(model, o)).collect(),
         held_loss: None,
         loss: model
             .ops
@@ -1696,8 +1699,10 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                     let u = unit_of_op[j];
                     // selective AC serves a kept op from its cache: not run, nothing allocated;
                     // and the op whose input-save completes the recompute (early stop packs
-                    // inputs before the op runs) does not run either
-                    let stops_before = j == i && mems[j].saved.is_empty() && !mems[j].saves_output;
+                    // inputs before the op runs) does not run either — but a custom autograd
+                    // Function (a float8 linear) packs what it saves after its forward: it runs
+                    // whole (its casts, its GEMM from the cache) and the stop drops its output
+                    let stops_before = j == i && mems[j].saved.is_empty() && !mems[j].saves_output && !b.f8_linear[j];
                     // FSDPMemTracker counts what the recompute makes as activation inside an
                     // FSDP unit's forward, as temp elsewhere (a region op owned by the root or by
                     // a unit around the region)
@@ -1709,7 +1714,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                         // a float8 linear's casts run again (they are not GEMMs): only its
                         // `torch.mm` output, and the casts' abs and max, come from SAC's cache
                         if b.sac[j] && !stops_before && !mems[j].fwd_chain.is_empty() {
-                            forward_chain(b, j, &oj.name, &mems[j], " (recomputed)", b.bwd_temp, ChainRun::Recompute { cached: true });
+                            forward_chain(b, j, &oj.name, &mems[j], " (recomputed)", category, ChainRun::Recompute { cached: true });
                         }
                         // the copies of its inputs it saves are made again (repeat_kv, the
                         // float mask) and saved by the op served from the cache; the inputs
@@ -1772,6 +1777,8 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                 }
                 let end = region_end.get(&r).copied().unwrap_or(i);
                 unpopped[i..=end].copy_from_slice(&b.sac[i..=end]);
+                // (a float8 linear's cached GEMM output was popped by its whole recompute)
+                unpopped[i] &= !b.f8_linear[i];
                 // the early stop unwinds the recomputed forward: what only the ops past it
                 // would have used goes with it
                 for k in start..=i {
