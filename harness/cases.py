@@ -30,8 +30,9 @@ DEFAULTS = {
                                       # nn.Linear but lm_head (torchtitan's filter), before
                                       # fully_shard (the planner's --float8; needs torchao 0.18.0)
     "float8_all_gather": False,       # Float8LinearConfig.enable_fsdp_float8_all_gather
-    "fsdp_hooks_outside_ac": False,   # torchtitan's order (AC wrapper, then fully_shard): FSDP's
-                                      # pre-forward unshard outside the checkpoint and SAC's cache
+    "ac_wrapper": "hf",               # "torchtitan": checkpoint_wrapper before fully_shard (the
+                                      # blocks' FSDP hooks outside their checkpoints; the planner's
+                                      # --ac-wrapper); "hf": HF's gradient checkpointing (inside)
 }
 
 BASE_CASES = {
@@ -614,6 +615,30 @@ FAKE_CASES.update({
                                       "param_dtype": "bfloat16", "reduce_dtype": "float32",
                                       "float8": "tensorwise", "checkpoint": ["LlamaDecoderLayer"],
                                       "ac_mode": "selective-op"},
+    # torchtitan's structure (--ac-wrapper torchtitan: checkpoint_wrapper before fully_shard,
+    # the blocks' FSDP hooks outside their checkpoints, the recompute counted as temp): plain
+    # SAC, full AC, and float8 all-gather under SAC (torchtitan's float8 recipe) f32 and bf16
+    "llama_wide_sac_tt_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
+                              "checkpoint": ["LlamaDecoderLayer"], "ac_mode": "selective-op",
+                              "ac_wrapper": "torchtitan"},
+    "llama_wide_ac_tt_bf16_b8_ws2": {"model": "tiny-llama-wide", "world_size": 2, "batch": 8,
+                                     "model_dtype": "float32", "param_dtype": "bfloat16",
+                                     "reduce_dtype": "float32", "checkpoint": ["LlamaDecoderLayer"],
+                                     "ac_wrapper": "torchtitan"},
+    "llama_wide_f8ag_sac_tt_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
+                                   "float8": "tensorwise", "float8_all_gather": True,
+                                   "checkpoint": ["LlamaDecoderLayer"], "ac_mode": "selective-op",
+                                   "ac_wrapper": "torchtitan"},
+    "llama_wide_f8ag_sac_tt_bf16_b8_ws2": {"model": "tiny-llama-wide", "world_size": 2, "batch": 8,
+                                           "model_dtype": "float32", "param_dtype": "bfloat16",
+                                           "reduce_dtype": "float32", "float8": "tensorwise",
+                                           "float8_all_gather": True, "checkpoint": ["LlamaDecoderLayer"],
+                                           "ac_mode": "selective-op", "ac_wrapper": "torchtitan"},
+    "llama31_8b_f8ag_sac_tt_bf16_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 1, "seq": 2048,
+                                        "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                        "optimizer": "adamw", "float8": "tensorwise", "float8_all_gather": True,
+                                        "checkpoint": ["LlamaDecoderLayer"], "ac_mode": "selective-op",
+                                        "ac_wrapper": "torchtitan"},
     "llama31_8b_f8_sac_bf16_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 1, "seq": 2048,
                                    "param_dtype": "bfloat16", "reduce_dtype": "float32",
                                    "optimizer": "adamw", "float8": "tensorwise",

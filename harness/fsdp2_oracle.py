@@ -422,30 +422,28 @@ def enable_checkpointing(model, case, cfg):
         "selective-op": functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False,
                                           context_fn=op_sac_context_fn),
     }
-    if case.get("fsdp_hooks_outside_ac"):
-        # torchtitan's order: the blocks are wrapped for AC (checkpoint_wrapper) before
-        # fully_shard, so FSDP's pre-forward hook — the unshard, and with float8 all-gather
-        # torchao's casts of the weight shards (abs, max) — runs outside the checkpoint and
-        # outside SAC's cache; HF's GradientCheckpointingLayer runs it inside. The block is
-        # unsharded before its checkpoint (its own hook then finds it unsharded).
-        def outside(ckpt):
-            def run(fn, *args, **kwargs):
-                layer = fn.func.__self__
-                if hasattr(layer, "unshard"):
-                    layer.unshard()
-                return ckpt(fn, *args, **kwargs)
-            return run
-        funcs = {k: outside(f) for k, f in funcs.items()}
     names = set(specs)
     layers = [(path, m) for path, m in model.named_modules() if isinstance(m, GradientCheckpointingLayer)]
+    outside = case.get("ac_wrapper", "hf") == "torchtitan"
+    ckpt = []
     for path, m in layers:
         mode = specs.get(path, specs.get(type(m).__name__))
+        if mode is not None:
+            ckpt.append((path, type(m).__name__))
+        if outside and mode is not None:
+            # torchtitan's order: checkpoint_wrapper around the block, then fully_shard on the
+            # wrapper — FSDP's hooks (the unshard; with float8 all-gather torchao's casts of the
+            # weight shards: abs, max) run outside the checkpoint and SAC's cache, and not in the
+            # recompute. HF's GradientCheckpointingLayer checkpoints nn.Module.__call__, hooks
+            # inside. Here the block's own forward runs under the checkpoint (no FQN changes).
+            m.gradient_checkpointing = False
+            m.forward = functools.partial(funcs[mode], m.forward)
+            continue
         m.gradient_checkpointing = mode is not None
         if mode is not None:
             m._gradient_checkpointing_func = funcs[mode]
-    ckpt = [(path, type(m).__name__) for path, m in layers if m.gradient_checkpointing]
     assert {p for p, _ in ckpt} | {c for _, c in ckpt} >= names, (names, ckpt)
-    assert all(type(m).__name__ not in names for p, m in layers if not m.gradient_checkpointing)
+    assert all(type(m).__name__ not in names for p, m in layers if (p, type(m).__name__) not in ckpt)
 
 
 def make_mesh(case):
@@ -715,6 +713,8 @@ def _extra_options(case):
         out["unit_reshard"] = dict(case["unit_reshard"])
     if case.get("ac_mode", "full") != "full":
         out["ac_mode"] = case["ac_mode"]
+    if case.get("ac_wrapper", "hf") != "hf":
+        out["ac_wrapper"] = case["ac_wrapper"]
     if case.get("float8"):
         out["float8"] = case["float8"]
         out["float8_all_gather"] = bool(case.get("float8_all_gather"))

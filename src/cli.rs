@@ -160,6 +160,12 @@ pub(crate) struct Fixed {
     /// (torchtitan's launch script): changes the predicted reserved memory only.
     #[arg(long)]
     pub(crate) expandable_segments: bool,
+    /// Where the blocks' FSDP hooks sit relative to their checkpoints: `hf` (HF's
+    /// gradient_checkpointing_enable: hooks inside, run again in the recompute) or `torchtitan`
+    /// (checkpoint_wrapper before fully_shard: hooks outside). FSDPMemTracker's category of the
+    /// recompute's tensors; with --float8-all-gather, op-level SAC needs `torchtitan`.
+    #[arg(long, default_value = "hf", value_parser = ["hf", "torchtitan"])]
+    pub(crate) ac_wrapper: String,
     /// Unit groups: K consecutive decoder blocks per FSDP unit (FSDP2's
     /// `fully_shard([block_i, …, block_i+K-1])`: one all-gather and one reduce-scatter for the
     /// K; fewer, larger collectives for more memory).
@@ -402,6 +408,7 @@ pub(crate) fn options_for(k: &Knobs, world_size: u64, policy: &str, model: &Mode
         grad_accum: e.grad_accum,
         checkpoint: e.checkpoint.clone(),
         ac_mode: fsdp_planner::AcMode::parse(&e.ac_mode).unwrap_or_default(),
+        ac_wrapper: fsdp_planner::AcWrapper::parse(&o.ac_wrapper).unwrap_or_default(),
         optimizer: match o.optimizer.as_str() {
             "adamw" => Optimizer::AdamW,
             "sgd" => Optimizer::Sgd,

@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use fsdp_planner::hardware::Hardware;
 use fsdp_ir::DType;
-use fsdp_planner::{AcMode, BackwardPrefetch, Device, Layout, Optimizer, Options, Policy, Strategy};
+use fsdp_planner::{AcMode, AcWrapper, BackwardPrefetch, Device, Layout, Optimizer, Options, Policy, Strategy};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -74,10 +74,6 @@ fn options_of(row: &Value, model: &fsdp_ir::Model) -> std::result::Result<Option
             return Err(format!("{k} {} (beyond FSDP)", p[k]));
         }
     }
-    // (torchtitan's float8 rows gather the weights in float8)
-    if row["float8"].as_bool() == Some(true) && row["activation_checkpointing"].as_str() == Some("selective-op") {
-        return Err("float8 all-gather under op-level SAC (not planned yet)".into());
-    }
     let kind = p["kind"].as_str().unwrap_or("FSDP2");
     let ws = row["hardware"]["world_size"].as_u64().ok_or("no world size")?;
     let (shard, repl) = (p["dp_shard"].as_u64().unwrap_or(ws), p["dp_replicate"].as_u64().unwrap_or(1));
@@ -112,6 +108,8 @@ fn options_of(row: &Value, model: &fsdp_ir::Model) -> std::result::Result<Option
         grad_accum: row["grad_accum"].as_u64().unwrap_or(1) as u32,
         checkpoint,
         ac_mode,
+        // torchtitan (and fms-fsdp) wrap each block with checkpoint_wrapper before sharding it
+        ac_wrapper: AcWrapper::Torchtitan,
         optimizer: match row["optimizer"].as_str() {
             Some("adam") => Optimizer::Adam,
             Some("sgd") => Optimizer::Sgd,

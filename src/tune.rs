@@ -38,6 +38,10 @@ pub(crate) struct TuneArgs {
     /// The caching allocator runs with expandable segments (changes reserved memory only).
     #[arg(long)]
     pub(crate) expandable_segments: bool,
+    /// Where the blocks' FSDP hooks sit relative to their checkpoints (`plan --ac-wrapper`):
+    /// with --float8-all-gather, op-level SAC is searched under `torchtitan` only.
+    #[arg(long, default_value = "hf", value_parser = ["hf", "torchtitan"])]
+    pub(crate) ac_wrapper: String,
     /// Rank configurations as run under torchtitan's --compile (changes predicted time only).
     #[arg(long)]
     pub(crate) compile: bool,
@@ -94,6 +98,9 @@ fn base_options(a: &TuneArgs, model: &fsdp_ir::Model) -> Result<(Options, Vec<St
     if a.expandable_segments {
         flags.push("--expandable-segments".into());
     }
+    if a.ac_wrapper != "hf" {
+        flags.extend(["--ac-wrapper".into(), a.ac_wrapper.clone()]);
+    }
     if a.compile {
         flags.push("--compile".into());
     }
@@ -109,6 +116,7 @@ fn base_options(a: &TuneArgs, model: &fsdp_ir::Model) -> Result<(Options, Vec<St
         attn_implementation: attn,
         device: Device::Cuda,
         expandable_segments: a.expandable_segments,
+        ac_wrapper: fsdp_planner::AcWrapper::parse(&a.ac_wrapper).unwrap_or_default(),
         compile: a.compile,
         float8: a.float8.get(),
         ..Options::default()
@@ -227,8 +235,9 @@ pub(crate) fn run(a: TuneArgs) -> Result<()> {
     crate::io::check_float8(&hw, base.float8.is_some())?;
     let (limit, how) = a.limit.of(&hw)?;
     let mut space = tune::space(&model, &base, a.world_size, a.global_batch, hw.gpus_per_node).map_err(user)?;
-    // (float8 all-gather under op-level SAC is not planned yet: full AC or none)
-    space.sac &= !a.no_sac && !base.float8.is_some_and(|f| f.all_gather);
+    // (float8 all-gather under op-level SAC is planned with torchtitan's checkpoint wrapper only)
+    let f8ag_under_hf = base.float8.is_some_and(|f| f.all_gather) && base.ac_wrapper == fsdp_planner::AcWrapper::Hf;
+    space.sac &= !a.no_sac && !f8ag_under_hf;
     if a.unit_groups.iter().any(|&k| k == 0 || k > 1024) {
         bail!(UserError(format!("--unit-groups: blocks per unit are 1 to 1024, got {:?}", a.unit_groups)));
     }

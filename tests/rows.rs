@@ -44,6 +44,7 @@ fn predicted_order_is_the_measured_order_within_a_source() {
             }
         }
     }
+    println!("{pairs} pairs compared");
     assert!(pairs >= 20, "only {pairs} pairs compared: the rows files lost their groups?");
     assert!(wrong.is_empty(), "predicted order differs from the measured one:\n{}", wrong.join("\n"));
 }

@@ -171,6 +171,40 @@ impl AcMode {
     }
 }
 
+/// Where FSDP2's hooks sit relative to each activation checkpoint (`--ac-wrapper`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum AcWrapper {
+    /// HF's `gradient_checkpointing_enable` (accelerate's too): the checkpoint runs the
+    /// block's `__call__`, its FSDP hooks inside — and again in the recompute, whose tensors
+    /// FSDPMemTracker then counts as activation.
+    #[default]
+    Hf,
+    /// torchtitan's: `checkpoint_wrapper` around each block before `fully_shard` — the
+    /// block's FSDP hooks outside the checkpoint and SAC's cache, not in the recompute (its
+    /// tensors counted as temp).
+    Torchtitan,
+}
+
+impl AcWrapper {
+    pub fn parse(s: &str) -> Option<AcWrapper> {
+        match s {
+            "hf" => Some(AcWrapper::Hf),
+            "torchtitan" => Some(AcWrapper::Torchtitan),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            AcWrapper::Hf => "hf",
+            AcWrapper::Torchtitan => "torchtitan",
+        }
+    }
+    fn is_hf(&self) -> bool {
+        *self == AcWrapper::Hf
+    }
+}
+
 /// One `--checkpoint` entry: a module class or path, with its own mode after `=`
 /// (`model.layers.3=selective-op`) or `--ac-mode`'s. A path may name a range of blocks as
 /// the shell would, `model.layers.{0..7}` (both ends included).
@@ -339,6 +373,9 @@ pub struct Options {
     /// What those regions keep from the forward.
     #[serde(default, skip_serializing_if = "AcMode::is_full")]
     pub ac_mode: AcMode,
+    /// Where the blocks' FSDP hooks sit relative to their checkpoints.
+    #[serde(default, skip_serializing_if = "AcWrapper::is_hf")]
+    pub ac_wrapper: AcWrapper,
     pub optimizer: Optimizer,
     pub batch: u64,
     pub seq: u64,
@@ -444,6 +481,7 @@ impl Default for Options {
             grad_accum: 1,
             checkpoint: vec![],
             ac_mode: AcMode::Full,
+            ac_wrapper: AcWrapper::Hf,
             optimizer: Optimizer::Adam,
             batch: 1,
             seq: 2048,
@@ -485,8 +523,8 @@ impl Options {
                 return Err(opt_err("--reshard-after-forward", format!("{n}: an int reshards to groups of that many ranks: FSDP2 full-shard only, a divisor of the world size ({s}) other than 1 and itself")));
             }
         }
-        if self.float8.is_some_and(|f| f.all_gather) && self.checkpoints().iter().any(|(_, m)| *m == AcMode::SelectiveOp) {
-            return Err(opt_err("--float8-all-gather", "not with op-level selective AC yet: the weights' float8 casts before the all-gather, and where SAC's cache meets them, are not modelled exactly under it (gather the weights as they are, or use full AC)"));
+        if self.float8.is_some_and(|f| f.all_gather) && self.ac_wrapper == AcWrapper::Hf && self.checkpoints().iter().any(|(_, m)| *m == AcMode::SelectiveOp) {
+            return Err(opt_err("--float8-all-gather", "not under op-level selective AC with HF's checkpointing (--ac-wrapper hf): FSDP's pre-forward hook runs inside each checkpoint, and SAC's cache takes in torchao's casts of the weight shards too, which the plan does not model; use --ac-wrapper torchtitan (torchtitan's checkpoint_wrapper before fully_shard), full AC, or weights gathered as they are"));
         }
         if self.float8.is_some_and(|f| f.all_gather && f.recipe != Float8Recipe::Tensorwise) {
             return Err(opt_err("--float8-all-gather", "torchao all-gathers float8 weights under tensorwise scaling only (its rowwise recipe gathers them in the param dtype)"));

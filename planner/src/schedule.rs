@@ -1707,7 +1707,10 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                     // FSDP unit's forward, as temp elsewhere (a region op owned by the root or by
                     // a unit around the region)
                     let un = &units[u.index()];
-                    let inside = !un.is_root() && std::iter::once(&un.module).chain(&un.group).any(|umod| umod == rpath || umod.strip_prefix(rpath).is_some_and(|x| x.starts_with('.')));
+                    // (torchtitan's checkpoint_wrapper: the region's own unit's hooks are outside
+                    // it and do not run in the recompute)
+                    let own = b.opts.ac_wrapper == crate::options::AcWrapper::Hf;
+                    let inside = !un.is_root() && std::iter::once(&un.module).chain(&un.group).any(|umod| (own && umod == rpath) || umod.strip_prefix(rpath).is_some_and(|x| x.starts_with('.')));
                     let category = if inside { Category::Activation } else { Category::Temp };
                     if b.sac[j] || stops_before {
                         b.op(OpKind::Recompute { op: oj.name.clone(), unit: u, cached: true }, Stream::Compute, vec![]);

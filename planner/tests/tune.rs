@@ -105,7 +105,10 @@ fn tune_equals_brute_force_with_float8_linears() {
     // the casts' abs and max besides every other GEMM's output
     let f8 = fsdp_planner::Float8 { recipe: fsdp_planner::Float8Recipe::Tensorwise, all_gather: false };
     let base = Options { seq: 64, param_dtype: fsdp_ir::DType::parse("bf16"), reduce_dtype: fsdp_ir::DType::parse("f32"), float8: Some(f8), ..Options::default() };
-    check("tiny-llama-wide", 2, 4, base, true);
+    check("tiny-llama-wide", 2, 4, base.clone(), true);
+    // torchtitan's float8 recipe: weights all-gathered in float8, its checkpoint wrapper
+    let f8ag = fsdp_planner::Float8 { all_gather: true, ..f8 };
+    check("tiny-llama-wide", 2, 4, Options { float8: Some(f8ag), ac_wrapper: fsdp_planner::AcWrapper::Torchtitan, ..base }, true);
 }
 #[test]
 fn tune_equals_brute_force_on_a_2_block_mixtral() {
