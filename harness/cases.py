@@ -30,6 +30,8 @@ DEFAULTS = {
                                       # nn.Linear but lm_head (torchtitan's filter), before
                                       # fully_shard (the planner's --float8; needs torchao 0.18.0)
     "float8_all_gather": False,       # Float8LinearConfig.enable_fsdp_float8_all_gather
+    "train_loop": "hf",               # "torchtitan-2024": float32 logits out of the model, kept by
+                                      # the loop until reassigned (the planner's --train-loop)
     "ac_wrapper": "hf",               # "torchtitan": checkpoint_wrapper before fully_shard (the
                                       # blocks' FSDP hooks outside their checkpoints; the planner's
                                       # --ac-wrapper); "hf": HF's gradient checkpointing (inside)
@@ -639,6 +641,22 @@ FAKE_CASES.update({
                                         "optimizer": "adamw", "float8": "tensorwise", "float8_all_gather": True,
                                         "checkpoint": ["LlamaDecoderLayer"], "ac_mode": "selective-op",
                                         "ac_wrapper": "torchtitan"},
+    # torchtitan's training loop of the PR #165 runs (--train-loop torchtitan-2024): f32 and
+    # bf16, under AC; Llama-2-7B as PR #165 ran it (8 × 2048 per rank, full AC, ws 8) under
+    # that loop and HF's (there the last block's prefetched all-gather is in flight at the
+    # loss's backward; with the loss outside the model it starts after it)
+    "llama_wide_titan_loop_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
+                                  "train_loop": "torchtitan-2024"},
+    "llama_wide_titan_loop_bf16_ac_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
+                                          "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                          "checkpoint": ["LlamaDecoderLayer"], "train_loop": "torchtitan-2024"},
+    "llama2_7b_titan_loop_ac_ws8": {"model": "llama-2-7b", "world_size": 8, "batch": 8, "seq": 2048,
+                                    "param_dtype": "bfloat16", "reduce_dtype": "float32", "optimizer": "adamw",
+                                    "checkpoint": ["LlamaDecoderLayer"], "ac_wrapper": "torchtitan",
+                                    "train_loop": "torchtitan-2024"},
+    "llama2_7b_ac_tt_ws8": {"model": "llama-2-7b", "world_size": 8, "batch": 8, "seq": 2048,
+                                    "param_dtype": "bfloat16", "reduce_dtype": "float32", "optimizer": "adamw",
+                                    "checkpoint": ["LlamaDecoderLayer"], "ac_wrapper": "torchtitan"},
     "llama31_8b_f8_sac_bf16_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 1, "seq": 2048,
                                    "param_dtype": "bfloat16", "reduce_dtype": "float32",
                                    "optimizer": "adamw", "float8": "tensorwise",

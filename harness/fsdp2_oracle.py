@@ -620,7 +620,13 @@ def train_two_steps(model, opt, case, input_ids, labels, tracker, record_losses)
                     # FSDPMemTracker refuses a second root forward while it holds the
                     # module stats of the first one; the global peak is not touched.
                     tracker.reset_mod_stats()
-                loss = model(input_ids=input_ids, labels=labels).loss
+                if case.get("train_loop", "hf") == "torchtitan-2024":
+                    # torchtitan before it freed the logits (83c879f): float32 logits out of
+                    # the model, cross entropy on them, `pred` kept until reassigned
+                    pred = model(input_ids=input_ids).logits.float()
+                    loss = torch.nn.functional.cross_entropy(pred.flatten(0, 1), labels.flatten(0, 1))
+                else:
+                    loss = model(input_ids=input_ids, labels=labels).loss
                 loss.backward()
                 if record_losses and mb < ga - 1:
                     losses.append(loss.item())
@@ -715,6 +721,8 @@ def _extra_options(case):
         out["ac_mode"] = case["ac_mode"]
     if case.get("ac_wrapper", "hf") != "hf":
         out["ac_wrapper"] = case["ac_wrapper"]
+    if case.get("train_loop", "hf") != "hf":
+        out["train_loop"] = case["train_loop"]
     if case.get("float8"):
         out["float8"] = case["float8"]
         out["float8_all_gather"] = bool(case.get("float8_all_gather"))

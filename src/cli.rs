@@ -166,6 +166,11 @@ pub(crate) struct Fixed {
     /// recompute's tensors; with --float8-all-gather, op-level SAC needs `torchtitan`.
     #[arg(long, default_value = "hf", value_parser = ["hf", "torchtitan"])]
     pub(crate) ac_wrapper: String,
+    /// The training loop around the model: `hf` (`loss = model(ids, labels=labels).loss`) or
+    /// `torchtitan-2024` (torchtitan before it freed the logits, e.g. the PR #165 runs: float32
+    /// logits out of the model kept by the loop until the next step's forward).
+    #[arg(long, default_value = "hf", value_parser = ["hf", "torchtitan-2024"])]
+    pub(crate) train_loop: String,
     /// Unit groups: K consecutive decoder blocks per FSDP unit (FSDP2's
     /// `fully_shard([block_i, …, block_i+K-1])`: one all-gather and one reduce-scatter for the
     /// K; fewer, larger collectives for more memory).
@@ -409,6 +414,7 @@ pub(crate) fn options_for(k: &Knobs, world_size: u64, policy: &str, model: &Mode
         checkpoint: e.checkpoint.clone(),
         ac_mode: fsdp_planner::AcMode::parse(&e.ac_mode).unwrap_or_default(),
         ac_wrapper: fsdp_planner::AcWrapper::parse(&o.ac_wrapper).unwrap_or_default(),
+        train_loop: fsdp_planner::TrainLoop::parse(&o.train_loop).unwrap_or_default(),
         optimizer: match o.optimizer.as_str() {
             "adamw" => Optimizer::AdamW,
             "sgd" => Optimizer::Sgd,

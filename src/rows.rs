@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use fsdp_planner::hardware::Hardware;
 use fsdp_ir::DType;
-use fsdp_planner::{AcMode, AcWrapper, BackwardPrefetch, Device, Layout, Optimizer, Options, Policy, Strategy};
+use fsdp_planner::{AcMode, AcWrapper, BackwardPrefetch, Device, Layout, Optimizer, Options, Policy, Strategy, TrainLoop};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -110,6 +110,11 @@ fn options_of(row: &Value, model: &fsdp_ir::Model) -> std::result::Result<Option
         ac_mode,
         // torchtitan (and fms-fsdp) wrap each block with checkpoint_wrapper before sharding it
         ac_wrapper: AcWrapper::Torchtitan,
+        // (the loop of the row's run, where its source says: torchtitan-2024 kept the logits)
+        train_loop: match row["train_loop"].as_str() {
+            None => TrainLoop::Hf,
+            Some(l) => TrainLoop::parse(l).ok_or_else(|| format!("train_loop `{l}`"))?,
+        },
         optimizer: match row["optimizer"].as_str() {
             Some("adam") => Optimizer::Adam,
             Some("sgd") => Optimizer::Sgd,

@@ -200,6 +200,9 @@ pub(crate) fn run_inputs(r: &RunArgs) -> Result<(Plan, Model)> {
     if plan.options.float8.is_some() {
         bail!(UserError("--float8: the runtime does not execute float8 linears (plan, tune and time them here; train them with torchtitan's --float8)".into()));
     }
+    if plan.options.train_loop != fsdp_planner::TrainLoop::Hf {
+        bail!(UserError(format!("--train-loop {}: the runtime trains with HF's loss (labels shifted inside the model); that loop is planned, not run", plan.options.train_loop.name())));
+    }
     if plan.options.seq < 2 {
         bail!(UserError(format!("--seq {}: a causal-LM loss needs at least 2 tokens per sequence (it predicts token t+1 from token t)", plan.options.seq)));
     }

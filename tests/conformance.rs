@@ -94,6 +94,7 @@ pub fn options_of(f: &Value) -> Options {
             .unwrap_or_default(),
         ac_mode: o["ac_mode"].as_str().map(|m| fsdp_planner::AcMode::parse(m).unwrap()).unwrap_or_default(),
         ac_wrapper: o["ac_wrapper"].as_str().map(|w| fsdp_planner::AcWrapper::parse(w).unwrap()).unwrap_or_default(),
+        train_loop: o["train_loop"].as_str().map(|w| fsdp_planner::TrainLoop::parse(w).unwrap()).unwrap_or_default(),
         batch: o["batch"].as_u64().unwrap(),
         seq: o["seq"].as_u64().unwrap(),
         attn_implementation: AttnImpl::parse(o["attn_implementation"].as_str().unwrap()),

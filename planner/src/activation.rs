@@ -298,6 +298,8 @@ pub struct Ctx<'a> {
     /// HF's forward keeps a DynamicCache (no gradient checkpointing): attention reads k and v
     /// through the cache's copies (`torch.cat` onto the empty cache).
     pub use_cache: bool,
+    /// The training loop's loss (`--train-loop`).
+    pub train_loop: crate::options::TrainLoop,
     /// Each op's index by name, made on first use ([`Ctx::input_op`]).
     op_index: std::cell::OnceCell<HashMap<&'a str, usize>>,
 }
@@ -319,6 +321,7 @@ impl<'a> Ctx<'a> {
             float8: opts.float8,
             unit_modules: vec![],
             use_cache: opts.checkpoint.is_empty(),
+            train_loop: opts.train_loop,
             op_index: std::cell::OnceCell::new(),
         }
     }
@@ -351,7 +354,7 @@ impl Ctx<'_> {
     fn n(&self, op: &Op) -> u64 {
         numel(&op.shape, self.dims).unwrap_or(0)
     }
-    fn tokens(&self) -> u64 {
+    pub fn tokens(&self) -> u64 {
         self.dims.batch * self.dims.seq
     }
     /// A dropout on `numel` elements: on CPU ATen's `_dropout` saves a noise tensor in the
@@ -894,6 +897,19 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             let logits = tok * vocab;
             m.out = Some(t(1, DType::Float32, "loss"));
             m.saves_inputs = vec![false, false];
+            if cx.train_loop == crate::options::TrainLoop::Torchtitan2024 {
+                // cross_entropy on the float32 logits the loop holds (the schedule makes and
+                // keeps them) and the loader's shifted labels (nll_loss saves a view of them)
+                m.saved.push(t(1, DType::Float32, "nll total_weight"));
+                m.first_node_saved = 1;
+                m.saved.push(t(logits, DType::Float32, "log_softmax"));
+                m.bwd_scratch.push(t(logits, DType::Float32, "nll_loss grad"));
+                if cd != DType::Float32 {
+                    m.bwd_scratch.push(t(logits, DType::Float32, "log_softmax grad"));
+                    m.bwd_scratch_first = true;
+                }
+                return m;
+            }
             let padded = cx.dims.batch * (cx.dims.seq + 1);
             if cx.dims.batch == 1 {
                 // one row: labels[..., 1:] is already contiguous, a view of the padded labels

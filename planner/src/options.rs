@@ -171,6 +171,42 @@ impl AcMode {
     }
 }
 
+/// The training loop around the model (`--train-loop`): how it computes the loss and what it
+/// keeps between steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum TrainLoop {
+    /// `loss = model(input_ids, labels=labels).loss`: HF's loss inside the forward (labels
+    /// padded and shifted, the logits upcast for it), the logits dropped with the output.
+    #[default]
+    #[serde(rename = "hf")]
+    Hf,
+    /// torchtitan before it freed the logits (83c879f, the PR #165 runs):
+    /// `pred = model(input_ids)` with float32 logits out of the model (`output(h).float()`),
+    /// `loss = cross_entropy(pred.flatten(0, 1), labels.flatten(0, 1))` on labels the data
+    /// loader shifted, and `pred` kept until the next step's forward reassigns it.
+    #[serde(rename = "torchtitan-2024")]
+    Torchtitan2024,
+}
+
+impl TrainLoop {
+    pub fn parse(s: &str) -> Option<TrainLoop> {
+        match s {
+            "hf" => Some(TrainLoop::Hf),
+            "torchtitan-2024" => Some(TrainLoop::Torchtitan2024),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            TrainLoop::Hf => "hf",
+            TrainLoop::Torchtitan2024 => "torchtitan-2024",
+        }
+    }
+    fn is_hf(&self) -> bool {
+        *self == TrainLoop::Hf
+    }
+}
+
 /// Where FSDP2's hooks sit relative to each activation checkpoint (`--ac-wrapper`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -376,6 +412,9 @@ pub struct Options {
     /// Where the blocks' FSDP hooks sit relative to their checkpoints.
     #[serde(default, skip_serializing_if = "AcWrapper::is_hf")]
     pub ac_wrapper: AcWrapper,
+    /// The training loop around the model.
+    #[serde(default, skip_serializing_if = "TrainLoop::is_hf")]
+    pub train_loop: TrainLoop,
     pub optimizer: Optimizer,
     pub batch: u64,
     pub seq: u64,
@@ -482,6 +521,7 @@ impl Default for Options {
             checkpoint: vec![],
             ac_mode: AcMode::Full,
             ac_wrapper: AcWrapper::Hf,
+            train_loop: TrainLoop::Hf,
             optimizer: Optimizer::Adam,
             batch: 1,
             seq: 2048,

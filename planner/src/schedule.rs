@@ -101,6 +101,9 @@ struct B<'a> {
     /// The loss the training loop holds (`loss = model(...).loss`): the previous step's or
     /// micro-batch's until the next forward returns, then that one's.
     held_loss: Option<BufferId>,
+    /// `--train-loop torchtitan-2024`: the float32 logits the loop keeps (`pred`), the
+    /// previous step's until this step's forward returns, then this step's.
+    held_logits: Option<BufferId>,
     /// The loss: its op (the model's cross-entropy) and bytes.
     loss: Option<(usize, u64)>,
     /// FSDP2 without gradient sync under mixed precision: each unit's grads, accumulated in
@@ -818,6 +821,7 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
         sac_kept: HashMap::default(),
         f8_linear: model.ops.iter().map(|o| opts.float8.is_some() && crate::float8::is_float8_linear(model, o)).collect(),
         held_loss: None,
+        held_logits: None,
         loss: model
             .ops
             .iter()
@@ -853,8 +857,12 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
     for g in std::mem::take(&mut b.sharded_grads) {
         b.free(g);
     }
-    // (the step's loss goes once the next step's forward returns: the setup's buffer)
+    // (the step's loss goes once the next step's forward returns: the setup's buffer; so do
+    // the logits a torchtitan-2024 loop keeps)
     if let Some(l) = b.held_loss.take() {
+        b.free(l);
+    }
+    if let Some(l) = b.held_logits.take() {
         b.free(l);
     }
     // (so do the float8 scales the unsharded params hold: the setup's stand for them)
@@ -872,8 +880,12 @@ fn setup(b: &mut B, cx: &Ctx) {
     b.op(OpKind::Setup, Stream::Compute, vec![]);
     // the previous step's loss, still held by the training loop until this step's forward
     // returns (FSDPMemTracker counts it as activation)
-    if let Some((_, bytes)) = b.loss {
+    if let Some((ce, bytes)) = b.loss {
         b.held_loss = Some(b.alloc("loss of the previous step (held by the training loop)".into(), Category::Activation, bytes, None));
+        if let (crate::options::TrainLoop::Torchtitan2024, fsdp_ir::OpKind::CrossEntropy { vocab }) = (opts.train_loop, &b.model.ops[ce].kind) {
+            let bytes = cx.tokens() * vocab * DType::Float32.size();
+            b.held_logits = Some(b.alloc("logits of the previous step (float32, held by the training loop)".into(), Category::Activation, bytes, None));
+        }
     }
     let ws = opts.shard_size();
     for u in b.units {
@@ -1085,6 +1097,24 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
         }
         let m = &mems[i];
         let in_region = region[i].is_some();
+        if let (crate::options::TrainLoop::Torchtitan2024, fsdp_ir::OpKind::CrossEntropy { vocab }) = (b.opts.train_loop, &op.kind) {
+            // `pred = model(input_ids)`: the output layer's logits made float32 (a copy under
+            // mixed precision, the low-precision ones dropped); the previous step's `pred` goes
+            // as the forward returns, before the loss
+            let logits = tz.inputs[i].first().map(|&(_, j)| tz.alias[j]);
+            let pred = if cx.cd != DType::Float32 {
+                let p = b.alloc(cat(&[&op.name, " logits (float32, held by the training loop)"]), Category::Activation, cx.tokens() * vocab * DType::Float32.size(), None);
+                if let Some(x) = logits.and_then(|j| out_buf[j].take()) {
+                    b.free(x);
+                }
+                Some(p)
+            } else {
+                logits.and_then(|j| out_buf[j].take())
+            };
+            if let Some(old) = std::mem::replace(&mut b.held_logits, pred) {
+                b.free(old);
+            }
+        }
         if !m.fwd_chain.is_empty() {
             let sac = b.sac_region[i];
             out_buf[i] = forward_chain(b, i, &op.name, m, "", Category::Activation, ChainRun::Forward { sac });
@@ -1659,8 +1689,12 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
             }
         }
     };
+    // a torchtitan-2024 loop computes the loss outside the model: its backward runs before the
+    // root's pre-backward hook, which fires at the logits' grad
+    let outside_loss = b.opts.train_loop == crate::options::TrainLoop::Torchtitan2024;
     for i in (0..model.ops.len()).rev() {
-        let want = &chains[unit_of_op[i].index()];
+        let no_unit: &[UnitId] = &[];
+        let want = if outside_loss && matches!(model.ops[i].kind, fsdp_ir::OpKind::CrossEntropy { .. }) { no_unit } else { &chains[unit_of_op[i].index()] };
         while let Some(&top) = active.last() {
             if want.contains(&top) {
                 break;
