@@ -2082,3 +2082,25 @@ fn leave(b: &mut B, u: UnitId, grad_input: bool, sync: bool, done: &mut HashSet<
         deferred.push(u);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::frame_of;
+
+    /// The module frame that holds a tensor: the child of the common ancestor on the reader's
+    /// side (HF Llama's decoder layer calls `self.mlp(x)` with its norm's output).
+    #[test]
+    fn a_tensor_is_held_by_the_module_it_is_passed_to() {
+        let norm = "model.layers.1.post_attention_layernorm";
+        assert_eq!(frame_of(norm, "model.layers.1.mlp.gate_proj"), Some("model.layers.1.mlp"));
+        assert_eq!(frame_of(norm, "model.layers.1.mlp"), Some("model.layers.1.mlp"));
+        // read in the frame it was made in, or by a module called from it
+        assert_eq!(frame_of("model.layers.1.mlp.act_fn", "model.layers.1.mlp"), None);
+        assert_eq!(frame_of("model.layers.1.mlp", "model.layers.1.mlp.down_proj"), Some("model.layers.1.mlp.down_proj"));
+        // a component that only shares a prefix is another module
+        assert_eq!(frame_of("model.layers.1", "model.layers.10.mlp"), Some("model.layers.10"));
+        // from the root, and into it
+        assert_eq!(frame_of("", "lm_head"), Some("lm_head"));
+        assert_eq!(frame_of("model.norm", ""), None);
+    }
+}
