@@ -397,7 +397,9 @@ fn float8_is_planned_and_refused_where_it_cannot_run() {
     assert!(code == 2 && err.contains("--float8-all-gather") && err.contains("--ac-wrapper torchtitan"), "{err}");
     // torchtitan's float8 recipe under its op-level SAC: the checkpoint wrapper inside fully_shard
     let (code, out, err) = run(&["plan", "models/llama-3.1-8b.ron", "--world-size", "8", "--float8", "tensorwise", "--float8-all-gather", "--checkpoint", "LlamaDecoderLayer", "--ac-mode", "selective-op", "--ac-wrapper", "torchtitan", "--summary"]);
-    assert!(code == 0 && out.contains("float8 linears (tensorwise"), "{out}{err}");
+    assert!(code == 0 && out.contains("float8 linears (tensorwise") && out.contains("checkpoints: torchtitan's checkpoint_wrapper"), "{out}{err}");
+    let (code, out, err) = run(&["plan", "models/llama-2-7b.ron", "--world-size", "8", "--train-loop", "torchtitan-2024", "--summary"]);
+    assert!(code == 0 && out.contains("training loop: torchtitan-2024"), "{out}{err}");
     // float8 linears whose weights are gathered as they are: under op-level SAC too
     let (code, out, err) = run(&["plan", "models/llama-3.1-8b.ron", "--world-size", "8", "--float8", "tensorwise", "--checkpoint", "LlamaDecoderLayer", "--ac-mode", "selective-op", "--summary"]);
     assert!(code == 0 && out.contains("float8 linears (tensorwise)\n"), "{out}{err}");

@@ -107,6 +107,12 @@ pub fn header(plan: &Plan) -> String {
     ) + &match o.float8 {
         Some(f) => format!("float8 linears ({}{})\n", f.recipe.name(), if f.all_gather { ", weights all-gathered in float8" } else { "" }),
         None => String::new(),
+    } + match (o.ac_wrapper, o.checkpoint.is_empty()) {
+        (crate::options::AcWrapper::Torchtitan, false) => "checkpoints: torchtitan's checkpoint_wrapper (the blocks' FSDP hooks outside them)\n",
+        _ => "",
+    } + match o.train_loop {
+        crate::options::TrainLoop::Torchtitan2024 => "training loop: torchtitan-2024 (float32 logits out of the model, kept from one step's forward to the next)\n",
+        crate::options::TrainLoop::Hf => "",
     }
 }
 
