@@ -108,7 +108,9 @@ fn options_of(row: &Value, model: &fsdp_ir::Model) -> std::result::Result<Option
         grad_accum: row["grad_accum"].as_u64().unwrap_or(1) as u32,
         checkpoint,
         ac_mode,
-        // torchtitan (and fms-fsdp) wrap each block with checkpoint_wrapper before sharding it
+        // torchtitan wraps each block with checkpoint_wrapper before sharding it (for rows
+        // without float8 all-gather under SAC the wrapper moves only a tracker category, which
+        // no row compares)
         ac_wrapper: AcWrapper::Torchtitan,
         // (the loop of the row's run, where its source says: torchtitan-2024 kept the logits)
         train_loop: match row["train_loop"].as_str() {
