@@ -235,9 +235,7 @@ pub(crate) fn run(a: TuneArgs) -> Result<()> {
     crate::io::check_float8(&hw, base.float8.is_some())?;
     let (limit, how) = a.limit.of(&hw)?;
     let mut space = tune::space(&model, &base, a.world_size, a.global_batch, hw.gpus_per_node).map_err(user)?;
-    // (float8 all-gather under op-level SAC is planned with torchtitan's checkpoint wrapper only)
-    let f8ag_under_hf = base.float8.is_some_and(|f| f.all_gather) && base.ac_wrapper == fsdp_planner::AcWrapper::Hf;
-    space.sac &= !a.no_sac && !f8ag_under_hf;
+    space.sac &= !a.no_sac;
     if a.unit_groups.iter().any(|&k| k == 0 || k > 1024) {
         bail!(UserError(format!("--unit-groups: blocks per unit are 1 to 1024, got {:?}", a.unit_groups)));
     }

@@ -100,12 +100,13 @@ struct Chain {
 
 impl Chain {
     fn make(&mut self, t: T) -> usize {
-        self.steps.push(Step::Make(t));
-        self.made += 1;
-        self.made - 1
+        self.made_by(Step::Make(t))
     }
     fn make_saved(&mut self, t: T) -> usize {
-        self.steps.push(Step::MakeSaved(t));
+        self.made_by(Step::MakeSaved(t))
+    }
+    fn made_by(&mut self, step: Step) -> usize {
+        self.steps.push(step);
         self.made += 1;
         self.made - 1
     }
@@ -897,36 +898,29 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             let logits = tok * vocab;
             m.out = Some(t(1, DType::Float32, "loss"));
             m.saves_inputs = vec![false, false];
-            if cx.train_loop == crate::options::TrainLoop::Torchtitan2024 {
-                // cross_entropy on the float32 logits the loop holds (the schedule makes and
-                // keeps them) and the loader's shifted labels (nll_loss saves a view of them)
-                m.saved.push(t(1, DType::Float32, "nll total_weight"));
-                m.first_node_saved = 1;
-                m.saved.push(t(logits, DType::Float32, "log_softmax"));
-                m.bwd_scratch.push(t(logits, DType::Float32, "nll_loss grad"));
-                if cd != DType::Float32 {
-                    m.bwd_scratch.push(t(logits, DType::Float32, "log_softmax grad"));
-                    m.bwd_scratch_first = true;
+            // (torchtitan-2024: cross_entropy on the float32 logits the loop holds — the
+            // schedule makes and keeps them — and the loader's shifted labels, of which
+            // nll_loss saves a view)
+            let hf = cx.train_loop == crate::options::TrainLoop::Hf;
+            if hf {
+                let padded = cx.dims.batch * (cx.dims.seq + 1);
+                if cx.dims.batch == 1 {
+                    // one row: labels[..., 1:] is already contiguous, a view of the padded labels
+                    m.saved.push(t(padded, DType::Int64, "padded labels (shifted view)"));
+                } else {
+                    m.saved.push(t(tok, DType::Int64, "shifted labels"));
+                    m.fwd_scratch.push(t(padded, DType::Int64, "padded labels"));
                 }
-                return m;
-            }
-            let padded = cx.dims.batch * (cx.dims.seq + 1);
-            if cx.dims.batch == 1 {
-                // one row: labels[..., 1:] is already contiguous, a view of the padded labels
-                m.saved.push(t(padded, DType::Int64, "padded labels (shifted view)"));
-            } else {
-                m.saved.push(t(tok, DType::Int64, "shifted labels"));
-                m.fwd_scratch.push(t(padded, DType::Int64, "padded labels"));
             }
             m.saved.push(t(1, DType::Float32, "nll total_weight"));
-            m.first_node_saved = 2;
+            m.first_node_saved = m.saved.len();
             m.saved.push(t(logits, DType::Float32, "log_softmax"));
-            if cd != DType::Float32 {
+            if hf && cd != DType::Float32 {
                 m.fwd_scratch.push(t(logits, DType::Float32, "logits upcast"));
             }
             // ForCausalLMLoss's locals, alive through cross_entropy (measured: GPT-2 XL bf16,
             // batch 2, harness case `gpt2_xl_bf16_ws16`: FSDP2's peak is nll_loss's forward)
-            m.fwd_scratch_together = true;
+            m.fwd_scratch_together = hf;
             // nll_loss backward makes a zero-filled f32 [tokens, vocab] grad; log_softmax
             // backward makes another, which is the logits' grad in f32 and is cast under MP.
             m.bwd_scratch.push(t(logits, DType::Float32, "nll_loss grad"));

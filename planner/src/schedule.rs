@@ -1693,8 +1693,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
     // root's pre-backward hook, which fires at the logits' grad
     let outside_loss = b.opts.train_loop == crate::options::TrainLoop::Torchtitan2024;
     for i in (0..model.ops.len()).rev() {
-        let no_unit: &[UnitId] = &[];
-        let want = if outside_loss && matches!(model.ops[i].kind, fsdp_ir::OpKind::CrossEntropy { .. }) { no_unit } else { &chains[unit_of_op[i].index()] };
+        let want: &[UnitId] = if outside_loss && matches!(model.ops[i].kind, fsdp_ir::OpKind::CrossEntropy { .. }) { &[] } else { &chains[unit_of_op[i].index()] };
         while let Some(&top) = active.last() {
             if want.contains(&top) {
                 break;

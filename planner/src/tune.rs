@@ -179,7 +179,10 @@ pub fn space(model: &Model, base: &Options, world_size: u64, global_batch: u64, 
         reshard.push(Reshard::ToNode);
     }
     let edge_policy = edge_policy(model, &blocks);
-    Ok(Space { shards, batches, prefetch: vec![0, 2], reshard, groups: vec![1], node, blocks, sac: true, edges: vec![false], edge_policy })
+    // op-level SAC where the options allow it (`Options::check`: not float8 all-gather under
+    // HF's checkpointing)
+    let sac = blocks.first().is_some_and(|b| Options { checkpoint: vec![format!("{b}=selective-op")], ..base.clone() }.check().is_ok());
+    Ok(Space { shards, batches, prefetch: vec![0, 2], reshard, groups: vec![1], node, blocks, sac, edges: vec![false], edge_policy })
 }
 
 /// `[embeddings, blocks pattern, head]`: the embedding's module, the blocks as one `*`
