@@ -32,6 +32,10 @@ DEFAULTS = {
     "float8_all_gather": False,       # Float8LinearConfig.enable_fsdp_float8_all_gather
     "train_loop": "hf",               # "torchtitan-2024": float32 logits out of the model, kept by
                                       # the loop until reassigned (the planner's --train-loop)
+    "device": "cpu",                  # fsdp2_fake.py only: "fakegpu", harness/fakegpu.py's fake
+                                      # accelerator (the host beside it: Adam's step counters there)
+    "offload": False,                 # fsdp2_fake.py on "fakegpu": CPUOffloadPolicy on every unit
+                                      # (the planner's --offload cpu)
     "ac_wrapper": "hf",               # "torchtitan": checkpoint_wrapper before fully_shard (the
                                       # blocks' FSDP hooks outside their checkpoints; the planner's
                                       # --ac-wrapper); "hf": HF's gradient checkpointing (inside)
@@ -717,6 +721,29 @@ FAKE_CASES.update({
     "qwen3_8b_sac_op_ws8": {"model": "qwen3-8b", "world_size": 8, "batch": 1, "seq": 4096,
                             "param_dtype": "bfloat16", "reduce_dtype": "float32",
                             "checkpoint": ["Qwen3DecoderLayer"], "ac_mode": "selective-op"},
+})
+FAKE_CASES.update({
+    # FSDP2's CPUOffloadPolicy on a fake accelerator (harness/fakegpu.py): shards, gradients and
+    # Adam on the host, an H2D copy per parameter before each all-gather, a D2H copy per
+    # parameter after each reduce-scatter. First without offload: the device changes what the
+    # planner's --device cuda models (512 B blocks, Adam's step counters on the host, CUDA
+    # flash attention's philox seed and offset), nothing else (a CPU case and its fakegpu twin
+    # differ by exactly the step counters)
+    "llama_wide_gpu_bf16_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
+                                "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu"},
+    "llama3_8b_gpu_bf16_ws8": {"model": "llama-3-8b", "world_size": 8, "batch": 1, "seq": 4096,
+                               "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu"},
+    "llama_wide_offload_bf16_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
+                                    "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                    "device": "fakegpu", "offload": True},
+    "llama_wide_offload_bf16_ac_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
+                                       "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                       "checkpoint": ["LlamaDecoderLayer"],
+                                       "device": "fakegpu", "offload": True},
+    "llama3_8b_offload_bf16_ws8": {"model": "llama-3-8b", "world_size": 8, "batch": 1, "seq": 4096,
+                                   "model_dtype": "float32", "param_dtype": "bfloat16",
+                                   "reduce_dtype": "float32", "optimizer": "adamw",
+                                   "device": "fakegpu", "offload": True},
 })
 # the tiny checkpointed-region cases of BASE_CASES again, on the deterministic fake group
 for _name in ("llama4l_ac_mlp_units_ws2", "llama4l_ac_attn_units_ws2", "llama4l_ac_nested_ws2",

@@ -13,6 +13,7 @@ same FSDPMemTracker subclass as fsdp2_oracle.py (peak reset after step 1). The c
 FSDP2 issues are logged by the same patch. Losses are not recorded (fake tensors hold no
 values). Rank 0's view: on the fake group every rank is rank 0, whose shards are the largest.
 """
+import contextlib
 import os
 import sys
 
@@ -29,6 +30,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 import cases as cases_mod  # noqa: E402
+import fakegpu  # noqa: E402
 import fsdp2_oracle as oracle  # noqa: E402
 
 
@@ -61,8 +63,24 @@ def _real_post_forward_mesh():
     fs._get_post_forward_mesh_info = real
 
 
+def _place(model, offload):
+    """A model built on meta and sharded, materialized as FSDP2 users do (torchtitan's
+    `to_empty(device=init_device)`): on the device, or with CPU offload the shards on the host
+    (FSDP2 keeps them there) and the buffers on the device (torchtitan's buffer_device)."""
+    model.to_empty(device="cpu" if offload else fakegpu.NAME)
+    if offload:
+        for mod in model.modules():
+            for key, buf in mod._buffers.items():
+                if buf is not None:
+                    mod._buffers[key] = buf.to(fakegpu.NAME)
+
+
 def run_case(name, case):
     ws = case["world_size"]
+    device = case.get("device", "cpu")
+    assert device in ("cpu", fakegpu.NAME) and (device != "cpu" or not case.get("offload")), case
+    if device != "cpu":
+        fakegpu.install()
     transformers.logging.set_verbosity_error()
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=ws)
     try:
@@ -70,7 +88,7 @@ def run_case(name, case):
         oracle._Log.events = []
         oracle._patch_collectives()
         oracle._patch_group_context()
-        mesh = oracle.make_mesh(case)
+        mesh = oracle.make_mesh(case, device)
         cfg = common.load_config(case["model"])
         # (reshard_after_forward=int: fully_shard builds the post-forward DeviceMesh from the
         # mesh's rank tensor — real data, built with fake mode set aside)
@@ -79,21 +97,30 @@ def run_case(name, case):
             kw = {"attn_implementation": case["attn_implementation"]}
             if case["model_dtype"]:
                 kw["dtype"] = oracle._dtype(case["model_dtype"])
-            model = AutoModelForCausalLM.from_config(cfg, **kw)
+            with torch.device("meta") if device != "cpu" else contextlib.nullcontext():
+                model = AutoModelForCausalLM.from_config(cfg, **kw)
             model.train()
             oracle.enable_checkpointing(model, case, cfg)
             model_dtype = common.dtype_name(next(model.parameters()).dtype)
             hf_param_numel = sum(p.numel() for p in model.parameters())
             policy = oracle.shard_model(model, case, mesh, cfg)
+            if device != "cpu":
+                _place(model, case.get("offload"))
             opt = oracle.make_optimizer(model, case)
-            input_ids = torch.randint(0, cfg.vocab_size, (case["batch"], case["seq"]))
+            if device == "cpu":
+                input_ids = torch.randint(0, cfg.vocab_size, (case["batch"], case["seq"]))
+            else:  # (no generator on the fake device; fake tensors hold no values anyway)
+                input_ids = torch.zeros(case["batch"], case["seq"], dtype=torch.long, device=device)
             labels = input_ids.clone()
             tracker = oracle.WhereTracker(model, opt)
+            tracker.main_device = None if device == "cpu" else device
             if case.get("float8"):
                 oracle._float8_gemms_seen_by(tracker)
             tracker.track_inputs((input_ids, labels))
             _, step1_peak = oracle.train_two_steps(model, opt, case, input_ids, labels, tracker, record_losses=False)
-            peak = oracle._breakdown(tracker.get_tracker_snapshot("peak"))
+            peak_snap = tracker.get_tracker_snapshot("peak")
+            peak = oracle._breakdown(peak_snap, tracker.main_device)
+            host = oracle._breakdown(peak_snap, "cpu") if device != "cpu" else None
             units = oracle._units(model)
             if os.environ.get("ORACLE_LIVE"):
                 common.write_json(os.environ["ORACLE_LIVE"], tracker.live_at_peak)
@@ -105,6 +132,8 @@ def run_case(name, case):
                 p["sharded_numel_per_rank"] = [p.pop("sharded_numel")]
         collectives = oracle.fixture_collectives(oracle._Log.events)
         options = dict(oracle.case_options(case, policy, "fake"), model_dtype=model_dtype)
+        if device != "cpu":
+            options["device"] = device
         return {
             "case": name,
             "torch_version": torch.__version__,
@@ -123,6 +152,7 @@ def run_case(name, case):
                 "breakdown": peak,
                 "peak_at": tracker.peak_where,
                 "step1_peak_bytes": step1_peak["total"],
+                **({"host_peak_bytes": host["total"], "host_breakdown": host} if host else {}),
             },
         }
     finally:

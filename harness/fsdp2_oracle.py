@@ -265,6 +265,8 @@ class WhereTracker(FSDPMemTracker):
         # ORACLE_LIVE: which op made each storage, and the live ones at the newest peak
         self._made_by = WeakIdKeyDictionary()
         self.live_at_peak = []
+        # the device whose peak is recorded (None: the only one); the host's is kept beside it
+        self.main_device = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if not any(t == DTensor for t in types):
@@ -273,7 +275,8 @@ class WhereTracker(FSDPMemTracker):
                 self.dispatch_comm_counts[_COMM_OPS[func]] += 1
         res = super().__torch_dispatch__(func, types, args, kwargs)
         if self.count_comms and os.environ.get("ORACLE_TRACE") and not any(t == DTensor for t in types):
-            snap = next(iter(self._curr_mem_snap.values()))
+            snap = next((v for d, v in self._curr_mem_snap.items()
+                         if self.main_device is None or d.type == self.main_device))
             deepest = max(self._mod_tracker.parents, key=lambda p: p.count("."), default="")
             self.trace.append((str(func), self._fsdp_state.name, "bw" if self._mod_tracker.is_bw else "fw", deepest,
                                {getattr(k, "value", k): v for k, v in snap.items()}))
@@ -287,9 +290,9 @@ class WhereTracker(FSDPMemTracker):
         return res
 
     def _update_peak_stats(self, peak_state):
-        before = dict(self._peak_mem)
+        before = {d: v for d, v in self._peak_mem.items() if self.main_device in (None, d.type)}
         super()._update_peak_stats(peak_state)
-        if self._peak_mem != before:
+        if {d: v for d, v in self._peak_mem.items() if self.main_device in (None, d.type)} != before:
             parents = sorted(self._mod_tracker.parents)
             root_name = type(self._root_mod).__name__
             named = [p for p in parents if p == root_name or p.startswith(root_name + ".")]
@@ -322,9 +325,14 @@ class WhereTracker(FSDPMemTracker):
 FSDP_TOTAL = "Total"
 
 
-def _breakdown(snap_by_dev):
-    assert len(snap_by_dev) == 1, snap_by_dev.keys()
-    (snap,) = snap_by_dev.values()
+def _breakdown(snap_by_dev, device=None):
+    """One device's snapshot by category: the only device, or `device` (a device type) of a
+    run that has the host beside it (fakegpu cases)."""
+    if device is None:
+        assert len(snap_by_dev) == 1, snap_by_dev.keys()
+        (snap,) = snap_by_dev.values()
+    else:
+        snap = next((v for d, v in snap_by_dev.items() if d.type == device), {})
     out = {k: 0 for k in CATEGORY_KEYS.values()}
     for k, v in snap.items():
         key = getattr(k, "value", k)
@@ -446,15 +454,16 @@ def enable_checkpointing(model, case, cfg):
     assert all(type(m).__name__ not in names for p, m in layers if (p, type(m).__name__) not in ckpt)
 
 
-def make_mesh(case):
-    """The case's DeviceMesh on the CPU: 1-D, or 2-D (replicate, shard) for hybrid sharding."""
+def make_mesh(case, device="cpu"):
+    """The case's DeviceMesh on `device` (the CPU, or harness/fakegpu.py's fake accelerator):
+    1-D, or 2-D (replicate, shard) for hybrid sharding."""
     ws = case["world_size"]
     if case["strategy"] == "hybrid-shard":
         sg = case["shard_group_size"]
         assert ws % sg == 0
-        return init_device_mesh("cpu", (ws // sg, sg), mesh_dim_names=("replicate", "shard"))
+        return init_device_mesh(device, (ws // sg, sg), mesh_dim_names=("replicate", "shard"))
     assert case["strategy"] == "full-shard" and case["shard_group_size"] is None
-    return init_device_mesh("cpu", (ws,))
+    return init_device_mesh(device, (ws,))
 
 
 def _post_order(mod, prefix=""):
@@ -548,6 +557,12 @@ def shard_model(model, case, mesh, cfg):
     prefetch between the decoder layers, then on the root; returns the wrap as the planner's
     --policy."""
     kw = {"mesh": mesh}
+    if case.get("offload"):
+        # FSDP2's CPUOffloadPolicy; pin_memory=False only because fake tensors cannot be pinned
+        # (aten._pin_memory has no fake kernel): the same bytes on the same devices, the
+        # copies blocking instead of non_blocking
+        from torch.distributed.fsdp import CPUOffloadPolicy
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
     if case["param_dtype"] or case["reduce_dtype"]:
         kw["mp_policy"] = MixedPrecisionPolicy(
             param_dtype=_dtype(case["param_dtype"]), reduce_dtype=_dtype(case["reduce_dtype"]))
@@ -636,7 +651,7 @@ def train_two_steps(model, opt, case, input_ids, labels, tracker, record_losses)
                 losses.append(loss.item())
             if step == 1:
                 tracker.reset_mod_stats()
-                step1_peak = _breakdown(tracker.get_tracker_snapshot("peak"))
+                step1_peak = _breakdown(tracker.get_tracker_snapshot("peak"), tracker.main_device)
                 tracker.reset_peak()
         _Log.recording = False
         tracker.count_comms = False
@@ -723,6 +738,8 @@ def _extra_options(case):
         out["ac_wrapper"] = case["ac_wrapper"]
     if case.get("train_loop", "hf") != "hf":
         out["train_loop"] = case["train_loop"]
+    if case.get("offload"):
+        out["offload"] = "cpu"
     if case.get("float8"):
         out["float8"] = case["float8"]
         out["float8_all_gather"] = bool(case.get("float8_all_gather"))

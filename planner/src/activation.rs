@@ -1318,6 +1318,13 @@ fn attention(cx: &Ctx, op: &Op, m: &mut OpMem, heads: u64, kv: u64, hd: u64, dro
         // Flash-style kernels keep the output and a float32 log-sum-exp [b, h, s].
         m.saves_output = true;
         m.saved.push(t(b * heads * s, DType::Float32, "attention logsumexp"));
+        if cx.device == Device::Cuda && cx.attn == AttnImpl::Sdpa {
+            // CUDA's flash kernel also returns its philox seed and offset (uint64 [2] and [])
+            // for the backward, dropout or not: one 512 B block each (measured: harness case
+            // llama3_8b_gpu_bf16_ws8 on harness/fakegpu.py, 32 layers × 1,024 B)
+            m.saved.push(t(2, DType::Int64, "attention philox seed"));
+            m.saved.push(t(1, DType::Int64, "attention philox offset"));
+        }
         // HF 5.17 passes enable_gqa to SDPA when there is no mask (causal, no padding):
         // no repeat_kv copies. With a (sliding-window) mask it repeats k and v, and SDPA
         // saves the copies and the layer's mask.

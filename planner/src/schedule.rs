@@ -216,6 +216,13 @@ impl B<'_> {
     fn unsharded_bytes(&self, u: &Unit) -> u64 {
         crate::cost::unsharded_bytes(u, self.opts)
     }
+    /// One tensor per parameter of `u` (FSDP2 keeps a storage per parameter: its shard, its
+    /// unsharded copy, each Adam moment), `bytes` each, as the device's allocator takes them:
+    /// on CUDA each rounded to whole 512 B blocks (measured on harness/fakegpu.py), so a
+    /// unit's sum is not rounded once.
+    fn per_param(&self, u: &Unit, bytes: impl Fn(&crate::units::UnitParam) -> u64) -> u64 {
+        u.params.iter().map(|p| self.opts.device.allocated_bytes(bytes(p))).sum()
+    }
     fn ag_numel_dtype(&self, u: &Unit) -> (u64, DType) {
         let d = self.param_dtype(u);
         if self.float8_gathered(u) {
@@ -317,7 +324,6 @@ impl B<'_> {
         };
         let unit = &self.units[u.index()];
         let label = unit.label().to_string();
-        let bytes = self.unsharded_bytes(unit);
         self.op(OpKind::CopyOut { unit: u }, Stream::Compute, vec![ag]);
         // torchao's fsdp_post_all_gather: the unsharded float8 params take the new scales
         // (`out._scale = scale`). FSDPMemTracker counts a scale made in forward as unsharded
@@ -351,6 +357,7 @@ impl B<'_> {
         if self.opts.layout == Layout::Flat {
             self.unsharded[u.index()] = Some(buf);
         } else {
+            let bytes = self.per_param(unit, |p| p.padded_numel * self.opts.gathered_dtype_of(p).size());
             let p = self.alloc(format!("{label} unsharded params"), Category::UnshardedParam, bytes, Some(u));
             self.unsharded[u.index()] = Some(p);
             if self.phase == Phase::Forward {
@@ -894,7 +901,7 @@ fn setup(b: &mut B, cx: &Ctx) {
         }
         let label = u.label().to_string();
         let sharded: u64 = match opts.layout {
-            Layout::Fsdp2 => u.params.iter().map(|p| p.shard_numel * p.dtype.size()).sum(),
+            Layout::Fsdp2 => b.per_param(u, |p| p.shard_numel * p.dtype.size()),
             Layout::Flat => u.shard_numel * u.dtype.size(),
         };
         b.alloc(format!("{label} sharded params"), Category::ShardedParam, sharded, Some(u.id));
@@ -907,14 +914,18 @@ fn setup(b: &mut B, cx: &Ctx) {
             b.state[u.id.index()] = PState::Unsharded;
         }
         if opts.optimizer.keeps_state() {
-            // exp_avg + exp_avg_sq: zeros_like(unpadded local shard); plus a float32 `step` per param.
+            // exp_avg + exp_avg_sq: zeros_like(unpadded local shard); plus a float32 `step` per
+            // param, a host tensor beside a GPU's params (torch.optim keeps `step` on the CPU
+            // unless capturable or fused: measured on harness/fakegpu.py), on a CPU run in the
+            // same memory as the rest.
             let local: u64 = match opts.layout {
-                Layout::Fsdp2 => u.params.iter().filter(|p| p.requires_grad).map(|p| p.local_numel(ws, 0) * p.dtype.size()).sum(),
+                Layout::Fsdp2 => b.per_param(u, |p| if p.requires_grad { p.local_numel(ws, 0) * p.dtype.size() } else { 0 }),
                 Layout::Flat => u.shard_numel * u.dtype.size(),
             };
-            let nparams = match opts.layout {
-                Layout::Fsdp2 => u.params.iter().filter(|p| p.requires_grad).count() as u64,
-                Layout::Flat => 1,
+            let nparams = match (opts.layout, opts.device) {
+                (_, Device::Cuda) => 0,
+                (Layout::Fsdp2, Device::Cpu) => u.params.iter().filter(|p| p.requires_grad).count() as u64,
+                (Layout::Flat, Device::Cpu) => 1,
             };
             b.alloc(format!("{label} adam state"), Category::Optstate, 2 * local + 4 * nparams, Some(u.id));
         }
