@@ -740,6 +740,17 @@ FAKE_CASES.update({
                                        "param_dtype": "bfloat16", "reduce_dtype": "float32",
                                        "checkpoint": ["LlamaDecoderLayer"],
                                        "device": "fakegpu", "offload": True},
+    # a short batch (the peak where the shards are copied in), no mixed precision (the H2D
+    # copies are the all-gather's inputs) under eager attention (CUDA's flash takes no f32),
+    # and grads reduced in bf16 (cast back to f32 on the device before going to the host)
+    "llama_wide_offload_bf16_b1s8_ws2": {"model": "tiny-llama-wide", "world_size": 2, "batch": 1, "seq": 8,
+                                         "model_dtype": "float32", "param_dtype": "bfloat16",
+                                         "reduce_dtype": "float32", "device": "fakegpu", "offload": True},
+    "llama_wide_offload_eager_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
+                                     "attn_implementation": "eager", "device": "fakegpu", "offload": True},
+    "llama_wide_offload_bf16r_b1s8_ws2": {"model": "tiny-llama-wide", "world_size": 2, "batch": 1, "seq": 8,
+                                          "model_dtype": "float32", "param_dtype": "bfloat16",
+                                          "reduce_dtype": "bfloat16", "device": "fakegpu", "offload": True},
     "llama3_8b_offload_bf16_ws8": {"model": "llama-3-8b", "world_size": 8, "batch": 1, "seq": 4096,
                                    "model_dtype": "float32", "param_dtype": "bfloat16",
                                    "reduce_dtype": "float32", "optimizer": "adamw",

@@ -152,7 +152,8 @@ def run_case(name, case):
                 "breakdown": peak,
                 "peak_at": tracker.peak_where,
                 "step1_peak_bytes": step1_peak["total"],
-                **({"host_peak_bytes": host["total"], "host_breakdown": host} if host else {}),
+                **({"host_peak_bytes": host["total"], "host_breakdown": host,
+                    "host_before_optimizer_step": tracker.host_before_step} if host else {}),
             },
         }
     finally:

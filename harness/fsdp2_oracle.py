@@ -645,6 +645,10 @@ def train_two_steps(model, opt, case, input_ids, labels, tracker, record_losses)
                 loss.backward()
                 if record_losses and mb < ga - 1:
                     losses.append(loss.item())
+            if step == 2 and tracker.main_device is not None:
+                # the host as the optimizer finds it (its step's own temporaries under fake
+                # mode are decompositions a real kernel does not make: not recorded)
+                tracker.host_before_step = _breakdown(tracker.get_tracker_snapshot("current"), "cpu")
             opt.step()
             opt.zero_grad()
             if record_losses:

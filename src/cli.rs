@@ -171,6 +171,11 @@ pub(crate) struct Fixed {
     /// logits out of the model kept by the loop until the next step's forward).
     #[arg(long, default_value = "hf", value_parser = ["hf", "torchtitan-2024"])]
     pub(crate) train_loop: String,
+    /// FSDP2's offload policy: `cpu` is `CPUOffloadPolicy()` on every unit (sharded params,
+    /// grads and the optimizer on the host; each all-gather copies the shards to the device,
+    /// each reduce-scatter's output goes back), `none` keeps them on the device.
+    #[arg(long, default_value = "none", value_parser = ["none", "cpu"])]
+    pub(crate) offload: String,
     /// Unit groups: K consecutive decoder blocks per FSDP unit (FSDP2's
     /// `fully_shard([block_i, …, block_i+K-1])`: one all-gather and one reduce-scatter for the
     /// K; fewer, larger collectives for more memory).
@@ -415,6 +420,7 @@ pub(crate) fn options_for(k: &Knobs, world_size: u64, policy: &str, model: &Mode
         ac_mode: fsdp_planner::AcMode::parse(&e.ac_mode).unwrap_or_default(),
         ac_wrapper: fsdp_planner::AcWrapper::parse(&o.ac_wrapper).unwrap_or_default(),
         train_loop: fsdp_planner::TrainLoop::parse(&o.train_loop).unwrap_or_default(),
+        offload: fsdp_planner::Offload::parse(&o.offload).unwrap_or_default(),
         optimizer: match o.optimizer.as_str() {
             "adamw" => Optimizer::AdamW,
             "sgd" => Optimizer::Sgd,

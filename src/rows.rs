@@ -117,6 +117,7 @@ fn options_of(row: &Value, model: &fsdp_ir::Model) -> std::result::Result<Option
             None => TrainLoop::Hf,
             Some(l) => TrainLoop::parse(l).ok_or_else(|| format!("train_loop `{l}`"))?,
         },
+        offload: fsdp_planner::Offload::None,
         optimizer: match row["optimizer"].as_str() {
             Some("adam") => Optimizer::Adam,
             Some("sgd") => Optimizer::Sgd,

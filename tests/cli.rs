@@ -410,6 +410,37 @@ fn float8_is_planned_and_refused_where_it_cannot_run() {
     assert!(code == 0 && err.contains("linear(s) left in high precision") && err.contains("model.layers.0.self_attn.q_proj"), "{err}");
 }
 
+/// `--offload cpu` (FSDP2's CPUOffloadPolicy): the device keeps no shards, grads or optimizer
+/// state (FSDP2-exact: tests/conformance.rs), the host's share is printed beside the device's
+/// peak; what is not modelled yet is refused by name.
+#[test]
+fn offload_moves_the_sharded_state_to_the_host_and_refuses_what_it_cannot_plan() {
+    let base = ["plan", "models/llama-3-8b.ron", "--world-size", "8", "--batch", "1", "--seq", "4096", "--param-dtype", "bf16", "--reduce-dtype", "f32"];
+    let peak = |extra: &[&str]| -> serde_json::Value {
+        let (code, out, err) = run(&[&base[..], extra, &["--format", "json"]].concat());
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()["memory"].clone()
+    };
+    let (on, off) = (peak(&["--offload", "cpu"]), peak(&[]));
+    for c in ["sharded_param", "optstate"] {
+        assert!(off["breakdown"][c].as_u64().unwrap() > 1 << 30 && on["breakdown"][c].as_u64() == Some(0), "{c}: {on} vs {off}");
+    }
+    let host = &on["host"];
+    assert_eq!(host["sharded_param"], off["breakdown"]["sharded_param"], "{host}");
+    assert!(off["host"].is_null() && host["peak_bytes"].as_u64().unwrap() > host["sharded_param"].as_u64().unwrap() * 3, "{host}");
+    let (code, out, err) = run(&[&base[..], &["--offload", "cpu", "--summary"]].concat());
+    assert!(code == 0 && out.contains("offload: CPUOffloadPolicy") && out.contains("host memory (CPU offload, rank 0)"), "{out}{err}");
+    for (extra, why) in [
+        (&["--layout", "flat"][..], "not with --layout flat"),
+        (&["--grad-accum", "2"][..], "--grad-accum"),
+        (&["--strategy", "hybrid-shard", "--shard-group-size", "4"][..], "full-shard only"),
+        (&["--device", "cpu"][..], "--device cuda"),
+    ] {
+        let (code, _, err) = run(&[&base[..], &["--offload", "cpu"], extra].concat());
+        assert!(code == 2 && err.contains("--offload") && err.contains(why), "{extra:?}: {err}");
+    }
+}
+
 /// A plan whose tensors outgrow the device: the caching-allocator replay stops at the device's
 /// size (its reserved peak is then no measure), and the verdict says it does not fit — in
 /// text and in JSON — by at least the tensor peak over the device.

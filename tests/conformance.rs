@@ -20,12 +20,6 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The fixtures of `dir` the planner has the options for: not yet FSDP2's CPUOffloadPolicy
-/// (`offload`: truth recorded by harness/fsdp2_fake.py for the knob to come).
-fn planned_fixtures(dir: &str) -> Vec<(String, Value)> {
-    fixtures(dir).into_iter().filter(|(_, f)| f["options"]["offload"].is_null()).collect()
-}
-
 fn fixtures(dir: &str) -> Vec<(String, Value)> {
     let mut v: Vec<(String, Value)> = std::fs::read_dir(root().join(dir))
         .unwrap_or_else(|e| panic!("{dir}: {e}"))
@@ -101,6 +95,7 @@ pub fn options_of(f: &Value) -> Options {
         ac_mode: o["ac_mode"].as_str().map(|m| fsdp_planner::AcMode::parse(m).unwrap()).unwrap_or_default(),
         ac_wrapper: o["ac_wrapper"].as_str().map(|w| fsdp_planner::AcWrapper::parse(w).unwrap()).unwrap_or_default(),
         train_loop: o["train_loop"].as_str().map(|w| fsdp_planner::TrainLoop::parse(w).unwrap()).unwrap_or_default(),
+        offload: o["offload"].as_str().map(|w| fsdp_planner::Offload::parse(w).unwrap()).unwrap_or_default(),
         batch: o["batch"].as_u64().unwrap(),
         seq: o["seq"].as_u64().unwrap(),
         attn_implementation: AttnImpl::parse(o["attn_implementation"].as_str().unwrap()),
@@ -125,7 +120,7 @@ pub fn options_of(f: &Value) -> Options {
 }
 
 fn check_collectives(dir: &str) {
-    for (name, f) in planned_fixtures(dir) {
+    for (name, f) in fixtures(dir) {
         check_versions(&name, &f);
         let model = import(&f);
         let plan = fsdp_planner::plan(&model, &options_of(&f)).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -188,7 +183,8 @@ fn collectives_equal_fsdp2_real_size() {
 
 /// On a device that is not the host (harness/fakegpu.py, FSDP2 on a fake accelerator under
 /// FakeTensorMode), planned with `--device cuda`: CUDA's 512 B blocks per storage, its flash
-/// kernel's saved tensors, Adam's step counters on the host.
+/// kernel's saved tensors, Adam's step counters on the host; and FSDP2's CPUOffloadPolicy
+/// (`--offload cpu`), the device's peak and the host's params, grads and optimizer state.
 #[test]
 fn collectives_equal_fsdp2_on_a_device() {
     check_collectives("tests/fixtures/fsdp2_fakegpu");
@@ -241,7 +237,7 @@ fn check_memory(dir: &str) {
     let mut report = String::new();
     let mut worst: f64 = 0.0;
     let mut failures = vec![];
-    for (name, f) in planned_fixtures(dir) {
+    for (name, f) in fixtures(dir) {
         check_versions(&name, &f);
         let model = import(&f);
         let plan = fsdp_planner::plan(&model, &options_of(&f)).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -259,6 +255,24 @@ fn check_memory(dir: &str) {
                 report += &format!("  {}:{:+}", c.name(), g as i64 - w as i64);
                 failures.push(format!("{name}: {} predicted {g} B, FSDP2 {w} B", c.name()));
             }
+        }
+        // --offload cpu: the host as the optimizer step finds it (FSDPMemTracker's `cpu` device
+        // just before `opt.step()`; the step's own temporaries under fake mode are aten
+        // decompositions a real CPU kernel does not make, and are not recorded)
+        let host = &m["host_before_optimizer_step"];
+        match (&plan.memory.host, host.is_null()) {
+            (Some(h), false) => {
+                for (what, g) in [("sharded_param", h.sharded_param), ("sharded_grad", h.sharded_grad), ("optstate", h.optstate)] {
+                    let w = host[what].as_u64().unwrap_or(0);
+                    if w != g {
+                        report += &format!("  host {what}:{:+}", g as i64 - w as i64);
+                        failures.push(format!("{name}: host {what} predicted {g} B, FSDP2 {w} B"));
+                    }
+                }
+                report += "  (host exact)";
+            }
+            (Some(_), true) => failures.push(format!("{name}: offloaded, but the fixture has no host record")),
+            (None, _) => {}
         }
         report += "\n";
         if got_total != want_total {

@@ -352,6 +352,12 @@ fn t(numel: u64, dtype: DType, what: &'static str) -> T {
 }
 
 impl Ctx<'_> {
+    /// The elements one of the rotary tables (cos or sin, `[1, seq, head_dim]`) is counted
+    /// as: the pair is one buffer, but two tensors, each in whole 512 B blocks on CUDA
+    /// (measured on harness/fakegpu.py at seq 8).
+    fn one_table(&self, head_dim: u64, d: DType) -> u64 {
+        self.device.allocated_bytes(self.dims.seq * head_dim * d.size()) / d.size()
+    }
     fn n(&self, op: &Op) -> u64 {
         numel(&op.shape, self.dims).unwrap_or(0)
     }
@@ -572,7 +578,8 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
         OpKind::RotaryEmbedding { head_dim, f32_tables, .. } => {
             // cos and sin, [1, seq, head_dim] each, in the activation dtype (OLMo-2: float32);
             // no grad.
-            m.out = Some(t(2 * cx.dims.seq * head_dim, if *f32_tables { DType::Float32 } else { cd }, "rotary cos+sin"));
+            let d = if *f32_tables { DType::Float32 } else { cd };
+            m.out = Some(t(2 * cx.one_table(*head_dim, d), d, "rotary cos+sin"));
             m.differentiable = false;
             m.fwd_scratch.push(t(cx.dims.seq * head_dim, DType::Float32, "rotary freqs"));
         }
@@ -622,7 +629,7 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             if f32_tables && cx.input_cast.is_some_and(|d| d != DType::Float32) {
                 m.saves_inputs = vec![false, false];
                 if op.name.ends_with("rope_q") {
-                    m.saved.push(t(2 * cx.dims.seq * head_dim, cd, "rotary cos+sin (the layer's input cast)"));
+                    m.saved.push(t(2 * cx.one_table(*head_dim, cd), cd, "rotary cos+sin (the layer's input cast)"));
                 }
             }
             m.fwd_scratch.push(t(n, cd, "rope x*cos"));

@@ -65,6 +65,7 @@ pub fn option_values(o: &Options) -> Vec<(&'static str, String)> {
         ("--ac-mode", o.ac_mode.name().to_string()),
         ("--ac-wrapper", o.ac_wrapper.name().to_string()),
         ("--train-loop", o.train_loop.name().to_string()),
+        ("--offload", o.offload.name().to_string()),
         ("--optimizer", o.optimizer.name().to_string()),
         ("--batch", o.batch.to_string()),
         ("--seq", o.seq.to_string()),

@@ -200,7 +200,8 @@ fn plan_passes(model: &Model, opts: &Options, model_hash: Option<Box<dyn FnOnce(
         shared: vec![],
     };
     let Some(model_hash) = model_hash else {
-        let memory = memory::simulate(&sched.ops, &sched.buffers, &units)?;
+        let mut memory = memory::simulate(&sched.ops, &sched.buffers, &units)?;
+        memory.host = memory::host(&units, opts);
         let collectives = memory::collectives(&sched.ops, &units);
         return Ok(bare(units, sched, collectives, memory));
     };
@@ -217,7 +218,8 @@ fn plan_passes(model: &Model, opts: &Options, model_hash: Option<Box<dyn FnOnce(
         let memory = rules?;
         Ok::<_, PlanError>((offsets?, memory, collectives))
     })?;
-    let mut plan = bare(units, sched, collectives, memory);
+    let host = memory::host(&units, opts);
+    let mut plan = bare(units, sched, collectives, Memory { host, ..memory });
     for (b, o) in plan.buffers.iter_mut().zip(offsets) {
         b.offset = o;
     }

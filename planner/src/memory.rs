@@ -65,7 +65,33 @@ pub fn simulate(ops: &[ScheduleOp], buffers: &[BufferInfo], units: &[Unit]) -> R
         breakdown: Category::ALL.iter().map(|&c| (c, breakdown[c.index()])).collect(),
         arena_bytes: 0,
         rank: 0,
+        host: None,
     })
+}
+
+/// What FSDP2's CPUOffloadPolicy keeps on rank 0's host (`None` without offload): every
+/// parameter's padded shard in its own dtype (`_sharded_param_data`), its unpadded sharded
+/// grad (copied back after each reduce-scatter), and the optimizer's state and float32 step
+/// counter per parameter — all alive when the optimizer steps on the host, where single-tensor
+/// Adam adds its two temporaries of the largest parameter (sqrt, denom; measured on CPU, the
+/// rule the device plan uses). Bytes exact: the host allocator does not round them (as
+/// FSDPMemTracker counts the CPU).
+pub fn host(units: &[Unit], opts: &crate::options::Options) -> Option<HostMemory> {
+    if opts.offload != crate::options::Offload::Cpu {
+        return None;
+    }
+    let ws = opts.shard_size();
+    let params = || units.iter().flat_map(|u| &u.params);
+    let sharded_param: u64 = params().map(|p| p.shard_numel * p.dtype.size()).sum();
+    let local = |p: &crate::units::UnitParam| if p.requires_grad { p.local_numel(ws, 0) * p.dtype.size() } else { 0 };
+    let sharded_grad: u64 = params().map(local).sum();
+    let (optstate, optimizer_temp) = if opts.optimizer.keeps_state() {
+        let steps = 4 * params().filter(|p| p.requires_grad).count() as u64;
+        (2 * sharded_grad + steps, 2 * params().map(local).max().unwrap_or(0))
+    } else {
+        (0, 0)
+    };
+    Some(HostMemory { peak_bytes: sharded_param + sharded_grad + optstate + optimizer_temp, sharded_param, sharded_grad, optstate, optimizer_temp })
 }
 
 /// Per schedule op: (bytes live after it, peak bytes while it ran), replayed like

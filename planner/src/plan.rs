@@ -192,6 +192,24 @@ pub struct Memory {
     pub arena_bytes: u64,
     /// The rank the figures are for (rank 0 holds the largest shards).
     pub rank: u64,
+    /// What the host holds for the step under `--offload cpu` ([`crate::memory::host`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostMemory>,
+}
+
+/// FSDP2's CPUOffloadPolicy on the host, per rank (FSDPMemTracker's `cpu` device): all of it
+/// is alive at the optimizer step, the host's peak.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostMemory {
+    pub peak_bytes: u64,
+    /// The sharded params: padded, in their own dtype.
+    pub sharded_param: u64,
+    /// The sharded grads: unpadded, one tensor per parameter, in the params' dtype.
+    pub sharded_grad: u64,
+    /// The optimizer state and step counters.
+    pub optstate: u64,
+    /// The optimizer step's temporaries at their largest.
+    pub optimizer_temp: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -113,6 +113,9 @@ pub fn header(plan: &Plan) -> String {
     } + match o.train_loop {
         crate::options::TrainLoop::Torchtitan2024 => "training loop: torchtitan-2024 (float32 logits out of the model, kept from one step's forward to the next)\n",
         crate::options::TrainLoop::Hf => "",
+    } + match o.offload {
+        crate::options::Offload::Cpu => "offload: CPUOffloadPolicy (sharded params, grads and the optimizer on the host; H2D copies before each all-gather, D2H after each reduce-scatter)\n",
+        crate::options::Offload::None => "",
     }
 }
 
@@ -214,7 +217,22 @@ pub fn render(plan: &Plan, full_schedule: bool) -> String {
         }
     }
     let _ = writeln!(s, "  arena size {}", bytes(m.arena_bytes));
+    if let Some(h) = &m.host {
+        let _ = writeln!(s, "{}", host_line(h));
+    }
     s
+}
+
+/// `--offload cpu`: what the host holds (rank 0), at its peak (the optimizer step).
+pub fn host_line(h: &crate::plan::HostMemory) -> String {
+    format!(
+        "host memory (CPU offload, rank 0): {} at the optimizer step — sharded params {}, sharded grads {}, optimizer state {}, its step's temporaries {}",
+        bytes(h.peak_bytes),
+        bytes(h.sharded_param),
+        bytes(h.sharded_grad),
+        bytes(h.optstate),
+        bytes(h.optimizer_temp)
+    )
 }
 
 /// One screen: the header, the units by class, the communication per step and the peak with
@@ -245,6 +263,9 @@ pub fn summary(plan: &Plan) -> String {
     cats.sort_by_key(|x| std::cmp::Reverse(*x.1));
     let top: Vec<String> = cats.iter().take(4).map(|(c, b)| format!("{} {}", c.name(), bytes(**b))).collect();
     let _ = writeln!(s, "predicted peak memory (rank {}): {} at {} — {}", m.rank, bytes(m.peak_bytes), m.peak_at, top.join(", "));
+    if let Some(h) = &m.host {
+        let _ = writeln!(s, "  {}", host_line(h));
+    }
     s
 }
 
@@ -304,6 +325,7 @@ pub fn json(plan: &Plan) -> serde_json::Value {
             "peak_at": plan.memory.peak_at,
             "breakdown": breakdown,
             "arena_bytes": plan.memory.arena_bytes,
+            "host": plan.memory.host,
         },
     })
 }

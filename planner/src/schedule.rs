@@ -8,7 +8,7 @@
 
 use crate::activation::{op_mem, Ctx, OpMem, Step};
 use crate::ids::{BufferId, OpId, UnitId};
-use crate::options::{AttnImpl, BackwardPrefetch, Device, Layout, Optimizer, Options, Strategy};
+use crate::options::{AttnImpl, BackwardPrefetch, Device, Layout, Offload, Optimizer, Options, Strategy};
 use crate::plan::*;
 use crate::units::Unit;
 use fsdp_ir::{DType, Model};
@@ -112,6 +112,9 @@ struct B<'a> {
     /// HSDP under a reduce dtype other than the params': each unit's all-reduced flat
     /// grads, held by FSDP2 until its `finalize_backward`.
     all_reduce_held: Vec<Option<BufferId>>,
+    /// CPUOffloadPolicy: the all-gather being issued's per-parameter device shards (H2D
+    /// copies or their casts), freed once its output is allocated.
+    offload_inputs: Vec<BufferId>,
 }
 
 thread_local! {
@@ -304,6 +307,24 @@ impl B<'_> {
                 (n, b)
             }).collect();
             self.f8_pending[u.index()] = pending;
+        } else if self.opts.offload == Offload::Cpu && !post_forward {
+            // CPUOffloadPolicy: no foreach fast path; per parameter, its padded host shard
+            // copied to the device in its own dtype, then cast to the param dtype (the copy
+            // dropped at once); the device shards live until the all-gather output is
+            // allocated and copied into. FSDPMemTracker counts them as activation in forward,
+            // temp in backward.
+            let cat = if self.phase == Phase::Forward { Category::Activation } else { Category::Temp };
+            for p in &unit.params {
+                let h2d = self.alloc(format!("{} shard (H2D)", p.name), cat, p.shard_numel * p.dtype.size(), None);
+                let d = self.opts.gathered_dtype_of(p);
+                if d != p.dtype {
+                    let c = self.alloc(format!("{} shard ({d})", p.name), cat, p.shard_numel * d.size(), None);
+                    self.free(h2d);
+                    self.offload_inputs.push(c);
+                } else {
+                    self.offload_inputs.push(h2d);
+                }
+            }
         } else if let Some(d) = cast.filter(|_| !post_forward) {
             self.transient(format!("{label} mp shard"), category, shard_numel * d.size());
         }
@@ -313,6 +334,9 @@ impl B<'_> {
         } else {
             self.alloc(format!("{label} all-gather output"), category, bytes, Some(u))
         };
+        for b in std::mem::take(&mut self.offload_inputs) {
+            self.free(b);
+        }
         self.last_ag_op[u.index()] = Some(op);
         self.state[u.index()] = PState::Pending(buf, op);
     }
@@ -476,11 +500,23 @@ impl B<'_> {
         // FSDPMemTracker relabels param grads as "Unsharded Grad" at post-backward entry: the
         // unit's grads become one buffer of the same bytes. (Accumulated ones are no param's
         // grad: they stay temp, and this backward's grads were freed into them above.)
+        // foreach_reduce first walks the (param, unsharded grad) pairs (world size > 1); its loop
+        // variable keeps the unit's last parameter's grad until it returns, after the copy-in
+        // freed the others (measured on harness/fakegpu.py: the peak at the reduced grads'
+        // cast under --offload cpu)
+        let mut grads = grads;
+        let last = if accumulated.is_empty() && self.opts.layout == Layout::Fsdp2 && self.opts.shard_size() > 1 {
+            let last = self.unit_params[u.index()].iter().rev().find_map(|&k| self.grad_of_param[k].filter(|b| grads.contains(b)));
+            last.filter(|_| grads.len() > 1).inspect(|b| grads.retain(|g| g != b))
+        } else {
+            None
+        };
         let relabeled = if accumulated.is_empty() {
             vec![self.relabel(grads, format!("{label} unsharded grads"), Category::UnshardedGrad, Some(u))]
         } else {
             accumulated
         };
+        let last = last.map(|b| self.relabel(vec![b], format!("{label} last param's unsharded grad (held by foreach_reduce)"), Category::UnshardedGrad, Some(u)));
         self.rekey_grads(u);
         if let Some(p) = prev_rs {
             self.free(p);
@@ -537,6 +573,20 @@ impl B<'_> {
                 );
             }
         }
+        if self.opts.offload == Offload::Cpu {
+            // CPUOffloadPolicy: the reduced shard (cast to the params' dtype first if the
+            // reduce dtype differs: one flat copy) goes to the host parameter by parameter
+            // (memory::host); the device copy is dropped without waiting for it
+            if rd != orig {
+                self.transient(format!("{label} reduced grads ({orig})"), Category::Temp, numel / ws * orig.size());
+            }
+            self.free(out);
+            self.pending_rs = rs_in;
+            if let Some(l) = last {
+                self.free(l);
+            }
+            return;
+        }
         if converted {
             let g = self.alloc(format!("{label} sharded grads ({orig})"), Category::ShardedGrad, local * orig.size(), Some(u));
             if all_reduced {
@@ -556,6 +606,9 @@ impl B<'_> {
             }
         } else {
             self.pending_rs = rs_in;
+        }
+        if let Some(l) = last {
+            self.free(l);
         }
     }
 
@@ -836,6 +889,7 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
             .and_then(|i| Some((i, mems[i].out?.bytes()))),
         accumulated: vec![vec![]; units.len()],
         all_reduce_held: vec![None; units.len()],
+        offload_inputs: vec![],
     };
     setup(&mut b, &cx);
     let k = opts.grad_accum;
@@ -850,7 +904,7 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
             continue;
         }
         b.op(OpKind::OptimizerStep { unit: u.id }, Stream::Compute, vec![]);
-        if opts.optimizer.keeps_state() {
+        if opts.optimizer.keeps_state() && opts.offload == Offload::None {
             // Single-tensor Adam: denom = exp_avg_sq.sqrt() / bc2 makes two shard-sized temps.
             let ws = opts.shard_size();
             let big = u.params.iter().map(|p| p.local_numel(ws, 0) * p.dtype.size()).max().unwrap_or(0);
@@ -904,7 +958,9 @@ fn setup(b: &mut B, cx: &Ctx) {
             Layout::Fsdp2 => b.per_param(u, |p| p.shard_numel * p.dtype.size()),
             Layout::Flat => u.shard_numel * u.dtype.size(),
         };
-        b.alloc(format!("{label} sharded params"), Category::ShardedParam, sharded, Some(u.id));
+        if opts.offload == Offload::None {
+            b.alloc(format!("{label} sharded params"), Category::ShardedParam, sharded, Some(u.id));
+        }
         if b.no_shard() {
             // Never sharded: the full params stay resident.
             let bytes = b.unsharded_bytes(u);
@@ -913,7 +969,7 @@ fn setup(b: &mut B, cx: &Ctx) {
             }
             b.state[u.id.index()] = PState::Unsharded;
         }
-        if opts.optimizer.keeps_state() {
+        if opts.optimizer.keeps_state() && opts.offload == Offload::None {
             // exp_avg + exp_avg_sq: zeros_like(unpadded local shard); plus a float32 `step` per
             // param, a host tensor beside a GPU's params (torch.optim keeps `step` on the CPU
             // unless capturable or fused: measured on harness/fakegpu.py), on a CPU run in the
