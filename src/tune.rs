@@ -171,6 +171,9 @@ fn describe(space: &Space, world: u64, c: &Config) -> String {
     if o.edges {
         v.push("embeddings and head own units".into());
     }
+    if o.offload {
+        v.push("CPU offload".into());
+    }
     let none = l - c.full - c.sac;
     v.push(match (c.full, c.sac, none) {
         (0, 0, _) => "no AC".into(),
@@ -206,7 +209,7 @@ fn suggestions(model: &fsdp_ir::Model, base: &Options, hw: &Hardware, space: &Sp
     let least = |ws: u64, seq: u64| -> Option<Eval> {
         let b = Options { world_size: ws, seq, ..base.clone() };
         let s = Space { shards: vec![ws], ..space.clone() };
-        let c = Config { outer: tune::Outer { shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All, group: 1, edges: false }, full: l, sac: 0 };
+        let c = Config { outer: tune::Outer { shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All, group: 1, edges: false, offload: false }, full: l, sac: 0 };
         let plan = fsdp_planner::plan_unchecked(model, &tune::options(&b, &s, &c)).ok()?;
         Some(tune::evaluate(&plan, model, hw, limit, c))
     };
@@ -223,7 +226,11 @@ fn suggestions(model: &fsdp_ir::Model, base: &Options, hw: &Hardware, space: &Sp
         }
         seq /= 2;
     }
-    out.push("CPU offload (FSDP2's CPUOffloadPolicy) is not in the planner's space yet".into());
+    out.push(if space.offload.contains(&true) {
+        "CPU offload (FSDP2's CPUOffloadPolicy, in the space searched) does not fit either: the activations and the gathered params stay on the device".into()
+    } else {
+        "CPU offload (FSDP2's CPUOffloadPolicy) is not searched with these options (it needs the FSDP2 layout on a GPU, without float8)".into()
+    });
     out
 }
 
@@ -236,6 +243,10 @@ pub(crate) fn run(a: TuneArgs) -> Result<()> {
     let (limit, how) = a.limit.of(&hw)?;
     let mut space = tune::space(&model, &base, a.world_size, a.global_batch, hw.gpus_per_node).map_err(user)?;
     space.sac &= !a.no_sac;
+    if hw.host.is_none() {
+        // (a profile without a host behind the device, the CPU's: nothing to offload to)
+        space.offload = vec![false];
+    }
     if a.unit_groups.iter().any(|&k| k == 0 || k > 1024) {
         bail!(UserError(format!("--unit-groups: blocks per unit are 1 to 1024, got {:?}", a.unit_groups)));
     }
@@ -377,7 +388,7 @@ pub(crate) fn fit(a: FitArgs) -> Result<()> {
     let try_n = |n: u64| -> Option<Eval> {
         let opts = if a.seq_len { Options { seq: n, ..base.clone() } } else { Options { batch: n, ..base.clone() } };
         let plan = fsdp_planner::plan_unchecked(&model, &opts).ok()?;
-        let c = Config { outer: tune::Outer { shard: opts.world_size, micro_batch: opts.batch, accum: opts.grad_accum, prefetch: 0, reshard: tune::Reshard::All, group: opts.unit_group, edges: false }, full: 0, sac: 0 };
+        let c = Config { outer: tune::Outer { shard: opts.world_size, micro_batch: opts.batch, accum: opts.grad_accum, prefetch: 0, reshard: tune::Reshard::All, group: opts.unit_group, edges: false, offload: opts.offload == fsdp_planner::Offload::Cpu }, full: 0, sac: 0 };
         Some(tune::evaluate(&plan, &model, &hw, limit, c))
     };
     let fits = |n: u64| try_n(n).is_some_and(|e| e.fits);

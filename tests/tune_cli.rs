@@ -94,10 +94,15 @@ fn tune_says_what_would_fit() {
     let (code, out, _) = run(&["tune", "models/tiny-llama-4l.ron", "--world-size", "2", "--global-batch", "2", "--seq", "1024", "--memory-limit", "3MiB", "--reserve", "0"]);
     assert_eq!(code, 0);
     assert!(out.contains("does not fit") && out.contains("--seq 512 fits") && out.contains("offload"), "{out}");
-    // params bind: more GPUs fit
+    // params bind: CPU offload (FSDP2's CPUOffloadPolicy) is what fits on a GPU with a host
+    // behind it …
     let (code, out, _) = run(&["tune", "models/tiny-llama-4l.ron", "--world-size", "2", "--global-batch", "2", "--seq", "64", "--memory-limit", "600KiB", "--reserve", "0"]);
     assert_eq!(code, 0);
-    assert!(out.contains("does not fit") && out.contains("8 GPUs"), "{out}");
+    assert!(!out.contains("does not fit") && out.contains("--offload cpu") && out.contains("· CPU offload ·"), "{out}");
+    // … and where there is none to offload to (the CPU profile), more GPUs fit
+    let (code, out, _) = run(&["tune", "models/tiny-llama-4l.ron", "--world-size", "2", "--global-batch", "2", "--seq", "64", "--memory-limit", "600KiB", "--reserve", "0", "--hardware", "cpu"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("does not fit") && out.contains("8 GPUs") && !out.contains("--offload"), "{out}");
 }
 
 #[test]

@@ -111,7 +111,15 @@
 //!   own): two more all-gathers and reduce-scatters of those params per step (and their
 //!   all-gathers in backward when resharded), against the root no longer holding them
 //!   unsharded through the step.
-//! - *CPU offload* is not modelled yet.
+//! - *CPU offload* (`--offload cpu`, FSDP2's `CPUOffloadPolicy`): before each all-gather
+//!   every parameter's shard is copied host→device in its own dtype and cast to the param
+//!   dtype, after each reduce-scatter each reduced shard goes device→host
+//!   ([`offload_copy_s`]: bytes over the profile's pinned copy-engine bandwidth per
+//!   direction with every GPU of the node copying, a launch per parameter), on the
+//!   collective's stream — so they lengthen the collective, exposed wherever it is; and the
+//!   optimizer runs on the host while the GPU waits ([`host_optimizer_s`]: the rank's
+//!   parameters × the ranks sharing the host over torch's CPU Adam rate). Against that, the
+//!   device holds no shards, gradients or optimizer state (memory: exact against FSDP2).
 
 use crate::activation::{op_mem, Ctx};
 use crate::hardware::Hardware;
@@ -835,6 +843,40 @@ pub fn model_flops(model: &Model, opts: &Options, attn: AttnImpl) -> f64 {
 pub fn unsharded_bytes(unit: &Unit, opts: &Options) -> u64 {
     unit.params.iter().map(|p| p.padded_numel * opts.gathered_dtype_of(p).size())
         .sum()
+}
+
+/// `--offload cpu` (FSDP2's `CPUOffloadPolicy`, pinned host memory): the copies over PCIe.
+/// Before each all-gather every parameter's padded shard goes host→device in its own dtype
+/// (one copy per parameter on the all-gather's copy-in stream: no foreach fast path), after
+/// each reduce-scatter every parameter's reduced shard goes back device→host on the
+/// reduce-scatter stream. `bytes / pcie_bandwidth` (per direction, every GPU of the node
+/// copying at once) plus a launch per copy. The copies sit on the collective's stream, so
+/// they delay it — and are exposed wherever the collective is. Without a host in the
+/// profile (host and device one memory) they cost nothing.
+pub fn offload_copy_s(hw: &Hardware, to_device: bool, bytes: u64, copies: usize) -> f64 {
+    match &hw.host {
+        Some(h) => bytes as f64 / if to_device { h.h2d_bandwidth } else { h.d2h_bandwidth } + copies as f64 * hw.op_overhead_s,
+        None => 0.0,
+    }
+}
+
+/// `--offload cpu`: the optimizer step of one unit on the host (torch.optim on the rank's
+/// CPU shards, while the GPU waits): its parameters (elements) over the rate the node's host
+/// steps them at ([`crate::hardware::Host::adam_params_per_s`]), shared by the ranks on the
+/// node, which all step at once; SGD, 3 of Adam's 16 passes over memory
+/// ([`optimizer_kernels`]), that much faster. Without a host in the profile: `None` (the
+/// device's kernels).
+pub fn host_optimizer_s(hw: &Hardware, unit: &Unit, opts: &Options) -> Option<f64> {
+    let h = hw.host.as_ref()?;
+    let ws = opts.shard_size();
+    let elements: u64 = unit.params.iter().filter(|p| p.requires_grad).map(|p| p.local_numel(ws, 0)).sum();
+    let ranks = opts.world_size.min(hw.gpus_per_node).max(1) as f64;
+    let rate = match opts.optimizer {
+        Optimizer::Adam | Optimizer::AdamW => h.adam_params_per_s,
+        Optimizer::Sgd => h.adam_params_per_s * 16.0 / 3.0,
+        Optimizer::None => return Some(0.0),
+    };
+    Some(elements as f64 * ranks / rate)
 }
 
 /// The optimizer step of one unit: memory-bound over the rank's shard.

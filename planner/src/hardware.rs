@@ -120,12 +120,35 @@ pub struct Hardware {
     /// runtime. GPUs overlap their streams.
     #[serde(default)]
     pub serial_streams: bool,
+    /// The host behind each GPU, for `--offload cpu` ([`crate::cost::offload_copy_s`],
+    /// [`crate::cost::host_optimizer_s`]); absent where host and device are one memory (the
+    /// CPU profile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<Host>,
     /// A GPU's kernels modelled from published kernel measurements (GEMM sweeps,
     /// FlashAttention benchmarks, nccl-tests, launch costs), each figure cited in its profile.
     /// Without it (the CPU profile, which `calibrate` fits) every kernel takes the
     /// `efficiency` factors above.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<Gpu>,
+}
+
+/// A GPU's host: its PCIe link and the CPU that runs an offloaded optimizer step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Host {
+    /// Pinned host→device copy bandwidth per GPU (copy engine), bytes/s, with every GPU of
+    /// the node copying at once.
+    #[serde(deserialize_with = "positive")]
+    pub h2d_bandwidth: f64,
+    /// Pinned device→host copy bandwidth per GPU, likewise.
+    #[serde(deserialize_with = "positive")]
+    pub d2h_bandwidth: f64,
+    /// torch.optim's Adam/AdamW (its default single-tensor loop on CPU tensors) over the
+    /// node's host: parameters per second for all the node's ranks together (they step at
+    /// once and share the cores and memory).
+    #[serde(deserialize_with = "positive")]
+    pub adam_params_per_s: f64,
 }
 
 /// The GPU kernel models ([`crate::cost`] documents how each is used).

@@ -241,14 +241,31 @@ pub fn op_duration(plan: &Plan, model_cost: &CostModel, hw: &Hardware, op: &Sche
     let copy = |bytes: u64| 2.0 * bytes as f64 / (hw.hbm_bandwidth * hw.efficiency.memory) + hw.op_overhead_s;
     let flat = o.layout == Layout::Flat;
     match &op.kind {
-        OpKind::AllGather { numel, dtype, group, .. } => {
+        OpKind::AllGather { unit, numel, dtype, group, .. } => {
             let (n, _) = cost::group_shape(o, *group, hw.gpus_per_node);
             let copy_in = if flat { 0.0 } else { copy(numel * dtype.size() / n.max(1)) };
-            coll(Coll::AllGather, *numel, *dtype, *group) + copy_in
+            // --offload cpu: each parameter's shard up from the host first (then cast)
+            let h2d = if o.offload == crate::options::Offload::Cpu {
+                let ps = &plan.unit(*unit).params;
+                // (and each cast to the param dtype on the device: read + write)
+                let cast: u64 = ps.iter().filter(|p| o.gathered_dtype_of(p) != p.dtype).map(|p| p.shard_numel * (p.dtype.size() + o.gathered_dtype_of(p).size())).sum();
+                cost::offload_copy_s(hw, true, ps.iter().map(|p| p.shard_numel * p.dtype.size()).sum(), ps.len()) + cast as f64 / (hw.hbm_bandwidth * hw.efficiency.memory)
+            } else {
+                0.0
+            };
+            h2d + coll(Coll::AllGather, *numel, *dtype, *group) + copy_in
         }
-        OpKind::ReduceScatter { numel, dtype, group, .. } => {
+        OpKind::ReduceScatter { unit, numel, dtype, group, .. } => {
             let chunk_cat = if flat { 0.0 } else { copy(numel * dtype.size()) };
-            coll(Coll::ReduceScatter, *numel, *dtype, *group) + chunk_cat
+            // --offload cpu: the reduced shards down to the host after it
+            let d2h = if o.offload == crate::options::Offload::Cpu {
+                let u = plan.unit(*unit);
+                let ps: Vec<_> = u.params.iter().filter(|p| p.requires_grad).collect();
+                cost::offload_copy_s(hw, false, ps.iter().map(|p| p.local_numel(o.shard_size(), 0) * p.dtype.size()).sum(), ps.len())
+            } else {
+                0.0
+            };
+            coll(Coll::ReduceScatter, *numel, *dtype, *group) + chunk_cat + d2h
         }
         OpKind::AllReduce { numel, dtype, group, .. } => coll(Coll::AllReduce, *numel, *dtype, *group),
         // FSDP2 does not run a cached recompute (selective AC's kept output, the early stop)
@@ -269,6 +286,9 @@ pub fn op_duration(plan: &Plan, model_cost: &CostModel, hw: &Hardware, op: &Sche
                 let b = cost::unsharded_bytes(plan.unit(*unit), o) as f64;
                 2.0 * b / (hw.hbm_bandwidth * hw.efficiency.memory) + hw.op_overhead_s
             }
+        }
+        OpKind::OptimizerStep { unit } if o.offload == crate::options::Offload::Cpu && hw.host.is_some() => {
+            cost::host_optimizer_s(hw, plan.unit(*unit), o).unwrap_or(0.0)
         }
         OpKind::OptimizerStep { unit } => {
             let (k, launches) = cost::optimizer_kernels(plan.unit(*unit), o);

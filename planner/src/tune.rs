@@ -11,6 +11,9 @@
 //! - unit groups: one decoder block per FSDP unit, or k (`--unit-group k`, FSDP2's
 //!   `fully_shard([block_i, …, block_i+k-1])`: 1/k of the collectives, each k times the
 //!   size); [`space`] leaves them out (one block per unit), `tune --unit-groups 1,2` adds them;
+//! - CPU offload (FSDP2's `CPUOffloadPolicy`, `--offload cpu`) or not, where `plan` models it
+//!   (FSDP, no gradient accumulation, a block per unit; the CLI leaves it out on a profile
+//!   with no host behind the device);
 //! - activation checkpointing per unit: the first `full` units' blocks fully checkpointed,
 //!   the next `sac` under op-level selective AC, the rest not checkpointed (a unit group's
 //!   blocks alike: FSDP2's group hooks need it).
@@ -84,6 +87,8 @@ pub struct Outer {
     /// The embeddings and the LM head FSDP units of their own (torchtitan's wrapping), not
     /// the root's (`--policy modules:<embeddings>,<blocks>,<head>`).
     pub edges: bool,
+    /// FSDP2's CPUOffloadPolicy (`--offload cpu`): shards, grads and the optimizer on the host.
+    pub offload: bool,
 }
 
 /// A point of the space.
@@ -117,6 +122,11 @@ pub struct Space {
     /// The `modules:` policy that makes the embeddings and the head units of their own
     /// (embeddings, a pattern of the blocks, head), when the model has them untied.
     pub edge_policy: Option<Vec<String>>,
+    /// The offload choices searched ([`Outer::offload`]): `[false, true]` where the options
+    /// allow CPU offload (FSDP2 layout on a GPU, no float8), with FSDP, no gradient
+    /// accumulation, one block per unit and no post-forward groups (what `--offload cpu`
+    /// plans: `Options::check`).
+    pub offload: Vec<bool>,
 }
 
 /// The memory a configuration must fit in.
@@ -182,7 +192,9 @@ pub fn space(model: &Model, base: &Options, world_size: u64, global_batch: u64, 
     // op-level SAC where the options allow it (`Options::check`: not float8 all-gather under
     // HF's checkpointing)
     let sac = blocks.first().is_some_and(|b| Options { checkpoint: vec![format!("{b}=selective-op")], ..base.clone() }.check().is_ok());
-    Ok(Space { shards, batches, prefetch: vec![0, 2], reshard, groups: vec![1], node, blocks, sac, edges: vec![false], edge_policy })
+    let offload_ok = Options { offload: crate::options::Offload::Cpu, world_size, batch: 1, grad_accum: 1, checkpoint: vec![], ..base.clone() }.check().is_ok();
+    let offload = if offload_ok { vec![false, true] } else { vec![false] };
+    Ok(Space { shards, batches, prefetch: vec![0, 2], reshard, groups: vec![1], node, blocks, sac, edges: vec![false], edge_policy, offload })
 }
 
 /// `[embeddings, blocks pattern, head]`: the embedding's module, the blocks as one `*`
@@ -221,6 +233,7 @@ pub fn options(base: &Options, space: &Space, c: &Config) -> Options {
     opts.ac_mode = AcMode::Full;
     opts.checkpoint = checkpoint_entries(&space.blocks, c.full as usize, c.sac as usize);
     opts.unit_group = o.group.max(1);
+    opts.offload = if o.offload { crate::options::Offload::Cpu } else { crate::options::Offload::None };
     if let (true, Some(p)) = (o.edges, &space.edge_policy) {
         opts.policy = crate::options::Policy::Modules(p.clone());
     }
@@ -281,6 +294,9 @@ pub fn flags(space: &Space, base: &Options, c: &Config) -> Vec<String> {
     }
     if let (true, Some(p)) = (o.edges, &space.edge_policy) {
         f.extend(["--policy".into(), format!("modules:{}", p.join(","))]);
+    }
+    if o.offload {
+        f.extend(["--offload".into(), "cpu".into()]);
     }
     for e in checkpoint_entries(&space.blocks, c.full as usize, c.sac as usize) {
         f.extend(["--checkpoint".into(), e]);
@@ -487,7 +503,10 @@ pub fn outers(space: &Space) -> Vec<Outer> {
                     for &group in &space.groups {
                         // (edge units name the blocks one by one: not with unit groups)
                         for &edges in space.edges.iter().filter(|&&e| !e || (group == 1 && space.edge_policy.is_some())) {
-                            v.push(Outer { shard, micro_batch, accum, prefetch, reshard, group, edges });
+                            // (CPU offload: FSDP, no accumulation, a block per unit, no post-forward groups)
+                            for &offload in space.offload.iter().filter(|&&x| !x || (fsdp && accum == 1 && group == 1 && reshard != Reshard::ToNode)) {
+                                v.push(Outer { shard, micro_batch, accum, prefetch, reshard, group, edges, offload });
+                            }
                         }
                     }
                 }

@@ -39,6 +39,7 @@ fn hw() -> Hardware {
         backward_op_overhead_s: 0.0,
         forward_op_overhead_s: 0.0,
         serial_streams: false,
+        host: None,
         gpu: None,
     }
 }

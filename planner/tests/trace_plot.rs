@@ -23,6 +23,7 @@ fn h100ish() -> Hardware {
         backward_op_overhead_s: 0.0,
         forward_op_overhead_s: 0.0,
         serial_streams: false,
+        host: None,
         gpu: None,
     }
 }
