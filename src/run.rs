@@ -203,6 +203,9 @@ pub(crate) fn run_inputs(r: &RunArgs) -> Result<(Plan, Model)> {
     if plan.options.train_loop != fsdp_planner::TrainLoop::Hf {
         bail!(UserError(format!("--train-loop {}: the runtime trains with HF's loss (labels shifted inside the model); that loop is planned, not run", plan.options.train_loop.name())));
     }
+    if plan.options.offload != fsdp_planner::Offload::None {
+        bail!(UserError("--offload cpu: the runtime does not execute FSDP2's CPUOffloadPolicy (the CPU runtime has no host/device split; plan, tune and time it here)".into()));
+    }
     if plan.options.seq < 2 {
         bail!(UserError(format!("--seq {}: a causal-LM loss needs at least 2 tokens per sequence (it predicts token t+1 from token t)", plan.options.seq)));
     }

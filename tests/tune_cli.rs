@@ -99,6 +99,17 @@ fn tune_says_what_would_fit() {
     let (code, out, _) = run(&["tune", "models/tiny-llama-4l.ron", "--world-size", "2", "--global-batch", "2", "--seq", "64", "--memory-limit", "600KiB", "--reserve", "0"]);
     assert_eq!(code, 0);
     assert!(!out.contains("does not fit") && out.contains("--offload cpu") && out.contains("· CPU offload ·"), "{out}");
+    // its flags re-plan to its numbers, the reserve judged the same way
+    let v = json(&["tune", "models/tiny-llama-4l.ron", "--world-size", "2", "--global-batch", "2", "--seq", "64", "--memory-limit", "600KiB", "--reserve", "0", "--format", "json"]);
+    let flags: Vec<String> = v["best"]["flags"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()).collect();
+    assert!(flags.windows(2).any(|w| w[0] == "--offload" && w[1] == "cpu"), "{flags:?}");
+    let mut a: Vec<&str> = vec!["plan", "models/tiny-llama-4l.ron"];
+    a.extend(flags.iter().map(String::as_str));
+    a.extend(["--format", "json"]);
+    let p = json(&a);
+    assert_eq!(p["memory"]["peak_bytes"], v["best"]["predicted"]["peak_bytes"]);
+    assert_eq!(p["time"]["tokens_per_s_per_gpu"], v["best"]["predicted"]["tokens_per_s_per_gpu"]);
+    assert!(p["memory"]["host"]["peak_bytes"].as_u64().unwrap() > 0, "{}", p["memory"]);
     // … and where there is none to offload to (the CPU profile), more GPUs fit
     let (code, out, _) = run(&["tune", "models/tiny-llama-4l.ron", "--world-size", "2", "--global-batch", "2", "--seq", "64", "--memory-limit", "600KiB", "--reserve", "0", "--hardware", "cpu"]);
     assert_eq!(code, 0);
