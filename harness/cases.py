@@ -733,6 +733,13 @@ FAKE_CASES.update({
                                 "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu"},
     "llama3_8b_gpu_bf16_ws8": {"model": "llama-3-8b", "world_size": 8, "batch": 1, "seq": 4096,
                                "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu"},
+    # where the optimizer step is the peak: a GPU's foreach AdamW copies every exp_avg_sq
+    # (`_foreach_sqrt`) on top of the shards, grads and state (f32 masters, 2 ranks, short
+    # checkpointed sequences)
+    "llama3_8b_gpu_adamw_ac_ws2": {"model": "llama-3-8b", "world_size": 2, "batch": 1, "seq": 256,
+                                   "model_dtype": "float32", "param_dtype": "bfloat16",
+                                   "reduce_dtype": "float32", "optimizer": "adamw",
+                                   "checkpoint": ["LlamaDecoderLayer"], "device": "fakegpu"},
     "llama_wide_offload_bf16_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
                                     "param_dtype": "bfloat16", "reduce_dtype": "float32",
                                     "device": "fakegpu", "offload": True},
