@@ -758,6 +758,16 @@ FAKE_CASES.update({
     "llama_wide_offload_bf16r_b1s8_ws2": {"model": "tiny-llama-wide", "world_size": 2, "batch": 1, "seq": 8,
                                           "model_dtype": "float32", "param_dtype": "bfloat16",
                                           "reduce_dtype": "bfloat16", "device": "fakegpu", "offload": True},
+    # gradient accumulation (unsynced grads kept on the device, the last micro-batch's
+    # reduction goes to the host) and HSDP (the replicas' all-reduce on the device, its input
+    # held until the next post-backward)
+    "llama_wide_offload_bf16_ga2_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
+                                        "param_dtype": "bfloat16", "reduce_dtype": "float32", "grad_accum": 2,
+                                        "device": "fakegpu", "offload": True},
+    "llama_wide_offload_hsdp_bf16_ws4": {"model": "tiny-llama-wide", "world_size": 4, "model_dtype": "float32",
+                                         "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                         "strategy": "hybrid-shard", "shard_group_size": 2,
+                                         "device": "fakegpu", "offload": True},
     "llama3_8b_offload_bf16_ws8": {"model": "llama-3-8b", "world_size": 8, "batch": 1, "seq": 4096,
                                    "model_dtype": "float32", "param_dtype": "bfloat16",
                                    "reduce_dtype": "float32", "optimizer": "adamw",

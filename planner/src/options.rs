@@ -618,11 +618,8 @@ impl Options {
             if self.layout == Layout::Flat {
                 return refuse("FSDP2's CPUOffloadPolicy (FSDP1's CPUOffload is not modelled): not with --layout flat");
             }
-            if !matches!(self.strategy, Strategy::FullShard) {
-                return refuse("full-shard only (HSDP's all-reduce and unsharded strategies with offload are not modelled yet)");
-            }
-            if self.grad_accum > 1 {
-                return refuse("not with --grad-accum > 1 yet (FSDP2 accumulates offloaded grads on the host: not modelled)");
+            if !matches!(self.strategy, Strategy::FullShard | Strategy::HybridShard { .. }) {
+                return refuse("full-shard or hybrid-shard only (shard-grad-op and no-shard with offload are not modelled)");
             }
             if self.float8.is_some() || self.reshard_to.is_some() || self.unit_group > 1 {
                 return refuse("not with --float8, --reshard-after-forward N or --unit-group yet (not modelled)");

@@ -553,7 +553,8 @@ impl B<'_> {
         // reduce-scattered into a new flat buffer in the reduce dtype; the sharded grads are
         // views of it, or (orig dtype differs) copies made from it after the all-reduce
         let converted = rd != orig && !flat;
-        let out_category = if converted { Category::Temp } else { Category::ShardedGrad };
+        // (offloaded: the grads are the host's copies; the device's output is temp)
+        let out_category = if converted || self.opts.offload == Offload::Cpu { Category::Temp } else { Category::ShardedGrad };
         let out = self.alloc(format!("{label} sharded grads"), out_category, numel / ws * rd.size(), Some(u));
         let rs_in = copy_in.map(|t| self.relabel(vec![t], format!("{label} reduce-scatter input"), Category::ReduceScatter, Some(u)));
         let mut all_reduced = false;
@@ -580,7 +581,14 @@ impl B<'_> {
             if rd != orig {
                 self.transient(format!("{label} reduced grads ({orig})"), Category::Temp, numel / ws * orig.size());
             }
-            self.free(out);
+            if all_reduced {
+                // HSDP: the replicas' all-reduce ran on it; FSDP2 keeps that input
+                // (`_all_reduce_state`) until the group's next post-backward or the end of
+                // the backward
+                self.all_reduce_held[u.index()] = Some(out);
+            } else {
+                self.free(out);
+            }
             self.pending_rs = rs_in;
             if let Some(l) = last {
                 self.free(l);

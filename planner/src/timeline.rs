@@ -240,6 +240,14 @@ pub fn op_duration(plan: &Plan, model_cost: &CostModel, hw: &Hardware, op: &Sche
     // reduce-scatter input (chunk_cat) on the collective's stream: read + write, memory-bound
     let copy = |bytes: u64| 2.0 * bytes as f64 / (hw.hbm_bandwidth * hw.efficiency.memory) + hw.op_overhead_s;
     let flat = o.layout == Layout::Flat;
+    // --offload cpu: a unit's reduced shards copied down to the host
+    let d2h_s = |unit: crate::ids::UnitId| {
+        if o.offload != crate::options::Offload::Cpu {
+            return 0.0;
+        }
+        let ps: Vec<_> = plan.unit(unit).params.iter().filter(|p| p.requires_grad).collect();
+        cost::offload_copy_s(hw, false, ps.iter().map(|p| p.local_numel(o.shard_size(), 0) * p.dtype.size()).sum(), ps.len())
+    };
     match &op.kind {
         OpKind::AllGather { unit, numel, dtype, group, .. } => {
             let (n, _) = cost::group_shape(o, *group, hw.gpus_per_node);
@@ -257,16 +265,12 @@ pub fn op_duration(plan: &Plan, model_cost: &CostModel, hw: &Hardware, op: &Sche
         }
         OpKind::ReduceScatter { unit, numel, dtype, group, .. } => {
             let chunk_cat = if flat { 0.0 } else { copy(numel * dtype.size()) };
-            // --offload cpu: the reduced shards down to the host after it
-            let d2h = if o.offload == crate::options::Offload::Cpu {
-                let u = plan.unit(*unit);
-                let ps: Vec<_> = u.params.iter().filter(|p| p.requires_grad).collect();
-                cost::offload_copy_s(hw, false, ps.iter().map(|p| p.local_numel(o.shard_size(), 0) * p.dtype.size()).sum(), ps.len())
-            } else {
-                0.0
-            };
+            // --offload cpu: the reduced shards down to the host after it (after the replicas'
+            // all-reduce under HSDP)
+            let d2h = if o.replicate_size() > 1 { 0.0 } else { d2h_s(*unit) };
             coll(Coll::ReduceScatter, *numel, *dtype, *group) + chunk_cat + d2h
         }
+        OpKind::AllReduce { unit, numel, dtype, group: group @ Group::Replicate } => coll(Coll::AllReduce, *numel, *dtype, *group) + d2h_s(*unit),
         OpKind::AllReduce { numel, dtype, group, .. } => coll(Coll::AllReduce, *numel, *dtype, *group),
         // FSDP2 does not run a cached recompute (selective AC's kept output, the early stop)
         OpKind::Recompute { cached: true, .. } => 0.0,

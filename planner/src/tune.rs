@@ -11,9 +11,9 @@
 //! - unit groups: one decoder block per FSDP unit, or k (`--unit-group k`, FSDP2's
 //!   `fully_shard([block_i, …, block_i+k-1])`: 1/k of the collectives, each k times the
 //!   size); [`space`] leaves them out (one block per unit), `tune --unit-groups 1,2` adds them;
-//! - CPU offload (FSDP2's `CPUOffloadPolicy`, `--offload cpu`) or not, where `plan` models it
-//!   (FSDP, no gradient accumulation, a block per unit; the CLI leaves it out on a profile
-//!   with no host behind the device);
+//! - CPU offload (FSDP2's `CPUOffloadPolicy`, `--offload cpu`) or not, under FSDP with a
+//!   block per unit (`plan` also plans it under HSDP; the CLI leaves it out on a profile with
+//!   no host behind the device);
 //! - activation checkpointing per unit: the first `full` units' blocks fully checkpointed,
 //!   the next `sac` under op-level selective AC, the rest not checkpointed (a unit group's
 //!   blocks alike: FSDP2's group hooks need it).
@@ -123,9 +123,9 @@ pub struct Space {
     /// (embeddings, a pattern of the blocks, head), when the model has them untied.
     pub edge_policy: Option<Vec<String>>,
     /// The offload choices searched ([`Outer::offload`]): `[false, true]` where the options
-    /// allow CPU offload (FSDP2 layout on a GPU, no float8), with FSDP, no gradient
-    /// accumulation, one block per unit and no post-forward groups (what `--offload cpu`
-    /// plans: `Options::check`).
+    /// allow CPU offload (FSDP2 layout on a GPU, no float8), with FSDP (`plan` also plans it
+    /// under HSDP; left out here: it would double the search), one block per unit and no
+    /// post-forward groups (what `--offload cpu` plans: `Options::check`).
     pub offload: Vec<bool>,
 }
 
@@ -503,8 +503,8 @@ pub fn outers(space: &Space) -> Vec<Outer> {
                     for &group in &space.groups {
                         // (edge units name the blocks one by one: not with unit groups)
                         for &edges in space.edges.iter().filter(|&&e| !e || (group == 1 && space.edge_policy.is_some())) {
-                            // (CPU offload: FSDP, no accumulation, a block per unit, no post-forward groups)
-                            for &offload in space.offload.iter().filter(|&&x| !x || (fsdp && accum == 1 && group == 1 && reshard != Reshard::ToNode)) {
+                            // (CPU offload: FSDP, a block per unit, no post-forward groups)
+                            for &offload in space.offload.iter().filter(|&&x| !x || (fsdp && group == 1 && reshard != Reshard::ToNode)) {
                                 v.push(Outer { shard, micro_batch, accum, prefetch, reshard, group, edges, offload });
                             }
                         }
