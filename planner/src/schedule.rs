@@ -507,14 +507,16 @@ impl B<'_> {
         let mut grads = grads;
         let last = if accumulated.is_empty() && self.opts.layout == Layout::Fsdp2 && self.opts.shard_size() > 1 {
             let last = self.unit_params[u.index()].iter().rev().find_map(|&k| self.grad_of_param[k].filter(|b| grads.contains(b)));
-            last.filter(|_| grads.len() > 1).inspect(|b| grads.retain(|g| g != b))
+            last.inspect(|b| grads.retain(|g| g != b))
         } else {
+            // (under accumulation the list walked is of the kept upcast grads: not modelled)
             None
         };
-        let relabeled = if accumulated.is_empty() {
-            vec![self.relabel(grads, format!("{label} unsharded grads"), Category::UnshardedGrad, Some(u))]
-        } else {
-            accumulated
+        let relabeled = match (accumulated.is_empty(), grads.is_empty() && last.is_some()) {
+            (true, false) => vec![self.relabel(grads, format!("{label} unsharded grads"), Category::UnshardedGrad, Some(u))],
+            // (the unit's one grad is the one held)
+            (true, true) => vec![],
+            (false, _) => accumulated,
         };
         let last = last.map(|b| self.relabel(vec![b], format!("{label} last param's unsharded grad (held by foreach_reduce)"), Category::UnshardedGrad, Some(u)));
         self.rekey_grads(u);
