@@ -51,6 +51,8 @@ fn check(name: &str, ws: u64, global_batch: u64, base: Options, allocator: bool)
     let h = hw("h100-sxm");
     let base = Options { world_size: ws, ..base };
     let mut space = tune::space(&m, &base, ws, global_batch, h.gpus_per_node).unwrap();
+    // CPU offload is in the space the oracle enumerates (where the options allow it)
+    assert_eq!(space.offload.contains(&true), Options { offload: fsdp_planner::Offload::Cpu, ..base.clone() }.check().is_ok(), "{name}");
     // unit groups of two where there are blocks enough to pair, and resharding to "nodes" of
     // two ranks after forward (reshard_after_forward=2) where the world has two of them
     if space.blocks.len() >= 4 {
