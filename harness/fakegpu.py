@@ -12,7 +12,8 @@ SDPA picks its kernel per device type in C++ and has no choice for PrivateUse1 (
 math path, which materializes the scores); `scaled_dot_product_attention` on the fake device
 runs CUDA's FlashAttention op (`_scaled_dot_product_flash_attention`, whose meta kernel needs no
 GPU: output, float32 logsumexp and the philox seed/offset saved, GQA native), as SDPA on an
-H100 does for causal bf16 attention without a mask.
+H100 does for causal bf16 attention without a mask — or, where q and v differ in width or the
+inputs are float32, its memory-efficient kernel, as SDPA does there.
 
 An op with a CUDA kernel and a CompositeImplicitAutograd one (silu_backward, mish_backward,
 _fused_rms_norm) would decompose on a backend without a kernel, above FakeTensorMode, into
@@ -130,12 +131,17 @@ def install():
         if query.device.type != NAME:
             return sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                         scale=scale, enable_gqa=enable_gqa)
-        # (CUDA's flash kernel takes half and bf16 only: float32 runs the memory-efficient kernel,
-        # which this device does not stand in for)
-        assert attn_mask is None and dropout_p == 0.0 and query.dtype in (torch.float16, torch.bfloat16), \
-            (attn_mask, dropout_p, query.dtype)
-        return torch.ops.aten._scaled_dot_product_flash_attention(
-            query, key, value, dropout_p, is_causal, scale=scale)[0]
+        assert attn_mask is None and dropout_p == 0.0, (attn_mask, dropout_p)
+        if query.dtype in (torch.float16, torch.bfloat16) and query.size(-1) == value.size(-1):
+            return torch.ops.aten._scaled_dot_product_flash_attention(
+                query, key, value, dropout_p, is_causal, scale=scale)[0]
+        # CUDA's flash kernel wants one head width for q, k and v (and half or bf16): SDPA
+        # takes the memory-efficient kernel (DeepSeek's latent attention, q/k 192 wide, v 128),
+        # which saves its output, a logsumexp padded to 32 rows and the philox seed/offset
+        assert query.size(1) == key.size(1), "the memory-efficient kernel takes no GQA"
+        return torch.ops.aten._scaled_dot_product_efficient_attention(
+            query, key, value, None, query.requires_grad or key.requires_grad, dropout_p, is_causal,
+            scale=scale)[0]
 
     torch.nn.functional.scaled_dot_product_attention = flash_like_cuda
     # FSDPMemTracker rounds a CUDA storage up to the caching allocator's 512 B blocks: the fake

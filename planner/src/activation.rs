@@ -1024,20 +1024,25 @@ fn mla_attention(cx: &Ctx, m: &mut OpMem, heads: u64, dqk: u64, mla: fsdp_ir::Ml
     m.out = Some(t(v, cd, "output"));
     let mut c = Chain::default();
     if cx.device == Device::Cuda && cx.attn != AttnImpl::Eager {
-        // the memory-efficient kernel (not measured): q, k, v (kv_b_proj's output, a view),
-        // its output and log-sum-exp saved; its backward makes the three grads
+        // the memory-efficient kernel (q/k and v differ in width: no flash; measured on
+        // harness/fakegpu.py, DeepSeek-V2-Lite): q, k, v (kv_b_proj's output, a view), its
+        // output — written [b, s, h, d], so HF's transpose + contiguous is a view of it, the
+        // op's output — a log-sum-exp padded to 32 rows and the philox seed and offset saved;
+        // its backward makes the three grads
         m.saves_inputs[2] = true;
+        m.saves_output = true;
         mla_qk_scratch(m, q, cd);
         m.saved.push(t(q, cd, "q"));
         m.saved.push(t(q, cd, "k"));
-        m.saved.push(t(v, cd, "attention output (b, h, s, d)"));
         m.saved.push(t(b * heads * s.div_ceil(32) * 32, f, "attention logsumexp"));
+        m.saved.push(t(2, DType::Int64, "attention philox seed"));
+        m.saved.push(t(1, DType::Int64, "attention philox offset"));
         let vg = c.make(t(v, cd, "attention v grad"));
         let kg = c.make(t(q, cd, "attention k grad"));
         c.input_grad(0);
         c.input_grad(1);
         c.drop_out_grad();
-        for k in 0..4 {
+        for k in 0..m.saved.len() {
             c.release(k);
         }
         mla_backward_tail(&mut c, cd, kg, vg, sizes);
