@@ -128,7 +128,7 @@ def case_main(argv, all_cases, run_case, subdir):
         t0 = time.time()
         res = run_case(name, all_cases[name])
         # (a case on harness/fakegpu.py's fake accelerator: its own directory, which the
-        # conformance suite does not read yet)
+        # conformance suite plans with --device cuda)
         where = subdir + "gpu" if all_cases[name].get("device", "cpu") != "cpu" else subdir
         out = os.path.join(FIXTURES, where, f"{name}.json")
         write_json(out, res)

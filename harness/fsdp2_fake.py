@@ -12,6 +12,9 @@ unless the case says otherwise, lr 1e-3) and 2 training steps on a random batch,
 same FSDPMemTracker subclass as fsdp2_oracle.py (peak reset after step 1). The collectives
 FSDP2 issues are logged by the same patch. Losses are not recorded (fake tensors hold no
 values). Rank 0's view: on the fake group every rank is rank 0, whose shards are the largest.
+A case with `device: "fakegpu"` runs on harness/fakegpu.py's fake accelerator instead of the
+CPU (the model built on meta, sharded, then materialized; `offload: true` adds FSDP2's
+CPUOffloadPolicy) and is written to tests/fixtures/fsdp2_fakegpu/ with the host's figures.
 """
 import contextlib
 import os
