@@ -778,7 +778,8 @@ FAKE_CASES.update({
 for _name in ("llama3_8b_bf16_ac_ws8", "qwen3_8b_sac_op_ws8", "mixtral_8x7b_bf16_ac_ws8",
               "llama3_70b_hsdp_ws32", "llama3_8b_bf16_ga2_ws8", "llama31_8b_tt_mixed_ac_ws8",
               "llama31_8b_f8ag_sac_tt_bf16_ws8", "llama31_8b_f8row_bf16_ws8",
-              "deepseek_v2_lite_bf16_ws8", "deepseek_v2_lite_bf16_ac_ws8"):
+              "deepseek_v2_lite_bf16_ws8", "deepseek_v2_lite_bf16_ac_ws8",
+              "qwen3_8b_bf16_ws8", "qwen3_30b_a3b_bf16_ws8", "llama3_70b_eager_ws16"):
     FAKE_CASES["gpu_" + _name] = dict(FAKE_CASES[_name], device="fakegpu")
 # the tiny checkpointed-region cases of BASE_CASES again, on the deterministic fake group
 for _name in ("llama4l_ac_mlp_units_ws2", "llama4l_ac_attn_units_ws2", "llama4l_ac_nested_ws2",
