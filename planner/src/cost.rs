@@ -845,18 +845,28 @@ pub fn unsharded_bytes(unit: &Unit, opts: &Options) -> u64 {
         .sum()
 }
 
-/// `--offload cpu` (FSDP2's `CPUOffloadPolicy`, pinned host memory): the copies over PCIe.
-/// Before each all-gather every parameter's padded shard goes host→device in its own dtype
-/// (one copy per parameter on the all-gather's copy-in stream: no foreach fast path), after
-/// each reduce-scatter every parameter's reduced shard goes back device→host on the
-/// reduce-scatter stream. `bytes / pcie_bandwidth` (per direction, every GPU of the node
-/// copying at once) plus a launch per copy. The copies sit on the collective's stream, so
-/// they delay it — and are exposed wherever the collective is. Without a host in the
-/// profile (host and device one memory) they cost nothing.
-pub fn offload_copy_s(hw: &Hardware, to_device: bool, bytes: u64, copies: usize) -> f64 {
-    match &hw.host {
-        Some(h) => bytes as f64 / if to_device { h.h2d_bandwidth } else { h.d2h_bandwidth } + copies as f64 * hw.op_overhead_s,
-        None => 0.0,
+/// `--offload cpu` (FSDP2's `CPUOffloadPolicy`, pinned host memory): `unit`'s copies over
+/// PCIe (0 without offload). Before each all-gather (`to_device`) every parameter's padded
+/// shard goes host→device in its own dtype (one copy per parameter on the all-gather's
+/// copy-in stream: no foreach fast path) and is cast to the param dtype on the device (read
+/// + write); after each reduction every parameter's reduced shard goes back device→host on
+/// the collective's stream. `bytes / bandwidth` (per direction, every GPU of the node copying
+/// at once) plus a launch per copy. The copies sit on the collective's stream, so they delay
+/// it — and are exposed wherever the collective is. Without a host in the profile (host and
+/// device one memory) they cost nothing.
+pub fn offload_copy_s(hw: &Hardware, unit: &Unit, opts: &Options, to_device: bool) -> f64 {
+    let Some(h) = hw.host.as_ref().filter(|_| opts.offload == crate::options::Offload::Cpu) else {
+        return 0.0;
+    };
+    let ps = &unit.params;
+    if to_device {
+        let cast: u64 = ps.iter().filter(|p| opts.gathered_dtype_of(p) != p.dtype).map(|p| p.shard_numel * (p.dtype.size() + opts.gathered_dtype_of(p).size())).sum();
+        let bytes: u64 = ps.iter().map(|p| p.shard_numel * p.dtype.size()).sum();
+        bytes as f64 / h.h2d_bandwidth + ps.len() as f64 * hw.op_overhead_s + cast as f64 / (hw.hbm_bandwidth * hw.efficiency.memory)
+    } else {
+        let ws = opts.shard_size();
+        let bytes: u64 = ps.iter().map(|p| p.grad_shard_bytes(ws)).sum();
+        bytes as f64 / h.d2h_bandwidth + ps.iter().filter(|p| p.requires_grad).count() as f64 * hw.op_overhead_s
     }
 }
 
@@ -887,7 +897,7 @@ pub fn host_optimizer_s(hw: &Hardware, unit: &Unit, opts: &Options) -> Option<f6
 /// per step of a unit (foreach kernels).
 pub fn optimizer_kernels(unit: &Unit, opts: &Options) -> (Vec<Kernel>, u32) {
     let ws = opts.shard_size();
-    let bytes: u64 = unit.params.iter().filter(|p| p.requires_grad).map(|p| p.local_numel(ws, 0) * p.dtype.size()).sum();
+    let bytes: u64 = unit.params.iter().map(|p| p.grad_shard_bytes(ws)).sum();
     let touches = match opts.optimizer {
         Optimizer::Adam | Optimizer::AdamW => 16.0,
         Optimizer::Sgd => 3.0,

@@ -199,9 +199,9 @@ fn plan_passes(model: &Model, opts: &Options, model_hash: Option<Box<dyn FnOnce(
         memory,
         shared: vec![],
     };
+    let host = memory::host(&units, opts);
     let Some(model_hash) = model_hash else {
-        let mut memory = memory::simulate(&sched.ops, &sched.buffers, &units)?;
-        memory.host = memory::host(&units, opts);
+        let memory = Memory { host, ..memory::simulate(&sched.ops, &sched.buffers, &units)? };
         let collectives = memory::collectives(&sched.ops, &units);
         return Ok(bare(units, sched, collectives, memory));
     };
@@ -218,7 +218,6 @@ fn plan_passes(model: &Model, opts: &Options, model_hash: Option<Box<dyn FnOnce(
         let memory = rules?;
         Ok::<_, PlanError>((offsets?, memory, collectives))
     })?;
-    let host = memory::host(&units, opts);
     let mut plan = bare(units, sched, collectives, Memory { host, ..memory });
     for (b, o) in plan.buffers.iter_mut().zip(offsets) {
         b.offset = o;

@@ -83,11 +83,10 @@ pub fn host(units: &[Unit], opts: &crate::options::Options) -> Option<HostMemory
     let ws = opts.shard_size();
     let params = || units.iter().flat_map(|u| &u.params);
     let sharded_param: u64 = params().map(|p| p.shard_numel * p.dtype.size()).sum();
-    let local = |p: &crate::units::UnitParam| if p.requires_grad { p.local_numel(ws, 0) * p.dtype.size() } else { 0 };
-    let sharded_grad: u64 = params().map(local).sum();
+    let sharded_grad: u64 = params().map(|p| p.grad_shard_bytes(ws)).sum();
     let (optstate, optimizer_temp) = if opts.optimizer.keeps_state() {
         let steps = 4 * params().filter(|p| p.requires_grad).count() as u64;
-        (2 * sharded_grad + steps, 2 * params().map(local).max().unwrap_or(0))
+        (2 * sharded_grad + steps, 2 * params().map(|p| p.grad_shard_bytes(ws)).max().unwrap_or(0))
     } else {
         (0, 0)
     };

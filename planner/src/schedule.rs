@@ -915,35 +915,32 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
     // Llama-3-8B, f32 masters, ws 2, the peak at `_foreach_sqrt`); on the CPU the
     // single-tensor loop's two temporaries of one parameter.
     let foreach = opts.device == Device::Cuda && opts.optimizer.keeps_state() && opts.offload == Offload::None;
+    // one tensor per parameter (per flat parameter under FSDP1), as the caching allocator is
+    // asked for them: they fit the blocks the backward freed; made at the first unit's step
+    let ws = opts.shard_size();
+    let mut sqrt_sizes: Option<Vec<u64>> = foreach.then(|| {
+        units
+            .iter()
+            .flat_map(|u| match opts.layout {
+                Layout::Fsdp2 => u.params.iter().map(|p| p.grad_shard_bytes(ws)).collect::<Vec<_>>(),
+                Layout::Flat if u.params.is_empty() => vec![],
+                Layout::Flat => vec![u.shard_numel * u.dtype.size()],
+            })
+            .filter(|&x| x > 0)
+            .collect()
+    });
     let mut sqrt_all: Vec<BufferId> = vec![];
-    let mut sqrt_made = false;
     for u in units {
         if u.params.is_empty() || opts.optimizer == Optimizer::None {
             continue;
         }
         b.op(OpKind::OptimizerStep { unit: u.id }, Stream::Compute, vec![]);
         if foreach {
-            if !sqrt_made {
-                // one tensor per parameter (per flat parameter under FSDP1), as the caching
-                // allocator is asked for them: they fit the blocks the backward freed
-                sqrt_made = true;
-                let ws = opts.shard_size();
-                let sizes: Vec<u64> = units
-                    .iter()
-                    .flat_map(|u| match opts.layout {
-                        Layout::Fsdp2 => u.params.iter().filter(|p| p.requires_grad).map(|p| p.local_numel(ws, 0) * p.dtype.size()).collect::<Vec<_>>(),
-                        Layout::Flat if u.params.is_empty() => vec![],
-                        Layout::Flat => vec![u.shard_numel * u.dtype.size()],
-                    })
-                    .collect();
-                for bytes in sizes.into_iter().filter(|&x| x > 0) {
-                    let t = b.alloc("adam foreach sqrt (an exp_avg_sq's copy)".into(), Category::Optstate, bytes, None);
-                    sqrt_all.push(t);
-                }
+            for bytes in sqrt_sizes.take().into_iter().flatten() {
+                sqrt_all.push(b.alloc("adam foreach sqrt (an exp_avg_sq's copy)".into(), Category::Optstate, bytes, None));
             }
         } else if opts.optimizer.keeps_state() && opts.offload == Offload::None {
             // Single-tensor Adam: denom = exp_avg_sq.sqrt() / bc2 makes two shard-sized temps.
-            let ws = opts.shard_size();
             let big = u.params.iter().map(|p| p.local_numel(ws, 0) * p.dtype.size()).max().unwrap_or(0);
             let big = if opts.layout == Layout::Flat { u.shard_numel * u.dtype.size() } else { big };
             let t1 = b.alloc(format!("{} adam sqrt", u.label()), Category::Optstate, big, None);
@@ -1015,7 +1012,7 @@ fn setup(b: &mut B, cx: &Ctx) {
             // unless capturable or fused: measured on harness/fakegpu.py), on a CPU run in the
             // same memory as the rest.
             let local: u64 = match opts.layout {
-                Layout::Fsdp2 => b.per_param(u, |p| if p.requires_grad { p.local_numel(ws, 0) * p.dtype.size() } else { 0 }),
+                Layout::Fsdp2 => b.per_param(u, |p| p.grad_shard_bytes(ws)),
                 Layout::Flat => u.shard_numel * u.dtype.size(),
             };
             let nparams = match (opts.layout, opts.device) {

@@ -240,37 +240,21 @@ pub fn op_duration(plan: &Plan, model_cost: &CostModel, hw: &Hardware, op: &Sche
     // reduce-scatter input (chunk_cat) on the collective's stream: read + write, memory-bound
     let copy = |bytes: u64| 2.0 * bytes as f64 / (hw.hbm_bandwidth * hw.efficiency.memory) + hw.op_overhead_s;
     let flat = o.layout == Layout::Flat;
-    // --offload cpu: a unit's reduced shards copied down to the host
-    let d2h_s = |unit: crate::ids::UnitId| {
-        if o.offload != crate::options::Offload::Cpu {
-            return 0.0;
-        }
-        let ps: Vec<_> = plan.unit(unit).params.iter().filter(|p| p.requires_grad).collect();
-        cost::offload_copy_s(hw, false, ps.iter().map(|p| p.local_numel(o.shard_size(), 0) * p.dtype.size()).sum(), ps.len())
-    };
     match &op.kind {
         OpKind::AllGather { unit, numel, dtype, group, .. } => {
             let (n, _) = cost::group_shape(o, *group, hw.gpus_per_node);
             let copy_in = if flat { 0.0 } else { copy(numel * dtype.size() / n.max(1)) };
             // --offload cpu: each parameter's shard up from the host first (then cast)
-            let h2d = if o.offload == crate::options::Offload::Cpu {
-                let ps = &plan.unit(*unit).params;
-                // (and each cast to the param dtype on the device: read + write)
-                let cast: u64 = ps.iter().filter(|p| o.gathered_dtype_of(p) != p.dtype).map(|p| p.shard_numel * (p.dtype.size() + o.gathered_dtype_of(p).size())).sum();
-                cost::offload_copy_s(hw, true, ps.iter().map(|p| p.shard_numel * p.dtype.size()).sum(), ps.len()) + cast as f64 / (hw.hbm_bandwidth * hw.efficiency.memory)
-            } else {
-                0.0
-            };
-            h2d + coll(Coll::AllGather, *numel, *dtype, *group) + copy_in
+            cost::offload_copy_s(hw, plan.unit(*unit), o, true) + coll(Coll::AllGather, *numel, *dtype, *group) + copy_in
         }
         OpKind::ReduceScatter { unit, numel, dtype, group, .. } => {
             let chunk_cat = if flat { 0.0 } else { copy(numel * dtype.size()) };
             // --offload cpu: the reduced shards down to the host after it (after the replicas'
             // all-reduce under HSDP)
-            let d2h = if o.replicate_size() > 1 { 0.0 } else { d2h_s(*unit) };
+            let d2h = if o.replicate_size() > 1 { 0.0 } else { cost::offload_copy_s(hw, plan.unit(*unit), o, false) };
             coll(Coll::ReduceScatter, *numel, *dtype, *group) + chunk_cat + d2h
         }
-        OpKind::AllReduce { unit, numel, dtype, group: group @ Group::Replicate } => coll(Coll::AllReduce, *numel, *dtype, *group) + d2h_s(*unit),
+        OpKind::AllReduce { unit, numel, dtype, group: group @ Group::Replicate } => coll(Coll::AllReduce, *numel, *dtype, *group) + cost::offload_copy_s(hw, plan.unit(*unit), o, false),
         OpKind::AllReduce { numel, dtype, group, .. } => coll(Coll::AllReduce, *numel, *dtype, *group),
         // FSDP2 does not run a cached recompute (selective AC's kept output, the early stop)
         OpKind::Recompute { cached: true, .. } => 0.0,

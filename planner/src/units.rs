@@ -46,6 +46,15 @@ impl UnitParam {
         let rows = d0.saturating_sub(r * c).min(c);
         rows * rest
     }
+    /// Bytes of rank 0's unpadded shard of the param's gradient — and of each Adam moment,
+    /// and of an offloaded grad on the host; 0 for a frozen param.
+    pub fn grad_shard_bytes(&self, ws: u64) -> u64 {
+        if self.requires_grad {
+            self.local_numel(ws, 0) * self.dtype.size()
+        } else {
+            0
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
