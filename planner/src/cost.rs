@@ -848,9 +848,9 @@ pub fn unsharded_bytes(unit: &Unit, opts: &Options) -> u64 {
 /// `--offload cpu` (FSDP2's `CPUOffloadPolicy`, pinned host memory): `unit`'s copies over
 /// PCIe (0 without offload). Before each all-gather (`to_device`) every parameter's padded
 /// shard goes host→device in its own dtype (one copy per parameter on the all-gather's
-/// copy-in stream: no foreach fast path) and is cast to the param dtype on the device (read
-/// + write); after each reduction every parameter's reduced shard goes back device→host on
-/// the collective's stream. `bytes / bandwidth` (per direction, every GPU of the node copying
+/// copy-in stream: no foreach fast path) and is cast to the param dtype on the device (a read
+/// and a write); after each reduction every parameter's reduced shard goes back device→host
+/// on the collective's stream. `bytes / bandwidth` (per direction, every GPU of the node copying
 /// at once) plus a launch per copy. The copies sit on the collective's stream, so they delay
 /// it — and are exposed wherever the collective is. Without a host in the profile (host and
 /// device one memory) they cost nothing.
