@@ -36,6 +36,9 @@ DEFAULTS = {
                                       # accelerator (the host beside it: Adam's step counters there)
     "offload": False,                 # fsdp2_fake.py on "fakegpu": CPUOffloadPolicy on every unit
                                       # (the planner's --offload cpu)
+    "compile": False,                 # fsdp2_fake.py: torchtitan's per-block torch.compile with
+                                      # inductor's partitioner (fsdp2_oracle.compile_blocks; the
+                                      # planner's --compile); fixtures add `after_forward`
     "ac_wrapper": "hf",               # "torchtitan": checkpoint_wrapper before fully_shard (the
                                       # blocks' FSDP hooks outside their checkpoints; the planner's
                                       # --ac-wrapper); "hf": HF's gradient checkpointing (inside)
@@ -772,6 +775,21 @@ FAKE_CASES.update({
                                    "model_dtype": "float32", "param_dtype": "bfloat16",
                                    "reduce_dtype": "float32", "optimizer": "adamw",
                                    "device": "fakegpu", "offload": True},
+})
+FAKE_CASES.update({
+    # torchtitan's --compile: each decoder block under torch.compile with inductor's
+    # partitioner (fsdp2_oracle.compile_blocks), on the fake accelerator; recorded: what the
+    # forward leaves for the backward (`after_forward`). Without AC (the planner keeps eager's
+    # model of checkpointed blocks); a tiny model and Llama-3-8B
+    "llama_wide_compile_bf16_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
+                                    "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                    "device": "fakegpu", "compile": True},
+    "llama3_8b_compile_bf16_ws8": {"model": "llama-3-8b", "world_size": 8, "batch": 1, "seq": 4096,
+                                   "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                   "device": "fakegpu", "compile": True},
+    "qwen3_8b_compile_bf16_ws8": {"model": "qwen3-8b", "world_size": 8, "batch": 1, "seq": 4096,
+                                  "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                  "device": "fakegpu", "compile": True},
 })
 # real-size cases again on the fake accelerator (planned --device cuda): checkpointing, op-level
 # SAC, MoE, HSDP, gradient accumulation, torchtitan's mixed AC with the last block kept

@@ -130,6 +130,9 @@ def case_main(argv, all_cases, run_case, subdir):
         # (a case on harness/fakegpu.py's fake accelerator: its own directory, which the
         # conformance suite plans with --device cuda)
         where = subdir + "gpu" if all_cases[name].get("device", "cpu") != "cpu" else subdir
+        if all_cases[name].get("compile"):
+            # (torch.compile'd blocks: fixtures of what inductor's partitioner saves)
+            where = "fsdp2_compile"
         out = os.path.join(FIXTURES, where, f"{name}.json")
         write_json(out, res)
         n = collections.Counter(c["kind"] for c in res["collectives"])

@@ -104,6 +104,7 @@ def run_case(name, case):
                 model = AutoModelForCausalLM.from_config(cfg, **kw)
             model.train()
             oracle.enable_checkpointing(model, case, cfg)
+            oracle.compile_blocks(model, case)
             model_dtype = common.dtype_name(next(model.parameters()).dtype)
             hf_param_numel = sum(p.numel() for p in model.parameters())
             policy = oracle.shard_model(model, case, mesh, cfg)
@@ -155,6 +156,7 @@ def run_case(name, case):
                 "breakdown": peak,
                 "peak_at": tracker.peak_where,
                 "step1_peak_bytes": step1_peak["total"],
+                **({"after_forward": tracker.after_forward} if case.get("compile") else {}),
                 **({"host_peak_bytes": host["total"], "host_breakdown": host,
                     "host_before_optimizer_step": tracker.host_before_step} if host else {}),
             },

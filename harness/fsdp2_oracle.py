@@ -190,12 +190,18 @@ _COMM_OPS = {
 
 
 class WhereTracker(FSDPMemTracker):
-    """FSDPMemTracker with where the peak is, the collectives it saw at dispatch, and unit
+    """(The tracker stays out of torch.compile's tracing and sees the compiled code's ops when
+    they run: `ignore_compile_internals`.)
+FSDPMemTracker with where the peak is, the collectives it saw at dispatch, and unit
     groups kept intact: PyTorch 2.11's tracker replaces each FSDP module's forward hooks
     with plain per-module ones, which for `fully_shard([m0, m1])` (one state, group hooks:
     gather before the first module, reshard after the last) gathers and reshards at every
     member and reduce-scatters per member — another schedule than FSDP2 runs untracked. Here
     a state shared by several modules is instrumented once, through the group hooks."""
+
+    @classmethod
+    def ignore_compile_internals(cls):
+        return True
 
     def _instrument_fsdp_module(self):
         from torch.distributed._tools.fsdp2_mem_tracker import _SavedFSDPMethods
@@ -454,6 +460,63 @@ def enable_checkpointing(model, case, cfg):
     assert all(type(m).__name__ not in names for p, m in layers if (p, type(m).__name__) not in ckpt)
 
 
+def _constant_folding_on_host():
+    """Inductor's joint-graph pass folds uniform-valued tensors (`full`) by running their ops
+    on one-element tensors of the graph's device; on the fake accelerator they run on the
+    host instead (the same values: what is folded, and so what the partitioner sees, is
+    unchanged)."""
+    from torch._inductor.fx_passes import joint_graph
+    cls = joint_graph.UniformValueConstantFolder
+    orig = cls._deduce_value
+    if getattr(orig, "_on_host", False):
+        return
+
+    def deduce(self, node):
+        dev = node.kwargs.get("device") if node.op == "call_function" else None
+        if dev is None or torch.device(dev).type in ("cpu", "meta"):
+            return orig(self, node)
+        kwargs = node.kwargs
+        node.kwargs = dict(kwargs, device=torch.device("cpu"))
+        try:
+            return orig(self, node)
+        finally:
+            node.kwargs = kwargs
+    deduce._on_host = True
+    cls._deduce_value = deduce
+
+
+def inductor_partition_backend():
+    """torch.compile's inductor up to its code generation: AOTAutograd with inductor's
+    decompositions and its partition function (its joint-graph passes, then the min-cut
+    rematerialization partitioner: what the forward saves for the backward, what the backward
+    recomputes), the partitioned graphs run as they are (no fusion; fake tensors have no data
+    for generated kernels to read)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.backends.debugging import get_nop_func
+    from torch._inductor import compile_fx
+    _constant_folding_on_host()
+    return aot_autograd(fw_compiler=get_nop_func(), bw_compiler=get_nop_func(),
+                        decompositions=compile_fx.select_decomp_table(),
+                        partition_fn=compile_fx.partition_fn)
+
+
+def compile_blocks(model, case):
+    """torchtitan's --compile (parallelize_llama.py, `apply_compile`): every decoder block
+    under `torch.compile(fullgraph=True)` after its checkpoint wrapper and before fully_shard
+    (FSDP's hooks outside the compiled code), here each block's forward, with
+    `inductor_partition_backend`. torchtitan's model has no KV cache (HF's DynamicCache is off:
+    `use_cache=False`)."""
+    if not case.get("compile"):
+        return
+    assert case.get("ac_wrapper", "hf") == "torchtitan" or not case["checkpoint"], case
+    model.config.use_cache = False
+    backend = inductor_partition_backend()
+    blocks = [m for m in model.modules() if type(m).__name__ in model._no_split_modules]
+    assert blocks, model._no_split_modules
+    for m in blocks:
+        m.forward = torch.compile(m.forward, backend=backend, fullgraph=True)
+
+
 def make_mesh(case, device="cpu"):
     """The case's DeviceMesh on `device` (the CPU, or harness/fakegpu.py's fake accelerator):
     1-D, or 2-D (replicate, shard) for hybrid sharding."""
@@ -642,6 +705,15 @@ def train_two_steps(model, opt, case, input_ids, labels, tracker, record_losses)
                     loss = torch.nn.functional.cross_entropy(pred.flatten(0, 1), labels.flatten(0, 1))
                 else:
                     loss = model(input_ids=input_ids, labels=labels).loss
+                if step == 2 and mb == ga - 1:
+                    # what the forward leaves for the backward (the saved activations)
+                    tracker.after_forward = _breakdown(tracker.get_tracker_snapshot("current"), tracker.main_device)
+                    if os.environ.get("ORACLE_LIVE_AFTER_FORWARD"):  # (diagnostic: each storage)
+                        common.write_json(os.environ["ORACLE_LIVE_AFTER_FORWARD"], sorted(
+                            ({"category": w.reftype.value, "bytes": w.mem_consumed,
+                              "made_by": list(tracker._made_by.get(st, ("before step 2", "")))}
+                             for st, (w, _) in list(tracker._WINFO.items())),
+                            key=lambda e: (e["category"], -e["bytes"])))
                 loss.backward()
                 if record_losses and mb < ga - 1:
                     losses.append(loss.item())
@@ -744,6 +816,8 @@ def _extra_options(case):
         out["train_loop"] = case["train_loop"]
     if case.get("offload"):
         out["offload"] = "cpu"
+    if case.get("compile"):
+        out["compile"] = True
     if case.get("float8"):
         out["float8"] = case["float8"]
         out["float8_all_gather"] = bool(case.get("float8_all_gather"))

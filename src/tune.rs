@@ -42,7 +42,8 @@ pub(crate) struct TuneArgs {
     /// with --float8-all-gather, op-level SAC is searched under `torchtitan` only.
     #[arg(long, default_value = "hf", value_parser = ["hf", "torchtitan"])]
     pub(crate) ac_wrapper: String,
-    /// Rank configurations as run under torchtitan's --compile (changes predicted time only).
+    /// Rank configurations as run under torchtitan's --compile (`plan --compile`: its time, and
+    /// what blocks without checkpointing save).
     #[arg(long)]
     pub(crate) compile: bool,
     /// Ranked with torchao float8 linears (`plan --float8`; numerics are the user's choice,

@@ -103,7 +103,7 @@ pub fn options_of(f: &Value) -> Options {
         // kernel, Adam's step counters on the host)
         device: if o["device"].as_str() == Some("fakegpu") { Device::Cuda } else { Device::Cpu },
         expandable_segments: false,
-        compile: false,
+        compile: o["compile"].as_bool().unwrap_or(false),
         unit_group: o["unit_group"].as_u64().unwrap_or(1) as u32,
         reshard_to: o["reshard_after_forward"].as_u64(),
         float8: o["float8"].as_str().map(|r| fsdp_planner::options::Float8 {
@@ -231,6 +231,68 @@ fn master_dtype_equals_building_the_model_in_it() {
         checked += 1;
     }
     assert!(checked >= 2, "only {checked} cases build their model in another dtype than the config's");
+}
+
+/// `--compile` (torchtitan's per-block `torch.compile`), against inductor's partitioner
+/// (harness `fsdp2_oracle.compile_blocks`, on the fake accelerator): what the forward leaves
+/// for the backward, by category, exact — the saved activations of the compiled blocks beside
+/// the eager rest. The fixtures' peaks are not truth for inductor: the harness runs the
+/// partitioned graphs op by op, with temporaries inductor's fused kernels do not make; they
+/// are printed beside the plan's.
+#[test]
+fn compiled_blocks_save_what_inductor_saves() {
+    check_collectives("tests/fixtures/fsdp2_compile");
+    let mut report = String::new();
+    let mut failures = vec![];
+    for (name, f) in fixtures("tests/fixtures/fsdp2_compile") {
+        check_versions(&name, &f);
+        let model = import(&f);
+        let opts = options_of(&f);
+        assert!(opts.compile, "{name}: not a compiled case");
+        let plan = fsdp_planner::plan(&model, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+        // live before the last micro-batch's backward (its first all-gather included)
+        let last_mb = plan.schedule.iter().map(|o| o.micro_batch).max().unwrap_or(0);
+        let first_bwd = plan
+            .schedule
+            .iter()
+            .position(|o| o.micro_batch == last_mb && o.phase == fsdp_planner::plan::Phase::Backward)
+            .unwrap_or_else(|| panic!("{name}: no backward"));
+        let mut live = [0i64; 16];
+        for op in &plan.schedule[..first_bwd] {
+            for ev in &op.events {
+                // (the loss's grad seed, which the plan makes with the loss, is made by
+                // `loss.backward()`: after the fixture's record)
+                let b = match *ev {
+                    fsdp_planner::plan::Event::Alloc(b) | fsdp_planner::plan::Event::Free(b) => b,
+                };
+                if plan.buffers[b.index()].name.ends_with("grad seed (ones_like)") {
+                    continue;
+                }
+                match *ev {
+                    fsdp_planner::plan::Event::Alloc(b) => live[plan.buffers[b.index()].category.index()] += plan.buffers[b.index()].bytes as i64,
+                    fsdp_planner::plan::Event::Free(b) => live[plan.buffers[b.index()].category.index()] -= plan.buffers[b.index()].bytes as i64,
+                }
+            }
+        }
+        let want = &f["memory"]["after_forward"];
+        assert!(want.is_object(), "{name}: the fixture has no after_forward record");
+        let (mut wt, mut gt) = (0i64, 0i64);
+        report += &format!("{name:<40}");
+        for c in Category::ALL {
+            let w = want[c.name()].as_i64().unwrap_or(0);
+            let g = live[c.index()];
+            wt += w;
+            gt += g;
+            if w != g {
+                report += &format!("  {}:{:+}", c.name(), g - w);
+                failures.push(format!("{name}: after forward {} predicted {g} B, inductor {w} B", c.name()));
+            }
+        }
+        let peak = f["memory"]["peak_bytes"].as_u64().unwrap_or(0);
+        report += &format!("  after forward {gt} B (inductor {wt} B); peak {} B (unfused graphs {peak} B)\n", plan.memory.peak_bytes);
+    }
+    eprintln!("{report}");
+    assert!(failures.is_empty(), "{}\n{report}", failures.join("\n"));
 }
 
 fn check_memory(dir: &str) {

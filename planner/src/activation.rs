@@ -321,7 +321,8 @@ impl<'a> Ctx<'a> {
             input_cast: opts.param_dtype,
             float8: opts.float8,
             unit_modules: vec![],
-            use_cache: opts.checkpoint.is_empty(),
+            // (torchtitan's model, which `--compile` stands for, has no cache)
+            use_cache: opts.checkpoint.is_empty() && !opts.compile,
             train_loop: opts.train_loop,
             op_index: std::cell::OnceCell::new(),
         }
@@ -945,6 +946,98 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
 /// the mm saves the float32 copies of both (the input's, and the weight's transposed), its
 /// output is float32; the backward makes both grads in float32, then casts each back
 /// (the weight's first: its cast node is the later one).
+/// Does `--compile`'s memory model apply to this op: inside a decoder block (torchtitan's
+/// `apply_compile` compiles each block; the embedding, the final norm, the head and the loss
+/// stay eager), on the ops [`compiled`] knows? Not with float8 linears (torchao's casts under
+/// the partitioner are not measured: eager's memory stays) nor with eager attention.
+pub fn compile_applies(cx: &Ctx, blocks: &[String], op: &Op) -> bool {
+    cx.float8.is_none()
+        && cx.attn != AttnImpl::Eager
+        && blocks.iter().any(|b| op.module.strip_prefix(b.as_str()).is_some_and(|r| r.is_empty() || r.starts_with('.')))
+}
+
+/// The decoder blocks `--compile` compiles (module paths).
+pub fn compiled_blocks(model: &Model) -> Vec<String> {
+    model.modules.iter().filter(|m| m.class.ends_with("DecoderLayer") || m.class == "GPT2Block").map(|m| m.path.clone()).collect()
+}
+
+/// What a decoder block saves and makes under `torch.compile` (torchtitan's `--compile`),
+/// in place of eager autograd's [`op_mem`]. Inductor's min-cut partitioner decides what the
+/// forward saves: the outputs of ops it will not recompute (GEMMs, SDPA) that the backward
+/// needs, and of the point-wise and reduction ops only what is cheaper to keep than to
+/// recompute from those; the rest of each point-wise chain is recomputed inside the fused
+/// backward kernels. Measured with inductor's own partition function (its joint-graph passes,
+/// then `min_cut_rematerialization_partition`) under fake mode, harness
+/// `fsdp2_oracle.compile_blocks`, `tests/fixtures/fsdp2_compile/` (what the forward leaves
+/// for the backward, exact):
+///
+/// - RMSNorm keeps its input and the f32 `rsqrt` per row, nothing else (eager keeps an f32
+///   copy of the input and the normalized tensor); its output is kept by the linear reading
+///   it, as in eager;
+/// - RoPE keeps nothing of its own (its outputs are SDPA's q and k);
+/// - an activation keeps its input (the gate projection's output); a product keeps only
+///   factors no point-wise op made (`up`: `silu(gate)` is recomputed from `gate`);
+/// - a linear reading the attention's output keeps nothing of it when SDPA saves it (the
+///   `transpose(1, 2).contiguous()` copy is recomputed from the kernel's output).
+///
+/// The fused kernels make no temporaries of their own (forward or backward): inductor writes
+/// each chain's outputs once. What the backward materializes beyond that (the fused kernels'
+/// outputs under its memory planning) is eager's per-op model of the remaining ops, not
+/// measured (the harness runs the partitioned graphs unfused).
+///
+/// Checkpointed blocks keep eager's model (`checkpointed`: an op's region, if any): under
+/// op-level SAC the partitioner keeps only the cached outputs the backward reads (not the
+/// last `down_proj`'s, which eager's SAC cache holds) and not the checkpoint's own inputs
+/// (the position ids) — measured, not modelled yet.
+pub fn compiled(cx: &Ctx, model: &Model, mems: &mut [OpMem], checkpointed: &[Option<usize>]) {
+    let blocks = compiled_blocks(model);
+    let index: HashMap<&str, usize> = model.ops.iter().enumerate().map(|(i, o)| (o.name.as_str(), i)).collect();
+    let producer = |op: &Op, k: usize| op.inputs.get(k).and_then(|n| index.get(n.as_str())).map(|&i| &model.ops[i]);
+    let pointwise = |o: &Op| matches!(o.kind, OpKind::Activation { .. } | OpKind::Mul | OpKind::Add | OpKind::Rope { .. } | OpKind::RmsNorm { .. } | OpKind::Scale { .. } | OpKind::GatedActivation { .. });
+    let attention_saves_output: Vec<bool> = mems.iter().map(|m| m.saves_output).collect();
+    for (i, op) in model.ops.iter().enumerate() {
+        if !compile_applies(cx, &blocks, op) || checkpointed[i].is_some() {
+            continue;
+        }
+        let m = &mut mems[i];
+        match &op.kind {
+            OpKind::RmsNorm { head_dim, .. } => {
+                let normed = head_dim.or_else(|| op.shape.last().and_then(|d| d.eval(cx.dims)));
+                let rows = cx.n(op) / normed.unwrap_or(1).max(1);
+                *m = OpMem {
+                    out: m.out,
+                    saves_inputs: vec![true],
+                    saved: vec![t(rows, DType::Float32, "rms_norm rsqrt")],
+                    differentiable: m.differentiable,
+                    ..OpMem::default()
+                };
+            }
+            OpKind::Rope { complex: false, interleave: false, head_stride: None, .. } | OpKind::Activation { .. } | OpKind::Add => {
+                m.fwd_scratch.clear();
+                m.bwd_scratch.clear();
+                m.bwd_chain.clear();
+            }
+            OpKind::Mul => {
+                for k in 0..m.saves_inputs.len() {
+                    if producer(op, k).is_some_and(|p| pointwise(p) && compile_applies(cx, &blocks, p)) {
+                        m.saves_inputs[k] = false;
+                    }
+                }
+                m.bwd_scratch.clear();
+                m.bwd_chain.clear();
+            }
+            OpKind::Linear { .. } => {
+                if let Some(j) = op.inputs.first().and_then(|n| index.get(n.as_str())) {
+                    if matches!(model.ops[*j].kind, OpKind::Attention { .. }) && attention_saves_output[*j] {
+                        m.saves_inputs = vec![false];
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 fn float32_linear(m: &mut OpMem, cd: DType, rows: u64, i: u64, o: u64) {
     let f = DType::Float32;
     m.out = Some(t(rows * o, f, "output (f32)"));

@@ -224,9 +224,9 @@ pub const COMPILED_ROPE: (f64, f64) = (2.40, 5.41);
 /// - a residual add stays `3c` both ways (its fusion into the next norm's read is not
 ///   counted); dropout with `p > 0` keeps eager's bytes.
 ///
-/// Not modelled: the saved activations of inductor's partitioner (memory stays eager's, an
-/// upper bound: the min-cut partitioner saves no more than eager autograd does here) and
-/// compile's effect on the CPU (each remaining kernel keeps eager's launch cost).
+/// Memory: what the partitioner saves is [`crate::activation::compiled`]'s (blocks without
+/// checkpointing). Not modelled: compile's effect on the CPU (each remaining kernel keeps
+/// eager's launch cost).
 struct Fusion {
     /// Module paths of the compiled blocks.
     blocks: Vec<String>,
@@ -236,7 +236,7 @@ struct Fusion {
 
 impl Fusion {
     fn new(model: &Model) -> Fusion {
-        let blocks = model.modules.iter().filter(|m| m.class.ends_with("DecoderLayer") || m.class == "GPT2Block").map(|m| m.path.clone()).collect();
+        let blocks = crate::activation::compiled_blocks(model);
         let mut consumers: HashMap<&str, Vec<&OpKind>> = HashMap::default();
         for op in &model.ops {
             for i in &op.inputs {

@@ -103,7 +103,7 @@ pub fn header(plan: &Plan) -> String {
         o.optimizer.name(),
         o.grad_accum,
         o.device.name(),
-        if o.compile { " · torch.compile (time only)" } else { "" }
+        if o.compile { " · torch.compile" } else { "" }
     ) + &match o.float8 {
         Some(f) => format!("float8 linears ({}{})\n", f.recipe.name(), if f.all_gather { ", weights all-gathered in float8" } else { "" }),
         None => String::new(),

@@ -777,7 +777,7 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
     // activations in param_dtype under MP, else in the model's parameter dtype
     let mut cx = Ctx::new(model, opts, attn);
     cx.unit_modules = units.iter().filter(|u| !u.is_root()).map(|u| u.module.clone()).collect();
-    let mems: Vec<OpMem> = model.ops.iter().map(|o| op_mem(&cx, o)).collect();
+    let mut mems: Vec<OpMem> = model.ops.iter().map(|o| op_mem(&cx, o)).collect();
     let op_index: HashMap<&str, usize> = model.ops.iter().enumerate().map(|(i, o)| (o.name.as_str(), i)).collect();
     let nops = model.ops.len();
     let inputs: Vec<Vec<(usize, usize)>> = model
@@ -788,6 +788,9 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
     // Checkpointed ops: inside a module of a checkpointed class or path (region = that
     // module's index in the module list)
     let region = checkpoint_regions(model, opts);
+    if opts.compile {
+        crate::activation::compiled(&cx, model, &mut mems, &region);
+    }
     let ends = module_ends(model);
     let mut tz = Tensors {
         alias: (0..nops).collect(),
