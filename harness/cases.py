@@ -779,14 +779,29 @@ FAKE_CASES.update({
 FAKE_CASES.update({
     # torchtitan's --compile: each decoder block under torch.compile with inductor's
     # partitioner (fsdp2_oracle.compile_blocks), on the fake accelerator; recorded: what the
-    # forward leaves for the backward (`after_forward`). Without AC (the planner keeps eager's
-    # model of checkpointed blocks); a tiny model and Llama-3-8B
+    # forward leaves for the backward (`after_forward`). Without AC, op-level SAC and full AC
+    # (torchtitan's checkpoint wrapper); a tiny model, Llama-3-8B, Qwen3-8B
     "llama_wide_compile_bf16_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
                                     "param_dtype": "bfloat16", "reduce_dtype": "float32",
                                     "device": "fakegpu", "compile": True},
+    "llama_wide_compile_sac_bf16_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
+                                        "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                        "checkpoint": ["LlamaDecoderLayer"], "ac_mode": "selective-op",
+                                        "ac_wrapper": "torchtitan", "device": "fakegpu", "compile": True},
+    "llama_wide_compile_ac_bf16_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
+                                       "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                       "checkpoint": ["LlamaDecoderLayer"], "ac_wrapper": "torchtitan",
+                                       "device": "fakegpu", "compile": True},
     "llama3_8b_compile_bf16_ws8": {"model": "llama-3-8b", "world_size": 8, "batch": 1, "seq": 4096,
                                    "param_dtype": "bfloat16", "reduce_dtype": "float32",
                                    "device": "fakegpu", "compile": True},
+    # torchtitan's Llama-3.1-8B run with --compile (8 × H100, 2 × 8192, op-level SAC)
+    "llama31_8b_compile_sac_tt_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 2, "seq": 8192,
+                                      "model_dtype": "float32", "param_dtype": "bfloat16",
+                                      "reduce_dtype": "float32", "optimizer": "adamw",
+                                      "unit_reshard": {"last": False}, "checkpoint": ["LlamaDecoderLayer"],
+                                      "ac_mode": "selective-op", "ac_wrapper": "torchtitan",
+                                      "device": "fakegpu", "compile": True},
     "qwen3_8b_compile_bf16_ws8": {"model": "qwen3-8b", "world_size": 8, "batch": 1, "seq": 4096,
                                   "param_dtype": "bfloat16", "reduce_dtype": "float32",
                                   "device": "fakegpu", "compile": True},

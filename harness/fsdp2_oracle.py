@@ -431,10 +431,14 @@ def enable_checkpointing(model, case, cfg):
         name, _, mode = entry.partition("=")
         specs[name] = mode or default
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # (compiled cases as torchtitan's checkpoint_wrapper calls it, preserve_rng_state=False:
+    # under torch.compile saving the RNG state is a higher-order op the fake device has no
+    # kernel for; the eager cases keep checkpoint's default)
+    rng = {"preserve_rng_state": False} if case.get("compile") else {}
     funcs = {
-        "full": functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False),
+        "full": functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False, **rng),
         "selective-op": functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False,
-                                          context_fn=op_sac_context_fn),
+                                          context_fn=op_sac_context_fn, **rng),
     }
     names = set(specs)
     layers = [(path, m) for path, m in model.named_modules() if isinstance(m, GradientCheckpointingLayer)]
@@ -500,6 +504,28 @@ def inductor_partition_backend():
                         partition_fn=compile_fx.partition_fn)
 
 
+def _rng_ops_through_tracker():
+    """A compiled checkpoint's graphs wrap the ops that draw random numbers (SDPA's flash
+    kernel) in `run_and_save_rng_state` / `run_with_rng_state` so that the recompute draws
+    the same: higher-order ops, which FSDPMemTracker has no rule for. Its rule here runs the
+    op under the tracker (its outputs counted as any op's) and makes the state a host tensor,
+    as CUDA's `get_rng_state()` is (16 bytes: seed and offset)."""
+    from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+    if WhereTracker in run_and_save_rng_state.python_key_table:
+        return
+
+    def save(mode, op, *args, **kwargs):
+        state = torch.zeros(16, dtype=torch.uint8)
+        with mode:
+            return state, op(*args, **kwargs)
+
+    def replay(mode, rng_state, op, *args, **kwargs):
+        with mode:
+            return op(*args, **kwargs)
+    run_and_save_rng_state.py_impl(WhereTracker)(save)
+    run_with_rng_state.py_impl(WhereTracker)(replay)
+
+
 def compile_blocks(model, case):
     """torchtitan's --compile (parallelize_llama.py, `apply_compile`): every decoder block
     under `torch.compile(fullgraph=True)` after its checkpoint wrapper and before fully_shard
@@ -510,6 +536,7 @@ def compile_blocks(model, case):
         return
     assert case.get("ac_wrapper", "hf") == "torchtitan" or not case["checkpoint"], case
     model.config.use_cache = False
+    _rng_ops_through_tracker()
     backend = inductor_partition_backend()
     blocks = [m for m in model.modules() if type(m).__name__ in model._no_split_modules]
     assert blocks, model._no_split_modules

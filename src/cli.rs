@@ -182,9 +182,9 @@ pub(crate) struct Fixed {
     #[arg(long, default_value_t = 1)]
     pub(crate) unit_group: u32,
     /// torchtitan's --compile: each decoder block under torch.compile (inductor fuses the
-    /// element-wise ops: norms, rotary, SwiGLU). Changes the predicted time and what blocks
-    /// without checkpointing save (inductor's partitioner; checkpointed blocks keep eager's
-    /// memory); no HF KV cache (torchtitan's model has none).
+    /// element-wise ops: norms, rotary, SwiGLU). Changes the predicted time and what the blocks
+    /// save (inductor's partitioner; float8 linears keep eager's memory); no HF KV cache
+    /// (torchtitan's model has none).
     #[arg(long)]
     pub(crate) compile: bool,
     #[command(flatten)]

@@ -43,7 +43,7 @@ pub(crate) struct TuneArgs {
     #[arg(long, default_value = "hf", value_parser = ["hf", "torchtitan"])]
     pub(crate) ac_wrapper: String,
     /// Rank configurations as run under torchtitan's --compile (`plan --compile`: its time, and
-    /// what blocks without checkpointing save).
+    /// what the blocks save).
     #[arg(long)]
     pub(crate) compile: bool,
     /// Ranked with torchao float8 linears (`plan --float8`; numerics are the user's choice,

@@ -49,9 +49,10 @@ fn predicted_order_is_the_measured_order_within_a_source() {
     assert!(wrong.is_empty(), "predicted order differs from the measured one:\n{}", wrong.join("\n"));
 }
 
-/// `--compile` changes the predicted time, never the memory or the collectives.
+/// `--compile` changes the predicted time and what the blocks save (inductor's partitioner),
+/// never the collectives.
 #[test]
-fn compile_changes_time_only() {
+fn compile_changes_time_and_what_blocks_save() {
     let args = ["models/llama-3.1-8b.ron", "--world-size", "8", "--batch", "2", "--seq", "8192", "--param-dtype", "bf16", "--reduce-dtype", "f32", "--master-dtype", "f32", "--checkpoint", "LlamaDecoderLayer", "--ac-mode", "selective-op", "--hardware", "h100-sxm", "--format", "json"];
     let run = |extra: &[&str]| -> Value {
         let o = Command::new(env!("CARGO_BIN_EXE_fsdp-plan")).current_dir(env!("CARGO_MANIFEST_DIR")).args(args).args(extra).output().unwrap();
@@ -59,8 +60,11 @@ fn compile_changes_time_only() {
         serde_json::from_slice(&o.stdout).unwrap()
     };
     let (eager, compiled) = (run(&[]), run(&["--compile"]));
-    assert_eq!(eager["memory"], compiled["memory"]);
     assert_eq!(eager["collectives"], compiled["collectives"]);
+    // (inductor's partitioner keeps less than eager's SAC: no `down_proj` output, 128 MiB a
+    // block here; tests/conformance.rs holds it against the partitioner itself)
+    let peak = |v: &Value| v["memory"]["peak_bytes"].as_u64().unwrap();
+    assert!(peak(&compiled) + 32 * (128 << 20) <= peak(&eager), "compile: {} B vs eager {} B", peak(&compiled), peak(&eager));
     let t = |v: &Value| v["time"]["step_time_s"].as_f64().unwrap();
     assert!(t(&compiled) < 0.95 * t(&eager), "compile: {} s vs eager {} s", t(&compiled), t(&eager));
 }

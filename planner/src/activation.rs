@@ -956,6 +956,11 @@ pub fn compile_applies(cx: &Ctx, blocks: &[String], op: &Op) -> bool {
         && blocks.iter().any(|b| op.module.strip_prefix(b.as_str()).is_some_and(|r| r.is_empty() || r.starts_with('.')))
 }
 
+/// Point-wise and reduction ops inductor fuses (and its partitioner may recompute).
+pub fn pointwise(o: &Op) -> bool {
+    matches!(o.kind, OpKind::Activation { .. } | OpKind::Mul | OpKind::Add | OpKind::Rope { .. } | OpKind::RmsNorm { .. } | OpKind::Scale { .. } | OpKind::GatedActivation { .. })
+}
+
 /// The decoder blocks `--compile` compiles (module paths).
 pub fn compiled_blocks(model: &Model) -> Vec<String> {
     model.modules.iter().filter(|m| m.class.ends_with("DecoderLayer") || m.class == "GPT2Block").map(|m| m.path.clone()).collect()
@@ -985,18 +990,16 @@ pub fn compiled_blocks(model: &Model) -> Vec<String> {
 /// outputs under its memory planning) is eager's per-op model of the remaining ops, not
 /// measured (the harness runs the partitioned graphs unfused).
 ///
-/// Checkpointed blocks keep eager's model (`checkpointed`: an op's region, if any): under
-/// op-level SAC the partitioner keeps only the cached outputs the backward reads (not the
-/// last `down_proj`'s, which eager's SAC cache holds) and not the checkpoint's own inputs
-/// (the position ids) — measured, not modelled yet.
-pub fn compiled(cx: &Ctx, model: &Model, mems: &mut [OpMem], checkpointed: &[Option<usize>]) {
+/// In checkpointed blocks these rules are what the recompute makes (inductor's backward
+/// recomputes inside its fused kernels); which SAC outputs the forward keeps is the
+/// schedule's (`compiled_checkpoints`).
+pub fn compiled(cx: &Ctx, model: &Model, mems: &mut [OpMem]) {
     let blocks = compiled_blocks(model);
     let index: HashMap<&str, usize> = model.ops.iter().enumerate().map(|(i, o)| (o.name.as_str(), i)).collect();
     let producer = |op: &Op, k: usize| op.inputs.get(k).and_then(|n| index.get(n.as_str())).map(|&i| &model.ops[i]);
-    let pointwise = |o: &Op| matches!(o.kind, OpKind::Activation { .. } | OpKind::Mul | OpKind::Add | OpKind::Rope { .. } | OpKind::RmsNorm { .. } | OpKind::Scale { .. } | OpKind::GatedActivation { .. });
     let attention_saves_output: Vec<bool> = mems.iter().map(|m| m.saves_output).collect();
     for (i, op) in model.ops.iter().enumerate() {
-        if !compile_applies(cx, &blocks, op) || checkpointed[i].is_some() {
+        if !compile_applies(cx, &blocks, op) {
             continue;
         }
         let m = &mut mems[i];

@@ -464,9 +464,9 @@ pub struct Options {
     pub expandable_segments: bool,
     /// torchtitan's `--compile`: each decoder block under `torch.compile` (inductor fuses
     /// its element-wise ops; GEMMs and SDPA stay cuBLAS's and FlashAttention's). Changes the
-    /// predicted time ([`crate::cost`]) and what blocks without checkpointing save
-    /// ([`crate::activation::compiled`]: inductor's partitioner; checkpointed blocks keep
-    /// eager's memory), and turns HF's KV cache off (torchtitan's model has none).
+    /// predicted time ([`crate::cost`]) and what the blocks save and recompute
+    /// ([`crate::activation::compiled`]: inductor's partitioner; not with float8 linears),
+    /// and turns HF's KV cache off (torchtitan's model has none).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub compile: bool,
     /// Unit groups: `k` consecutive decoder blocks per FSDP unit (FSDP2's

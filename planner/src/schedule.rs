@@ -93,6 +93,13 @@ struct B<'a> {
     sac: Vec<bool>,
     /// Ops inside a region under op-level selective AC.
     sac_region: Vec<bool>,
+    /// `--compile`: cached outputs the compiled backward never reads (inductor's partitioner
+    /// keeps of SAC's MUST_SAVE outputs only those: not the block's last `down_proj`), freed
+    /// in the forward as an unsaved output is; the recompute does not make them either.
+    sac_unread: Vec<bool>,
+    /// `--compile` with every checkpointed region inside a compiled block: the compiled
+    /// checkpoints hold their graphs' inputs only (not HF's position ids).
+    compiled_regions: bool,
     /// Float8 linears (`--float8`): a custom autograd Function each.
     f8_linear: Vec<bool>,
     /// What op-level SAC keeps from inside an op's forward chain (a float8 cast's `abs` and
@@ -743,6 +750,31 @@ pub fn checkpoint_regions(model: &Model, opts: &Options) -> Vec<Option<usize>> {
         .collect()
 }
 
+/// `--compile`'s checkpointed blocks (inductor's partitioner, measured in fake mode:
+/// tests/fixtures/fsdp2_compile/): of op-level SAC's MUST_SAVE outputs the forward keeps only
+/// those the backward reads — an op in the block saves it, or a point-wise op whose output
+/// is read does (Llama's last `down_proj` feeds only the residual add: not kept); and when
+/// every checkpointed region lies in a compiled block, the checkpoints hold their graphs'
+/// inputs, not HF's position ids.
+fn compiled_checkpoints(b: &mut B, model: &Model, cx: &Ctx, mems: &[OpMem], tz: &Tensors, region: &[Option<usize>]) {
+    let blocks = crate::activation::compiled_blocks(model);
+    let compiled: Vec<bool> = model.ops.iter().map(|o| crate::activation::compile_applies(cx, &blocks, o)).collect();
+    b.compiled_regions = region.iter().any(|r| r.is_some()) && region.iter().zip(&compiled).all(|(r, &c)| r.is_none() || c);
+    // (consumers come after their producers: one pass from the end)
+    let mut read = vec![false; model.ops.len()];
+    for j in (0..model.ops.len()).rev() {
+        if region[j].is_none() || !compiled[j] {
+            continue;
+        }
+        read[j] = mems[j].saves_output
+            || tz.consumers[j].iter().any(|&c| {
+                let saves = tz.inputs[c].iter().any(|&(p, x)| tz.alias[x] == j && mems[c].saves_inputs.get(p).copied().unwrap_or(false));
+                region[c] == region[j] && (saves || (crate::activation::pointwise(&model.ops[c]) && read[c]))
+            });
+        b.sac_unread[j] = b.sac[j] && !read[j];
+    }
+}
+
 fn sac_saved(model: &Model, opts: &Options, region: &[Option<usize>], attn: AttnImpl) -> Vec<bool> {
     let mut out = vec![false; model.ops.len()];
     let modes = region_modes(model, opts);
@@ -789,7 +821,7 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
     // module's index in the module list)
     let region = checkpoint_regions(model, opts);
     if opts.compile {
-        crate::activation::compiled(&cx, model, &mut mems, &region);
+        crate::activation::compiled(&cx, model, &mut mems);
     }
     let ends = module_ends(model);
     let mut tz = Tensors {
@@ -892,6 +924,8 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
             region.iter().map(|r| r.is_some_and(|r| modes.get(&r) == Some(&crate::options::AcMode::SelectiveOp))).collect()
         },
         sac_kept: HashMap::default(),
+        sac_unread: vec![false; model.ops.len()],
+        compiled_regions: false,
         f8_linear: model.ops.iter().map(|o| opts.float8.is_some() && crate::float8::is_float8_linear(model, o)).collect(),
         held_loss: None,
         held_logits: None,
@@ -904,6 +938,9 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
         all_reduce_held: vec![None; units.len()],
         offload_inputs: vec![],
     };
+    if opts.compile {
+        compiled_checkpoints(&mut b, model, &cx, &mems, &tz, &region);
+    }
     setup(&mut b, &cx);
     let k = opts.grad_accum;
     for mb in 0..k {
@@ -1254,7 +1291,7 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
             {
                 let j = tz.alias[j];
                 remaining[j] = remaining[j].saturating_sub(1);
-                if remaining[j] == 0 && tz.saved_by[j].is_empty() && !b.sac[j] {
+                if remaining[j] == 0 && tz.saved_by[j].is_empty() && (!b.sac[j] || b.sac_unread[j]) {
                     if let Some(buf) = out_buf[j].take() {
                         if cached && (pos == 1 || pos == 2) {
                             cache_held.push(buf);
@@ -1275,17 +1312,19 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
             b.free(buf);
             false
         });
-        if i == base_end && checkpointed.is_none() {
+        if i == base_end && (checkpointed.is_none() || b.compiled_regions) {
             // the base model returns: its locals go (position ids, the attention mask)
             if let Some(p) = positions.take() {
                 b.free(p);
             }
+        }
+        if i == base_end && checkpointed.is_none() {
             for (_, m) in masks.drain(..) {
                 b.free(m);
             }
         }
         // outputs nobody reads and nobody saves (but the loss) die at once
-        if tz.alias[i] == i && tz.consumers[i].is_empty() && tz.saved_by[i].is_empty() && !b.sac[i] && !matches!(op.kind, fsdp_ir::OpKind::CrossEntropy { .. }) {
+        if tz.alias[i] == i && tz.consumers[i].is_empty() && tz.saved_by[i].is_empty() && (!b.sac[i] || b.sac_unread[i]) && !matches!(op.kind, fsdp_ir::OpKind::CrossEntropy { .. }) {
             if let Some(buf) = out_buf[i].take() {
                 b.free(buf);
             }
