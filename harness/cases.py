@@ -795,6 +795,14 @@ FAKE_CASES.update({
     "llama3_8b_compile_bf16_ws8": {"model": "llama-3-8b", "world_size": 8, "batch": 1, "seq": 4096,
                                    "param_dtype": "bfloat16", "reduce_dtype": "float32",
                                    "device": "fakegpu", "compile": True},
+    # other families' blocks: biased q/k/v (Qwen2), fused qkv and gate_up with a partial
+    # rotary (Phi-3), float32-weighted q/k and output norms (OLMo-2). (Mistral's sliding
+    # window under a shorter window than the sequence does not compile with fullgraph: an
+    # assert with a non-string message in HF's mask code)
+    **{f"{m}_compile_bf16_ws2": {
+        "model": f"tiny-{m}", "world_size": 2, "model_dtype": "float32", "param_dtype": "bfloat16",
+        "reduce_dtype": "float32", "device": "fakegpu", "compile": True}
+       for m in ("qwen2", "phi3", "olmo2")},
     # torchtitan's Llama-3.1-8B run with --compile (8 × H100, 2 × 8192, op-level SAC)
     "llama31_8b_compile_sac_tt_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 2, "seq": 8192,
                                       "model_dtype": "float32", "param_dtype": "bfloat16",

@@ -983,7 +983,9 @@ pub fn compiled_blocks(model: &Model) -> Vec<String> {
 /// - an activation keeps its input (the gate projection's output); a product keeps only
 ///   factors no point-wise op made (`up`: `silu(gate)` is recomputed from `gate`);
 /// - a linear reading the attention's output keeps nothing of it when SDPA saves it (the
-///   `transpose(1, 2).contiguous()` copy is recomputed from the kernel's output).
+///   `transpose(1, 2).contiguous()` copy is recomputed from the kernel's output; with a
+///   partial rotary's `cat`ed q, Phi-3's, SDPA keeps only the kernel's `[b, h, s, d]` output);
+/// - Phi-3's fused SwiGLU keeps its input only.
 ///
 /// The fused kernels make no temporaries of their own (forward or backward): inductor writes
 /// each chain's outputs once. What the backward materializes beyond that (the fused kernels'
@@ -1028,6 +1030,18 @@ pub fn compiled(cx: &Ctx, model: &Model, mems: &mut [OpMem]) {
                 }
                 m.bwd_scratch.clear();
                 m.bwd_chain.clear();
+            }
+            // (Phi-3's SwiGLU: `up * act(gate)` on the fused projection's halves; the
+            // activation's output is recomputed from the gate)
+            OpKind::GatedActivation { .. } => {
+                m.saved.clear();
+                m.fwd_scratch.clear();
+                m.bwd_chain.clear();
+            }
+            // q from a partial rotary's `cat` (Phi-3): SDPA keeps the kernel's [b, h, s, d]
+            // output; its `transpose(1, 2).contiguous()` copy, the op's output, is recomputed
+            OpKind::Attention { .. } if m.saved.first().is_some_and(|t| t.what == "attention output (b, h, s, d)") => {
+                m.saves_output = false;
             }
             OpKind::Linear { .. } => {
                 if let Some(j) = op.inputs.first().and_then(|n| index.get(n.as_str())) {
