@@ -941,11 +941,6 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
     m
 }
 
-/// A linear computed in float32 (`F.linear(x.type(torch.float32), w.type(torch.float32))`,
-/// DeepSeek-V3's router) of `rows·i` inputs and an `o·i` weight: under a lower-precision `cd`
-/// the mm saves the float32 copies of both (the input's, and the weight's transposed), its
-/// output is float32; the backward makes both grads in float32, then casts each back
-/// (the weight's first: its cast node is the later one).
 /// Does `--compile`'s memory model apply to this op: inside a decoder block (torchtitan's
 /// `apply_compile` compiles each block; the embedding, the final norm, the head and the loss
 /// stay eager), on the ops [`compiled`] knows? Not with float8 linears (torchao's casts under
@@ -999,7 +994,7 @@ pub fn compiled(cx: &Ctx, model: &Model, mems: &mut [OpMem]) {
     let blocks = compiled_blocks(model);
     let index: HashMap<&str, usize> = model.ops.iter().enumerate().map(|(i, o)| (o.name.as_str(), i)).collect();
     let producer = |op: &Op, k: usize| op.inputs.get(k).and_then(|n| index.get(n.as_str())).map(|&i| &model.ops[i]);
-    let attention_saves_output: Vec<bool> = mems.iter().map(|m| m.saves_output).collect();
+    let saves_output: Vec<bool> = mems.iter().map(|m| m.saves_output).collect();
     for (i, op) in model.ops.iter().enumerate() {
         if !compile_applies(cx, &blocks, op) {
             continue;
@@ -1045,7 +1040,7 @@ pub fn compiled(cx: &Ctx, model: &Model, mems: &mut [OpMem]) {
             }
             OpKind::Linear { .. } => {
                 if let Some(j) = op.inputs.first().and_then(|n| index.get(n.as_str())) {
-                    if matches!(model.ops[*j].kind, OpKind::Attention { .. }) && attention_saves_output[*j] {
+                    if matches!(model.ops[*j].kind, OpKind::Attention { .. }) && saves_output[*j] {
                         m.saves_inputs = vec![false];
                     }
                 }
@@ -1055,6 +1050,11 @@ pub fn compiled(cx: &Ctx, model: &Model, mems: &mut [OpMem]) {
     }
 }
 
+/// A linear computed in float32 (`F.linear(x.type(torch.float32), w.type(torch.float32))`,
+/// DeepSeek-V3's router) of `rows·i` inputs and an `o·i` weight: under a lower-precision `cd`
+/// the mm saves the float32 copies of both (the input's, and the weight's transposed), its
+/// output is float32; the backward makes both grads in float32, then casts each back
+/// (the weight's first: its cast node is the later one).
 fn float32_linear(m: &mut OpMem, cd: DType, rows: u64, i: u64, o: u64) {
     let f = DType::Float32;
     m.out = Some(t(rows * o, f, "output (f32)"));
