@@ -1532,12 +1532,20 @@ fn math_upcast_backward(cd: DType, q: u64, scores: u64) -> Vec<Step> {
 /// Lists what one op keeps for backward (its saved tensors and whether it keeps its
 /// output), for golden tests and `--explain`.
 pub fn explain(model: &Model, opts: &crate::options::Options, op_name: &str) -> String {
-    let Some(op) = model.ops.iter().find(|o| o.name == op_name) else {
+    let Some(i) = model.ops.iter().position(|o| o.name == op_name) else {
         return format!("  no op `{op_name}`\n");
     };
+    let op = &model.ops[i];
     let attn = opts.attn_implementation.unwrap_or(AttnImpl::Sdpa);
     let cx = Ctx::new(model, opts, attn);
-    let m = op_mem(&cx, op);
+    let m = if opts.compile {
+        // (what the partitioner keeps depends on the op's neighbours)
+        let mut mems: Vec<OpMem> = model.ops.iter().map(|o| op_mem(&cx, o)).collect();
+        compiled(&cx, model, &mut mems);
+        mems.swap_remove(i)
+    } else {
+        op_mem(&cx, op)
+    };
     let mut s = format!("  {} ({}, {}): saves\n", op.name, op.kind.name(), attn.name());
     if m.saves_output {
         if let Some(o) = m.out {

@@ -589,6 +589,17 @@ fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> O
         } else {
             est
         };
+        // (`top` after a boundary is taken to fit by monotonicity, unchecked; the allocator
+        // replay need not be monotone — near the device's size a request can fail with more
+        // checkpointing where it did not with less (Llama-3-8B, 8 ranks, 1 × 8192, 4
+        // micro-batches: 26, 28, 30 and 31 blocks under SAC fit, 27 and 29 do not) — so the
+        // boundary found is confirmed: a configuration that does not fit is never an answer.
+        // If it does not fit the level is left (sac above `top` is slower than the previous
+        // boundary, which fits, and stays the cap); the search is exact where the replay is
+        // monotone, the tensor peak always is)
+        if !ev.fits(cfg(full, hi)) {
+            continue;
+        }
         drop = prev.map_or(1, |p| p.saturating_sub(hi));
         prev = Some(hi);
         let Some(t) = ev.time(cfg(full, hi)) else { continue };
