@@ -113,6 +113,14 @@ fn tune_equals_brute_force_with_float8_linears() {
     check("tiny-llama-wide", 2, 4, Options { float8: Some(f8ag), ac_wrapper: fsdp_planner::AcWrapper::Torchtitan, ..base }, true);
 }
 #[test]
+fn tune_equals_brute_force_under_compile() {
+    // torchtitan's --compile: what the blocks save is inductor's partitioner's (less than
+    // eager's, and under op-level SAC only the cached outputs the backward reads)
+    let base = Options { seq: 64, param_dtype: fsdp_ir::DType::parse("bf16"), reduce_dtype: fsdp_ir::DType::parse("f32"), compile: true, ac_wrapper: fsdp_planner::AcWrapper::Torchtitan, ..Options::default() };
+    check("tiny-llama-4l", 4, 8, base, true);
+}
+
+#[test]
 fn tune_equals_brute_force_on_a_2_block_mixtral() {
     check("tiny-mixtral", 2, 4, Options { seq: 32, ..Options::default() }, false);
 }
