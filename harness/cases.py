@@ -795,6 +795,12 @@ FAKE_CASES.update({
     "llama3_8b_compile_bf16_ws8": {"model": "llama-3-8b", "world_size": 8, "batch": 1, "seq": 4096,
                                    "param_dtype": "bfloat16", "reduce_dtype": "float32",
                                    "device": "fakegpu", "compile": True},
+    # on the CPU (its SDPA flash kernel, float32, no 512 B blocks)
+    "llama_wide_compile_cpu_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
+                                   "compile": True},
+    "llama_wide_compile_sac_cpu_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
+                                       "checkpoint": ["LlamaDecoderLayer"], "ac_mode": "selective-op",
+                                       "ac_wrapper": "torchtitan", "compile": True},
     # other families' blocks: biased q/k/v (Qwen2), fused qkv and gate_up with a partial
     # rotary (Phi-3), float32-weighted q/k and output norms (OLMo-2). (Mistral's sliding
     # window under a shorter window than the sequence does not compile with fullgraph: an
