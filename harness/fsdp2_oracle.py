@@ -597,6 +597,10 @@ def _float8_gemms_seen_by(tracker):
             continue
 
         def seen(aten_op, args, kwargs=None, _fn=fn):
+            if torch._guards.TracingContext.try_get() is not None:
+                # (torch.compile tracing the GEMM: no device memory; at run time the compiled
+                # graph calls `_scaled_mm` itself, under the tracker)
+                return _fn(aten_op, args, kwargs)
             _push_mode(_FLOAT8_TRACKER)
             try:
                 return _fn(aten_op, args, kwargs)
