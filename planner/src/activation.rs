@@ -943,11 +943,10 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
 
 /// Does `--compile`'s memory model apply to this op: inside a decoder block (torchtitan's
 /// `apply_compile` compiles each block; the embedding, the final norm, the head and the loss
-/// stay eager), on the ops [`compiled`] knows? Not with float8 linears (torchao's casts under
-/// the partitioner are not measured: eager's memory stays) nor with eager attention.
+/// stay eager), on the ops [`compiled`] knows? Not with eager attention. (A float8 linear's
+/// own casts keep eager's model but under op-level SAC: [`compiled_float8_sac`].)
 pub fn compile_applies(cx: &Ctx, blocks: &[String], op: &Op) -> bool {
-    cx.float8.is_none()
-        && cx.attn != AttnImpl::Eager
+    cx.attn != AttnImpl::Eager
         && blocks.iter().any(|b| op.module.strip_prefix(b.as_str()).is_some_and(|r| r.is_empty() || r.starts_with('.')))
 }
 
@@ -1047,6 +1046,23 @@ pub fn compiled(cx: &Ctx, model: &Model, mems: &mut [OpMem]) {
             }
             _ => {}
         }
+    }
+}
+
+/// A float8 linear's forward chain in a compiled block under op-level SAC (measured,
+/// `tests/fixtures/fsdp2_compile/`, torchtitan's recipe: tensorwise, weights gathered in
+/// float8): the partitioner keeps no cast's `abs` (the policy's MUST_SAVE, but nothing in the
+/// backward reads it); a linear whose GEMM output the forward keeps (`kept`: SAC's, read by
+/// the backward) also keeps its input cast's `amax` and the GEMM's two inverse scales, the
+/// others none of them.
+pub fn compiled_float8_sac(m: &mut OpMem, kept: bool) {
+    for step in &mut m.fwd_chain {
+        *step = match *step {
+            Step::MakeSaved(x) if kept && x.what == "float8 amax" => Step::MakeSaved(x),
+            Step::MakeSaved(x) => Step::Make(x),
+            Step::Make(x) if kept && x.what == "float8 inverse scale" => Step::MakeSaved(x),
+            s => s,
+        };
     }
 }
 

@@ -465,7 +465,7 @@ pub struct Options {
     /// torchtitan's `--compile`: each decoder block under `torch.compile` (inductor fuses
     /// its element-wise ops; GEMMs and SDPA stay cuBLAS's and FlashAttention's). Changes the
     /// predicted time ([`crate::cost`]) and what the blocks save and recompute
-    /// ([`crate::activation::compiled`]: inductor's partitioner; not with float8 linears),
+    /// ([`crate::activation::compiled`]: inductor's partitioner; float8 linears' casts under op-level SAC only),
     /// and turns HF's KV cache off (torchtitan's model has none).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub compile: bool,

@@ -753,10 +753,11 @@ pub fn checkpoint_regions(model: &Model, opts: &Options) -> Vec<Option<usize>> {
 /// `--compile`'s checkpointed blocks (inductor's partitioner, measured in fake mode:
 /// tests/fixtures/fsdp2_compile/): of op-level SAC's MUST_SAVE outputs the forward keeps only
 /// those the backward reads — an op in the block saves it, or a point-wise op whose output
-/// is read does (Llama's last `down_proj` feeds only the residual add: not kept); and when
+/// is read does (Llama's last `down_proj` feeds only the residual add: not kept), a float8
+/// linear's casts keep what [`crate::activation::compiled_float8_sac`] says; and when
 /// every checkpointed region lies in a compiled block, the checkpoints hold their graphs'
 /// inputs, not HF's position ids.
-fn compiled_checkpoints(b: &mut B, model: &Model, cx: &Ctx, mems: &[OpMem], tz: &Tensors, region: &[Option<usize>]) {
+fn compiled_checkpoints(b: &mut B, model: &Model, cx: &Ctx, mems: &mut [OpMem], tz: &Tensors, region: &[Option<usize>]) {
     let blocks = crate::activation::compiled_blocks(model);
     let compiled: Vec<bool> = model.ops.iter().map(|o| crate::activation::compile_applies(cx, &blocks, o)).collect();
     b.compiled_regions = region.iter().any(|r| r.is_some()) && region.iter().zip(&compiled).all(|(r, &c)| r.is_none() || c);
@@ -772,6 +773,9 @@ fn compiled_checkpoints(b: &mut B, model: &Model, cx: &Ctx, mems: &[OpMem], tz: 
                 region[c] == region[j] && (saves || (crate::activation::pointwise(&model.ops[c]) && read[c]))
             });
         b.sac_unread[j] = b.sac[j] && !read[j];
+        if b.f8_linear[j] && b.sac_region[j] {
+            crate::activation::compiled_float8_sac(&mut mems[j], b.sac[j] && read[j]);
+        }
     }
 }
 
@@ -939,7 +943,7 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
         offload_inputs: vec![],
     };
     if opts.compile {
-        compiled_checkpoints(&mut b, model, &cx, &mems, &tz, &region);
+        compiled_checkpoints(&mut b, model, &cx, &mut mems, &tz, &region);
     }
     setup(&mut b, &cx);
     let k = opts.grad_accum;
