@@ -110,7 +110,9 @@ fn tune_equals_brute_force_with_float8_linears() {
     check("tiny-llama-wide", 2, 4, base.clone(), true);
     // torchtitan's float8 recipe: weights all-gathered in float8, its checkpoint wrapper
     let f8ag = fsdp_planner::Float8 { all_gather: true, ..f8 };
-    check("tiny-llama-wide", 2, 4, Options { float8: Some(f8ag), ac_wrapper: fsdp_planner::AcWrapper::Torchtitan, ..base }, true);
+    check("tiny-llama-wide", 2, 4, Options { float8: Some(f8ag), ac_wrapper: fsdp_planner::AcWrapper::Torchtitan, ..base.clone() }, true);
+    // ... under --compile (the partitioner keeps no cast's abs)
+    check("tiny-llama-wide", 2, 4, Options { float8: Some(f8ag), ac_wrapper: fsdp_planner::AcWrapper::Torchtitan, compile: true, ..base }, true);
 }
 #[test]
 fn tune_equals_brute_force_under_compile() {
