@@ -69,6 +69,26 @@ fn compile_changes_time_and_what_blocks_save() {
     assert!(t(&compiled) < 0.95 * t(&eager), "compile: {} s vs eager {} s", t(&compiled), t(&eager));
 }
 
+/// `--compile`'s memory model applies to the blocks made of what was measured under
+/// inductor's partitioner (tests/fixtures/fsdp2_compile/); the others keep eager's memory.
+#[test]
+fn compile_models_the_memory_of_measured_blocks_only() {
+    let blocks = |name: &str, seq: u64| {
+        let path = format!("{}/models/{name}.ron", env!("CARGO_MANIFEST_DIR"));
+        let m = fsdp_ir::parse_model(&std::fs::read_to_string(path).unwrap(), name).unwrap();
+        (fsdp_planner::activation::compiled_memory_blocks(&m, seq).len(), fsdp_planner::activation::compiled_blocks(&m).len())
+    };
+    for measured in ["llama-3-8b", "qwen3-8b", "qwen2-7b", "phi-3-mini-4k", "olmo-2-7b"] {
+        let (mem, all) = blocks(measured, 2047);
+        assert!(all > 0 && mem == all, "{measured}: {mem} of {all} blocks");
+    }
+    // LayerNorm, GELU and dropout; Gemma's scaled norms and soft-capping; MoE; latent
+    // attention; Phi-3's 2047-token window over a longer sequence
+    for (eager, seq) in [("gpt2", 1024), ("gemma-2-9b", 4096), ("mixtral-8x7b", 4096), ("deepseek-v2-lite", 4096), ("phi-3-mini-4k", 4096)] {
+        assert_eq!(blocks(eager, seq).0, 0, "{eager}");
+    }
+}
+
 /// `rows FILE --fit OUT.ron` writes a profile `plan` loads, fitted closer to the rows than
 /// the one it started from; rows of several profiles and unknown held-out ids are refused.
 #[test]

@@ -960,6 +960,24 @@ pub fn compiled_blocks(model: &Model) -> Vec<String> {
     model.modules.iter().filter(|m| m.class.ends_with("DecoderLayer") || m.class == "GPT2Block").map(|m| m.path.clone()).collect()
 }
 
+/// The compiled blocks whose memory [`compiled`] models: those made only of op kinds measured
+/// under inductor's partitioner (tests/fixtures/fsdp2_compile/: Llama, Qwen2/3, Phi-3, OLMo-2
+/// blocks). A block with anything else (LayerNorm, GELU, dropout, Gemma's scaled norms and
+/// soft-capping, MoE layers, DeepSeek's latent attention, a sliding window that masks a `seq`
+/// long sequence) keeps eager's memory whole.
+pub fn compiled_memory_blocks(model: &Model, seq: u64) -> Vec<String> {
+    let measured = |o: &Op| match &o.kind {
+        OpKind::RmsNorm { unit_offset, .. } => !unit_offset,
+        OpKind::Rope { complex, interleave, head_stride, .. } => !complex && !interleave && head_stride.is_none(),
+        OpKind::Attention { mla, softcap, sliding_window, dropout, .. } => mla.is_none() && softcap.is_none() && sliding_window.is_none_or(|w| seq <= w) && *dropout == 0.0,
+        OpKind::Activation { act } | OpKind::GatedActivation { act } => matches!(act, Act::Silu),
+        OpKind::Dropout { p } => *p == 0.0,
+        OpKind::Linear { .. } | OpKind::Mul | OpKind::Add => true,
+        _ => false,
+    };
+    compiled_blocks(model).into_iter().filter(|b| model.ops.iter().filter(|o| fsdp_ir::is_within(&o.module, b)).all(measured)).collect()
+}
+
 /// What a decoder block saves and makes under `torch.compile` (torchtitan's `--compile`),
 /// in place of eager autograd's [`op_mem`]. Inductor's min-cut partitioner decides what the
 /// forward saves: the outputs of ops it will not recompute (GEMMs, SDPA) that the backward
@@ -990,7 +1008,7 @@ pub fn compiled_blocks(model: &Model) -> Vec<String> {
 /// recomputes inside its fused kernels); which SAC outputs the forward keeps is the
 /// schedule's (`compiled_checkpoints`).
 pub fn compiled(cx: &Ctx, model: &Model, mems: &mut [OpMem]) {
-    let blocks = compiled_blocks(model);
+    let blocks = compiled_memory_blocks(model, cx.dims.seq);
     let index: HashMap<&str, usize> = model.ops.iter().enumerate().map(|(i, o)| (o.name.as_str(), i)).collect();
     let producer = |op: &Op, k: usize| op.inputs.get(k).and_then(|n| index.get(n.as_str())).map(|&i| &model.ops[i]);
     let saves_output: Vec<bool> = mems.iter().map(|m| m.saves_output).collect();

@@ -758,7 +758,7 @@ pub fn checkpoint_regions(model: &Model, opts: &Options) -> Vec<Option<usize>> {
 /// every checkpointed region lies in a compiled block, the checkpoints hold their graphs'
 /// inputs, not HF's position ids.
 fn compiled_checkpoints(b: &mut B, model: &Model, cx: &Ctx, mems: &mut [OpMem], tz: &Tensors, region: &[Option<usize>]) {
-    let blocks = crate::activation::compiled_blocks(model);
+    let blocks = crate::activation::compiled_memory_blocks(model, cx.dims.seq);
     let compiled: Vec<bool> = model.ops.iter().map(|o| crate::activation::compile_applies(cx, &blocks, o)).collect();
     b.compiled_regions = region.iter().any(|r| r.is_some()) && region.iter().zip(&compiled).all(|(r, &c)| r.is_none() || c);
     // (consumers come after their producers: one pass from the end)
