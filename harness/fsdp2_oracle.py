@@ -190,14 +190,14 @@ _COMM_OPS = {
 
 
 class WhereTracker(FSDPMemTracker):
-    """(The tracker stays out of torch.compile's tracing and sees the compiled code's ops when
-    they run: `ignore_compile_internals`.)
-FSDPMemTracker with where the peak is, the collectives it saw at dispatch, and unit
+    """FSDPMemTracker with where the peak is, the collectives it saw at dispatch, and unit
     groups kept intact: PyTorch 2.11's tracker replaces each FSDP module's forward hooks
     with plain per-module ones, which for `fully_shard([m0, m1])` (one state, group hooks:
     gather before the first module, reshard after the last) gathers and reshards at every
     member and reduce-scatters per member — another schedule than FSDP2 runs untracked. Here
-    a state shared by several modules is instrumented once, through the group hooks."""
+    a state shared by several modules is instrumented once, through the group hooks. It stays
+    out of torch.compile's tracing and sees the compiled code's ops when they run
+    (`ignore_compile_internals`)."""
 
     @classmethod
     def ignore_compile_internals(cls):
@@ -739,7 +739,8 @@ def train_two_steps(model, opt, case, input_ids, labels, tracker, record_losses)
                 if step == 2 and mb == ga - 1:
                     # what the forward leaves for the backward (the saved activations)
                     tracker.after_forward = _breakdown(tracker.get_tracker_snapshot("current"), tracker.main_device)
-                    if os.environ.get("ORACLE_LIVE_AFTER_FORWARD"):  # (diagnostic: each storage)
+                    # (diagnostic: each storage; with ORACLE_LIVE set, the op that made it)
+                    if os.environ.get("ORACLE_LIVE_AFTER_FORWARD"):
                         common.write_json(os.environ["ORACLE_LIVE_AFTER_FORWARD"], sorted(
                             ({"category": w.reftype.value, "bytes": w.mem_consumed,
                               "made_by": list(tracker._made_by.get(st, ("before step 2", "")))}
