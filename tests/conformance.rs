@@ -234,7 +234,7 @@ fn master_dtype_equals_building_the_model_in_it() {
 }
 
 /// `--compile` (torchtitan's per-block `torch.compile`), against inductor's partitioner
-/// (harness `fsdp2_oracle.compile_blocks`, on the fake accelerator): what the forward leaves
+/// (harness `fsdp2_oracle.compile_blocks`, on the fake accelerator and the CPU): what the forward leaves
 /// for the backward, by category, exact — the saved activations of the compiled blocks beside
 /// the eager rest. The fixtures' peaks are not truth for inductor: the harness runs the
 /// partitioned graphs op by op, with temporaries inductor's fused kernels do not make; they
