@@ -203,6 +203,9 @@ pub(crate) fn run_inputs(r: &RunArgs) -> Result<(Plan, Model)> {
     if plan.options.train_loop != fsdp_planner::TrainLoop::Hf {
         bail!(UserError(format!("--train-loop {}: the runtime trains with HF's loss (labels shifted inside the model); that loop is planned, not run", plan.options.train_loop.name())));
     }
+    if plan.options.compile {
+        bail!(UserError("--compile: the runtime runs libtorch's eager kernels, and a --compile plan lays out what inductor's partitioner saves instead (plan and time it here; run the plan without --compile)".into()));
+    }
     if plan.options.offload != fsdp_planner::Offload::None {
         bail!(UserError("--offload cpu: the runtime does not execute FSDP2's CPUOffloadPolicy (the CPU runtime has no host/device split; plan, tune and time it here)".into()));
     }

@@ -57,6 +57,7 @@ fn bad_run_options_and_data_are_refused_by_name() {
         (with(&["--data", bad_vocab.to_str().unwrap(), "--epochs", "0"]), "--epochs 0".into()),
         (with(&["--train-loop", "torchtitan-2024"]), "--train-loop torchtitan-2024: the runtime trains with HF's loss".into()),
         (with(&["--offload", "cpu"]), "--offload".into()),
+        (with(&["--compile"]), "--compile: the runtime runs libtorch's eager kernels".into()),
         (vec!["launch", "--nproc-per-node", "3", "--master-port", "0", M, "--world-size", "2", "--batch", "2", "--seq", "8"], "launch: the plan is for world size 2, but --nproc-per-node 3 starts 3 ranks".into()),
         (vec!["launch", "--nproc-per-node", "2", "--master-port", "0", M, "--world-size", "2", "--bogus"], "launch: the ranks' arguments: error: unexpected argument '--bogus'".into()),
         (vec!["launch", "--nproc-per-node", "2", "--master-port", "0", M, "--world-size", "2", "--timeout-s", "1e30"], "--timeout-s 1000000000000000000000000000000: expected a positive number".into()),
