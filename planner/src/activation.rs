@@ -941,15 +941,6 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
     m
 }
 
-/// Does `--compile`'s memory model apply to this op: inside a decoder block (torchtitan's
-/// `apply_compile` compiles each block; the embedding, the final norm, the head and the loss
-/// stay eager), on the ops [`compiled`] knows? Not with eager attention. (A float8 linear's
-/// own casts keep eager's model but under op-level SAC: [`compiled_float8_sac`].)
-pub fn compile_applies(cx: &Ctx, blocks: &[String], op: &Op) -> bool {
-    cx.attn != AttnImpl::Eager
-        && blocks.iter().any(|b| op.module.strip_prefix(b.as_str()).is_some_and(|r| r.is_empty() || r.starts_with('.')))
-}
-
 /// Point-wise and reduction ops inductor fuses (and its partitioner may recompute).
 pub fn pointwise(o: &Op) -> bool {
     matches!(o.kind, OpKind::Activation { .. } | OpKind::Mul | OpKind::Add | OpKind::Rope { .. } | OpKind::RmsNorm { .. } | OpKind::Scale { .. } | OpKind::GatedActivation { .. })
@@ -966,7 +957,51 @@ pub fn compiled_blocks(model: &Model) -> Vec<String> {
 /// soft-capping, MoE layers, DeepSeek's latent attention, a sliding window that masks a `seq`
 /// long sequence) keeps eager's memory whole.
 pub fn compiled_memory_blocks(model: &Model, seq: u64) -> Vec<String> {
-    let measured = |o: &Op| match &o.kind {
+    let (blocks, _, whole) = blocks_measured(model, seq);
+    blocks.into_iter().zip(whole).filter_map(|(b, w)| w.then_some(b)).collect()
+}
+
+/// Which ops `--compile`'s memory model covers: those inside a block of
+/// [`compiled_memory_blocks`] (torchtitan's `apply_compile` compiles each block; the
+/// embedding, the final norm, the head and the loss stay eager), not with eager attention.
+/// (A float8 linear's own casts keep eager's model but under op-level SAC:
+/// [`compiled_float8_sac`].)
+pub fn compiled_ops(cx: &Ctx, model: &Model) -> Vec<bool> {
+    let (_, block_of, whole) = blocks_measured(model, cx.dims.seq);
+    block_of.iter().map(|b| cx.attn != AttnImpl::Eager && b.is_some_and(|b| whole[b])).collect()
+}
+
+/// The compiled blocks, each op's (the innermost of them on its module path) and whether a
+/// block is made only of [`measured`] ops.
+fn blocks_measured(model: &Model, seq: u64) -> (Vec<String>, Vec<Option<usize>>, Vec<bool>) {
+    let blocks = compiled_blocks(model);
+    let index: HashMap<&str, usize> = blocks.iter().enumerate().map(|(i, b)| (b.as_str(), i)).collect();
+    let of: Vec<Option<usize>> = model
+        .ops
+        .iter()
+        .map(|o| {
+            let mut path = Some(o.module.as_str());
+            while let Some(p) = path {
+                if let Some(&b) = index.get(p) {
+                    return Some(b);
+                }
+                path = fsdp_ir::parent_path(p);
+            }
+            None
+        })
+        .collect();
+    let mut whole = vec![true; blocks.len()];
+    for (op, b) in model.ops.iter().zip(&of) {
+        if let Some(b) = *b {
+            whole[b] &= measured(op, seq);
+        }
+    }
+    (blocks, of, whole)
+}
+
+/// An op kind measured under inductor's partitioner ([`compiled_memory_blocks`]).
+fn measured(o: &Op, seq: u64) -> bool {
+    match &o.kind {
         OpKind::RmsNorm { unit_offset, .. } => !unit_offset,
         OpKind::Rope { complex, interleave, head_stride, .. } => !complex && !interleave && head_stride.is_none(),
         OpKind::Attention { mla, softcap, sliding_window, dropout, .. } => mla.is_none() && softcap.is_none() && sliding_window.is_none_or(|w| seq <= w) && *dropout == 0.0,
@@ -974,8 +1009,7 @@ pub fn compiled_memory_blocks(model: &Model, seq: u64) -> Vec<String> {
         OpKind::Dropout { p } => *p == 0.0,
         OpKind::Linear { .. } | OpKind::Mul | OpKind::Add => true,
         _ => false,
-    };
-    compiled_blocks(model).into_iter().filter(|b| model.ops.iter().filter(|o| fsdp_ir::is_within(&o.module, b)).all(measured)).collect()
+    }
 }
 
 /// What a decoder block saves and makes under `torch.compile` (torchtitan's `--compile`),
@@ -1006,14 +1040,12 @@ pub fn compiled_memory_blocks(model: &Model, seq: u64) -> Vec<String> {
 ///
 /// In checkpointed blocks these rules are what the recompute makes (inductor's backward
 /// recomputes inside its fused kernels); which SAC outputs the forward keeps is the
-/// schedule's (`compiled_checkpoints`).
-pub fn compiled(cx: &Ctx, model: &Model, mems: &mut [OpMem]) {
-    let blocks = compiled_memory_blocks(model, cx.dims.seq);
+/// schedule's (`compiled_checkpoints`). `covered`: [`compiled_ops`].
+pub fn compiled(cx: &Ctx, model: &Model, mems: &mut [OpMem], covered: &[bool]) {
     let index: HashMap<&str, usize> = model.ops.iter().enumerate().map(|(i, o)| (o.name.as_str(), i)).collect();
-    let producer = |op: &Op, k: usize| op.inputs.get(k).and_then(|n| index.get(n.as_str())).map(|&i| &model.ops[i]);
     let saves_output: Vec<bool> = mems.iter().map(|m| m.saves_output).collect();
     for (i, op) in model.ops.iter().enumerate() {
-        if !compile_applies(cx, &blocks, op) {
+        if !covered[i] {
             continue;
         }
         let m = &mut mems[i];
@@ -1036,7 +1068,7 @@ pub fn compiled(cx: &Ctx, model: &Model, mems: &mut [OpMem]) {
             }
             OpKind::Mul => {
                 for k in 0..m.saves_inputs.len() {
-                    if producer(op, k).is_some_and(|p| pointwise(p) && compile_applies(cx, &blocks, p)) {
+                    if op.inputs.get(k).and_then(|n| index.get(n.as_str())).is_some_and(|&j| pointwise(&model.ops[j]) && covered[j]) {
                         m.saves_inputs[k] = false;
                     }
                 }
@@ -1575,7 +1607,7 @@ pub fn explain(model: &Model, opts: &crate::options::Options, op_name: &str) -> 
     let m = if opts.compile {
         // (what the partitioner keeps depends on the op's neighbours)
         let mut mems: Vec<OpMem> = model.ops.iter().map(|o| op_mem(&cx, o)).collect();
-        compiled(&cx, model, &mut mems);
+        compiled(&cx, model, &mut mems, &compiled_ops(&cx, model));
         mems.swap_remove(i)
     } else {
         op_mem(&cx, op)

@@ -224,8 +224,8 @@ pub const COMPILED_ROPE: (f64, f64) = (2.40, 5.41);
 /// - a residual add stays `3c` both ways (its fusion into the next norm's read is not
 ///   counted); dropout with `p > 0` keeps eager's bytes.
 ///
-/// Memory: what the partitioner saves is [`crate::activation::compiled`]'s. Not modelled: compile's effect on the CPU (each remaining kernel keeps
-/// eager's launch cost).
+/// Memory: what the partitioner saves is [`crate::activation::compiled`]'s. Not modelled:
+/// compile's effect on the CPU (each remaining kernel keeps eager's launch cost).
 struct Fusion {
     /// Module paths of the compiled blocks.
     blocks: Vec<String>,

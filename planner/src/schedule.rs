@@ -757,10 +757,8 @@ pub fn checkpoint_regions(model: &Model, opts: &Options) -> Vec<Option<usize>> {
 /// linear's casts keep what [`crate::activation::compiled_float8_sac`] says; and when
 /// every checkpointed region lies in a compiled block, the checkpoints hold their graphs'
 /// inputs, not HF's position ids.
-fn compiled_checkpoints(b: &mut B, model: &Model, cx: &Ctx, mems: &mut [OpMem], tz: &Tensors, region: &[Option<usize>]) {
-    let blocks = crate::activation::compiled_memory_blocks(model, cx.dims.seq);
-    let compiled: Vec<bool> = model.ops.iter().map(|o| crate::activation::compile_applies(cx, &blocks, o)).collect();
-    b.compiled_regions = region.iter().any(|r| r.is_some()) && region.iter().zip(&compiled).all(|(r, &c)| r.is_none() || c);
+fn compiled_checkpoints(b: &mut B, model: &Model, compiled: &[bool], mems: &mut [OpMem], tz: &Tensors, region: &[Option<usize>]) {
+    b.compiled_regions = region.iter().any(|r| r.is_some()) && region.iter().zip(compiled).all(|(r, &c)| r.is_none() || c);
     // (consumers come after their producers: one pass from the end)
     let mut read = vec![false; model.ops.len()];
     for j in (0..model.ops.len()).rev() {
@@ -824,8 +822,10 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
     // Checkpointed ops: inside a module of a checkpointed class or path (region = that
     // module's index in the module list)
     let region = checkpoint_regions(model, opts);
+    // (--compile: the ops whose memory is inductor's partitioner's)
+    let compiled = if opts.compile { crate::activation::compiled_ops(&cx, model) } else { vec![] };
     if opts.compile {
-        crate::activation::compiled(&cx, model, &mut mems);
+        crate::activation::compiled(&cx, model, &mut mems, &compiled);
     }
     let ends = module_ends(model);
     let mut tz = Tensors {
@@ -943,7 +943,7 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
         offload_inputs: vec![],
     };
     if opts.compile {
-        compiled_checkpoints(&mut b, model, &cx, &mut mems, &tz, &region);
+        compiled_checkpoints(&mut b, model, &compiled, &mut mems, &tz, &region);
     }
     setup(&mut b, &cx);
     let k = opts.grad_accum;
