@@ -780,7 +780,8 @@ FAKE_CASES.update({
     # torchtitan's --compile: each decoder block under torch.compile with inductor's
     # partitioner (fsdp2_oracle.compile_blocks), on the fake accelerator; recorded: what the
     # forward leaves for the backward (`after_forward`). Without AC, op-level SAC and full AC
-    # (torchtitan's checkpoint wrapper); a tiny model, Llama-3-8B, Qwen3-8B
+    # (torchtitan's checkpoint wrapper), on the fake accelerator and the CPU; tiny models of
+    # four families, float8, and Llama-3-8B, Qwen3-8B and torchtitan's two compiled runs
     "llama_wide_compile_bf16_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
                                     "param_dtype": "bfloat16", "reduce_dtype": "float32",
                                     "device": "fakegpu", "compile": True},

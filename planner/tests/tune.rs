@@ -114,6 +114,7 @@ fn tune_equals_brute_force_with_float8_linears() {
     // ... under --compile (the partitioner keeps no cast's abs)
     check("tiny-llama-wide", 2, 4, Options { float8: Some(f8ag), ac_wrapper: fsdp_planner::AcWrapper::Torchtitan, compile: true, ..base }, true);
 }
+
 #[test]
 fn tune_equals_brute_force_under_compile() {
     // torchtitan's --compile: what the blocks save is inductor's partitioner's (less than
