@@ -11,11 +11,16 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-venv.sh || { echo "error: could not install the pinned PyTorch into .venv" >&2; exit 1; }
 source scripts/env.sh
+# a fresh clone builds once: incremental state would only take disk (~1.3 GB)
+export CARGO_INCREMENTAL=0
 
+# disk is what a fresh machine can run out of: its free space is printed at the start and
+# after a step that failed, so that a failure for want of it says so
+echo "=== free disk: $(df -h . | awk 'NR==2 {print $4 " of " $2}')"
 failed=()
 step() {
   echo "=== $*"
-  "$@" || failed+=("$*")
+  "$@" || { failed+=("$*"); echo "=== failed: $* (free disk: $(df -h . | awk 'NR==2 {print $4}'))"; }
 }
 
 step cargo test --workspace --all-targets --locked --no-fail-fast
@@ -40,6 +45,7 @@ done
 
 if [ ${#failed[@]} -gt 0 ]; then
   printf 'FAILED: %s\n' "${failed[@]}" >&2
+  echo "free disk at the end: $(df -h . | awk 'NR==2 {print $4 " of " $2}')" >&2
   exit 1
 fi
 echo "all test steps passed (native CPU capability: $native)"
