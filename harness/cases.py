@@ -831,6 +831,27 @@ FAKE_CASES.update({
                                            "unit_reshard": {"last": False}, "checkpoint": ["LlamaDecoderLayer"],
                                            "ac_mode": "selective-op", "ac_wrapper": "torchtitan",
                                            "device": "fakegpu", "compile": True},
+    # float8 without checkpointing: the three recipes on tiny (weights gathered in float8 or
+    # cast in the forward; rowwise), full AC, OLMo-2's and Phi-3's blocks, and torchtitan's
+    # compiled float8 Llama-3.1-8B run without AC
+    **{f"llama_wide_compile_{k}_ws2": {
+        "model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32", "param_dtype": "bfloat16",
+        "reduce_dtype": "float32", "seq": 48, "device": "fakegpu", "compile": True, **extra}
+       for k, extra in (("f8ag", {"float8": "tensorwise", "float8_all_gather": True}),
+                        ("f8", {"float8": "tensorwise"}),
+                        ("f8row", {"float8": "rowwise"}),
+                        ("f8ag_ac", {"float8": "tensorwise", "float8_all_gather": True,
+                                     "checkpoint": ["LlamaDecoderLayer"], "ac_wrapper": "torchtitan"}))},
+    **{f"{m}_compile_f8ag_ws2": {
+        "model": f"tiny-{m}", "world_size": 2, "model_dtype": "float32", "param_dtype": "bfloat16",
+        "reduce_dtype": "float32", "seq": 48, "float8": "tensorwise", "float8_all_gather": True,
+        "device": "fakegpu", "compile": True}
+       for m in ("phi3", "olmo2")},
+    "llama31_8b_compile_f8ag_tt_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 2, "seq": 8192,
+                                       "model_dtype": "float32", "param_dtype": "bfloat16",
+                                       "reduce_dtype": "float32", "optimizer": "adamw",
+                                       "float8": "tensorwise", "float8_all_gather": True,
+                                       "unit_reshard": {"last": False}, "device": "fakegpu", "compile": True},
     "qwen3_8b_compile_bf16_ws8": {"model": "qwen3-8b", "world_size": 8, "batch": 1, "seq": 4096,
                                   "param_dtype": "bfloat16", "reduce_dtype": "float32",
                                   "device": "fakegpu", "compile": True},

@@ -292,7 +292,8 @@ class WhereTracker(FSDPMemTracker):
                     st = t.untyped_storage()
                     if st not in self._made_by:
                         deepest = max(self._mod_tracker.parents, key=lambda p: p.count("."), default="")
-                        self._made_by[st] = (str(func), "bw" if self._mod_tracker.is_bw else "fw", deepest)
+                        self._made_by[st] = (str(func), "bw" if self._mod_tracker.is_bw else "fw", deepest,
+                                             str(t.dtype).removeprefix("torch."), list(t.shape))
         return res
 
     def _update_peak_stats(self, peak_state):

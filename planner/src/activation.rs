@@ -964,8 +964,8 @@ pub fn compiled_memory_blocks(model: &Model, seq: u64) -> Vec<String> {
 /// Which ops `--compile`'s memory model covers: those inside a block of
 /// [`compiled_memory_blocks`] (torchtitan's `apply_compile` compiles each block; the
 /// embedding, the final norm, the head and the loss stay eager), not with eager attention.
-/// (A float8 linear's own casts keep eager's model but under op-level SAC:
-/// [`compiled_float8_sac`].)
+/// (A float8 linear's: [`compiled_float8`] outside checkpointing, [`compiled_float8_sac`] under
+/// op-level SAC; its casts' temporaries and a full-AC recompute keep eager's model.)
 pub fn compiled_ops(cx: &Ctx, model: &Model) -> Vec<bool> {
     let (_, block_of, whole) = blocks_measured(model, cx.dims.seq);
     block_of.iter().map(|b| cx.attn != AttnImpl::Eager && b.is_some_and(|b| whole[b])).collect()
@@ -1095,6 +1095,60 @@ pub fn compiled(cx: &Ctx, model: &Model, mems: &mut [OpMem], covered: &[bool]) {
                 }
             }
             _ => {}
+        }
+    }
+}
+
+/// The float8 linears of compiled blocks outside checkpointing (measured with inductor's
+/// partition function in fake mode, `tests/fixtures/fsdp2_compile/`: tiny Llama, the three
+/// recipes; Llama-3.1-8B's block, OLMo-2's and Phi-3's listed the same way). The forward keeps
+/// no copy of a linear's input that a point-wise chain made (a norm's output, SwiGLU's
+/// product; not the block's input, its graph's input): the backward recomputes the chain and
+/// its float8 cast from what the chain keeps.
+/// Tensorwise scales keep the weight's inverse scale (and, when the weight is cast in the
+/// forward, its `amax`); rowwise keeps none. With the weights all-gathered in float8 the
+/// partitioner's min cut ties between keeping the gathered weight (freed by FSDP after the
+/// forward: free) and the transposed copy the input's grad needs (its bytes): it keeps the
+/// copy of every weight but those whose output reaches RoPE (q, k, Phi-3's fused qkv) and
+/// the attention's output projection, in Llama, OLMo-2 and Phi-3 blocks alike. `covered`: the
+/// compiled ops outside checkpointed regions (under op-level SAC [`compiled_float8_sac`]).
+pub fn compiled_float8(cx: &Ctx, model: &Model, mems: &mut [OpMem], covered: &[bool]) {
+    let Some(f8) = cx.float8 else { return };
+    let index: HashMap<&str, usize> = model.ops.iter().enumerate().map(|(i, o)| (o.name.as_str(), i)).collect();
+    // (a block's input, the previous block's output, is its graph's input: always kept)
+    let (_, block_of, _) = blocks_measured(model, cx.dims.seq);
+    let input_of = |o: &Op| o.inputs.first().and_then(|n| index.get(n.as_str())).copied();
+    // ops whose output a RoPE reads, directly or through a norm (OLMo-2's q_norm / k_norm)
+    let mut to_rope = vec![false; model.ops.len()];
+    for op in model.ops.iter().filter(|o| matches!(o.kind, OpKind::Rope { .. })) {
+        for j in op.inputs.iter().filter_map(|n| index.get(n.as_str()).copied()) {
+            to_rope[j] = true;
+            if matches!(model.ops[j].kind, OpKind::RmsNorm { .. }) {
+                if let Some(k) = input_of(&model.ops[j]) {
+                    to_rope[k] = true;
+                }
+            }
+        }
+    }
+    for (i, op) in model.ops.iter().enumerate() {
+        if !covered[i] || !crate::float8::is_float8_linear(model, op) {
+            continue;
+        }
+        let Some(&[o, w_in]) = op.params.first().and_then(|p| model.param(p)).map(|p| p.shape.as_slice()) else { continue };
+        let input = input_of(op);
+        let m = &mut mems[i];
+        if input.is_some_and(|j| covered[j] && block_of[j] == block_of[i] && pointwise(&model.ops[j])) {
+            m.saves_inputs = vec![false];
+        }
+        if f8.recipe == crate::options::Float8Recipe::Tensorwise {
+            if !f8.all_gather {
+                m.saved.push(t(1, cx.cd, "float8 weight amax"));
+            }
+            m.saved.push(t(1, DType::Float32, "float8 weight inverse scale"));
+        }
+        let from_attention = input.is_some_and(|j| matches!(model.ops[j].kind, OpKind::Attention { .. }));
+        if f8.all_gather && !to_rope[i] && !from_attention {
+            m.saved.push(t(o * w_in, DType::Float8E4m3fn, "float8 weight transposed copy"));
         }
     }
 }
@@ -1607,7 +1661,9 @@ pub fn explain(model: &Model, opts: &crate::options::Options, op_name: &str) -> 
     let m = if opts.compile {
         // (what the partitioner keeps depends on the op's neighbours)
         let mut mems: Vec<OpMem> = model.ops.iter().map(|o| op_mem(&cx, o)).collect();
-        compiled(&cx, model, &mut mems, &compiled_ops(&cx, model));
+        let covered = compiled_ops(&cx, model);
+        compiled(&cx, model, &mut mems, &covered);
+        compiled_float8(&cx, model, &mut mems, &covered);
         mems.swap_remove(i)
     } else {
         op_mem(&cx, op)

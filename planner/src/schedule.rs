@@ -826,6 +826,8 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
     let compiled = if opts.compile { crate::activation::compiled_ops(&cx, model) } else { vec![] };
     if opts.compile {
         crate::activation::compiled(&cx, model, &mut mems, &compiled);
+        let unchecked: Vec<bool> = compiled.iter().zip(&region).map(|(&c, r)| c && r.is_none()).collect();
+        crate::activation::compiled_float8(&cx, model, &mut mems, &unchecked);
     }
     let ends = module_ends(model);
     let mut tz = Tensors {
