@@ -62,7 +62,12 @@ def dtype_name(dt):
 
 
 def write_json(path, obj):
-    """Write JSON atomically (temp file in the same directory + rename)."""
+    """Write JSON atomically (temp file in the same directory + rename); a path that is not a
+    file (`ORACLE_LIVE=/dev/null`) is written in place, never replaced by one."""
+    if os.path.exists(path) and not os.path.isfile(path):
+        with open(path, "w") as f:
+            json.dump(obj, f)
+        return
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
