@@ -400,6 +400,36 @@ def fsdp1_cases():
     return _resolved(FSDP1_DEFAULTS, FSDP1_CASES)
 
 
+# FSDP1's memory for harness/fsdp1_fake.py: one process, a fake process group, the model
+# trained under FakeTensorMode with torch's MemTracker (FSDPMemTracker is FSDP2's). Transformer
+# wrap, BACKWARD_PRE, use_orig_params=False; "mp": MixedPrecision(param_dtype=bfloat16,
+# reduce_dtype=float32); "checkpoint": torchtitan's order (March 2024: checkpoint_wrapper
+# around each block, then FSDP1 wraps the wrapper), full or its op-level SAC
+FSDP1_FAKE_DEFAULTS = {"batch": 2, "seq": 32, "attn_implementation": "sdpa", "model_dtype": "float32",
+                       "mp": False, "checkpoint": False, "ac_mode": "full", "train_loop": "hf",
+                       "optimizer": "adamw"}
+
+FSDP1_FAKE_CASES = {
+    "f1_llama_ws2": {"model": "tiny-llama", "world_size": 2},
+    "f1_llama_mp_ws2": {"model": "tiny-llama", "world_size": 2, "mp": True},
+    "f1_llama_mp_ac_ws2": {"model": "tiny-llama", "world_size": 2, "mp": True, "checkpoint": True},
+    "f1_llama_mp_sac_ws2": {"model": "tiny-llama", "world_size": 2, "mp": True, "checkpoint": True,
+                            "ac_mode": "selective-op"},
+    "f1_llama_mp_ac_tt2024_ws2": {"model": "tiny-llama", "world_size": 2, "mp": True, "checkpoint": True,
+                                  "train_loop": "torchtitan-2024"},
+    # torchtitan PR #165's FSDP1 runs (Llama-2-7B, 8 ranks, 8 x 2048, bf16 / f32, the loop of
+    # March 2024 that kept the float32 logits): full AC and op-level SAC
+    "f1_llama2_7b_ac_pr165_ws8": {"model": "llama-2-7b", "world_size": 8, "batch": 8, "seq": 2048, "mp": True,
+                                  "checkpoint": True, "train_loop": "torchtitan-2024"},
+    "f1_llama2_7b_sac_pr165_ws8": {"model": "llama-2-7b", "world_size": 8, "batch": 8, "seq": 2048, "mp": True,
+                                   "checkpoint": True, "ac_mode": "selective-op", "train_loop": "torchtitan-2024"},
+}
+
+
+def fsdp1_fake_cases():
+    return _resolved(FSDP1_FAKE_DEFAULTS, FSDP1_FAKE_CASES)
+
+
 # ----------------------------------------------------------------------------------------
 # Real-size FSDP2 cases for harness/fsdp2_fake.py: one process, a fake process group of
 # world_size ranks, the model built and trained under FakeTensorMode (no compute, no

@@ -2,7 +2,7 @@
 # Regenerate every ground-truth fixture (needs .venv with torch==2.11.0, transformers==5.17.0):
 #   bash harness/regen.sh            (from the repo root or anywhere; about half an hour on 2 CPU cores)
 # Writes tests/fixtures/hf_params/*.json, tests/fixtures/fsdp2{,_fake,_fakegpu,_compile}/*.json, tests/fixtures/train/,
-# tests/fixtures/fsdp1/*.json and tests/fixtures/runtime/<name>/ (each file atomically), then
+# tests/fixtures/fsdp1{,_fake}/*.json and tests/fixtures/runtime/<name>/ (each file atomically), then
 # deletes fixtures whose model config / case no longer exists.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +12,7 @@ PY=.venv/bin/python
 "$PY" harness/fsdp2_oracle.py
 "$PY" harness/fsdp2_fake.py
 "$PY" harness/fsdp1_oracle.py
+"$PY" harness/fsdp1_fake.py
 "$PY" harness/hf_parity.py
 "$PY" harness/train_parity.py
 "$PY" harness/tokenizer_fixture.py
@@ -26,6 +27,10 @@ for f in tests/fixtures/fsdp2/*.json; do
 done
 cases=$("$PY" harness/fsdp2_fake.py --list)
 for f in tests/fixtures/fsdp2_fake/*.json tests/fixtures/fsdp2_fakegpu/*.json tests/fixtures/fsdp2_compile/*.json; do
+  n=$(basename "$f" .json); grep -qx "$n" <<<"$cases" || { echo "removing stale $f"; rm -f "$f"; }
+done
+cases=$("$PY" harness/fsdp1_fake.py --list)
+for f in tests/fixtures/fsdp1_fake/*.json; do
   n=$(basename "$f" .json); grep -qx "$n" <<<"$cases" || { echo "removing stale $f"; rm -f "$f"; }
 done
 cases=$("$PY" harness/fsdp1_oracle.py --list)

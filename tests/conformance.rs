@@ -169,6 +169,42 @@ fn collectives_equal_fsdp1_flat() {
     check_collectives("tests/fixtures/fsdp1");
 }
 
+/// FSDP1's memory (`FullyShardedDataParallel`, flat params, MixedPrecision, torchtitan's
+/// checkpoint wrapper, full and op-level SAC, the loop of March 2024), from
+/// `harness/fsdp1_fake.py`: FSDP1 on a fake process group under `FakeTensorMode`, counted by
+/// torch's MemTracker. The peak exact to the byte, and each of MemTracker's categories: params
+/// (the shards and the unsharded flat params), grads, activations (the inputs among them:
+/// the harness makes them inside the tracker), temporaries, optimizer state, buffers.
+#[test]
+fn memory_equals_fsdp1() {
+    let mut failures = vec![];
+    for (name, f) in fixtures("tests/fixtures/fsdp1_fake") {
+        check_versions(&name, &f);
+        let model = import(&f);
+        let plan = fsdp_planner::plan(&model, &options_of(&f)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let got = |cs: &[Category]| cs.iter().map(|c| plan.memory.breakdown.get(c).copied().unwrap_or(0)).sum::<u64>();
+        let want = &f["memory"];
+        let mut check = |what: &str, g: u64, w: u64| {
+            if g != w {
+                failures.push(format!("{name}: {what} predicted {g} B, FSDP1 {w} B ({:+} B)", g as i64 - w as i64));
+            }
+        };
+        check("peak", plan.memory.peak_bytes, want["peak_bytes"].as_u64().unwrap());
+        let groups: [(&str, &[Category]); 6] = [
+            ("param", &[Category::ShardedParam, Category::UnshardedParam, Category::AllGather]),
+            ("grad", &[Category::ShardedGrad, Category::UnshardedGrad, Category::ReduceScatter]),
+            ("activation", &[Category::Activation, Category::Inputs]),
+            ("temp", &[Category::Temp]),
+            ("optstate", &[Category::Optstate]),
+            ("buffer", &[Category::Buffer]),
+        ];
+        for (k, cs) in groups {
+            check(k, got(cs), want["breakdown"][k].as_u64().unwrap_or(0));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 #[test]
 fn collectives_equal_fsdp2() {
     check_collectives("tests/fixtures/fsdp2");
