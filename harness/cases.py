@@ -407,7 +407,8 @@ def fsdp1_cases():
 # around each block, then FSDP1 wraps the wrapper), full or its op-level SAC
 FSDP1_FAKE_DEFAULTS = {"batch": 2, "seq": 32, "attn_implementation": "sdpa", "model_dtype": "float32",
                        "mp": False, "checkpoint": False, "ac_mode": "full", "train_loop": "hf",
-                       "optimizer": "adamw"}
+                       "optimizer": "adamw", "strategy": "full-shard", "shard_group_size": None,
+                       "backward_prefetch": "pre"}
 
 FSDP1_FAKE_CASES = {
     "f1_llama_ws2": {"model": "tiny-llama", "world_size": 2},
@@ -417,6 +418,18 @@ FSDP1_FAKE_CASES = {
                             "ac_mode": "selective-op"},
     "f1_llama_mp_ac_tt2024_ws2": {"model": "tiny-llama", "world_size": 2, "mp": True, "checkpoint": True,
                                   "train_loop": "torchtitan-2024"},
+    # the other sharding strategies, BACKWARD_POST, and GPT-2 (LayerNorm, Conv1D, tied
+    # embeddings, dropout) and Qwen2 (biased q/k/v) blocks
+    "f1_llama_sgo_ws2": {"model": "tiny-llama", "world_size": 2, "mp": True, "strategy": "shard-grad-op"},
+    "f1_llama_noshard_ws2": {"model": "tiny-llama", "world_size": 2, "strategy": "no-shard"},
+    "f1_llama_hsdp_ws4": {"model": "tiny-llama", "world_size": 4, "mp": True, "strategy": "hybrid-shard",
+                          "shard_group_size": 2},
+    "f1_llama_post_ac_ws2": {"model": "tiny-llama", "world_size": 2, "mp": True, "checkpoint": True,
+                             "backward_prefetch": "post"},
+    "f1_llama_post_ws4": {"model": "tiny-llama", "world_size": 4, "batch": 1, "seq": 16,
+                          "backward_prefetch": "post"},
+    "f1_gpt2_mp_ws2": {"model": "tiny-gpt2", "world_size": 2, "mp": True},
+    "f1_qwen2_ac_ws3": {"model": "tiny-qwen2", "world_size": 3, "checkpoint": True},
     # torchtitan PR #165's FSDP1 runs (Llama-2-7B, 8 ranks, 8 x 2048, bf16 / f32, the loop of
     # March 2024 that kept the float32 logits): full AC and op-level SAC
     "f1_llama2_7b_ac_pr165_ws8": {"model": "llama-2-7b", "world_size": 8, "batch": 8, "seq": 2048, "mp": True,

@@ -35,6 +35,9 @@ import cases as cases_mod  # noqa: E402
 import fsdp2_fake  # noqa: E402
 import fsdp2_oracle as oracle  # noqa: E402
 
+STRATEGIES = {"full-shard": ShardingStrategy.FULL_SHARD, "shard-grad-op": ShardingStrategy.SHARD_GRAD_OP,
+              "no-shard": ShardingStrategy.NO_SHARD, "hybrid-shard": ShardingStrategy.HYBRID_SHARD}
+PREFETCH = {"pre": BackwardPrefetch.BACKWARD_PRE, "post": BackwardPrefetch.BACKWARD_POST}
 CATEGORIES = {"PARAM": "param", "BUFFER": "buffer", "GRAD": "grad", "ACT": "activation", "TEMP": "temp", "OPT": "optstate"}
 
 
@@ -45,7 +48,7 @@ def _checkpoint_blocks(model, case):
     turns it off."""
     model.config.use_cache = False
     kw = {"context_fn": oracle.op_sac_context_fn} if case["ac_mode"] == "selective-op" else {}
-    layers = model.model.layers
+    layers = model.transformer.h if hasattr(model, "transformer") else model.model.layers
     for i in range(len(layers)):
         layers[i] = checkpoint_wrapper(layers[i], checkpoint_impl=CheckpointImpl.NO_REENTRANT,
                                        preserve_rng_state=False, **kw)
@@ -58,6 +61,8 @@ def run_case(name, case):
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=ws)
     try:
         cfg = common.load_config(case["model"])
+        # (hybrid sharding: a (replicate, shard) mesh, as FSDP2's cases, built before fake mode)
+        mesh = oracle.make_mesh(case) if case["strategy"] == "hybrid-shard" else None
         with FakeTensorMode():
             model = AutoModelForCausalLM.from_config(cfg, attn_implementation=case["attn_implementation"],
                                                      dtype=getattr(torch, case["model_dtype"]))
@@ -67,10 +72,11 @@ def run_case(name, case):
             if case["checkpoint"]:
                 _checkpoint_blocks(model, case)
             mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if case["mp"] else None
+            strategy = STRATEGIES[case["strategy"]]
             model = FullyShardedDataParallel(
                 model, auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layer_cls),
-                device_id=torch.device("cpu"), use_orig_params=False, sharding_strategy=ShardingStrategy.FULL_SHARD,
-                backward_prefetch=BackwardPrefetch.BACKWARD_PRE, mixed_precision=mp)
+                device_id=torch.device("cpu"), use_orig_params=False, sharding_strategy=strategy, device_mesh=mesh,
+                backward_prefetch=PREFETCH[case["backward_prefetch"]], mixed_precision=mp)
             opt = oracle.make_optimizer(model, case)
             tracker = MemTracker()
             tracker.track_external(model, opt)
@@ -105,7 +111,8 @@ def run_case(name, case):
                 "attn_implementation": case["attn_implementation"], "model_dtype": case["model_dtype"],
                 "param_dtype": "bfloat16" if case["mp"] else None, "reduce_dtype": "float32" if case["mp"] else None,
                 "optimizer": case["optimizer"], "wrap": wrap, "device": "cpu", "layout": "flat",
-                "strategy": "full-shard", "backward_prefetch": "pre", "use_orig_params": False,
+                "strategy": case["strategy"], "shard_group_size": case["shard_group_size"],
+                "backward_prefetch": case["backward_prefetch"], "use_orig_params": False,
                 "checkpoint": sorted(layer_names) if case["checkpoint"] else None,
                 "ac_mode": case["ac_mode"], "ac_wrapper": "torchtitan", "train_loop": case["train_loop"],
             },

@@ -77,6 +77,12 @@ struct B<'a> {
     grads: Vec<Vec<BufferId>>,
     /// Grad buffer of each primary param (index into `model.params`).
     grad_of_param: Vec<Option<BufferId>>,
+    /// FSDP1 (flat): each unit's param grads of this backward, held apart (the autograd
+    /// engine's input buffer of the flat param's `split` node) until its post-backward joins
+    /// them into the flat grad; their dtype; each param's.
+    split_grads: Vec<Vec<BufferId>>,
+    split_dtype: Vec<Option<DType>>,
+    split_of_param: Vec<Option<BufferId>>,
     sharded_grads: Vec<BufferId>,
     last_ag_op: Vec<Option<OpId>>,
     /// Units whose pre-backward ran in this micro-batch (FSDP1 `_needs_pre_backward_unshard`).
@@ -336,8 +342,9 @@ impl B<'_> {
             self.transient(format!("{label} mp shard"), category, shard_numel * d.size());
         }
         let buf = if flat {
-            // FSDP1 gathers straight into the persistent padded flat param.
-            self.alloc(format!("{label} unsharded flat param"), Category::UnshardedParam, bytes, Some(u))
+            // FSDP1 gathers straight into the persistent padded flat param (padded as a whole
+            // to a multiple of the world size: the all-gather's numel)
+            self.alloc(format!("{label} unsharded flat param"), Category::UnshardedParam, numel * dtype.size(), Some(u))
         } else {
             self.alloc(format!("{label} all-gather output"), category, bytes, Some(u))
         };
@@ -431,6 +438,27 @@ impl B<'_> {
             return;
         }
         let label = unit.label().to_string();
+        // FSDP1: the split node's backward joins the param grads into the flat grad (the
+        // unpadded flat param's numel; the views' grads freed after), which the flat param's
+        // AccumulateGrad makes its grad (or, without sync, adds into the one kept)
+        let pieces = std::mem::take(&mut self.split_grads[u.index()]);
+        if let Some(gd) = self.split_dtype[u.index()].filter(|_| !pieces.is_empty()) {
+            let f = self.alloc(format!("{label} flat grad"), self.bwd_temp, unit.numel * gd.size(), Some(u));
+            for g in pieces {
+                self.free(g);
+            }
+            for &k in &self.unit_params[u.index()] {
+                self.split_of_param[k] = None;
+            }
+            if self.grads[u.index()].is_empty() {
+                self.grads[u.index()].push(f);
+                for &k in &self.unit_params[u.index()] {
+                    self.grad_of_param[k] = Some(f);
+                }
+            } else {
+                self.free(f);
+            }
+        }
         let grads = std::mem::take(&mut self.grads[u.index()]);
         let rd = self.reduce_dtype(unit);
         // FSDP2 under mixed precision: grads not reduced are kept upcast to the reduce dtype
@@ -905,6 +933,9 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
         post_forward_order: vec![],
         grads: vec![vec![]; units.len()],
         grad_of_param: vec![None; model.params.len()],
+        split_grads: vec![vec![]; units.len()],
+        split_dtype: vec![None; units.len()],
+        split_of_param: vec![None; model.params.len()],
         sharded_grads: vec![],
         last_ag_op: vec![None; units.len()],
         entered: vec![false; units.len()],
@@ -1745,7 +1776,6 @@ fn input_grad(b: &mut B, tz: &Tensors, mems: &[OpMem], grad: &mut [Option<Buffer
 /// the grad an earlier use made (tied weights).
 fn param_grad(b: &mut B, gd: DType, k: usize, owner: UnitId) {
     let model = b.model;
-    let units = b.units;
     let flat = b.opts.layout == Layout::Flat;
     let p = &model.params[k];
     if !p.requires_grad {
@@ -1753,16 +1783,25 @@ fn param_grad(b: &mut B, gd: DType, k: usize, owner: UnitId) {
     }
     let prim = p.name.as_str();
     let bytes = p.numel() * gd.size();
+    if flat {
+        // FSDP1: the param is a view of the flat param through one `split`; autograd holds
+        // each view's grad in the split node's input buffer (a second use's summed into a
+        // new tensor) until every view's has come, then joins them (measured:
+        // harness/fsdp1_fake.py; post_backward)
+        if b.split_of_param[k].is_some() {
+            b.transient(cat(&[prim, " grad (accumulate)"]), b.bwd_temp, bytes);
+        } else {
+            let g = b.alloc(cat(&[prim, " grad"]), b.bwd_temp, bytes, Some(owner));
+            b.split_grads[owner.index()].push(g);
+            b.split_dtype[owner.index()] = Some(gd);
+            b.split_of_param[k] = Some(g);
+        }
+        return;
+    }
     if b.grad_of_param[k].is_some() {
         b.transient(cat(&[prim, " grad (accumulate)"]), b.bwd_temp, bytes);
-    } else if flat && !b.grads[owner.index()].is_empty() {
-        let g = b.grads[owner.index()][0];
-        b.grad_of_param[k] = Some(g);
-        b.transient(cat(&[prim, " grad"]), b.bwd_temp, bytes);
     } else {
-        let bytes = if flat { units[owner.index()].numel * gd.size() } else { bytes };
-        let name = if flat { format!("{} flat grad", units[owner.index()].label()) } else { cat(&[prim, " grad"]) };
-        let g = b.alloc(name, b.bwd_temp, bytes, Some(owner));
+        let g = b.alloc(cat(&[prim, " grad"]), b.bwd_temp, bytes, Some(owner));
         b.grads[owner.index()].push(g);
         b.grad_of_param[k] = Some(g);
     }
