@@ -376,7 +376,7 @@ FSDP1_DEFAULTS = {
 
 FSDP1_CASES = {
     "f1_llama_transformer_pre_ws2": {"model": "tiny-llama", "world_size": 2, "wrap": "transformer",
-                                     "backward_prefetch": "pre"},
+                                     "backward_prefetch": "pre", "grad_accum": 1},
     "f1_llama_transformer_post_ws2": {"model": "tiny-llama", "world_size": 2, "wrap": "transformer",
                                       "backward_prefetch": "post"},
     # tiny-gpt2 block = 12704 params, its biggest child (mlp) 8352, root remainder 8864:
@@ -408,7 +408,7 @@ def fsdp1_cases():
 FSDP1_FAKE_DEFAULTS = {"batch": 2, "seq": 32, "attn_implementation": "sdpa", "model_dtype": "float32",
                        "mp": False, "checkpoint": False, "ac_mode": "full", "train_loop": "hf",
                        "optimizer": "adamw", "strategy": "full-shard", "shard_group_size": None,
-                       "backward_prefetch": "pre"}
+                       "backward_prefetch": "pre", "grad_accum": 1}
 
 FSDP1_FAKE_CASES = {
     "f1_llama_ws2": {"model": "tiny-llama", "world_size": 2},
@@ -429,6 +429,10 @@ FSDP1_FAKE_CASES = {
     "f1_llama_post_ws4": {"model": "tiny-llama", "world_size": 4, "batch": 1, "seq": 16,
                           "backward_prefetch": "post"},
     "f1_gpt2_mp_ws2": {"model": "tiny-gpt2", "world_size": 2, "mp": True},
+    # gradient accumulation (no_sync), with and without mixed precision
+    "f1_llama_ga2_ws2": {"model": "tiny-llama", "world_size": 2, "grad_accum": 2},
+    "f1_llama_mp_ac_ga2_ws2": {"model": "tiny-llama", "world_size": 2, "mp": True, "checkpoint": True,
+                               "grad_accum": 2},
     "f1_qwen2_ac_ws3": {"model": "tiny-qwen2", "world_size": 3, "checkpoint": True},
     # torchtitan PR #165's FSDP1 runs (Llama-2-7B, 8 ranks, 8 x 2048, bf16 / f32, the loop of
     # March 2024 that kept the float32 logits): full AC and op-level SAC

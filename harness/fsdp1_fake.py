@@ -11,6 +11,7 @@ optimizer state). Cases: cases.FSDP1_FAKE_CASES. The inputs are made inside the 
 activation to it); HF's packed-sequence check is patched as in fsdp2_fake.py (fake tensors
 hold no positions to check).
 """
+import contextlib
 import functools
 import os
 import sys
@@ -90,12 +91,19 @@ def run_case(name, case):
                         cur = tracker.get_tracker_snapshot("current")
                         tracker._peak_mem_snap = cur
                         tracker._peak_mem = {d: v["Total"] for d, v in cur.items()}
-                    if case["train_loop"] == "torchtitan-2024":
-                        pred = model(input_ids=input_ids).logits.float()
-                        loss = torch.nn.functional.cross_entropy(pred.flatten(0, 1), labels.flatten(0, 1))
-                    else:
-                        loss = model(input_ids=input_ids, labels=labels).loss
-                    loss.backward()
+                    # grad_accum > 1: the same batch per micro-batch, gradient sync only in
+                    # the last one's backward (FSDP1's no_sync())
+                    for mb in range(case["grad_accum"]):
+                        if mb > 0:
+                            tracker.reset_mod_stats()
+                        sync = mb == case["grad_accum"] - 1
+                        with contextlib.nullcontext() if sync else model.no_sync():
+                            if case["train_loop"] == "torchtitan-2024":
+                                pred = model(input_ids=input_ids).logits.float()
+                                loss = torch.nn.functional.cross_entropy(pred.flatten(0, 1), labels.flatten(0, 1))
+                            else:
+                                loss = model(input_ids=input_ids, labels=labels).loss
+                            loss.backward()
                     opt.step()
                     opt.zero_grad()
             (snap,) = tracker.get_tracker_snapshot("peak").values()
@@ -115,6 +123,7 @@ def run_case(name, case):
                 "backward_prefetch": case["backward_prefetch"], "use_orig_params": False,
                 "checkpoint": sorted(layer_names) if case["checkpoint"] else None,
                 "ac_mode": case["ac_mode"], "ac_wrapper": "torchtitan", "train_loop": case["train_loop"],
+                "grad_accum": case["grad_accum"],
             },
             "collectives": [],
             "memory": {"peak_bytes": snap["Total"], "breakdown": breakdown},
