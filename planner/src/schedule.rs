@@ -452,9 +452,6 @@ impl B<'_> {
             }
             if self.grads[u.index()].is_empty() {
                 self.grads[u.index()].push(f);
-                for &k in &self.unit_params[u.index()] {
-                    self.grad_of_param[k] = Some(f);
-                }
             } else {
                 self.free(f);
             }
@@ -1772,8 +1769,8 @@ fn input_grad(b: &mut B, tz: &Tensors, mems: &[OpMem], grad: &mut [Option<Buffer
 }
 
 /// Makes the grad of primary param `k` (owned by `owner`) in the compute dtype `gd`: its own
-/// buffer (fsdp2), a piece of the unit's flat grad (flat), or a transient accumulating into
-/// the grad an earlier use made (tied weights).
+/// buffer (fsdp2; flat: held apart until the unit's post-backward joins them into its flat
+/// grad), or a transient accumulating into the grad an earlier use made (tied weights).
 fn param_grad(b: &mut B, gd: DType, k: usize, owner: UnitId) {
     let model = b.model;
     let flat = b.opts.layout == Layout::Flat;
