@@ -39,6 +39,15 @@ def config_relpath(name):
     return f"models/{name}.config.json"
 
 
+def fixture_head(case_name, model):
+    """A case fixture's first keys: the case, the pinned versions it was recorded with, the
+    model's config."""
+    import torch
+    import transformers
+    return {"case": case_name, "torch_version": torch.__version__,
+            "transformers_version": transformers.__version__, "config": config_relpath(model)}
+
+
 def model_names():
     return sorted(f[: -len(".config.json")] for f in os.listdir(MODELS_DIR) if f.endswith(".config.json"))
 

@@ -110,10 +110,7 @@ def run_case(name, case):
             breakdown = {CATEGORIES[k.name]: v for k, v in snap.items() if hasattr(k, "name") and k.name in CATEGORIES}
         wrap = "transformer:" + ",".join(sorted(layer_names))
         return {
-            "case": name,
-            "torch_version": torch.__version__,
-            "transformers_version": transformers.__version__,
-            "config": common.config_relpath(case["model"]),
+            **common.fixture_head(name, case["model"]),
             "options": {
                 "world_size": ws, "batch": case["batch"], "seq": case["seq"],
                 "attn_implementation": case["attn_implementation"], "model_dtype": case["model_dtype"],

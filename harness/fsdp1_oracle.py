@@ -343,10 +343,7 @@ def run_case(name, case):
                   if k in e})
         collectives.append(c)
     return {
-        "case": name,
-        "torch_version": torch.__version__,
-        "transformers_version": transformers.__version__,
-        "config": common.config_relpath(case["model"]),
+        **common.fixture_head(name, case["model"]),
         "options": {
             "world_size": ws,
             "batch": case["batch"],
