@@ -15,6 +15,7 @@ import contextlib
 import functools
 import os
 import sys
+import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -39,6 +40,8 @@ import fsdp2_oracle as oracle  # noqa: E402
 STRATEGIES = {"full-shard": ShardingStrategy.FULL_SHARD, "shard-grad-op": ShardingStrategy.SHARD_GRAD_OP,
               "no-shard": ShardingStrategy.NO_SHARD, "hybrid-shard": ShardingStrategy.HYBRID_SHARD}
 PREFETCH = {"pre": BackwardPrefetch.BACKWARD_PRE, "post": BackwardPrefetch.BACKWARD_POST}
+# (FSDP1 reads its flat params' data pointers to check their storage; fake tensors warn)
+warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
 CATEGORIES = {"PARAM": "param", "BUFFER": "buffer", "GRAD": "grad", "ACT": "activation", "TEMP": "temp", "OPT": "optstate"}
 
 
