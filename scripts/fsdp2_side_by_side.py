@@ -122,6 +122,12 @@ def main():
               f"--data {rel}/tokens.u32 --backend {'cuda' if a.device == 'cuda' else 'cpu'}"
               + (f" --param-dtype bf16 --reduce-dtype f32" if a.param_dtype == "bfloat16" else ""))
     dist.destroy_process_group()
+    # (the results are written: leave without the interpreter's teardown, where a process-group
+    # thread still joinable at exit once aborted this rank — "terminate called without an
+    # active exception" — after everything it had to do was done)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
