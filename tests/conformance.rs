@@ -4,6 +4,9 @@
 //! ranks) on a fake process group under
 //! `FakeTensorMode`, recorded by `harness/fsdp2_fake.py` into `tests/fixtures/fsdp2_fake/`.
 //!
+//! FSDP1 too: its collectives (`harness/fsdp1_oracle.py`, CPU/gloo) and its memory
+//! (`harness/fsdp1_fake.py`, fake mode, torch's MemTracker).
+//!
 //! Collectives must match exactly (kind, unit, numel, dtype, order). Memory: the peak and
 //! every category of it (FSDPMemTracker's: params, grads, optimizer state, comm buffers,
 //! activation, temp, inputs, module buffers) to the byte.
