@@ -736,16 +736,20 @@ pub fn sac_saved_ops(model: &Model, opts: &Options, attn: AttnImpl) -> Vec<bool>
 /// `--checkpoint` entry naming its path, else of the one naming its class.
 pub fn region_modes(model: &Model, opts: &Options) -> HashMap<usize, crate::options::AcMode> {
     let specs = opts.checkpoints();
+    if specs.is_empty() {
+        return HashMap::default();
+    }
+    // (a name's first entry decides, as a search of the list in order would)
+    let mut by_name: HashMap<&str, crate::options::AcMode> = HashMap::default();
+    for (c, mode) in &specs {
+        by_name.entry(c.as_str()).or_insert(*mode);
+    }
     model
         .modules
         .iter()
         .enumerate()
         .filter(|(_, m)| !m.path.is_empty())
-        .filter_map(|(i, m)| {
-            let by_path = specs.iter().find(|(c, _)| *c == m.path);
-            let by_class = specs.iter().find(|(c, _)| *c == m.class);
-            by_path.or(by_class).map(|&(_, mode)| (i, mode))
-        })
+        .filter_map(|(i, m)| by_name.get(m.path.as_str()).or_else(|| by_name.get(m.class.as_str())).map(|&mode| (i, mode)))
         .collect()
 }
 
