@@ -376,7 +376,7 @@ FSDP1_DEFAULTS = {
 
 FSDP1_CASES = {
     "f1_llama_transformer_pre_ws2": {"model": "tiny-llama", "world_size": 2, "wrap": "transformer",
-                                     "backward_prefetch": "pre", "grad_accum": 1},
+                                     "backward_prefetch": "pre", "grad_accum": 1, "device": "cpu"},
     "f1_llama_transformer_post_ws2": {"model": "tiny-llama", "world_size": 2, "wrap": "transformer",
                                       "backward_prefetch": "post"},
     # tiny-gpt2 block = 12704 params, its biggest child (mlp) 8352, root remainder 8864:
@@ -408,7 +408,7 @@ def fsdp1_cases():
 FSDP1_FAKE_DEFAULTS = {"batch": 2, "seq": 32, "attn_implementation": "sdpa", "model_dtype": "float32",
                        "mp": False, "checkpoint": False, "ac_mode": "full", "train_loop": "hf",
                        "optimizer": "adamw", "strategy": "full-shard", "shard_group_size": None,
-                       "backward_prefetch": "pre", "grad_accum": 1}
+                       "backward_prefetch": "pre", "grad_accum": 1, "device": "cpu"}
 
 FSDP1_FAKE_CASES = {
     "f1_llama_ws2": {"model": "tiny-llama", "world_size": 2},
@@ -434,12 +434,22 @@ FSDP1_FAKE_CASES = {
     "f1_llama_mp_ac_ga2_ws2": {"model": "tiny-llama", "world_size": 2, "mp": True, "checkpoint": True,
                                "grad_accum": 2},
     "f1_qwen2_ac_ws3": {"model": "tiny-qwen2", "world_size": 3, "checkpoint": True},
+    # on harness/fakegpu.py's fake accelerator (planned --device cuda)
+    "f1_llama_gpu_ws2": {"model": "tiny-llama", "world_size": 2, "device": "fakegpu"},
+    "f1_llama_mp_ac_gpu_ws2": {"model": "tiny-llama", "world_size": 2, "mp": True, "checkpoint": True,
+                               "device": "fakegpu"},
     # torchtitan PR #165's FSDP1 runs (Llama-2-7B, 8 ranks, 8 x 2048, bf16 / f32, the loop of
     # March 2024 that kept the float32 logits): full AC and op-level SAC
     "f1_llama2_7b_ac_pr165_ws8": {"model": "llama-2-7b", "world_size": 8, "batch": 8, "seq": 2048, "mp": True,
                                   "checkpoint": True, "train_loop": "torchtitan-2024"},
     "f1_llama2_7b_sac_pr165_ws8": {"model": "llama-2-7b", "world_size": 8, "batch": 8, "seq": 2048, "mp": True,
                                    "checkpoint": True, "ac_mode": "selective-op", "train_loop": "torchtitan-2024"},
+    # ... and on the fake accelerator (CUDA's kernels and blocks: as the rows are planned)
+    "f1_llama2_7b_ac_pr165_gpu_ws8": {"model": "llama-2-7b", "world_size": 8, "batch": 8, "seq": 2048, "mp": True,
+                                      "checkpoint": True, "train_loop": "torchtitan-2024", "device": "fakegpu"},
+    "f1_llama2_7b_sac_pr165_gpu_ws8": {"model": "llama-2-7b", "world_size": 8, "batch": 8, "seq": 2048, "mp": True,
+                                       "checkpoint": True, "ac_mode": "selective-op", "train_loop": "torchtitan-2024",
+                                       "device": "fakegpu"},
 }
 
 

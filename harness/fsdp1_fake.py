@@ -34,6 +34,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 import cases as cases_mod  # noqa: E402
+import fakegpu  # noqa: E402
 import fsdp2_fake  # noqa: E402
 import fsdp2_oracle as oracle  # noqa: E402
 
@@ -58,8 +59,25 @@ def _checkpoint_blocks(model, case):
                                        preserve_rng_state=False, **kw)
 
 
+def _on_fake_accelerator():
+    """FSDP1 on harness/fakegpu.py's fake accelerator (CUDA's kernels and 512 B blocks): its
+    streams are the fake device's, which `Tensor.record_stream` does not take; FSDP1 records
+    there only that the compute stream used an unsharded flat param (when the caching
+    allocator may reuse its block: no bytes), so the record is skipped."""
+    fakegpu.install()
+    import torch.distributed.fsdp._common_utils as common_utils
+    import torch.distributed.fsdp._flat_param as flat_param
+    import torch.distributed.fsdp._runtime_utils as runtime_utils
+    for m in (common_utils, flat_param, runtime_utils):
+        if hasattr(m, "_no_dispatch_record_stream"):
+            m._no_dispatch_record_stream = lambda tensor, stream: None
+
+
 def run_case(name, case):
     ws = case["world_size"]
+    device = case["device"]
+    if device != "cpu":
+        _on_fake_accelerator()
     transformers.logging.set_verbosity_error()
     fsdp2_fake._patch_packed_sequence_check()
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=ws)
@@ -68,8 +86,9 @@ def run_case(name, case):
         # (hybrid sharding: a (replicate, shard) mesh, as FSDP2's cases, built before fake mode)
         mesh = oracle.make_mesh(case) if case["strategy"] == "hybrid-shard" else None
         with FakeTensorMode():
-            model = AutoModelForCausalLM.from_config(cfg, attn_implementation=case["attn_implementation"],
-                                                     dtype=getattr(torch, case["model_dtype"]))
+            with torch.device(device):
+                model = AutoModelForCausalLM.from_config(cfg, attn_implementation=case["attn_implementation"],
+                                                         dtype=getattr(torch, case["model_dtype"]))
             model.train()
             layer_names = set(model._no_split_modules)
             layer_cls = {type(m) for m in model.modules() if type(m).__name__ in layer_names}
@@ -79,13 +98,15 @@ def run_case(name, case):
             strategy = STRATEGIES[case["strategy"]]
             model = FullyShardedDataParallel(
                 model, auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=layer_cls),
-                device_id=torch.device("cpu"), use_orig_params=False, sharding_strategy=strategy, device_mesh=mesh,
+                device_id=torch.device(device) if device == "cpu" else torch.device(device, 0), use_orig_params=False, sharding_strategy=strategy, device_mesh=mesh,
                 backward_prefetch=PREFETCH[case["backward_prefetch"]], mixed_precision=mp)
             opt = oracle.make_optimizer(model, case)
             tracker = MemTracker()
             tracker.track_external(model, opt)
             with tracker:
-                input_ids = torch.randint(0, cfg.vocab_size, (case["batch"], case["seq"]))
+                # (no generator on the fake device; fake tensors hold no values anyway)
+                input_ids = (torch.randint(0, cfg.vocab_size, (case["batch"], case["seq"])) if device == "cpu"
+                             else torch.zeros(case["batch"], case["seq"], dtype=torch.long, device=device))
                 labels = input_ids.clone()
                 for step in (1, 2):
                     if step == 2:
@@ -109,7 +130,7 @@ def run_case(name, case):
                             loss.backward()
                     opt.step()
                     opt.zero_grad()
-            (snap,) = tracker.get_tracker_snapshot("peak").values()
+            snap = next(v for d, v in tracker.get_tracker_snapshot("peak").items() if d.type == device)
             breakdown = {CATEGORIES[k.name]: v for k, v in snap.items() if hasattr(k, "name") and k.name in CATEGORIES}
         wrap = "transformer:" + ",".join(sorted(layer_names))
         return {
@@ -118,7 +139,7 @@ def run_case(name, case):
                 "world_size": ws, "batch": case["batch"], "seq": case["seq"],
                 "attn_implementation": case["attn_implementation"], "model_dtype": case["model_dtype"],
                 "param_dtype": "bfloat16" if case["mp"] else None, "reduce_dtype": "float32" if case["mp"] else None,
-                "optimizer": case["optimizer"], "wrap": wrap, "device": "cpu", "layout": "flat",
+                "optimizer": case["optimizer"], "wrap": wrap, "device": device, "layout": "flat",
                 "strategy": case["strategy"], "shard_group_size": case["shard_group_size"],
                 "backward_prefetch": case["backward_prefetch"], "use_orig_params": False,
                 "checkpoint": sorted(layer_names) if case["checkpoint"] else None,

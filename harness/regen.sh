@@ -2,7 +2,7 @@
 # Regenerate every ground-truth fixture (needs .venv with torch==2.11.0, transformers==5.17.0):
 #   bash harness/regen.sh            (from the repo root or anywhere; about half an hour on 2 CPU cores)
 # Writes tests/fixtures/hf_params/*.json, tests/fixtures/fsdp2{,_fake,_fakegpu,_compile}/*.json, tests/fixtures/train/,
-# tests/fixtures/fsdp1{,_fake}/*.json and tests/fixtures/runtime/<name>/ (each file atomically), then
+# tests/fixtures/fsdp1{,_fake,_fakegpu}/*.json and tests/fixtures/runtime/<name>/ (each file atomically), then
 # deletes fixtures whose model config / case no longer exists.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +30,7 @@ for f in tests/fixtures/fsdp2_fake/*.json tests/fixtures/fsdp2_fakegpu/*.json te
   n=$(basename "$f" .json); grep -qx "$n" <<<"$cases" || { echo "removing stale $f"; rm -f "$f"; }
 done
 cases=$("$PY" harness/fsdp1_fake.py --list)
-for f in tests/fixtures/fsdp1_fake/*.json; do
+for f in tests/fixtures/fsdp1_fake/*.json tests/fixtures/fsdp1_fakegpu/*.json; do
   n=$(basename "$f" .json); grep -qx "$n" <<<"$cases" || { echo "removing stale $f"; rm -f "$f"; }
 done
 cases=$("$PY" harness/fsdp1_oracle.py --list)

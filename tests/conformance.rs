@@ -181,7 +181,8 @@ fn collectives_equal_fsdp1_flat() {
 #[test]
 fn memory_equals_fsdp1() {
     let mut failures = vec![];
-    for (name, f) in fixtures("tests/fixtures/fsdp1_fake") {
+    // (on the CPU, and on harness/fakegpu.py's fake accelerator: planned --device cuda)
+    for (name, f) in fixtures("tests/fixtures/fsdp1_fake").into_iter().chain(fixtures("tests/fixtures/fsdp1_fakegpu")) {
         check_versions(&name, &f);
         let model = import(&f);
         let plan = fsdp_planner::plan(&model, &options_of(&f)).unwrap_or_else(|e| panic!("{name}: {e}"));

@@ -1098,7 +1098,13 @@ fn setup(b: &mut B, cx: &Ctx) {
                 (Layout::Fsdp2, Device::Cpu) => u.params.iter().filter(|p| p.requires_grad).count() as u64,
                 (Layout::Flat, Device::Cpu) => 1,
             };
-            b.alloc(format!("{label} adam state"), Category::Optstate, 2 * local + 4 * nparams, Some(u.id));
+            // (FSDP1's two moments of the flat shard: two tensors, each in whole 512 B blocks on
+            // CUDA — measured on harness/fakegpu.py)
+            let moments = match opts.layout {
+                Layout::Fsdp2 => 2 * local,
+                Layout::Flat => 2 * opts.device.allocated_bytes(local),
+            };
+            b.alloc(format!("{label} adam state"), Category::Optstate, moments + 4 * nparams, Some(u.id));
         }
         if b.float8_gathered(u) && !b.no_shard() && u.reshard_to.is_none() {
             // the scales the unsharded float8 params kept from the previous step's last gather:
