@@ -909,17 +909,12 @@ FAKE_CASES.update({
                                        "reduce_dtype": "float32", "optimizer": "adamw",
                                        "float8": "tensorwise", "float8_all_gather": True,
                                        "unit_reshard": {"last": False}, "device": "fakegpu", "compile": True},
-    # ... and its 128-GPU run (16 nodes; the same per-rank batch)
-    "llama31_8b_compile_sac_tt_ws128": {"model": "llama-3.1-8b", "world_size": 128, "batch": 2, "seq": 8192,
-                                        "model_dtype": "float32", "param_dtype": "bfloat16",
-                                        "reduce_dtype": "float32", "optimizer": "adamw",
-                                        "unit_reshard": {"last": False}, "checkpoint": ["LlamaDecoderLayer"],
-                                        "ac_mode": "selective-op", "ac_wrapper": "torchtitan",
-                                        "device": "fakegpu", "compile": True},
     "qwen3_8b_compile_bf16_ws8": {"model": "qwen3-8b", "world_size": 8, "batch": 1, "seq": 4096,
                                   "param_dtype": "bfloat16", "reduce_dtype": "float32",
                                   "device": "fakegpu", "compile": True},
 })
+# torchtitan's compiled Llama-3.1-8B SAC run at 128 GPUs (16 nodes, the same per-rank batch)
+FAKE_CASES["llama31_8b_compile_sac_tt_ws128"] = dict(FAKE_CASES["llama31_8b_compile_sac_tt_ws8"], world_size=128)
 # real-size cases again on the fake accelerator (planned --device cuda): checkpointing, op-level
 # SAC, MoE, HSDP, gradient accumulation, torchtitan's mixed AC with the last block kept
 for _name in ("llama3_8b_bf16_ac_ws8", "qwen3_8b_sac_op_ws8", "mixtral_8x7b_bf16_ac_ws8",
