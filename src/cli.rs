@@ -183,7 +183,7 @@ pub(crate) struct Fixed {
     pub(crate) unit_group: u32,
     /// torchtitan's --compile: each decoder block under torch.compile (inductor fuses the
     /// element-wise ops: norms, rotary, SwiGLU). Changes the predicted time and what the blocks
-    /// save (inductor's partitioner; float8 casts only under op-level SAC); no HF KV cache
+    /// save (inductor's partitioner, float8 linears included); no HF KV cache
     /// (torchtitan's model has none).
     #[arg(long)]
     pub(crate) compile: bool,

@@ -961,14 +961,15 @@ pub fn compiled_memory_blocks(model: &Model, seq: u64) -> Vec<String> {
     blocks.into_iter().zip(whole).filter_map(|(b, w)| w.then_some(b)).collect()
 }
 
-/// Which ops `--compile`'s memory model covers: those inside a block of
-/// [`compiled_memory_blocks`] (torchtitan's `apply_compile` compiles each block; the
-/// embedding, the final norm, the head and the loss stay eager), not with eager attention.
+/// Which ops `--compile`'s memory model covers, each with its block (an index into
+/// [`compiled_blocks`]): those inside a block of [`compiled_memory_blocks`] (torchtitan's
+/// `apply_compile` compiles each block; the embedding, the final norm, the head and the loss
+/// stay eager), not with eager attention.
 /// (A float8 linear's: [`compiled_float8`] outside checkpointing, [`compiled_float8_sac`] under
 /// op-level SAC; its casts' temporaries and a full-AC recompute keep eager's model.)
-pub fn compiled_ops(cx: &Ctx, model: &Model) -> Vec<bool> {
+pub fn compiled_ops(cx: &Ctx, model: &Model) -> Vec<Option<usize>> {
     let (_, block_of, whole) = blocks_measured(model, cx.dims.seq);
-    block_of.iter().map(|b| cx.attn != AttnImpl::Eager && b.is_some_and(|b| whole[b])).collect()
+    block_of.iter().map(|b| b.filter(|&b| cx.attn != AttnImpl::Eager && whole[b])).collect()
 }
 
 /// The compiled blocks, each op's (the innermost of them on its module path) and whether a
@@ -1041,11 +1042,11 @@ fn measured(o: &Op, seq: u64) -> bool {
 /// In checkpointed blocks these rules are what the recompute makes (inductor's backward
 /// recomputes inside its fused kernels); which SAC outputs the forward keeps is the
 /// schedule's (`compiled_checkpoints`). `covered`: [`compiled_ops`].
-pub fn compiled(cx: &Ctx, model: &Model, mems: &mut [OpMem], covered: &[bool]) {
+pub fn compiled(cx: &Ctx, model: &Model, mems: &mut [OpMem], covered: &[Option<usize>]) {
     let index: HashMap<&str, usize> = model.ops.iter().enumerate().map(|(i, o)| (o.name.as_str(), i)).collect();
     let saves_output: Vec<bool> = mems.iter().map(|m| m.saves_output).collect();
     for (i, op) in model.ops.iter().enumerate() {
-        if !covered[i] {
+        if covered[i].is_none() {
             continue;
         }
         let m = &mut mems[i];
@@ -1068,7 +1069,7 @@ pub fn compiled(cx: &Ctx, model: &Model, mems: &mut [OpMem], covered: &[bool]) {
             }
             OpKind::Mul => {
                 for k in 0..m.saves_inputs.len() {
-                    if op.inputs.get(k).and_then(|n| index.get(n.as_str())).is_some_and(|&j| pointwise(&model.ops[j]) && covered[j]) {
+                    if op.inputs.get(k).and_then(|n| index.get(n.as_str())).is_some_and(|&j| pointwise(&model.ops[j]) && covered[j].is_some()) {
                         m.saves_inputs[k] = false;
                     }
                 }
@@ -1111,12 +1112,11 @@ pub fn compiled(cx: &Ctx, model: &Model, mems: &mut [OpMem], covered: &[bool]) {
 /// forward: free) and the transposed copy the input's grad needs (its bytes): it keeps the
 /// copy of every weight but those whose output reaches RoPE (q, k, Phi-3's fused qkv) and
 /// the attention's output projection, in Llama, OLMo-2 and Phi-3 blocks alike. `covered`: the
-/// compiled ops outside checkpointed regions (under op-level SAC [`compiled_float8_sac`]).
-pub fn compiled_float8(cx: &Ctx, model: &Model, mems: &mut [OpMem], covered: &[bool]) {
+/// compiled ops outside checkpointed regions and their blocks ([`compiled_ops`]; under
+/// op-level SAC [`compiled_float8_sac`]).
+pub fn compiled_float8(cx: &Ctx, model: &Model, mems: &mut [OpMem], covered: &[Option<usize>]) {
     let Some(f8) = cx.float8 else { return };
     let index: HashMap<&str, usize> = model.ops.iter().enumerate().map(|(i, o)| (o.name.as_str(), i)).collect();
-    // (a block's input, the previous block's output, is its graph's input: always kept)
-    let (_, block_of, _) = blocks_measured(model, cx.dims.seq);
     let input_of = |o: &Op| o.inputs.first().and_then(|n| index.get(n.as_str())).copied();
     // ops whose output a RoPE reads, directly or through a norm (OLMo-2's q_norm / k_norm)
     let mut to_rope = vec![false; model.ops.len()];
@@ -1131,13 +1131,14 @@ pub fn compiled_float8(cx: &Ctx, model: &Model, mems: &mut [OpMem], covered: &[b
         }
     }
     for (i, op) in model.ops.iter().enumerate() {
-        if !covered[i] || !crate::float8::is_float8_linear(model, op) {
+        if covered[i].is_none() || !crate::float8::is_float8_linear(model, op) {
             continue;
         }
         let Some(&[o, w_in]) = op.params.first().and_then(|p| model.param(p)).map(|p| p.shape.as_slice()) else { continue };
         let input = input_of(op);
         let m = &mut mems[i];
-        if input.is_some_and(|j| covered[j] && block_of[j] == block_of[i] && pointwise(&model.ops[j])) {
+        // (a block's input, the previous block's output, is its graph's input: always kept)
+        if input.is_some_and(|j| covered[j] == covered[i] && pointwise(&model.ops[j])) {
             m.saves_inputs = vec![false];
         }
         if f8.recipe == crate::options::Float8Recipe::Tensorwise {

@@ -465,8 +465,8 @@ pub struct Options {
     /// torchtitan's `--compile`: each decoder block under `torch.compile` (inductor fuses
     /// its element-wise ops; GEMMs and SDPA stay cuBLAS's and FlashAttention's). Changes the
     /// predicted time ([`crate::cost`]) and what the blocks save and recompute
-    /// ([`crate::activation::compiled`]: inductor's partitioner; float8 linears' casts under
-    /// op-level SAC only), and turns HF's KV cache off (torchtitan's model has none).
+    /// ([`crate::activation::compiled`]: inductor's partitioner, float8 linears included but
+    /// in a full-AC recompute), and turns HF's KV cache off (torchtitan's model has none).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub compile: bool,
     /// Unit groups: `k` consecutive decoder blocks per FSDP unit (FSDP2's

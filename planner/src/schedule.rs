@@ -786,12 +786,12 @@ pub fn checkpoint_regions(model: &Model, opts: &Options) -> Vec<Option<usize>> {
 /// linear's casts keep what [`crate::activation::compiled_float8_sac`] says; and when
 /// every checkpointed region lies in a compiled block, the checkpoints hold their graphs'
 /// inputs, not HF's position ids.
-fn compiled_checkpoints(b: &mut B, model: &Model, compiled: &[bool], mems: &mut [OpMem], tz: &Tensors, region: &[Option<usize>]) {
-    b.compiled_regions = region.iter().any(|r| r.is_some()) && region.iter().zip(compiled).all(|(r, &c)| r.is_none() || c);
+fn compiled_checkpoints(b: &mut B, model: &Model, compiled: &[Option<usize>], mems: &mut [OpMem], tz: &Tensors, region: &[Option<usize>]) {
+    b.compiled_regions = region.iter().any(|r| r.is_some()) && region.iter().zip(compiled).all(|(r, c)| r.is_none() || c.is_some());
     // (consumers come after their producers: one pass from the end)
     let mut read = vec![false; model.ops.len()];
     for j in (0..model.ops.len()).rev() {
-        if region[j].is_none() || !compiled[j] {
+        if region[j].is_none() || compiled[j].is_none() {
             continue;
         }
         read[j] = mems[j].saves_output
@@ -855,7 +855,7 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
     let compiled = if opts.compile { crate::activation::compiled_ops(&cx, model) } else { vec![] };
     if opts.compile {
         crate::activation::compiled(&cx, model, &mut mems, &compiled);
-        let unchecked: Vec<bool> = compiled.iter().zip(&region).map(|(&c, r)| c && r.is_none()).collect();
+        let unchecked: Vec<Option<usize>> = compiled.iter().zip(&region).map(|(&c, r)| c.filter(|_| r.is_none())).collect();
         crate::activation::compiled_float8(&cx, model, &mut mems, &unchecked);
     }
     let ends = module_ends(model);
