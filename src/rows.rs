@@ -49,6 +49,11 @@ struct Predicted {
     reserved_gib: f64,
     active_gib: f64,
     hardware: String,
+    /// The predicted step: its time, the compute stream's busy time, communication the
+    /// compute stream waits on.
+    step_s: f64,
+    compute_s: f64,
+    exposed_comm_s: f64,
 }
 
 /// The hardware profile of a row: torchtitan's Grand Teton H100s (96 GB HBM2e, 500 W) are
@@ -172,7 +177,7 @@ fn evaluate(row: &Value, root: &Path) -> Outcome {
         let t = fsdp_planner::timeline::predict(&plan, &model, &hw);
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         let reserved = fsdp_planner::reserved::predict(&plan, &hw);
-        Ok(Predicted { tps: t.tokens_per_s_per_gpu, peak_gib: gib(plan.memory.peak_bytes), reserved_gib: gib(reserved.max_reserved_bytes), active_gib: gib(reserved.max_active_bytes), hardware: hw.name.clone() })
+        Ok(Predicted { tps: t.tokens_per_s_per_gpu, peak_gib: gib(plan.memory.peak_bytes), reserved_gib: gib(reserved.max_reserved_bytes), active_gib: gib(reserved.max_active_bytes), hardware: hw.name.clone(), step_s: t.step_time_s, compute_s: t.compute_s, exposed_comm_s: t.exposed_comm_s })
     })();
     out
 }
@@ -216,6 +221,9 @@ pub(crate) fn run(a: RowsArgs) -> Result<()> {
                         j["predicted_reserved_gib"] = p.reserved_gib.into();
                         j["predicted_active_gib"] = p.active_gib.into();
                         j["hardware"] = p.hardware.clone().into();
+                        j["predicted_step_s"] = p.step_s.into();
+                        j["predicted_compute_s"] = p.compute_s.into();
+                        j["predicted_exposed_comm_s"] = p.exposed_comm_s.into();
                     }
                     Err(e) => j["not_expressible"] = e.clone().into(),
                 }
