@@ -54,6 +54,31 @@ struct Predicted {
     step_s: f64,
     compute_s: f64,
     exposed_comm_s: f64,
+    /// The compute stream's busy time by kind of work: GEMMs (linears, MoE experts),
+    /// attention, the optimizer step, everything else (element-wise, norms, the loss, FSDP's
+    /// copies).
+    by_kind: [(&'static str, f64); 4],
+}
+
+/// The compute stream's busy seconds by kind of work (see [`Predicted::by_kind`]).
+fn compute_by_kind(plan: &fsdp_planner::Plan, model: &fsdp_ir::Model, t: &fsdp_planner::timeline::TimeReport) -> [(&'static str, f64); 4] {
+    use fsdp_planner::plan::OpKind as S;
+    let kinds: std::collections::HashMap<&str, &fsdp_ir::OpKind> = model.ops.iter().map(|o| (o.name.as_str(), &o.kind)).collect();
+    let mut out = [("gemm", 0.0), ("attention", 0.0), ("optimizer", 0.0), ("other", 0.0)];
+    for span in t.ops.iter().filter(|s| s.stream == fsdp_planner::plan::Stream::Compute) {
+        let Some(op) = plan.schedule.get(span.op.index()) else { continue };
+        let slot = match &op.kind {
+            S::Forward { op, .. } | S::Recompute { op, .. } | S::Backward { op, .. } => match kinds.get(op.as_str()) {
+                Some(fsdp_ir::OpKind::Linear { .. } | fsdp_ir::OpKind::Experts { .. }) => 0,
+                Some(fsdp_ir::OpKind::Attention { .. }) => 1,
+                _ => 3,
+            },
+            S::OptimizerStep { .. } => 2,
+            _ => 3,
+        };
+        out[slot].1 += span.end - span.start;
+    }
+    out
 }
 
 /// The hardware profile of a row: torchtitan's Grand Teton H100s (96 GB HBM2e, 500 W) are
@@ -177,7 +202,7 @@ fn evaluate(row: &Value, root: &Path) -> Outcome {
         let t = fsdp_planner::timeline::predict(&plan, &model, &hw);
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         let reserved = fsdp_planner::reserved::predict(&plan, &hw);
-        Ok(Predicted { tps: t.tokens_per_s_per_gpu, peak_gib: gib(plan.memory.peak_bytes), reserved_gib: gib(reserved.max_reserved_bytes), active_gib: gib(reserved.max_active_bytes), hardware: hw.name.clone(), step_s: t.step_time_s, compute_s: t.compute_s, exposed_comm_s: t.exposed_comm_s })
+        Ok(Predicted { tps: t.tokens_per_s_per_gpu, peak_gib: gib(plan.memory.peak_bytes), reserved_gib: gib(reserved.max_reserved_bytes), active_gib: gib(reserved.max_active_bytes), hardware: hw.name.clone(), step_s: t.step_time_s, compute_s: t.compute_s, exposed_comm_s: t.exposed_comm_s, by_kind: compute_by_kind(&plan, &model, &t) })
     })();
     out
 }
@@ -224,6 +249,7 @@ pub(crate) fn run(a: RowsArgs) -> Result<()> {
                         j["predicted_step_s"] = p.step_s.into();
                         j["predicted_compute_s"] = p.compute_s.into();
                         j["predicted_exposed_comm_s"] = p.exposed_comm_s.into();
+                        j["predicted_compute_by_kind_s"] = p.by_kind.iter().map(|&(k, v)| (k.to_string(), Value::from(v))).collect::<serde_json::Map<_, _>>().into();
                     }
                     Err(e) => j["not_expressible"] = e.clone().into(),
                 }

@@ -18,12 +18,16 @@
 //!   through `F.linear`), peak from the datasheet times the part's `clock_factor` (its power
 //!   limit) and `sustained` (the clock a training step's back-to-back kernels hold, against
 //!   the cool, short runs the measurements come from: NVIDIA's 1830 MHz compute clock over
-//!   the 1980 MHz boost on H100, HPL's 1305 of 1410 MHz on A100). MoE experts are grouped GEMMs, each expert
+//!   the 1980 MHz boost on H100, HPL's 1305 of 1410 MHz on A100), and no faster than the
+//!   part's power limit sustains ([`crate::hardware::Power`]: the measured rate of a stream
+//!   of large GEMMs at 700 W, scaled under a lower limit by the power above idle — H100's
+//!   large GEMMs run at 700 TFLOP/s at 700 W, 471 at 500 W; attention and small GEMMs stay
+//!   under it). MoE experts are grouped GEMMs, each expert
 //!   taking `T·k/E` rows; eager attention's `QKᵀ` and `PV` are batched GEMMs.
 //! - **Attention** (SDPA's flash backend = FlashAttention-2): `flops / measured FA2 FLOP/s` at
 //!   the op's head dim, mask and sequence length (interpolated in log(seq); backward from
-//!   the forward and forward+backward benchmarks) times the same clock factors, then the
-//!   output's transpose copy.
+//!   the forward and forward+backward benchmarks) times the same clock factors (and under
+//!   the same power limit), then the output's transpose copy.
 //! - **Element-wise ops** move the bytes of their kernels ([`traffic`]: RMSNorm's float32
 //!   upcast, RoPE's rotate_half, SiLU, products, sums, dropout, the loss's float32 logits);
 //!   their FLOPs are not counted. HF's eager RMSNorm and RoPE run slower than their bytes
@@ -168,12 +172,20 @@ impl Kernel {
         if self.work == Work::Memory || self.flops <= 0.0 {
             return m;
         }
+        // no faster than the part's power limit sustains (large GEMMs on a capped part)
+        let powered = |c: f64, g: &crate::hardware::Gpu| match g.power.as_ref().and_then(|p| p.flops(self.dtype)) {
+            Some(f) => c.max(self.flops / f),
+            None => c,
+        };
         let c = match (&hw.gpu, self.shape) {
-            (Some(g), Shape::Gemm { b, m, n, k }) => g.gemm.time(g.sms, hw.peak(self.dtype) * g.compute_factor(), b, m, n, k),
-            (Some(g), Shape::Flash { head_dim, causal, seq, backward }) => match g.attention_flops(head_dim, causal, seq, backward) {
-                Some(f) => self.flops / f,
-                None => self.flops / (hw.peak(self.dtype) * g.compute_factor() * hw.efficiency.attention),
-            },
+            (Some(g), Shape::Gemm { b, m, n, k }) => powered(g.gemm.time(g.sms, hw.peak(self.dtype) * g.compute_factor(), b, m, n, k), g),
+            (Some(g), Shape::Flash { head_dim, causal, seq, backward }) => powered(
+                match g.attention_flops(head_dim, causal, seq, backward) {
+                    Some(f) => self.flops / f,
+                    None => self.flops / (hw.peak(self.dtype) * g.compute_factor() * hw.efficiency.attention),
+                },
+                g,
+            ),
             _ => {
                 let eff = match self.work {
                     Work::Matmul => hw.efficiency.matmul,

@@ -157,8 +157,9 @@ pub struct Host {
 pub struct Gpu {
     /// Streaming multiprocessors: GEMM tiles run in waves of this many.
     pub sms: u32,
-    /// The sustained tensor-core clock under this part's power limit, relative to the part
-    /// the GEMM and attention figures were measured on (1 for that part itself).
+    /// The tensor-core clock of this part relative to the part the GEMM and attention figures
+    /// were measured on (1 for that part itself). A power limit's effect is [`Power`]'s where
+    /// the profile has one.
     #[serde(default = "one", deserialize_with = "positive")]
     pub clock_factor: f64,
     /// Tensor-core throughput under a training step's back-to-back load, relative to the
@@ -168,6 +169,10 @@ pub struct Gpu {
     /// Applies to GEMMs and attention, not to memory-bound kernels or NCCL.
     #[serde(default = "one", deserialize_with = "positive")]
     pub sustained: f64,
+    /// What the part's power limit lets its tensor cores sustain ([`Power`]); `None`: no
+    /// power-limited rate is known (the kernel models alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power: Option<Power>,
     pub gemm: GemmModel,
     /// FlashAttention-2's measured throughput (what SDPA's flash backend runs).
     pub attention: Vec<AttnPoint>,
@@ -184,6 +189,49 @@ pub struct Gpu {
     /// foreach copies' launches).
     #[serde(deserialize_with = "non_negative")]
     pub fsdp_cpu_per_unshard_s: f64,
+}
+
+/// The tensor-core FLOP/s a GPU's power limit sustains. A long stream of large GEMMs draws
+/// the board to its limit and the clock falls until it holds there, so such kernels run at a
+/// measured sustained rate whatever their shape would allow; under a lower limit the rate
+/// falls with the power left above what the board draws idle (the SM clock's dynamic power,
+/// to first order proportional to the clock at the low voltages a capped part runs at):
+/// `rate · (limit_w − idle_w) / (measured_at_w − idle_w)`. Kernels slower than that (small
+/// GEMMs, attention, memory-bound ones) are not power-bound and keep their own model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Power {
+    /// The part's power limit (W).
+    #[serde(deserialize_with = "positive")]
+    pub limit_w: f64,
+    /// The limit the sustained rates below were measured at (W).
+    #[serde(deserialize_with = "positive")]
+    pub measured_at_w: f64,
+    /// Board power that does not scale with the SM clock (W): the idle draw.
+    #[serde(deserialize_with = "non_negative")]
+    pub idle_w: f64,
+    /// Sustained GEMM FLOP/s at `measured_at_w` per tensor-core dtype.
+    #[serde(deserialize_with = "positive")]
+    pub bf16: f64,
+    #[serde(deserialize_with = "positive")]
+    pub fp16: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8: Option<f64>,
+}
+
+impl Power {
+    /// The power-limited FLOP/s of tensor-core work in `dtype` at `limit_w` (`None`: a dtype
+    /// without a measured rate, float32 on the CUDA cores among them).
+    pub fn flops(&self, dtype: DType) -> Option<f64> {
+        let rate = match dtype {
+            DType::Bfloat16 => self.bf16,
+            DType::Float16 => self.fp16,
+            DType::Float8E4m3fn => self.fp8?,
+            _ => return None,
+        };
+        let span = self.measured_at_w - self.idle_w;
+        (span > 0.0).then(|| rate * ((self.limit_w - self.idle_w).max(0.0) / span))
+    }
 }
 
 /// cuBLAS GEMM time: output tiles in waves over the SMs, a pipeline fill per K, a fixed

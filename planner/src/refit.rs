@@ -4,7 +4,8 @@
 //!
 //! The profile's kernel-level constants keep their shape (GEMM waves, FlashAttention's
 //! curve, NCCL's sizes); three factors scale them ([`scale`]): **compute** (GEMMs and
-//! attention: the GPU's sustained clock; a CPU profile's peak FLOP/s), **memory** (HBM
+//! attention: the GPU's sustained clock and its power-limited rates; a CPU profile's peak
+//! FLOP/s), **memory** (HBM
 //! bandwidth: element-wise kernels, copies, the optimizer) and **communication** (NCCL's bus
 //! bandwidths and the NICs; a CPU profile's links). The fit minimizes the sum of squared log
 //! errors of tokens/s over the rows by Levenberg–Marquardt on the factors' logarithms
@@ -29,6 +30,11 @@ pub fn scale(hw: &Hardware, f: Factors) -> Hardware {
     match h.gpu.as_mut() {
         Some(g) => {
             g.sustained *= c;
+            if let Some(p) = g.power.as_mut() {
+                p.bf16 *= c;
+                p.fp16 *= c;
+                p.fp8 = p.fp8.map(|f| f * c);
+            }
             g.nccl.all_gather_busbw *= n;
             g.nccl.reduce_scatter_busbw *= n;
             g.nccl.all_reduce_busbw *= n;
