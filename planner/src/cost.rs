@@ -319,6 +319,8 @@ pub fn launches(op: &Op, cast: bool) -> (u32, u32) {
             }
         }
         OpKind::RotaryEmbedding { .. } => (10, 0),
+        // float(), the complex product, type_as (views between); backward the same three
+        OpKind::Rope { complex: true, .. } => (1 + 2 * c, 1 + 2 * c),
         // neg, cat, mul, mul, add (halves are views)
         OpKind::Rope { .. } => (5, 8),
         OpKind::Attention { dropout, .. } => {
@@ -701,7 +703,9 @@ fn linear_dims(cx: &Ctx, op: &Op) -> Option<(u64, u64, u64)> {
 /// implementation kernel by kernel (`c` = bytes of the compute dtype; `n` elements of the
 /// output, `x` bytes of the first input): RMSNorm upcasts to float32 (cast, pow, mean, mul,
 /// cast back, weight: `4c + 28` B/element; its backward ~`7c + 52`), RoPE is `x·cos +
-/// rotate_half(x)·sin` (neg of a half, cat, two muls, an add: `10c`; backward ~`14c`), SiLU
+/// rotate_half(x)·sin` (neg of a half, cat, two muls, an add: `10c`; backward ~`14c`) or,
+/// as complex pairs (DeepSeek-V2's, torchtitan's `apply_rotary_emb`), a float32 copy, the
+/// complex product and the cast back (`2c + 16` each way, streaming: not scaled), SiLU
 /// `2c` (backward `3c`), a product `3c` (backward `6c`), a sum `3c` (its backward passes the
 /// grad on; the second use's grad is summed: `3c`), dropout's bernoulli, div and mul `6c`
 /// (`3c`), LayerNorm `2c` (`5c`), an embedding gather `2c` (its backward a scatter-add `3c`);
@@ -723,6 +727,12 @@ fn traffic(cx: &Ctx, op: &Op, out: f64, x: f64) -> (f64, f64) {
                 false => (28.0, 64.0),
             };
             (n * f * EAGER_RMSNORM.0, n * b * EAGER_RMSNORM.1)
+        }
+        // the pairs as complex numbers times the table: a float32 copy, the complex product,
+        // the cast back (each way), three streaming kernels (one in float32)
+        OpKind::Rope { complex: true, .. } => {
+            let per = if cast { 2.0 * c + 16.0 } else { 2.0 * c };
+            (n * per, n * per)
         }
         OpKind::Rope { .. } => (n * 10.0 * c * EAGER_ROPE, n * 14.0 * c * EAGER_ROPE),
         OpKind::Activation { act } => {
