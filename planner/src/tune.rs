@@ -368,6 +368,11 @@ impl<'a> Evaluator<'a> {
         self.recent.last().map(|(_, p)| p)
     }
 
+    /// What another evaluator learnt of `c` (the search's first pass times each outer point).
+    fn seed(&mut self, c: Config, k: Known) {
+        *self.entry(c) = k;
+    }
+
     fn entry(&mut self, c: Config) -> &mut Known {
         if !self.known.contains_key(&c) {
             self.order.push(c);
@@ -657,9 +662,10 @@ fn boundary_up(lo: u32, hi: u32, fits: &mut dyn FnMut(u32) -> bool) -> u32 {
     }
 }
 
-/// The search (see the module doc) on `threads` threads, each taking every `threads`-th
-/// outer point (fastest first) with its own bound, so that the answer does not depend on
-/// timing. `progress(planned, outer points done, of)` is called as outer points finish.
+/// The search (see the module doc) on `threads` threads: every outer point timed with no
+/// checkpointing, then the outer points in that order dealt to the threads in turn, each
+/// searching its own (fastest first) with its own bound, so that the answer does not depend
+/// on timing. `progress(planned, outer points done, of)` is called as outer points finish.
 pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit: Limit, threads: usize, progress: &(dyn Fn(usize, usize, usize) + Sync)) -> Tuned {
     // the master dtype's copy of the model once, not in every plan (`plan_unchecked` makes it
     // when the params are in another dtype)
@@ -670,22 +676,50 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
     let done = std::sync::atomic::AtomicUsize::new(0);
     let planned = std::sync::atomic::AtomicUsize::new(0);
     let n = all.len();
-    // the fastest (no checkpointing) time of each outer point orders the search
-    // per lane: the best of each outer point it searched, and what it evaluated
+    // 1. the fastest (no checkpointing) time of each outer point, which orders the search:
+    // the threads take every `threads`-th outer point
+    type Timed = Vec<(Outer, Option<(f64, Known)>)>;
+    let timed: Vec<Timed> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let mine: Vec<Outer> = all.iter().copied().skip(t).step_by(threads).collect();
+                let planned = &planned;
+                s.spawn(move || crate::schedule::without_names(|| {
+                    let mut ev = Evaluator::new(model, base, hw, space, limit);
+                    let out: Timed = mine
+                        .iter()
+                        .map(|&o| {
+                            let c = Config { outer: o, full: 0, sac: 0 };
+                            (o, ev.time(c).map(|t| (t, ev.known.get(&c).cloned().unwrap_or_default())))
+                        })
+                        .collect();
+                    planned.fetch_add(ev.planned(), std::sync::atomic::Ordering::Relaxed);
+                    out
+                }))
+            })
+            .collect();
+        handles.into_iter().filter_map(|h| h.join().ok()).collect()
+    });
+    let mut firsts: Vec<(f64, Outer, Known)> = timed.into_iter().flatten().filter_map(|(o, t)| t.map(|(t, k)| (t, o, k))).collect();
+    firsts.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    // 2. the outer points in that order, dealt to the threads in turn (each lane gets as many
+    // of the promising ones: the lanes take about as long), each lane bounding its search by
+    // the best it found: the best of each outer point it searched, and what it evaluated
     type Lane = (Vec<(f64, Config)>, Vec<Eval>);
     let results: Vec<Lane> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
-                let mine: Vec<Outer> = all.iter().copied().skip(t).step_by(threads).collect();
+                let mine: Vec<(Outer, Known)> = firsts.iter().skip(t).step_by(threads).map(|(_, o, k)| (*o, k.clone())).collect();
                 let (done, planned) = (&done, &planned);
                 s.spawn(move || crate::schedule::without_names(|| {
                     let mut ev = Evaluator::new(model, base, hw, space, limit);
-                    let mut firsts: Vec<(f64, Outer)> = mine.iter().filter_map(|&o| ev.time(Config { outer: o, full: 0, sac: 0 }).map(|t| (t, o))).collect();
-                    firsts.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                    for (o, k) in &mine {
+                        ev.seed(Config { outer: *o, full: 0, sac: 0 }, k.clone());
+                    }
                     let mut best: Option<(f64, Config)> = None;
                     let mut found = vec![];
                     let mut counted = 0;
-                    for (_, o) in firsts {
+                    for (o, _) in mine {
                         if let Some(r) = search_outer(&mut ev, o, best) {
                             found.push(r);
                             best = Some(r);
