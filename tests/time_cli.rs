@@ -59,6 +59,13 @@ fn bad_hardware_is_a_clear_error() {
     let (code, _, err) = run(&["models/tiny-llama.ron", "--seq", "32", "--hardware", eff.to_str().unwrap()]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains(&format!("eff.ron:{line}:")) && err.contains("(0, 1]"), "{err}");
+    // a power limit whose rates would scale by no power at all: named, on its line
+    let idle = d.join("idle.ron");
+    std::fs::write(&idle, h100.replace("idle_w: 88.0", "idle_w: 800.0")).unwrap();
+    let line = h100.lines().position(|l| l.contains("idle_w: 88.0")).unwrap() + 1;
+    let (code, _, err) = run(&["models/tiny-llama.ron", "--seq", "32", "--hardware", idle.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains(&format!("idle.ron:{line}:")) && err.contains("must exceed idle_w (800)"), "{err}");
     let unknown = d.join("unknown.ron");
     std::fs::write(&unknown, h100.replace("gpus_per_node: 8,", "gpus_per_node: 8,\n    nvlink: true,")).unwrap();
     let (code, _, err) = run(&["models/tiny-llama.ron", "--seq", "32", "--hardware", unknown.to_str().unwrap()]);

@@ -15,8 +15,8 @@
 //!   over `K + k_fill`, plus a fixed time — so skinny GEMMs (a GQA key projection, few
 //!   tokens) and partial waves cost what cuBLAS's do. Constants: fitted to XLA's measured H100
 //!   table (375 shapes, 5.9% RMS, `planner/tests/kernels.rs`; A100 from HF's LlamaMLP
-//!   through `F.linear`), peak from the datasheet times the part's `clock_factor` (its power
-//!   limit) and `sustained` (the clock a training step's back-to-back kernels hold, against
+//!   through `F.linear`), peak from the datasheet times the part's `clock_factor` (its clock
+//!   against the measured part's) and `sustained` (the clock a training step's back-to-back kernels hold, against
 //!   the cool, short runs the measurements come from: NVIDIA's 1830 MHz compute clock over
 //!   the 1980 MHz boost on H100, HPL's 1305 of 1410 MHz on A100), and no faster than the
 //!   part's power limit sustains ([`crate::hardware::Power`]: the measured rate of a stream
@@ -165,7 +165,8 @@ pub struct Kernel {
 impl Kernel {
     /// The slower of its compute and its memory traffic. With a GPU model: a GEMM by its
     /// shape ([`crate::hardware::GemmModel::time`]), attention by FlashAttention-2's measured
-    /// throughput, memory at `hbm_bandwidth · efficiency.memory`; without one (the CPU
+    /// throughput, either no faster than the power limit sustains
+    /// ([`crate::hardware::Power`]), memory at `hbm_bandwidth · efficiency.memory`; without one (the CPU
     /// profile), `flops / (peak · efficiency)`.
     pub fn time(&self, hw: &Hardware) -> f64 {
         let m = self.bytes / (hw.hbm_bandwidth * hw.efficiency.memory);
