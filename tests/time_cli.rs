@@ -51,21 +51,20 @@ fn bad_hardware_is_a_clear_error() {
     let (code, _, err) = run(&["models/tiny-llama.ron", "--seq", "32", "--hardware", bad.to_str().unwrap()]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("bad.ron:3:"), "{err}");
-    // a value out of range is reported where it stands
+    // a value out of range is reported where it stands: the shipped profile with one edit,
+    // refused at that line with `says` in the message
     let h100 = std::fs::read_to_string(root().join("models/hardware/h100-sxm.ron")).unwrap();
-    let eff = d.join("eff.ron");
-    std::fs::write(&eff, h100.replace("matmul: 0.7,", "matmul: 1.7,")).unwrap();
-    let line = h100.lines().position(|l| l.contains("matmul: 0.7,")).unwrap() + 1;
-    let (code, _, err) = run(&["models/tiny-llama.ron", "--seq", "32", "--hardware", eff.to_str().unwrap()]);
-    assert_eq!(code, 2, "{err}");
-    assert!(err.contains(&format!("eff.ron:{line}:")) && err.contains("(0, 1]"), "{err}");
-    // a power limit whose rates would scale by no power at all: named, on its line
-    let idle = d.join("idle.ron");
-    std::fs::write(&idle, h100.replace("idle_w: 88.0", "idle_w: 800.0")).unwrap();
-    let line = h100.lines().position(|l| l.contains("idle_w: 88.0")).unwrap() + 1;
-    let (code, _, err) = run(&["models/tiny-llama.ron", "--seq", "32", "--hardware", idle.to_str().unwrap()]);
-    assert_eq!(code, 2, "{err}");
-    assert!(err.contains(&format!("idle.ron:{line}:")) && err.contains("must exceed idle_w (800)"), "{err}");
+    let refused_at = |file: &str, from: &str, to: &str, says: &str| {
+        let p = d.join(file);
+        std::fs::write(&p, h100.replace(from, to)).unwrap();
+        let line = h100.lines().position(|l| l.contains(from)).unwrap() + 1;
+        let (code, _, err) = run(&["models/tiny-llama.ron", "--seq", "32", "--hardware", p.to_str().unwrap()]);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains(&format!("{file}:{line}:")) && err.contains(says), "{err}");
+    };
+    refused_at("eff.ron", "matmul: 0.7,", "matmul: 1.7,", "(0, 1]");
+    // a power limit whose rates would scale by no power at all
+    refused_at("idle.ron", "idle_w: 88.0", "idle_w: 800.0", "must exceed idle_w (800)");
     let unknown = d.join("unknown.ron");
     std::fs::write(&unknown, h100.replace("gpus_per_node: 8,", "gpus_per_node: 8,\n    nvlink: true,")).unwrap();
     let (code, _, err) = run(&["models/tiny-llama.ron", "--seq", "32", "--hardware", unknown.to_str().unwrap()]);
