@@ -171,7 +171,7 @@ pub struct Gpu {
     pub sustained: f64,
     /// What the part's power limit lets its tensor cores sustain ([`Power`]); `None`: no
     /// power-limited rate is known (the kernel models alone).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "power_above_idle")]
     pub power: Option<Power>,
     pub gemm: GemmModel,
     /// FlashAttention-2's measured throughput (what SDPA's flash backend runs).
@@ -199,51 +199,37 @@ pub struct Gpu {
 /// `rate · (limit_w − idle_w) / (measured_at_w − idle_w)`. Kernels slower than that (small
 /// GEMMs, attention, memory-bound ones) are not power-bound and keep their own model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(try_from = "PowerFields")]
+#[serde(deny_unknown_fields)]
 pub struct Power {
     /// The part's power limit (W).
+    #[serde(deserialize_with = "positive")]
     pub limit_w: f64,
     /// The limit the sustained rates below were measured at (W).
+    #[serde(deserialize_with = "positive")]
     pub measured_at_w: f64,
     /// Board power that does not scale with the SM clock (W): the idle draw.
+    #[serde(deserialize_with = "non_negative")]
     pub idle_w: f64,
     /// Sustained GEMM FLOP/s at `measured_at_w` per tensor-core dtype.
+    #[serde(deserialize_with = "positive")]
     pub bf16: f64,
+    #[serde(deserialize_with = "positive")]
     pub fp16: f64,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fp8: Option<f64>,
 }
 
-/// [`Power`] as written, checked on the way in: the rates scale by the power above idle, so
-/// both limits must exceed the idle draw.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PowerFields {
-    #[serde(deserialize_with = "positive")]
-    limit_w: f64,
-    #[serde(deserialize_with = "positive")]
-    measured_at_w: f64,
-    #[serde(deserialize_with = "non_negative")]
-    idle_w: f64,
-    #[serde(deserialize_with = "positive")]
-    bf16: f64,
-    #[serde(deserialize_with = "positive")]
-    fp16: f64,
-    #[serde(default)]
-    fp8: Option<f64>,
-}
-
-impl TryFrom<PowerFields> for Power {
-    type Error = String;
-    fn try_from(p: PowerFields) -> Result<Self, String> {
-        if p.limit_w <= p.idle_w || p.measured_at_w <= p.idle_w {
-            return Err(format!("power: limit_w ({}) and measured_at_w ({}) must exceed idle_w ({})", p.limit_w, p.measured_at_w, p.idle_w));
-        }
-        if p.fp8.is_some_and(|f| !(f > 0.0 && f.is_finite())) {
-            return Err("power: fp8 must be a positive rate".into());
-        }
-        Ok(Power { limit_w: p.limit_w, measured_at_w: p.measured_at_w, idle_w: p.idle_w, bf16: p.bf16, fp16: p.fp16, fp8: p.fp8 })
+/// A profile's [`Power`], checked: its rates scale by the power above idle, so both limits
+/// must exceed the idle draw, and a float8 rate must be a rate.
+fn power_above_idle<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Power>, D::Error> {
+    let Some(p) = Option::<Power>::deserialize(d)? else { return Ok(None) };
+    if p.limit_w <= p.idle_w || p.measured_at_w <= p.idle_w {
+        return Err(serde::de::Error::custom(format!("power: limit_w ({}) and measured_at_w ({}) must exceed idle_w ({})", p.limit_w, p.measured_at_w, p.idle_w)));
     }
+    if p.fp8.is_some_and(|f| !(f.is_finite() && f > 0.0)) {
+        return Err(serde::de::Error::custom("power: fp8 must be a positive rate"));
+    }
+    Ok(Some(p))
 }
 
 impl Power {

@@ -186,7 +186,7 @@ impl FreeSet {
     }
 
     /// The keys at or after `k`, in order.
-    fn from(&self, k: FreeKey) -> &[FreeKey] {
+    fn at_or_after(&self, k: FreeKey) -> &[FreeKey] {
         &self.0[self.0.partition_point(|&x| x < k)..]
     }
 }
@@ -283,7 +283,7 @@ impl Allocator {
     /// inside the mapped range fits (its "expandable size" ranks it last).
     fn find(&self, pool: PoolKey, size: u64) -> Option<u32> {
         let mut tail = None;
-        for &k in self.free.from(free_key(pool, size, 0, 0, 0)) {
+        for &k in self.free.at_or_after(free_key(pool, size, 0, 0, 0)) {
             let (s, i) = (key_seg(k), key_block(k));
             if key_pool(k) != pool {
                 break;
