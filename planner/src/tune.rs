@@ -678,7 +678,7 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
     let n = all.len();
     // 1. the fastest (no checkpointing) time of each outer point, which orders the search:
     // the threads take every `threads`-th outer point
-    type Timed = Vec<(Outer, Option<(f64, Known)>)>;
+    type Timed = Vec<(f64, Outer, Known)>;
     let timed: Vec<Timed> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
@@ -688,9 +688,9 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
                     let mut ev = Evaluator::new(model, base, hw, space, limit);
                     let out: Timed = mine
                         .iter()
-                        .map(|&o| {
+                        .filter_map(|&o| {
                             let c = Config { outer: o, full: 0, sac: 0 };
-                            (o, ev.time(c).map(|t| (t, ev.known.get(&c).cloned().unwrap_or_default())))
+                            ev.time(c).map(|t| (t, o, ev.known.get(&c).cloned().unwrap_or_default()))
                         })
                         .collect();
                     planned.fetch_add(ev.planned(), std::sync::atomic::Ordering::Relaxed);
@@ -700,26 +700,31 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
             .collect();
         handles.into_iter().filter_map(|h| h.join().ok()).collect()
     });
-    let mut firsts: Vec<(f64, Outer, Known)> = timed.into_iter().flatten().filter_map(|(o, t)| t.map(|(t, k)| (t, o, k))).collect();
+    let mut firsts: Timed = timed.into_iter().flatten().collect();
     firsts.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mut lanes: Vec<Vec<(Outer, Known)>> = vec![vec![]; threads];
+    for (i, (_, o, k)) in firsts.into_iter().enumerate() {
+        lanes[i % threads].push((o, k));
+    }
     // 2. the outer points in that order, dealt to the threads in turn (each lane gets as many
     // of the promising ones: the lanes take about as long), each lane bounding its search by
     // the best it found: the best of each outer point it searched, and what it evaluated
     type Lane = (Vec<(f64, Config)>, Vec<Eval>);
     let results: Vec<Lane> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let mine: Vec<(Outer, Known)> = firsts.iter().skip(t).step_by(threads).map(|(_, o, k)| (*o, k.clone())).collect();
+        let handles: Vec<_> = lanes
+            .into_iter()
+            .map(|mine| {
                 let (done, planned) = (&done, &planned);
                 s.spawn(move || crate::schedule::without_names(|| {
                     let mut ev = Evaluator::new(model, base, hw, space, limit);
-                    for (o, k) in &mine {
-                        ev.seed(Config { outer: *o, full: 0, sac: 0 }, k.clone());
+                    let outers: Vec<Outer> = mine.iter().map(|(o, _)| *o).collect();
+                    for (o, k) in mine {
+                        ev.seed(Config { outer: o, full: 0, sac: 0 }, k);
                     }
                     let mut best: Option<(f64, Config)> = None;
                     let mut found = vec![];
                     let mut counted = 0;
-                    for (o, _) in mine {
+                    for o in outers {
                         if let Some(r) = search_outer(&mut ev, o, best) {
                             found.push(r);
                             best = Some(r);
