@@ -29,9 +29,11 @@
 //! the memory needed. For each outer point (shard group, micro-batch, prefetch, reshard):
 //! its time with no checkpointing bounds every AC choice from below (outer points are taken
 //! fastest first and dropped once that bound cannot beat the best found); if everything
-//! fully checkpointed does not fit, nothing in it does; else for `full` = 0, 1, … the least
-//! `sac` that fits is found by bisection, and the loop stops once the time with `full`
-//! blocks and no SAC cannot beat the best. Which blocks: with identical blocks the
+//! fully checkpointed does not fit, nothing in it does; else the walk starts at the least
+//! `full` whose every block checkpointed fits (levels whose tensor peak alone is over the
+//! limit skipped by a search on peaks, the rest replayed in order), and for each `full` from
+//! there the least `sac` that fits is found by bisection, and the loop stops once the time
+//! with `full` blocks and no SAC cannot beat the best. Which blocks: with identical blocks the
 //! recompute does not depend on which ones, and checkpointing the first ones frees their
 //! activations' recompute earliest in the backward (the least memory; checked by brute
 //! force over every assignment on a 4-block model).
@@ -427,6 +429,13 @@ impl<'a> Evaluator<'a> {
         self.plan(c).map(|p| p.memory.peak_bytes)
     }
 
+    /// The floor of what the device needs ([`floor_bytes`]) from the tensor peak: a plan, no
+    /// allocator replay (`None`: refused); what is over the limit by it does not fit.
+    fn floor(&mut self, c: Config) -> Option<u64> {
+        let (device, limit) = (self.base.device, self.limit);
+        self.peak(c).map(|p| floor_bytes(p, device, limit))
+    }
+
     /// What the device needs beyond the tensor peak at a configuration already checked by
     /// [`Evaluator::fits`] (the allocator's fragmentation, the CUDA context, NCCL).
     fn overhead(&self, c: Config) -> Option<u64> {
@@ -461,8 +470,19 @@ fn needed_bytes(plan: &Plan, hw: &Hardware, limit: Limit) -> Option<u64> {
     let peak = plan.memory.peak_bytes;
     match limit.reserve {
         Some(r) => Some(peak.saturating_add(r)),
-        None if plan.options.device == crate::options::Device::Cuda && peak + crate::reserved::CUDA_CONTEXT_BYTES > limit.bytes => None,
+        None if plan.options.device == crate::options::Device::Cuda && floor_bytes(peak, plan.options.device, limit) > limit.bytes => None,
         None => Some(crate::reserved::predict(plan, hw).needed_bytes(plan)),
+    }
+}
+
+/// The least the device needs for a tensor peak of `peak` under `limit`'s rule: the peak
+/// plus the stated reserve, or on a GPU plus the CUDA context (the caching allocator's
+/// reserved memory is never below the tensors it holds; on the CPU the peak is the need).
+fn floor_bytes(peak: u64, device: crate::options::Device, limit: Limit) -> u64 {
+    match (limit.reserve, device) {
+        (Some(r), _) => peak.saturating_add(r),
+        (None, crate::options::Device::Cuda) => peak.saturating_add(crate::reserved::CUDA_CONTEXT_BYTES),
+        (None, crate::options::Device::Cpu) => peak,
     }
 }
 
@@ -557,11 +577,27 @@ fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> O
     }
     // (timed too: the least-memory end of the Pareto front)
     ev.time(cfg(l, 0));
+    // The first level with anything that fits. At each `full` the least memory is every
+    // block checkpointed (`full` of them fully), and its tensor peak falls as `full` grows:
+    // the levels whose peak alone is over the limit (the floor [`floor_bytes`] of what the
+    // device needs) are skipped by bisection, the next ones checked in order until one fits
+    // (the replay need not be monotone there)
+    let least = |f: u32| cfg(f, sac_max(f));
+    let limit = ev.limit.bytes;
+    let mut start = least_under(0, l, limit, &mut |f| ev.floor(least(f)));
+    // (nothing from a level on is faster than its `full` blocks with no SAC: when that cannot
+    // beat the bound, nothing here can)
+    if start > 0 && ev.time(cfg(start, 0)).is_none_or(|lb| !faster((lb, cfg(start, 0)), bound)) {
+        return None;
+    }
+    while start < l && !ev.fits(least(start)) {
+        start += 1;
+    }
     let mut local: Option<(f64, Config)> = None;
     let mut prev: Option<u32> = None;
     let mut drop = 1u32;
     let mut worse = 0;
-    for full in 0..=l {
+    for full in start..=l {
         // the boundary's time along `full` rises once more full blocks cost more than the
         // SAC blocks they replace: two rises in a row end the walk (brute force checks it)
         if worse >= PATIENCE {
@@ -644,6 +680,39 @@ fn boundary(lo: u32, hi: u32, step: u32, fits: &mut dyn FnMut(u32) -> bool) -> u
         } else {
             lo = mid + 1;
         }
+    }
+    hi
+}
+
+/// The least `x` in `lo..=hi` with `v(x) <= target`, where `v` falls as `x` grows (`None`:
+/// over any target) and `v(hi) <= target`: the same answer as bisection, found by
+/// interpolating between the bracket's ends (the tensor peak falls by about the same bytes
+/// per block checkpointed: a probe or two), bisecting when a probe leaves more than half of
+/// the bracket.
+fn least_under(lo: u32, hi: u32, target: u64, v: &mut dyn FnMut(u32) -> Option<u64>) -> u32 {
+    let (mut lo, mut hi) = (lo, hi);
+    let mut vlo = v(lo).unwrap_or(u64::MAX);
+    if vlo <= target || lo >= hi {
+        return lo;
+    }
+    let mut vhi = v(hi).unwrap_or(0).min(target);
+    let mut bisect = false;
+    // invariant: v(lo) > target >= v(hi)
+    while hi - lo > 1 {
+        let width = hi - lo;
+        let probe = if bisect || vlo == u64::MAX {
+            lo + width / 2
+        } else {
+            // where the line through the bracket's ends meets the target
+            let over = (vlo - target) as u128;
+            let fall = ((vlo - vhi) as u128).max(1);
+            lo + ((over * width as u128).div_ceil(fall) as u32).clamp(1, width - 1)
+        };
+        match v(probe).unwrap_or(u64::MAX) {
+            x if x <= target => (hi, vhi) = (probe, x),
+            x => (lo, vlo) = (probe, x),
+        }
+        bisect = hi - lo > width / 2;
     }
     hi
 }
