@@ -61,11 +61,14 @@ pub(crate) struct TuneArgs {
     /// two blocks per unit (fewer, larger collectives; about doubles the search).
     #[arg(long, value_delimiter = ',', default_value = "1")]
     pub(crate) unit_groups: Vec<u32>,
-    /// Also search the embeddings and the LM head as FSDP units of their own, not the root's
-    /// (torchtitan's wrapping: their params gathered only around their use; untied models;
-    /// about doubles the search).
-    #[arg(long)]
+    /// Search the embeddings and the LM head as FSDP units of their own, not only the root's
+    /// (torchtitan's wrapping: their params gathered only around their use). The default
+    /// where they are untied; given, a model whose head is tied is refused.
+    #[arg(long, conflicts_with = "no_embed_head_units")]
     pub(crate) embed_head_units: bool,
+    /// Leave the embeddings and the LM head to the root unit (about halves the search).
+    #[arg(long)]
+    pub(crate) no_embed_head_units: bool,
     /// Runner-ups to list.
     #[arg(long, default_value_t = 5)]
     pub(crate) top: usize,
@@ -204,17 +207,23 @@ fn predicted(e: &Eval) -> serde_json::Value {
 }
 
 /// The smallest change that makes the least-memory configuration fit: more GPUs (same
-/// per-rank batch), or a shorter sequence.
+/// per-rank batch), or a shorter sequence; or the embeddings and head as units of their own
+/// where the space left them to the root.
 fn suggestions(model: &fsdp_ir::Model, base: &Options, hw: &Hardware, space: &Space, limit: Limit) -> Vec<String> {
     let l = space.blocks.len() as u32;
-    let least = |ws: u64, seq: u64| -> Option<Eval> {
+    let searched_edges = space.edges.contains(&true);
+    let least_with = |ws: u64, seq: u64, edges: bool| -> Option<Eval> {
         let b = Options { world_size: ws, seq, ..base.clone() };
         let s = Space { shards: vec![ws], ..space.clone() };
-        let c = Config { outer: tune::Outer { shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All, group: 1, edges: false, offload: false }, full: l, sac: 0 };
+        let c = Config { outer: tune::Outer { shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All, group: 1, edges, offload: false }, full: l, sac: 0 };
         let plan = fsdp_planner::plan_unchecked(model, &tune::options(&b, &s, &c)).ok()?;
         Some(tune::evaluate(&plan, model, hw, limit, c))
     };
+    let least = |ws: u64, seq: u64| least_with(ws, seq, searched_edges);
     let mut out = vec![];
+    if !searched_edges && space.edge_policy.is_some() && least_with(base.world_size, base.seq, true).is_some_and(|e| e.fits) {
+        out.push("the embeddings and the LM head as FSDP units of their own fit (micro-batch 1, every block checkpointed): leave out --no-embed-head-units".into());
+    }
     match (1..=6).map(|k| base.world_size << k).find(|&ws| least(ws, base.seq).is_some_and(|e| e.fits)) {
         Some(ws) => out.push(format!("{ws} GPUs (micro-batch 1, every block checkpointed) fit")),
         None => out.push(format!("even {} GPUs do not fit it", base.world_size << 6)),
@@ -254,11 +263,11 @@ pub(crate) fn run(a: TuneArgs) -> Result<()> {
     space.groups = a.unit_groups.clone();
     space.groups.sort_unstable();
     space.groups.dedup();
-    if a.embed_head_units {
-        if space.edge_policy.is_none() {
-            bail!(UserError(format!("--embed-head-units: {} has no untied embeddings and LM head to make units of their own (a tied head shares its weight with the embeddings: one unit)", a.model.display())));
-        }
-        space.edges = vec![false, true];
+    if a.embed_head_units && space.edge_policy.is_none() {
+        bail!(UserError(format!("--embed-head-units: {} has no untied embeddings and LM head to make units of their own (a tied head shares its weight with the embeddings: one unit)", a.model.display())));
+    }
+    if a.no_embed_head_units {
+        space.edges = vec![false];
     }
     if space.blocks.is_empty() {
         bail!(UserError(format!("{}: no decoder blocks to tune (the transformer policy wraps none)", a.model.display())));

@@ -110,10 +110,20 @@ fn tune_says_what_would_fit() {
     assert_eq!(p["memory"]["peak_bytes"], v["best"]["predicted"]["peak_bytes"]);
     assert_eq!(p["time"]["tokens_per_s_per_gpu"], v["best"]["predicted"]["tokens_per_s_per_gpu"]);
     assert!(p["memory"]["host"]["peak_bytes"].as_u64().unwrap() > 0, "{}", p["memory"]);
-    // … and where there is none to offload to (the CPU profile), more GPUs fit
+    // … and where there is none to offload to (the CPU profile), more GPUs fit: 4 with the
+    // embeddings and the head units of their own (`plan … --world-size 4 --checkpoint
+    // 'model.layers.{0..3}=full' --policy modules:…`: 544 KiB), 8 left to the root (632 KiB
+    // at 4)
     let (code, out, _) = run(&["tune", "models/tiny-llama-4l.ron", "--world-size", "2", "--global-batch", "2", "--seq", "64", "--memory-limit", "600KiB", "--reserve", "0", "--hardware", "cpu"]);
     assert_eq!(code, 0);
-    assert!(out.contains("does not fit") && out.contains("8 GPUs") && !out.contains("--offload"), "{out}");
+    assert!(out.contains("does not fit") && out.contains("- 4 GPUs") && !out.contains("--offload"), "{out}");
+    let (code, out, _) = run(&["tune", "models/tiny-llama-4l.ron", "--world-size", "2", "--global-batch", "2", "--seq", "64", "--memory-limit", "600KiB", "--reserve", "0", "--hardware", "cpu", "--no-embed-head-units"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("does not fit") && out.contains("- 8 GPUs") && !out.contains("units of their own fit"), "{out}");
+    // left to the root where units of their own would fit: said
+    let (code, out, _) = run(&["tune", "models/tiny-llama-4l.ron", "--world-size", "4", "--global-batch", "4", "--seq", "64", "--memory-limit", "600KiB", "--reserve", "0", "--hardware", "cpu", "--no-embed-head-units"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("does not fit") && out.contains("units of their own fit"), "{out}");
 }
 
 #[test]

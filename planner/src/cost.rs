@@ -111,8 +111,8 @@
 //!   times the bytes: the collectives' fixed latency is paid 1/k as often and large messages
 //!   reach a higher bus bandwidth, against k blocks' unsharded params held at once and a
 //!   first gather that waits for k blocks' worth of bytes.
-//! - *Edge units* (`tune --embed-head-units`: the embeddings and the LM head units of their
-//!   own): two more all-gathers and reduce-scatters of those params per step (and their
+//! - *Edge units* (`--policy modules:<embeddings>,<blocks>,<head>`, in `tune`'s space where
+//!   they are untied: the embeddings and the LM head units of their own): two more all-gathers and reduce-scatters of those params per step (and their
 //!   all-gathers in backward when resharded), against the root no longer holding them
 //!   unsharded through the step.
 //! - *CPU offload* (`--offload cpu`, FSDP2's `CPUOffloadPolicy`): before each all-gather

@@ -11,6 +11,8 @@
 //! - unit groups: one decoder block per FSDP unit, or k (`--unit-group k`, FSDP2's
 //!   `fully_shard([block_i, …, block_i+k-1])`: 1/k of the collectives, each k times the
 //!   size); [`space`] leaves them out (one block per unit), `tune --unit-groups 1,2` adds them;
+//! - the embeddings and the LM head as FSDP units of their own (torchtitan's wrapping,
+//!   `--policy modules:<embeddings>,<blocks>,<head>`) or the root's, where they are untied;
 //! - CPU offload (FSDP2's `CPUOffloadPolicy`, `--offload cpu`) or not, under FSDP with a
 //!   block per unit (`plan` also plans it under HSDP; the CLI leaves it out on a profile with
 //!   no host behind the device);
@@ -119,7 +121,8 @@ pub struct Space {
     pub blocks: Vec<String>,
     /// Whether op-level SAC is a choice (else only full checkpointing).
     pub sac: bool,
-    /// The edge-unit choices searched ([`Outer::edges`]; `[false]` unless asked for).
+    /// The edge-unit choices searched ([`Outer::edges`]): both where the model's embeddings
+    /// and head are untied ([`Space::edge_policy`]), else `[false]`.
     pub edges: Vec<bool>,
     /// The `modules:` policy that makes the embeddings and the head units of their own
     /// (embeddings, a pattern of the blocks, head), when the model has them untied.
@@ -196,7 +199,10 @@ pub fn space(model: &Model, base: &Options, world_size: u64, global_batch: u64, 
     let sac = blocks.first().is_some_and(|b| Options { checkpoint: vec![format!("{b}=selective-op")], ..base.clone() }.check().is_ok());
     let offload_ok = Options { offload: crate::options::Offload::Cpu, world_size, batch: 1, grad_accum: 1, checkpoint: vec![], ..base.clone() }.check().is_ok();
     let offload = if offload_ok { vec![false, true] } else { vec![false] };
-    Ok(Space { shards, batches, prefetch: vec![0, 2], reshard, groups: vec![1], node, blocks, sac, edges: vec![false], edge_policy, offload })
+    // (the embeddings and the head as units of their own, torchtitan's wrapping, where they
+    // are untied: it frees memory for less checkpointing, 0.3–1.4% faster answers on Llama-3)
+    let edges = if edge_policy.is_some() { vec![false, true] } else { vec![false] };
+    Ok(Space { shards, batches, prefetch: vec![0, 2], reshard, groups: vec![1], node, blocks, sac, edges, edge_policy, offload })
 }
 
 /// `[embeddings, blocks pattern, head]`: the embedding's module, the blocks as one `*`
