@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every measured table in bench/, regenerated on this machine by one command:
 #   bash bench/run.sh
-# - planning speed (criterion, bench/planning.rs) and tune's search (bench/tune.rs): their
-#   tables in bench/RESULTS.md, between the `<!-- bench:NAME -->` and `<!-- /bench -->` marks;
+# - planning speed (criterion, bench/planning.rs), tune's search (bench/tune.rs) and tune
+#   against brute force (bench/tune_oracle.rs): their tables in bench/RESULTS.md, between
+#   the `<!-- bench:NAME -->` and `<!-- /bench -->` marks;
 # - predicted against published runs (bench/published.md, `fsdp-plan rows`);
 # - with --runtime, also the CPU runtime vs PyTorch FSDP2 table (bench/runtime_vs_fsdp2.py:
 #   installs the venv if needed and builds the runtime; a few minutes).
@@ -16,7 +17,8 @@ if [ "${1:-}" = "--runtime" ]; then
 fi
 cargo bench --bench planning -- --warm-up-time 1 --measurement-time 5 >/dev/null
 tune=$(cargo bench --bench tune 2>/dev/null | grep '^|')
-python3 - "$tune" <<'PY'
+oracle=$(cargo bench --bench tune_oracle 2>/dev/null | grep '^|')
+python3 - "$tune" "$oracle" <<'PY'
 import json, pathlib, re, sys
 def median(path):
     e = json.loads(pathlib.Path(path).read_text())
@@ -34,7 +36,7 @@ planning = "\n".join([
 ])
 p = pathlib.Path("bench/RESULTS.md")
 text = p.read_text()
-for name, table in [("planning", planning), ("tune", sys.argv[1].strip())]:
+for name, table in [("planning", planning), ("tune", sys.argv[1].strip()), ("tune_oracle", sys.argv[2].strip())]:
     text, n = re.subn(rf"(<!-- bench:{name} -->\n).*?(\n<!-- /bench -->)", lambda m: m.group(1) + table + m.group(2), text, flags=re.S)
     assert n == 1, f"bench/RESULTS.md: no <!-- bench:{name} --> block"
 tmp = p.with_suffix(".md.tmp")

@@ -1,0 +1,123 @@
+//! `tune` against brute force at real size: every (full, SAC) split of the blocks at the outer
+//! points of tune's answer and first three runner-ups, with their siblings (both prefetch modes, the
+//! embeddings and head as units of their own or the root's), planned, timed and replayed
+//! through the allocator model. Prints tune's answer beside the best that fits there, and
+//! how many rows of fixed `full` do not fit monotonically in `sac` (tune's bisection assumes
+//! they do; the allocator replay need not). The planner's tests hold tune to brute force over
+//! every per-block assignment on small models (`planner/tests/tune.rs`); this holds it at the
+//! sizes users plan, on the prefix splits tune searches.
+//!
+//!     cargo bench --bench tune_oracle
+//!
+//! (`cargo test --all-targets` runs it without `--bench`, in a debug build: a 4-block model
+//! only, its assertion a test.)
+
+use fsdp_planner::tune::{self, Config, Limit, Outer};
+use fsdp_planner::Options;
+use std::collections::BTreeSet;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// What brute force learns of one configuration: (step time, tokens/s/GPU, fits).
+type Point = (Config, Option<(f64, f64, bool)>);
+
+fn main() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let hw: fsdp_planner::hardware::Hardware = ron::from_str(&std::fs::read_to_string(format!("{root}/models/hardware/h100-sxm.ron")).unwrap()).unwrap();
+    let full = std::env::args().any(|a| a == "--bench");
+    // (model, world size, global batch, seq, the limit: the device's judged by the allocator
+    // model, or for the 4-block model a tensor peak that makes its checkpointing bind — its
+    // allocator replay is all 20 MiB segments)
+    let device = Limit { bytes: hw.memory_bytes, reserve: None };
+    let scenarios: Vec<(&str, u64, u64, u64, Limit)> = if full {
+        vec![("llama-3-8b", 8, 16, 8192, device), ("llama-3-8b", 8, 32, 8192, device), ("llama-3-8b", 16, 64, 4096, device)]
+    } else {
+        vec![("tiny-llama-4l", 2, 4, 1024, Limit { bytes: 12 << 20, reserve: Some(0) })]
+    };
+    println!("| model | GPUs | global batch × seq | outer points | configurations | tune's best tokens/s/GPU | brute force's | tune vs brute force | rows not monotone in SAC |");
+    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|");
+    for (name, ws, gb, seq, limit) in scenarios {
+        let m = fsdp_ir::parse_model(&std::fs::read_to_string(format!("{root}/models/{name}.ron")).unwrap(), name).unwrap();
+        let base = Options {
+            world_size: ws,
+            seq,
+            param_dtype: fsdp_ir::DType::parse("bf16"),
+            reduce_dtype: fsdp_ir::DType::parse("f32"),
+            master_dtype: fsdp_ir::DType::parse("f32"),
+            optimizer: fsdp_planner::Optimizer::AdamW,
+            ..Options::default()
+        };
+        let space = tune::space(&m, &base, ws, gb, hw.gpus_per_node).unwrap();
+        let r = tune::search(&m, &base, &hw, &space, limit, 2, &|_, _, _| {});
+        let valid: BTreeSet<Outer> = tune::outers(&space).into_iter().collect();
+        let sp = &space;
+        // (the answer's and the first three runner-ups' outer points, as `tune --top 3` lists them)
+        let outers: BTreeSet<Outer> = r
+            .per_outer
+            .iter()
+            .take(4)
+            .flat_map(|e| sp.prefetch.iter().flat_map(move |&p| sp.edges.iter().map(move |&edges| Outer { prefetch: p, edges, ..e.config.outer })))
+            .filter(|o| valid.contains(o))
+            .collect();
+        let l = space.blocks.len() as u32;
+        let configs: Vec<Config> = outers
+            .iter()
+            .flat_map(|&o| (0..=l).flat_map(move |f| (0..=if sp.sac { l - f } else { 0 }).map(move |s| Config { outer: o, full: f, sac: s })))
+            .collect();
+        let mut points: Vec<Point> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..2)
+                .map(|t| {
+                    let (m, base, hw, space, configs) = (&m, &base, &hw, &space, &configs);
+                    s.spawn(move || {
+                        configs
+                            .iter()
+                            .skip(t)
+                            .step_by(2)
+                            .map(|&c| {
+                                let got = fsdp_planner::plan_unchecked(m, &tune::options(base, space, &c)).ok().map(|plan| {
+                                    let e = tune::evaluate(&plan, m, hw, limit, c);
+                                    (e.step_time_s, e.tokens_per_s_per_gpu, e.fits)
+                                });
+                                (c, got)
+                            })
+                            .collect::<Vec<Point>>()
+                    })
+                })
+                .collect();
+            handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+        });
+        points.sort_by_key(|p| p.0);
+        let brute = points.iter().filter_map(|(c, p)| p.filter(|x| x.2).map(|x| (x.0, x.1, *c))).min_by(|a, b| a.0.total_cmp(&b.0));
+        // rows (outer, full) whose fit along sac is not false…false, true…true
+        let mut rows_not_monotone = 0;
+        for &o in &outers {
+            for f in 0..=l {
+                let fits: Vec<bool> = points.iter().filter(|(c, _)| c.outer == o && c.full == f).map(|(_, p)| p.is_some_and(|x| x.2)).collect();
+                if fits.windows(2).any(|w| w[0] && !w[1]) {
+                    rows_not_monotone += 1;
+                }
+            }
+        }
+        let rows = outers.len() * (l as usize + 1);
+        let tuned = r.best.as_ref().map(|b| (b.step_time_s, b.tokens_per_s_per_gpu));
+        let gap = match (tuned, brute) {
+            (Some(t), Some(b)) => format!("{:+.2}%", (t.1 / b.1 - 1.0) * 100.0),
+            (None, None) => "neither fits".into(),
+            _ => "differs".into(),
+        };
+        println!(
+            "| {name} | {ws} | {gb} × {seq} | {} | {} | {} | {} | {gap} | {rows_not_monotone} of {rows} |",
+            outers.len(),
+            configs.len(),
+            tuned.map_or("—".into(), |t| format!("{:.0}", t.1)),
+            brute.map_or("—".into(), |b| format!("{:.0}", b.1))
+        );
+        // tune's answer is within 0.5% of the best that fits where brute force looked
+        match (tuned, brute) {
+            (Some(t), Some(b)) => assert!(t.0 <= b.0 * 1.005, "{name}: tune {} s vs brute force {} s ({:?})", t.0, b.0, b.2),
+            (None, None) => {}
+            (t, b) => panic!("{name}: tune {t:?} vs brute force {b:?}"),
+        }
+    }
+}
