@@ -586,8 +586,8 @@ fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> O
     // The first level with anything that fits. At each `full` the least memory is every
     // block checkpointed (`full` of them fully), and its tensor peak falls as `full` grows:
     // the levels whose peak alone is over the limit (the floor [`floor_bytes`] of what the
-    // device needs) are skipped by bisection, the next ones checked in order until one fits
-    // (the replay need not be monotone there)
+    // device needs) are skipped by a search on peaks ([`least_under`]), the next ones checked
+    // in order until one fits (the replay need not be monotone there)
     let least = |f: u32| cfg(f, sac_max(f));
     let limit = ev.limit.bytes;
     let mut start = least_under(0, l, limit, &mut |f| ev.floor(least(f)));
