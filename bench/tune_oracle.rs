@@ -13,8 +13,10 @@
 //! only, its assertion a test.)
 
 use fsdp_planner::tune::{self, Config, Limit, Outer};
-use fsdp_planner::Options;
 use std::collections::BTreeSet;
+
+#[path = "scenario.rs"]
+mod scenario;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -23,8 +25,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 type Point = (Config, Option<(f64, f64, bool)>);
 
 fn main() {
-    let root = env!("CARGO_MANIFEST_DIR");
-    let hw: fsdp_planner::hardware::Hardware = ron::from_str(&std::fs::read_to_string(format!("{root}/models/hardware/h100-sxm.ron")).unwrap()).unwrap();
+    let hw = scenario::h100();
     let full = std::env::args().any(|a| a == "--bench");
     // (model, world size, global batch, seq, the limit: the device's judged by the allocator
     // model, or for the 4-block model a tensor peak that makes its checkpointing bind — its
@@ -38,16 +39,8 @@ fn main() {
     println!("| model | GPUs | global batch × seq | outer points | configurations | tune's best tokens/s/GPU | brute force's | tune vs brute force | rows not monotone in SAC |");
     println!("|---|---:|---|---:|---:|---:|---:|---:|---:|");
     for (name, ws, gb, seq, limit) in scenarios {
-        let m = fsdp_ir::parse_model(&std::fs::read_to_string(format!("{root}/models/{name}.ron")).unwrap(), name).unwrap();
-        let base = Options {
-            world_size: ws,
-            seq,
-            param_dtype: fsdp_ir::DType::parse("bf16"),
-            reduce_dtype: fsdp_ir::DType::parse("f32"),
-            master_dtype: fsdp_ir::DType::parse("f32"),
-            optimizer: fsdp_planner::Optimizer::AdamW,
-            ..Options::default()
-        };
+        let m = scenario::model(name);
+        let base = scenario::options(ws, seq);
         let space = tune::space(&m, &base, ws, gb, hw.gpus_per_node).unwrap();
         let r = tune::search(&m, &base, &hw, &space, limit, 2, &|_, _, _| {});
         let valid: BTreeSet<Outer> = tune::outers(&space).into_iter().collect();
