@@ -1,5 +1,5 @@
 //! `tune` against brute force at real size: every (full, SAC) split of the blocks at the outer
-//! points of tune's answer and first three runner-ups, with their siblings (both prefetch modes, the
+//! points of tune's answer and first runner-ups, with their siblings (both prefetch modes, the
 //! embeddings and head as units of their own or the root's), planned, timed and replayed
 //! through the allocator model. Prints tune's answer beside the best that fits there, and
 //! how many rows of fixed `full` do not fit monotonically in `sac` (tune's bisection assumes
@@ -31,25 +31,26 @@ fn main() {
     // model, or for the 4-block model a tensor peak that makes its checkpointing bind — its
     // allocator replay is all 20 MiB segments)
     let device = Limit { bytes: hw.memory_bytes, reserve: None };
-    let scenarios: Vec<(&str, u64, u64, u64, Limit)> = if full {
-        vec![("llama-3-8b", 8, 16, 8192, device), ("llama-3-8b", 8, 32, 8192, device), ("llama-3-8b", 16, 64, 4096, device)]
+    // (and how many of tune's best outer points to take: the answer's and the first three
+    // runner-ups', or for Llama-3-70B's 80 blocks, 3,321 splits per outer point, the answer's)
+    let scenarios: Vec<(&str, u64, u64, u64, Limit, usize)> = if full {
+        vec![("llama-3-8b", 8, 16, 8192, device, 4), ("llama-3-8b", 8, 32, 8192, device, 4), ("llama-3-8b", 16, 64, 4096, device, 4), ("llama-3-70b", 64, 64, 8192, device, 1)]
     } else {
-        vec![("tiny-llama-4l", 2, 4, 1024, Limit { bytes: 12 << 20, reserve: Some(0) })]
+        vec![("tiny-llama-4l", 2, 4, 1024, Limit { bytes: 12 << 20, reserve: Some(0) }, 4)]
     };
     println!("| model | GPUs | global batch × seq | outer points | configurations | tune's best tokens/s/GPU | brute force's | tune vs brute force | rows not monotone in SAC |");
     println!("|---|---:|---|---:|---:|---:|---:|---:|---:|");
-    for (name, ws, gb, seq, limit) in scenarios {
+    for (name, ws, gb, seq, limit, top) in scenarios {
         let m = scenario::model(name);
         let base = scenario::options(ws, seq);
         let space = tune::space(&m, &base, ws, gb, hw.gpus_per_node).unwrap();
         let r = tune::search(&m, &base, &hw, &space, limit, 2, &|_, _, _| {});
         let valid: BTreeSet<Outer> = tune::outers(&space).into_iter().collect();
         let sp = &space;
-        // (the answer's and the first three runner-ups' outer points, as `tune --top 3` lists them)
         let outers: BTreeSet<Outer> = r
             .per_outer
             .iter()
-            .take(4)
+            .take(top)
             .flat_map(|e| sp.prefetch.iter().flat_map(move |&p| sp.edges.iter().map(move |&edges| Outer { prefetch: p, edges, ..e.config.outer })))
             .filter(|o| valid.contains(o))
             .collect();
