@@ -16,8 +16,8 @@
 //!   tokens) and partial waves cost what cuBLAS's do. Constants: fitted to XLA's measured H100
 //!   table (375 shapes, 5.9% RMS, `planner/tests/kernels.rs`; A100 from HF's LlamaMLP
 //!   through `F.linear`), peak from the datasheet times the part's `clock_factor` (its clock
-//!   against the measured part's) and `sustained` (the clock a training step's back-to-back kernels hold, against
-//!   the cool, short runs the measurements come from: NVIDIA's 1830 MHz compute clock over
+//!   against the measured part's) and `sustained` (the clock a training step's back-to-back
+//!   kernels hold, against the cool, short runs the measurements come from: NVIDIA's 1830 MHz compute clock over
 //!   the 1980 MHz boost on H100, HPL's 1305 of 1410 MHz on A100), and no faster than the
 //!   part's power limit sustains ([`crate::hardware::Power`]: the measured rate of a stream
 //!   of large GEMMs at 700 W, scaled under a lower limit by the power above idle — H100's
@@ -112,8 +112,9 @@
 //!   reach a higher bus bandwidth, against k blocks' unsharded params held at once and a
 //!   first gather that waits for k blocks' worth of bytes.
 //! - *Edge units* (`--policy modules:<embeddings>,<blocks>,<head>`, in `tune`'s space where
-//!   they are untied: the embeddings and the LM head units of their own): two more all-gathers and reduce-scatters of those params per step (and their
-//!   all-gathers in backward when resharded), against the root no longer holding them
+//!   they are untied: the embeddings and the LM head units of their own): two more
+//!   all-gathers and reduce-scatters of those params per step (and their all-gathers in
+//!   backward when resharded), against the root no longer holding them
 //!   unsharded through the step.
 //! - *CPU offload* (`--offload cpu`, FSDP2's `CPUOffloadPolicy`): before each all-gather
 //!   every parameter's shard is copied host→device in its own dtype and cast to the param
@@ -166,8 +167,8 @@ impl Kernel {
     /// The slower of its compute and its memory traffic. With a GPU model: a GEMM by its
     /// shape ([`crate::hardware::GemmModel::time`]), attention by FlashAttention-2's measured
     /// throughput, either no faster than the power limit sustains
-    /// ([`crate::hardware::Power`]), memory at `hbm_bandwidth · efficiency.memory`; without one (the CPU
-    /// profile), `flops / (peak · efficiency)`.
+    /// ([`crate::hardware::Power`]), memory at `hbm_bandwidth · efficiency.memory`; without
+    /// one (the CPU profile), `flops / (peak · efficiency)`.
     pub fn time(&self, hw: &Hardware) -> f64 {
         let m = self.bytes / (hw.hbm_bandwidth * hw.efficiency.memory);
         if self.work == Work::Memory || self.flops <= 0.0 {
