@@ -28,7 +28,7 @@
 //! **Search** (exact over the space under two monotonicity properties of the model that
 //! the tests check by brute force): checkpointing one more block, or moving one from
 //! op-level SAC to full, never makes the step faster (it adds recompute) and never raises
-//! the memory needed. For each outer point (shard group, micro-batch, prefetch, reshard):
+//! the memory needed. For each outer point (shard group, micro-batch, prefetch, reshard, …):
 //! its time with no checkpointing bounds every AC choice from below (outer points are taken
 //! fastest first and dropped once that bound cannot beat the best found); if everything
 //! fully checkpointed does not fit, nothing in it does; else the walk starts at the least
