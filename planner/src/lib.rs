@@ -87,7 +87,7 @@ pub fn plan(model: &Model, opts: &Options) -> Result<Plan, PlanError> {
     opts.check()?;
     // `--master-dtype`: the passes see the parameters in it; the plan names the model file's
     // hash (a compiled plan is checked against the file it came from)
-    let recast = opts.master_dtype.filter(|&d| model.params.iter().any(|p| p.dtype.is_float() && p.dtype != d)).map(|d| model.with_param_dtype(d));
+    let recast = recast(model, opts);
     let planned = recast.as_ref().unwrap_or(model);
     // The model hash (a full serialization) runs on a second thread beside the passes.
     std::thread::scope(|s| {
@@ -101,17 +101,86 @@ pub fn plan(model: &Model, opts: &Options) -> Result<Plan, PlanError> {
 /// plan thousands of candidates (`tune`) and re-plan their answer with [`plan`].
 pub fn plan_unchecked(model: &Model, opts: &Options) -> Result<Plan, PlanError> {
     opts.check()?;
-    let recast = opts.master_dtype.filter(|&d| model.params.iter().any(|p| p.dtype.is_float() && p.dtype != d)).map(|d| model.with_param_dtype(d));
-    let planned = recast.as_ref().unwrap_or(model);
-    plan_passes(planned, opts, None)
+    let recast = recast(model, opts);
+    plan_passes(recast.as_ref().unwrap_or(model), opts, None, None)
 }
 
 fn plan_with_hash(model: &Model, opts: &Options, model_hash: impl FnOnce() -> String) -> Result<Plan, PlanError> {
-    plan_passes(model, opts, Some(Box::new(model_hash)))
+    plan_passes(model, opts, Some(Box::new(model_hash)), None)
 }
 
-/// Every pass; with a model hash, the arena and the checker too.
-fn plan_passes(model: &Model, opts: &Options, model_hash: Option<Box<dyn FnOnce() -> String + '_>>) -> Result<Plan, PlanError> {
+/// What the passes before the schedule make of the model: the attention kernel, the wrap
+/// policy's FSDP units with their reshard settings, and each op's unit. They read neither the
+/// checkpointed modules nor the batch: `tune` prepares once per outer point and plans each of
+/// its configurations from it ([`plan_prepared`]).
+pub struct Prepared {
+    attn: AttnImpl,
+    policy: String,
+    wrapped: Vec<Vec<String>>,
+    units: Vec<units::Unit>,
+    unit_of_op: Vec<ids::UnitId>,
+}
+
+/// The model with its parameters in `--master-dtype`, when they are in another: what the
+/// passes plan with.
+pub(crate) fn recast(model: &Model, opts: &Options) -> Option<Model> {
+    opts.master_dtype.filter(|&d| model.params.iter().any(|p| p.dtype.is_float() && p.dtype != d)).map(|d| model.with_param_dtype(d))
+}
+
+/// The passes up to the units (see [`Prepared`]).
+pub fn prepare(model: &Model, opts: &Options) -> Result<Prepared, PlanError> {
+    match recast(model, opts) {
+        Some(m) => prepare_passes(&m, opts),
+        None => prepare_passes(model, opts),
+    }
+}
+
+fn prepare_passes(model: &Model, opts: &Options) -> Result<Prepared, PlanError> {
+    let attn = match opts.attn_implementation {
+        Some(a) => a,
+        None => match model.attn_implementation.as_deref() {
+            None => AttnImpl::Sdpa,
+            Some(s) => AttnImpl::parse(s).ok_or_else(|| {
+                error::opt_err("attn_implementation", format!("model file names unknown `{s}` (sdpa, eager, flash_attention_2)"))
+            })?,
+        },
+    };
+    let policy = wrap::resolve(model, &opts.policy);
+    let wrapped = wrap::group(model, &wrap::wrap(model, &policy)?, &policy, opts.unit_group)?;
+    let mut units = units::build_units(model, &wrapped, opts)?;
+    let raf = opts.reshard_after_forward.unwrap_or(!matches!(
+        opts.strategy,
+        Strategy::ShardGradOp | Strategy::NoShard
+    ));
+    for u in units.iter_mut() {
+        u.reshard_after_forward = if u.is_root() {
+            opts.root_reshard_after_forward.unwrap_or(false)
+        } else {
+            raf
+        };
+    }
+    apply_unit_reshard(&mut units, &opts.unit_reshard)?;
+    for u in units.iter_mut().filter(|u| !u.is_root() && u.reshard_after_forward) {
+        u.reshard_to = opts.reshard_to;
+    }
+    verify::verify_units(model, &units, opts.shard_size(), opts.layout)?;
+    let unit_of_op = verify::unit_of_ops(model, &units);
+    Ok(Prepared { attn, policy: policy.to_string(), wrapped, units, unit_of_op })
+}
+
+/// [`plan_unchecked`] from the units `prep` made for these options (the same but for the
+/// checkpointed modules and the batch: the caller's to keep so).
+pub fn plan_prepared(model: &Model, opts: &Options, prep: &Prepared) -> Result<Plan, PlanError> {
+    opts.check()?;
+    match recast(model, opts) {
+        // (`tune` gives the model recast once: this is for other callers)
+        Some(m) => plan_passes(&m, opts, None, Some(prep)),
+        None => plan_passes(model, opts, None, Some(prep)),
+    }
+}
+
+/// Every pass (from `prep` on, when given); with a model hash, the arena and the checker too.
+fn plan_passes(model: &Model, opts: &Options, model_hash: Option<Box<dyn FnOnce() -> String + '_>>, prep: Option<&Prepared>) -> Result<Plan, PlanError> {
     // learned positions (GPT-2's wpe) bound the sequence length
     for op in model.ops.iter().filter(|o| matches!(o.kind, fsdp_ir::OpKind::PositionEmbedding)) {
         let table = op.params.first().and_then(|n| model.params.iter().find(|p| &p.name == n));
@@ -129,17 +198,17 @@ fn plan_passes(model: &Model, opts: &Options, model_hash: Option<Box<dyn FnOnce(
             return Err(error::opt_err("--checkpoint", format!("`{c}` is neither a module class nor a module path of {} (its classes: {})", model.name, classes.join(", "))));
         }
     }
-    let attn = match opts.attn_implementation {
-        Some(a) => a,
-        None => match model.attn_implementation.as_deref() {
-            None => AttnImpl::Sdpa,
-            Some(s) => AttnImpl::parse(s).ok_or_else(|| {
-                error::opt_err("attn_implementation", format!("model file names unknown `{s}` (sdpa, eager, flash_attention_2)"))
-            })?,
-        },
+    let made;
+    let (prep, units) = match prep {
+        Some(p) => (p, p.units.clone()),
+        None => {
+            let mut p = prepare_passes(model, opts)?;
+            let units = std::mem::take(&mut p.units);
+            made = p;
+            (&made, units)
+        }
     };
-    let policy = wrap::resolve(model, &opts.policy);
-    let wrapped = wrap::group(model, &wrap::wrap(model, &policy)?, &policy, opts.unit_group)?;
+    let Prepared { attn, ref policy, ref wrapped, ref unit_of_op, .. } = *prep;
     // a unit group's members are checkpointed alike: FSDP2's group hooks count the members
     // that ran forward, and a member not recomputed in backward leaves the count short: the
     // group's post-forward does not run in that backward (PyTorch 2.11 warns "1 of the 2
@@ -159,25 +228,7 @@ fn plan_passes(model: &Model, opts: &Options, model_hash: Option<Box<dyn FnOnce(
             }
         }
     }
-    let mut units = units::build_units(model, &wrapped, opts)?;
-    let raf = opts.reshard_after_forward.unwrap_or(!matches!(
-        opts.strategy,
-        Strategy::ShardGradOp | Strategy::NoShard
-    ));
-    for u in units.iter_mut() {
-        u.reshard_after_forward = if u.is_root() {
-            opts.root_reshard_after_forward.unwrap_or(false)
-        } else {
-            raf
-        };
-    }
-    apply_unit_reshard(&mut units, &opts.unit_reshard)?;
-    for u in units.iter_mut().filter(|u| !u.is_root() && u.reshard_after_forward) {
-        u.reshard_to = opts.reshard_to;
-    }
-    verify::verify_units(model, &units, opts.shard_size(), opts.layout)?;
-    let unit_of_op = verify::unit_of_ops(model, &units);
-    let sched = schedule::build(model, opts, &units, &unit_of_op, attn);
+    let sched = schedule::build(model, opts, &units, unit_of_op, attn);
     // every byte count below (live bytes, arena offsets) is at most the sum of all buffers
     if sched.buffers.iter().try_fold(0u64, |a, b| a.checked_add(b.bytes)).is_none_or(|t| t > MAX_PLAN_BYTES) {
         return Err(error::opt_err("--batch", format!("the step's buffers add up to more than {} EiB (batch {} × seq {}): far past any device", MAX_PLAN_BYTES >> 60, opts.batch, opts.seq)));
@@ -191,7 +242,7 @@ fn plan_passes(model: &Model, opts: &Options, model_hash: Option<Box<dyn FnOnce(
         plan_hash: String::new(),
         options: opts.clone(),
         attn_implementation: attn.name().to_string(),
-        policy: policy.to_string(),
+        policy: policy.clone(),
         units,
         schedule: sched.ops,
         buffers: sched.buffers,

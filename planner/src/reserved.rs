@@ -167,27 +167,65 @@ struct Allocator {
     oom_need: u64,
 }
 
-/// The free blocks' keys in order: a sorted vector — a replay holds few free blocks at once
-/// (tens to a few hundred), where binary search and a short move beat a B-tree's nodes.
+/// The free blocks' keys in order: per pool (the key's top four bits), the sizes free blocks
+/// have, ascending, each with its blocks' keys sorted. A replay holds some tens of free blocks
+/// of about ten sizes in a pool at once: best fit is a search among the sizes, and an insert
+/// or a removal moves a few keys, not the pool's.
 #[derive(Default)]
-struct FreeSet(Vec<FreeKey>);
+struct FreeSet {
+    pools: [SizeClasses; 16],
+    /// Emptied classes' vectors, reused.
+    spare: Vec<Vec<FreeKey>>,
+}
+
+#[derive(Default)]
+struct SizeClasses {
+    sizes: Vec<u64>,
+    keys: Vec<Vec<FreeKey>>,
+}
+
+fn key_size(k: FreeKey) -> u64 {
+    ((k >> 90) & ((1 << 34) - 1)) as u64
+}
 
 impl FreeSet {
     fn insert(&mut self, k: FreeKey) {
-        if let Err(at) = self.0.binary_search(&k) {
-            self.0.insert(at, k);
+        let p = &mut self.pools[(k >> 124) as usize & 15];
+        let size = key_size(k);
+        match p.sizes.binary_search(&size) {
+            Ok(i) => {
+                let v = &mut p.keys[i];
+                if let Err(at) = v.binary_search(&k) {
+                    v.insert(at, k);
+                }
+            }
+            Err(i) => {
+                let mut v = self.spare.pop().unwrap_or_default();
+                v.push(k);
+                p.sizes.insert(i, size);
+                p.keys.insert(i, v);
+            }
         }
     }
 
     fn remove(&mut self, k: FreeKey) {
-        if let Ok(at) = self.0.binary_search(&k) {
-            self.0.remove(at);
+        let p = &mut self.pools[(k >> 124) as usize & 15];
+        let Ok(i) = p.sizes.binary_search(&key_size(k)) else { return };
+        let v = &mut p.keys[i];
+        if let Ok(at) = v.binary_search(&k) {
+            v.remove(at);
+        }
+        if v.is_empty() {
+            p.sizes.remove(i);
+            self.spare.push(p.keys.remove(i));
         }
     }
 
-    /// The keys at or after `k`, in order.
-    fn at_or_after(&self, k: FreeKey) -> &[FreeKey] {
-        &self.0[self.0.partition_point(|&x| x < k)..]
+    /// The keys of `k`'s pool at or after `k`, in order.
+    fn at_or_after(&self, k: FreeKey) -> impl Iterator<Item = FreeKey> + '_ {
+        let p = &self.pools[(k >> 124) as usize & 15];
+        let first = p.sizes.partition_point(|&s| s < key_size(k));
+        p.keys[first..].iter().flat_map(move |v| v[v.partition_point(|&x| x < k)..].iter().copied())
     }
 }
 
@@ -283,7 +321,7 @@ impl Allocator {
     /// inside the mapped range fits (its "expandable size" ranks it last).
     fn find(&self, pool: PoolKey, size: u64) -> Option<u32> {
         let mut tail = None;
-        for &k in self.free.at_or_after(free_key(pool, size, 0, 0, 0)) {
+        for k in self.free.at_or_after(free_key(pool, size, 0, 0, 0)) {
             let (s, i) = (key_seg(k), key_block(k));
             if key_pool(k) != pool {
                 break;
@@ -581,9 +619,20 @@ pub fn predict_steps(plan: &Plan, hw: &Hardware, steps: usize) -> Reserved {
     let mut a = Allocator::new(opts.expandable_segments, capacity);
     let workspace = if opts.device == Device::Cuda { cublas_workspace(hw) } else { 0 };
     let n = plan.buffers.len();
-    // each buffer's blocks: the first inline, more (per-param tensors) in the vector
-    let mut held: Vec<(Option<Handle>, Vec<Handle>)> = vec![(None, vec![]); n];
-    let mut sizes: Vec<u64> = Vec::with_capacity(64);
+    // each buffer's tensors once (every step allocates them again): `sizes[at[i]..at[i + 1]]`,
+    // and the blocks they hold in the same places of `held` (NONE: none)
+    let mut sizes: Vec<u64> = Vec::with_capacity(2 * n);
+    let mut at: Vec<usize> = Vec::with_capacity(n + 1);
+    let mut one = vec![];
+    for b in &plan.buffers {
+        at.push(sizes.len());
+        tensors(opts, &plan.units, b, &mut one);
+        sizes.extend_from_slice(&one);
+    }
+    at.push(sizes.len());
+    let mut held: Vec<Handle> = vec![NONE; sizes.len()];
+    // a buffer that continues others holds their blocks from its allocation on
+    let mut taken: Vec<Vec<Handle>> = vec![vec![]; n];
     let mut continued = vec![false; n];
     for b in &plan.buffers {
         for c in &b.continues {
@@ -591,33 +640,35 @@ pub fn predict_steps(plan: &Plan, hw: &Hardware, steps: usize) -> Reserved {
         }
     }
     let stream_of = |b: &BufferInfo| stream_index(plan.schedule.get(b.alloc.index()).map_or(Stream::Compute, |o| o.stream));
-    type Held = Vec<(Option<Handle>, Vec<Handle>)>;
-    let alloc = |a: &mut Allocator, held: &mut Held, sizes: &mut Vec<u64>, b: &BufferInfo| {
+    let alloc = |a: &mut Allocator, held: &mut [Handle], taken: &mut [Vec<Handle>], b: &BufferInfo| {
+        let i = b.id.index();
         if !b.continues.is_empty() {
             let mut hs = vec![];
             for c in &b.continues {
-                let (first, rest) = std::mem::take(&mut held[c.index()]);
-                hs.extend(first);
-                hs.extend(rest);
+                let c = c.index();
+                hs.extend(held[at[c]..at[c + 1]].iter().copied().filter(|&h| h != NONE));
+                held[at[c]..at[c + 1]].fill(NONE);
+                hs.append(&mut taken[c]);
             }
-            held[b.id.index()] = (None, hs);
+            taken[i] = hs;
             return;
         }
         let st = stream_of(b);
-        tensors(opts, &plan.units, b, sizes);
-        for &t in sizes.iter() {
+        for (slot, &t) in held[at[i]..at[i + 1]].iter_mut().zip(&sizes[at[i]..at[i + 1]]) {
             if let Some((h, _)) = a.malloc(st, t) {
-                let slot = &mut held[b.id.index()];
-                match slot.0 {
-                    None => slot.0 = Some(h),
-                    Some(_) => slot.1.push(h),
-                }
+                *slot = h;
             }
         }
     };
-    let free = |a: &mut Allocator, held: &mut Held, b: &BufferInfo| {
-        let (first, rest) = std::mem::take(&mut held[b.id.index()]);
-        for h in first.into_iter().chain(rest) {
+    let free = |a: &mut Allocator, held: &mut [Handle], taken: &mut [Vec<Handle>], b: &BufferInfo| {
+        let i = b.id.index();
+        for slot in &mut held[at[i]..at[i + 1]] {
+            if *slot != NONE {
+                a.release(*slot);
+                *slot = NONE;
+            }
+        }
+        for h in std::mem::take(&mut taken[i]) {
             a.release(h);
         }
     };
@@ -638,7 +689,7 @@ pub fn predict_steps(plan: &Plan, hw: &Hardware, steps: usize) -> Reserved {
                     if let Event::Alloc(b) = *e {
                         let buf = &plan.buffers[b.index()];
                         if buf.free.is_some() {
-                            alloc(&mut a, &mut held, &mut sizes, buf);
+                            alloc(&mut a, &mut held, &mut taken, buf);
                         }
                     }
                 }
@@ -653,7 +704,7 @@ pub fn predict_steps(plan: &Plan, hw: &Hardware, steps: usize) -> Reserved {
             if !state_made && matches!(op.kind, OpKind::OptimizerStep { .. }) && opts.optimizer != Optimizer::None {
                 state_made = true;
                 for b in plan.buffers.iter().filter(|b| lazy_state(b)) {
-                    alloc(&mut a, &mut held, &mut sizes, b);
+                    alloc(&mut a, &mut held, &mut taken, b);
                 }
             }
             for e in &op.events {
@@ -663,11 +714,11 @@ pub fn predict_steps(plan: &Plan, hw: &Hardware, steps: usize) -> Reserved {
                         if step == 0 && lazy_state(buf) {
                             continue;
                         }
-                        alloc(&mut a, &mut held, &mut sizes, buf);
+                        alloc(&mut a, &mut held, &mut taken, buf);
                     }
                     Event::Free(b) => {
                         if !continued[b.index()] {
-                            free(&mut a, &mut held, &plan.buffers[b.index()]);
+                            free(&mut a, &mut held, &mut taken, &plan.buffers[b.index()]);
                         }
                     }
                 }

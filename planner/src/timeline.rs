@@ -331,10 +331,15 @@ fn uncovered(a: &[(f64, f64)], b: &[(f64, f64)]) -> f64 {
 
 /// Predicts the step time of `plan` for `model` on `hw` (see the module docs).
 pub fn predict(plan: &Plan, model: &Model, hw: &Hardware) -> TimeReport {
-    let cm = CostModel::new(plan, model);
-    let dur: Vec<f64> = plan.schedule.iter().map(|op| op_duration(plan, &cm, hw, op)).collect();
+    predict_with(plan, hw, &CostModel::new(plan, model))
+}
+
+/// [`predict`] with the plan's cost model made already (`tune` makes one for the plans of an
+/// outer point: it reads the options the checkpointed blocks do not change).
+pub fn predict_with(plan: &Plan, hw: &Hardware, cm: &CostModel) -> TimeReport {
+    let dur: Vec<f64> = plan.schedule.iter().map(|op| op_duration(plan, cm, hw, op)).collect();
     let spans = if let Some(g) = &hw.gpu {
-        gpu_spans(plan, &cm, g, &dur)
+        gpu_spans(plan, cm, g, &dur)
     } else if hw.serial_streams {
         // one thread runs every op in schedule order (our CPU runtime)
         let mut t = 0.0;

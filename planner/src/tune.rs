@@ -42,6 +42,7 @@
 
 use crate::hardware::Hardware;
 use crate::options::{AcMode, BackwardPrefetch, Options, Strategy};
+use crate::cost::CostModel;
 use crate::plan::Plan;
 use crate::timeline;
 use crate::PlanError;
@@ -335,6 +336,12 @@ pub struct Evaluator<'a> {
     /// The last few plans (most recent last): a probe's time and fit come from one plan.
     recent: Vec<(Config, Plan)>,
     planned: usize,
+    /// The cost model of the last outer point timed (with or without checkpointing: the
+    /// forward's cached ops differ), made once for its configurations.
+    cost: Option<((Outer, bool), CostModel)>,
+    /// The units of the last outer point planned ([`crate::prepare`]): its configurations
+    /// differ only in the blocks they checkpoint.
+    prepared: Option<(Outer, crate::Prepared)>,
 }
 
 /// Plans kept by an [`Evaluator`].
@@ -342,7 +349,7 @@ const RECENT: usize = 4;
 
 impl<'a> Evaluator<'a> {
     pub fn new(model: &'a Model, base: &'a Options, hw: &'a Hardware, space: &'a Space, limit: Limit) -> Self {
-        Evaluator { model, base, hw, space, limit, known: HashMap::new(), order: vec![], recent: vec![], planned: 0 }
+        Evaluator { model, base, hw, space, limit, known: HashMap::new(), order: vec![], recent: vec![], planned: 0, cost: None, prepared: None }
     }
 
     /// How many plans were built.
@@ -358,7 +365,15 @@ impl<'a> Evaluator<'a> {
             }
             None => {
                 self.planned += 1;
-                match crate::plan_unchecked(self.model, &options(self.base, self.space, &c)) {
+                let opts = options(self.base, self.space, &c);
+                if self.prepared.as_ref().is_none_or(|(o, _)| *o != c.outer) {
+                    self.prepared = crate::prepare(self.model, &opts).ok().map(|p| (c.outer, p));
+                }
+                let planned = match &self.prepared {
+                    Some((_, prep)) => crate::plan_prepared(self.model, &opts, prep),
+                    None => crate::plan_unchecked(self.model, &opts),
+                };
+                match planned {
                     Ok(p) => {
                         if self.recent.len() == RECENT {
                             self.recent.remove(0);
@@ -399,7 +414,12 @@ impl<'a> Evaluator<'a> {
             }
         }
         let (model, hw) = (self.model, self.hw);
-        let t = timeline::predict(self.plan(c)?, model, hw);
+        let key = (c.outer, c.full + c.sac == 0);
+        let mut cost = self.cost.take().filter(|(k, _)| *k == key);
+        let plan = self.plan(c)?;
+        let cm = &cost.get_or_insert_with(|| (key, CostModel::new(plan, model))).1;
+        let t = timeline::predict_with(plan, hw, cm);
+        self.cost = cost;
         self.entry(c).time = Some((t.step_time_s, t.tokens_per_s_per_gpu, t.mfu, t.exposed_comm_s));
         Some(t.step_time_s)
     }
@@ -744,7 +764,7 @@ fn boundary_up(lo: u32, hi: u32, fits: &mut dyn FnMut(u32) -> bool) -> u32 {
 pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit: Limit, threads: usize, progress: &(dyn Fn(usize, usize, usize) + Sync)) -> Tuned {
     // the master dtype's copy of the model once, not in every plan (`plan_unchecked` makes it
     // when the params are in another dtype)
-    let recast = base.master_dtype.filter(|&d| model.params.iter().any(|p| p.dtype.is_float() && p.dtype != d)).map(|d| model.with_param_dtype(d));
+    let recast = crate::recast(model, base);
     let model = recast.as_ref().unwrap_or(model);
     let all = outers(space);
     let threads = threads.clamp(1, all.len().max(1));

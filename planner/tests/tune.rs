@@ -134,3 +134,31 @@ fn edge_units_are_searched_only_where_the_head_is_its_own() {
     assert_eq!(space("tiny-llama-4l").edge_policy, Some(vec!["model.embed_tokens".to_string(), "model.layers.*".to_string(), "lm_head".to_string()]));
     assert_eq!(space("tiny-llama-tied").edge_policy, None);
 }
+
+#[test]
+fn plans_from_prepared_units_equal_plans_from_scratch() {
+    // tune prepares the units once per outer point (`prepare`) and plans each configuration
+    // from them (`plan_prepared`): the plans must be those `plan_unchecked` makes
+    let m = model("tiny-llama-4l");
+    let base = Options { world_size: 4, seq: 64, param_dtype: fsdp_ir::DType::parse("bf16"), reduce_dtype: fsdp_ir::DType::parse("f32"), master_dtype: fsdp_ir::DType::parse("f32"), ..Options::default() };
+    let mut space = tune::space(&m, &base, 4, 8, 8).unwrap();
+    space.groups = vec![1, 2];
+    space.edges = vec![false, true];
+    let mut compared = 0;
+    for o in tune::outers(&space) {
+        let prep = fsdp_planner::prepare(&m, &tune::options(&base, &space, &Config { outer: o, full: 0, sac: 0 })).unwrap();
+        for (full, sac) in [(0, 0), (1, 2), (2, 2), (4, 0)] {
+            let opts = tune::options(&base, &space, &Config { outer: o, full, sac });
+            let (a, b) = (fsdp_planner::plan_prepared(&m, &opts, &prep), fsdp_planner::plan_unchecked(&m, &opts));
+            match (a, b) {
+                (Ok(a), Ok(b)) => {
+                    assert_eq!(serde_json::to_string(&a).unwrap(), serde_json::to_string(&b).unwrap(), "{o:?} {full} {sac}");
+                    compared += 1;
+                }
+                (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string()),
+                (a, b) => panic!("{o:?} {full} {sac}: {:?} vs {:?}", a.err(), b.err()),
+            }
+        }
+    }
+    assert!(compared > 50, "{compared}");
+}
