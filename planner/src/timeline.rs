@@ -160,11 +160,36 @@ pub fn implicit_deps(ops: &[ScheduleOp]) -> Vec<Vec<usize>> {
 /// op of the same schedule is honoured too; a cycle is broken by ignoring the unfinished
 /// dependencies of the earliest blocked op.
 pub fn simulate(ops: &[ScheduleOp], extra: &[Vec<usize>], dur: &[f64]) -> Vec<OpSpan> {
-    run_streams(ops, extra, dur, &[])
+    run_streams(ops, &Deps::new(ops, extra), dur, &[])
+}
+
+/// What each op waits for (its schedule deps and `extra`, by index; not itself), made once
+/// for the rounds of a simulation: `list[at[i]..at[i + 1]]`.
+struct Deps {
+    at: Vec<usize>,
+    list: Vec<usize>,
+}
+
+impl Deps {
+    fn new(ops: &[ScheduleOp], extra: &[Vec<usize>]) -> Deps {
+        let index_of: rustc_hash::FxHashMap<OpId, usize> = ops.iter().enumerate().map(|(i, o)| (o.id, i)).collect();
+        let mut at = Vec::with_capacity(ops.len() + 1);
+        let mut list = Vec::with_capacity(2 * ops.len());
+        for (i, op) in ops.iter().enumerate() {
+            at.push(list.len());
+            list.extend(op.deps.iter().filter_map(|d| index_of.get(d).copied()).chain(extra.get(i).into_iter().flatten().copied()).filter(|&d| d != i));
+        }
+        at.push(list.len());
+        Deps { at, list }
+    }
+
+    fn of(&self, i: usize) -> &[usize] {
+        &self.list[self.at[i]..self.at[i + 1]]
+    }
 }
 
 /// [`simulate`], op `i` also waiting until `release[i]` (when given: the CPU's launch).
-fn run_streams(ops: &[ScheduleOp], extra: &[Vec<usize>], dur: &[f64], release: &[f64]) -> Vec<OpSpan> {
+fn run_streams(ops: &[ScheduleOp], deps: &Deps, dur: &[f64], release: &[f64]) -> Vec<OpSpan> {
     let n = ops.len();
     let mut end: Vec<Option<f64>> = vec![None; n];
     let mut start = vec![0.0; n];
@@ -174,16 +199,7 @@ fn run_streams(ops: &[ScheduleOp], extra: &[Vec<usize>], dur: &[f64], release: &
     }
     let mut head = [0usize; 4];
     let mut free = [0.0f64; 4];
-    let index_of: rustc_hash::FxHashMap<OpId, usize> = ops.iter().enumerate().map(|(i, o)| (o.id, i)).collect();
-    let deps_of = |i: usize| -> Vec<usize> {
-        ops[i]
-            .deps
-            .iter()
-            .filter_map(|d| index_of.get(d).copied())
-            .chain(extra.get(i).into_iter().flatten().copied())
-            .filter(|&d| d != i)
-            .collect()
-    };
+    let deps_of = |i: usize| deps.of(i);
     let released = |i: usize| release.get(i).copied().unwrap_or(0.0);
     let mut done = 0;
     while done < n {
@@ -387,12 +403,12 @@ fn gpu_spans(plan: &Plan, cm: &CostModel, g: &crate::hardware::Gpu, dur: &[f64])
             (first, clock)
         })
         .collect();
-    let extra = implicit_deps(ops);
+    let deps = Deps::new(ops, &implicit_deps(ops));
     let release: Vec<f64> = issue.iter().map(|x| x.0).collect();
     // an op whose kernels take less GPU time than the CPU takes to launch them lasts that long
     let dur: Vec<f64> = dur.iter().zip(&issue).map(|(d, (first, last))| d.max(last - first)).collect();
     let mut stretched = dur.clone();
-    let mut spans = run_streams(ops, &extra, &stretched, &release);
+    let mut spans = run_streams(ops, &deps, &stretched, &release);
     for _ in 0..3 {
         let comm = union(spans.iter().filter(|s| s.stream != Stream::Compute).map(|s| (s.start, s.end)).collect());
         let s = g.comm_sm_share;
@@ -405,7 +421,7 @@ fn gpu_spans(plan: &Plan, cm: &CostModel, g: &crate::hardware::Gpu, dur: &[f64])
                 stretched[i] = if done_slow >= dur[i] { dur[i] / (1.0 - s) } else { overlapped + (dur[i] - done_slow) };
             }
         }
-        spans = run_streams(ops, &extra, &stretched, &release);
+        spans = run_streams(ops, &deps, &stretched, &release);
     }
     spans
 }
