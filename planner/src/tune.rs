@@ -318,8 +318,8 @@ pub fn flags(space: &Space, base: &Options, c: &Config) -> Vec<String> {
 struct Known {
     time: Option<(f64, f64, f64, f64)>,
     memory: Option<(u64, Option<u64>, String)>,
-    /// The tensor peak alone (known whenever the configuration was planned).
-    peak: Option<u64>,
+    /// The tensor peak alone and where it is (known whenever the configuration was planned).
+    peak: Option<(u64, String)>,
     refused: bool,
 }
 
@@ -378,7 +378,7 @@ impl<'a> Evaluator<'a> {
                         if self.recent.len() == RECENT {
                             self.recent.remove(0);
                         }
-                        self.entry(c).peak = Some(p.memory.peak_bytes);
+                        self.entry(c).peak = Some((p.memory.peak_bytes, p.memory.peak_at.clone()));
                         self.recent.push((c, p));
                     }
                     Err(_) => {
@@ -433,6 +433,15 @@ impl<'a> Evaluator<'a> {
             if let Some((_, needed, _)) = &k.memory {
                 return needed.is_some_and(|n| n <= self.limit.bytes);
             }
+            // what the tensor peak decides needs no plan (the search's first pass planned
+            // every outer point's first configuration on another thread)
+            if let Some((peak, at)) = &k.peak {
+                if let Some(needed) = needed_by_peak(*peak, self.base.device, self.limit) {
+                    let m = (*peak, needed, at.clone());
+                    self.entry(c).memory = Some(m);
+                    return needed.is_some_and(|n| n <= self.limit.bytes);
+                }
+            }
         }
         let (hw, limit) = (self.hw, self.limit);
         let Some(plan) = self.plan(c) else { return false };
@@ -448,7 +457,7 @@ impl<'a> Evaluator<'a> {
             if k.refused {
                 return None;
             }
-            if let Some(p) = k.peak {
+            if let Some((p, _)) = k.peak {
                 return Some(p);
             }
         }
@@ -493,11 +502,17 @@ impl<'a> Evaluator<'a> {
 /// What the device needs for `plan` under `limit`'s rule; `None` when the tensor peak alone
 /// (a floor of the reserved memory) is already over the limit.
 fn needed_bytes(plan: &Plan, hw: &Hardware, limit: Limit) -> Option<u64> {
-    let peak = plan.memory.peak_bytes;
+    needed_by_peak(plan.memory.peak_bytes, plan.options.device, limit).unwrap_or_else(|| Some(crate::reserved::predict(plan, hw).needed_bytes(plan)))
+}
+
+/// [`needed_bytes`] where the tensor peak alone decides it: the peak plus the stated reserve,
+/// or `Some(None)` on a GPU whose peak and CUDA context are already over the limit; `None`
+/// where it takes the allocator replay.
+fn needed_by_peak(peak: u64, device: crate::options::Device, limit: Limit) -> Option<Option<u64>> {
     match limit.reserve {
-        Some(r) => Some(peak.saturating_add(r)),
-        None if plan.options.device == crate::options::Device::Cuda && floor_bytes(peak, plan.options.device, limit) > limit.bytes => None,
-        None => Some(crate::reserved::predict(plan, hw).needed_bytes(plan)),
+        Some(r) => Some(Some(peak.saturating_add(r))),
+        None if device == crate::options::Device::Cuda && floor_bytes(peak, device, limit) > limit.bytes => Some(None),
+        None => None,
     }
 }
 
