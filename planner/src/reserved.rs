@@ -90,9 +90,9 @@ const NONE: u32 = u32::MAX;
 
 /// A free block's place in best-fit order — (pool, size, segment, offset), as the caching
 /// allocator orders its free blocks by (stream, size, address) — and the block, packed in one
-/// integer (the B-tree compares one word instead of a tuple; a search took a fifth of its
-/// time in the free set's B-tree): stream 3 bits, small 1, size and offset in 512-byte units
-/// 34 bits each (8 TiB, [`MAX_CAPACITY`]), segment 25 bits ([`MAX_SEGMENTS`]), block 31 bits
+/// integer (the free set compares one word instead of a tuple: a search once took a fifth of
+/// its time comparing tuples): stream 3 bits, small 1, size and offset in 512-byte units 34
+/// bits each (8 TiB, [`MAX_CAPACITY`]), segment 25 bits ([`MAX_SEGMENTS`]), block 31 bits
 /// (2³¹ blocks: 80 GB of them; a replay holds a few thousand).
 type FreeKey = u128;
 /// The largest device the packed keys describe.

@@ -144,6 +144,13 @@ pub fn without_names<R>(f: impl FnOnce() -> R) -> R {
     r
 }
 
+/// A buffer's name, `format!`ted — empty under [`without_names`], where it is not formatted.
+macro_rules! name {
+    ($($t:tt)*) => {
+        if NAMES.with(|n| n.get()) { format!($($t)*) } else { String::new() }
+    };
+}
+
 /// A buffer's name from its parts, concatenated (cheaper than `format!` for the ~10⁶ buffer
 /// names of big models); empty under [`without_names`].
 fn cat(parts: &[&str]) -> String {
@@ -313,10 +320,10 @@ impl B<'_> {
                 .filter(|p| p.float8 || cast.is_some())
                 .map(|p| p.shard_numel * self.opts.gathered_dtype_of(p).size())
                 .sum();
-            self.transient(format!("{label} float8/mp shard"), category, bytes);
+            self.transient(name!("{label} float8/mp shard"), category, bytes);
             let names: Vec<String> = unit.params.iter().filter(|p| p.float8).map(|p| p.name.clone()).collect();
             let pending: Vec<(String, BufferId)> = names.into_iter().map(|n| {
-                let b = self.alloc(format!("{n} float8 scale (pending)"), Category::Temp, DType::Float32.size(), None);
+                let b = self.alloc(name!("{n} float8 scale (pending)"), Category::Temp, DType::Float32.size(), None);
                 (n, b)
             }).collect();
             self.f8_pending[u.index()] = pending;
@@ -328,10 +335,10 @@ impl B<'_> {
             // temp in backward.
             let cat = if self.phase == Phase::Forward { Category::Activation } else { Category::Temp };
             for p in &unit.params {
-                let h2d = self.alloc(format!("{} shard (H2D)", p.name), cat, p.shard_numel * p.dtype.size(), None);
+                let h2d = self.alloc(name!("{} shard (H2D)", p.name), cat, p.shard_numel * p.dtype.size(), None);
                 let d = self.opts.gathered_dtype_of(p);
                 if d != p.dtype {
-                    let c = self.alloc(format!("{} shard ({d})", p.name), cat, p.shard_numel * d.size(), None);
+                    let c = self.alloc(name!("{} shard ({d})", p.name), cat, p.shard_numel * d.size(), None);
                     self.free(h2d);
                     self.offload_inputs.push(c);
                 } else {
@@ -339,14 +346,14 @@ impl B<'_> {
                 }
             }
         } else if let Some(d) = cast.filter(|_| !post_forward) {
-            self.transient(format!("{label} mp shard"), category, shard_numel * d.size());
+            self.transient(name!("{label} mp shard"), category, shard_numel * d.size());
         }
         let buf = if flat {
             // FSDP1 gathers straight into the persistent padded flat param (padded as a whole
             // to a multiple of the world size: the all-gather's numel)
-            self.alloc(format!("{label} unsharded flat param"), Category::UnshardedParam, numel * dtype.size(), Some(u))
+            self.alloc(name!("{label} unsharded flat param"), Category::UnshardedParam, numel * dtype.size(), Some(u))
         } else {
-            self.alloc(format!("{label} all-gather output"), category, bytes, Some(u))
+            self.alloc(name!("{label} all-gather output"), category, bytes, Some(u))
         };
         for b in std::mem::take(&mut self.offload_inputs) {
             self.free(b);
@@ -373,7 +380,7 @@ impl B<'_> {
             let old = std::mem::take(&mut self.f8_held[u.index()]);
             let held: Vec<(String, BufferId)> = if self.phase == Phase::Forward {
                 pending.into_iter().map(|(n, b)| {
-                    let name = format!("{n} float8 scale");
+                    let name = name!("{n} float8 scale");
                     (n, self.relabel(vec![b], name, Category::UnshardedParam, None))
                 }).collect()
             } else {
@@ -396,7 +403,7 @@ impl B<'_> {
             self.unsharded[u.index()] = Some(buf);
         } else {
             let bytes = self.per_param(unit, |p| p.padded_numel * self.opts.gathered_dtype_of(p).size());
-            let p = self.alloc(format!("{label} unsharded params"), Category::UnshardedParam, bytes, Some(u));
+            let p = self.alloc(name!("{label} unsharded params"), Category::UnshardedParam, bytes, Some(u));
             self.unsharded[u.index()] = Some(p);
             if self.phase == Phase::Forward {
                 // Sync forward all-gathers keep the previous flat buffer until this wait.
@@ -420,7 +427,7 @@ impl B<'_> {
         let to = self.units[u.index()].reshard_to.filter(|_| self.phase == Phase::Forward);
         if let Some(n) = to {
             let unit = &self.units[u.index()];
-            let slices: Vec<(String, u64)> = unit.params.iter().map(|p| (format!("{} post-forward shard", p.name), p.padded_numel / n.max(1) * self.opts.gathered_dtype_of(p).size())).collect();
+            let slices: Vec<(String, u64)> = unit.params.iter().map(|p| (name!("{} post-forward shard", p.name), p.padded_numel / n.max(1) * self.opts.gathered_dtype_of(p).size())).collect();
             for (name, bytes) in slices {
                 let s = self.alloc(name, Category::Activation, bytes, Some(u));
                 self.post_fwd[u.index()].push(s);
@@ -443,7 +450,7 @@ impl B<'_> {
         // AccumulateGrad makes its grad (or, without sync, adds into the one kept)
         let pieces = std::mem::take(&mut self.split_grads[u.index()]);
         if let Some(gd) = self.split_dtype[u.index()].filter(|_| !pieces.is_empty()) {
-            let f = self.alloc(format!("{label} flat grad"), self.bwd_temp, unit.numel * gd.size(), Some(u));
+            let f = self.alloc(name!("{label} flat grad"), self.bwd_temp, unit.numel * gd.size(), Some(u));
             for g in pieces {
                 self.free(g);
             }
@@ -485,7 +492,7 @@ impl B<'_> {
             if accumulated.is_empty() {
                 self.op(OpKind::KeepGrads { unit: u }, Stream::Compute, vec![]);
                 for g in grads {
-                    let name = format!("{} (accumulated, {rd})", self.buffers[g.index()].name);
+                    let name = name!("{} (accumulated, {rd})", self.buffers[g.index()].name);
                     // (from the param's numel: a buffer's bytes are rounded to the allocator's blocks)
                     let param = self.unit_params[u.index()].iter().find(|&&k| self.grad_of_param[k] == Some(g));
                     let bytes = param.map_or(0, |&k| self.model.params[k].numel() * rd.size());
@@ -545,12 +552,12 @@ impl B<'_> {
             None
         };
         let relabeled = match (accumulated.is_empty(), grads.is_empty() && last.is_some()) {
-            (true, false) => vec![self.relabel(grads, format!("{label} unsharded grads"), Category::UnshardedGrad, Some(u))],
+            (true, false) => vec![self.relabel(grads, name!("{label} unsharded grads"), Category::UnshardedGrad, Some(u))],
             // (the unit's one grad is the one held)
             (true, true) => vec![],
             (false, _) => accumulated,
         };
-        let last = last.map(|b| self.relabel(vec![b], format!("{label} last param's unsharded grad (held by foreach_reduce)"), Category::UnshardedGrad, Some(u)));
+        let last = last.map(|b| self.relabel(vec![b], name!("{label} last param's unsharded grad (held by foreach_reduce)"), Category::UnshardedGrad, Some(u)));
         self.rekey_grads(u);
         if let Some(p) = prev_rs {
             self.free(p);
@@ -560,7 +567,7 @@ impl B<'_> {
             for g in relabeled {
                 let bytes = self.buffers[g.index()].bytes;
                 self.free(g);
-                let s = self.alloc(format!("{label} grads (all-reduced)"), Category::ShardedGrad, bytes, Some(u));
+                let s = self.alloc(name!("{label} grads (all-reduced)"), Category::ShardedGrad, bytes, Some(u));
                 self.sharded_grads.push(s);
             }
             return;
@@ -577,7 +584,7 @@ impl B<'_> {
         // the reduce-scatter input is a plain allocation (temp to FSDPMemTracker) until the
         // collective is issued on it, after the copy-in and the reduce output's allocation
         let copy_in = if rs_bytes > 0 {
-            Some(self.alloc(format!("{label} reduce-scatter input (copy-in)"), Category::Temp, rs_bytes, Some(u)))
+            Some(self.alloc(name!("{label} reduce-scatter input (copy-in)"), Category::Temp, rs_bytes, Some(u)))
         } else {
             None
         };
@@ -589,8 +596,8 @@ impl B<'_> {
         let converted = rd != orig && !flat;
         // (offloaded: the grads are the host's copies; the device's output is temp)
         let out_category = if converted || self.opts.offload == Offload::Cpu { Category::Temp } else { Category::ShardedGrad };
-        let out = self.alloc(format!("{label} sharded grads"), out_category, numel / ws * rd.size(), Some(u));
-        let rs_in = copy_in.map(|t| self.relabel(vec![t], format!("{label} reduce-scatter input"), Category::ReduceScatter, Some(u)));
+        let out = self.alloc(name!("{label} sharded grads"), out_category, numel / ws * rd.size(), Some(u));
+        let rs_in = copy_in.map(|t| self.relabel(vec![t], name!("{label} reduce-scatter input"), Category::ReduceScatter, Some(u)));
         let mut all_reduced = false;
         if let Strategy::HybridShard { .. } = self.opts.strategy {
             if self.opts.replicate_size() > 1 {
@@ -613,7 +620,7 @@ impl B<'_> {
             // reduce dtype differs: one flat copy) goes to the host parameter by parameter
             // (memory::host); the device copy is dropped without waiting for it
             if rd != orig {
-                self.transient(format!("{label} reduced grads ({orig})"), Category::Temp, numel / ws * orig.size());
+                self.transient(name!("{label} reduced grads ({orig})"), Category::Temp, numel / ws * orig.size());
             }
             if all_reduced {
                 // HSDP: the replicas' all-reduce ran on it; FSDP2 keeps that input
@@ -630,7 +637,7 @@ impl B<'_> {
             return;
         }
         if converted {
-            let g = self.alloc(format!("{label} sharded grads ({orig})"), Category::ShardedGrad, local * orig.size(), Some(u));
+            let g = self.alloc(name!("{label} sharded grads ({orig})"), Category::ShardedGrad, local * orig.size(), Some(u));
             if all_reduced {
                 // FSDP2 keeps the all-reduce's input (`_all_reduce_state`) until the group's
                 // next post-backward or the end of the backward (`finalize_backward`)
@@ -1021,8 +1028,8 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
             // Single-tensor Adam: denom = exp_avg_sq.sqrt() / bc2 makes two shard-sized temps.
             let big = u.params.iter().map(|p| p.local_numel(ws, 0) * p.dtype.size()).max().unwrap_or(0);
             let big = if opts.layout == Layout::Flat { u.shard_numel * u.dtype.size() } else { big };
-            let t1 = b.alloc(format!("{} adam sqrt", u.label()), Category::Optstate, big, None);
-            b.transient(format!("{} adam denom", u.label()), Category::Optstate, big);
+            let t1 = b.alloc(name!("{} adam sqrt", u.label()), Category::Optstate, big, None);
+            b.transient(name!("{} adam denom", u.label()), Category::Optstate, big);
             b.free(t1);
         }
     }
@@ -1074,13 +1081,13 @@ fn setup(b: &mut B, cx: &Ctx) {
             Layout::Flat => u.shard_numel * u.dtype.size(),
         };
         if opts.offload == Offload::None {
-            b.alloc(format!("{label} sharded params"), Category::ShardedParam, sharded, Some(u.id));
+            b.alloc(name!("{label} sharded params"), Category::ShardedParam, sharded, Some(u.id));
         }
         if b.no_shard() {
             // Never sharded: the full params stay resident.
             let bytes = b.unsharded_bytes(u);
             if opts.param_dtype.is_some_and(|d| d != u.dtype) {
-                b.alloc(format!("{label} unsharded params"), Category::UnshardedParam, bytes, Some(u.id));
+                b.alloc(name!("{label} unsharded params"), Category::UnshardedParam, bytes, Some(u.id));
             }
             b.state[u.id.index()] = PState::Unsharded;
         }
@@ -1104,13 +1111,13 @@ fn setup(b: &mut B, cx: &Ctx) {
                 Layout::Fsdp2 => 2 * local,
                 Layout::Flat => 2 * opts.device.allocated_bytes(local),
             };
-            b.alloc(format!("{label} adam state"), Category::Optstate, moments + 4 * nparams, Some(u.id));
+            b.alloc(name!("{label} adam state"), Category::Optstate, moments + 4 * nparams, Some(u.id));
         }
         if b.float8_gathered(u) && !b.no_shard() && u.reshard_to.is_none() {
             // the scales the unsharded float8 params kept from the previous step's last gather:
             // its backward's (temp) when the unit is gathered again in backward
             let cat = if u.reshard_after_forward { Category::Temp } else { Category::UnshardedParam };
-            let held = u.params.iter().filter(|p| p.float8).map(|p| (p.name.clone(), b.alloc(format!("{} float8 scale (previous step)", p.name), cat, DType::Float32.size(), None))).collect();
+            let held = u.params.iter().filter(|p| p.float8).map(|p| (p.name.clone(), b.alloc(name!("{} float8 scale (previous step)", p.name), cat, DType::Float32.size(), None))).collect();
             b.f8_held[u.id.index()] = held;
         }
     }
