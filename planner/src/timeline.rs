@@ -350,8 +350,9 @@ pub fn predict(plan: &Plan, model: &Model, hw: &Hardware) -> TimeReport {
     predict_with(plan, hw, &CostModel::new(plan, model))
 }
 
-/// [`predict`] with the plan's cost model made already (`tune` makes one for the plans of an
-/// outer point: it reads the options the checkpointed blocks do not change).
+/// [`predict`] with the plan's cost model made already (`tune` makes one per outer point and
+/// per whether anything is checkpointed: of the options a configuration changes, the cost
+/// model reads only that).
 pub fn predict_with(plan: &Plan, hw: &Hardware, cm: &CostModel) -> TimeReport {
     let dur: Vec<f64> = plan.schedule.iter().map(|op| op_duration(plan, cm, hw, op)).collect();
     let spans = if let Some(g) = &hw.gpu {
