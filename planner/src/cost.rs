@@ -17,12 +17,12 @@
 //!   table (375 shapes, 5.9% RMS, `planner/tests/kernels.rs`; A100 from HF's LlamaMLP
 //!   through `F.linear`), peak from the datasheet times the part's `clock_factor` (its clock
 //!   against the measured part's) and `sustained` (the clock a training step's back-to-back
-//!   kernels hold, against the cool, short runs the measurements come from: NVIDIA's 1830 MHz compute clock over
-//!   the 1980 MHz boost on H100, HPL's 1305 of 1410 MHz on A100), and no faster than the
-//!   part's power limit sustains ([`crate::hardware::Power`]: the measured rate of a stream
-//!   of large GEMMs at 700 W, scaled under a lower limit by the power above idle — H100's
-//!   large GEMMs run at 700 TFLOP/s at 700 W, 471 at 500 W; attention and small GEMMs stay
-//!   under it). MoE experts are grouped GEMMs, each expert
+//!   kernels hold, against the cool, short runs the measurements come from: NVIDIA's
+//!   1830 MHz compute clock over the 1980 MHz boost on H100, HPL's 1305 of 1410 MHz on
+//!   A100), and no faster than the part's power limit sustains ([`crate::hardware::Power`]:
+//!   the measured rate of a stream of large GEMMs at 700 W, scaled under a lower limit by the
+//!   power above idle — H100's large GEMMs run at 700 TFLOP/s at 700 W, 471 at 500 W;
+//!   attention and small GEMMs stay under it). MoE experts are grouped GEMMs, each expert
 //!   taking `T·k/E` rows; eager attention's `QKᵀ` and `PV` are batched GEMMs.
 //! - **Attention** (SDPA's flash backend = FlashAttention-2): `flops / measured FA2 FLOP/s` at
 //!   the op's head dim, mask and sequence length (interpolated in log(seq); backward from
