@@ -339,9 +339,9 @@ pub struct Evaluator<'a> {
     /// The cost model of the last outer point timed (with or without checkpointing: the
     /// forward's cached ops differ), made once for its configurations.
     cost: Option<((Outer, bool), CostModel)>,
-    /// The units of the last outer point planned ([`crate::prepare`]): its configurations
-    /// differ only in the blocks they checkpoint.
-    prepared: Option<(Outer, crate::Prepared)>,
+    /// The units of the last outer point planned ([`crate::prepare`]; `None`: refused): its
+    /// configurations differ only in the blocks they checkpoint.
+    prepared: Option<(Outer, Option<crate::Prepared>)>,
 }
 
 /// Plans kept by an [`Evaluator`].
@@ -367,21 +367,22 @@ impl<'a> Evaluator<'a> {
                 self.planned += 1;
                 let opts = options(self.base, self.space, &c);
                 if self.prepared.as_ref().is_none_or(|(o, _)| *o != c.outer) {
-                    self.prepared = crate::prepare(self.model, &opts).ok().map(|p| (c.outer, p));
+                    self.prepared = Some((c.outer, crate::prepare(self.model, &opts).ok()));
                 }
+                // (units the planner refuses refuse every configuration of the outer point)
                 let planned = match &self.prepared {
-                    Some((_, prep)) => crate::plan_prepared(self.model, &opts, prep),
-                    None => crate::plan_unchecked(self.model, &opts),
+                    Some((_, Some(prep))) => crate::plan_prepared(self.model, &opts, prep).ok(),
+                    _ => None,
                 };
                 match planned {
-                    Ok(p) => {
+                    Some(p) => {
                         if self.recent.len() == RECENT {
                             self.recent.remove(0);
                         }
                         self.entry(c).peak = Some((p.memory.peak_bytes, p.memory.peak_at.clone()));
                         self.recent.push((c, p));
                     }
-                    Err(_) => {
+                    None => {
                         self.known.entry(c).or_default().refused = true;
                         return None;
                     }
