@@ -65,6 +65,10 @@ struct B<'a> {
     opts: &'a Options,
     units: &'a [Unit],
     ops: Vec<ScheduleOp>,
+    /// The last op's events so far, given to it (sized) when the next op starts or the
+    /// schedule ends ([`B::flush`]): most ops have one to three, and a vector grown from
+    /// empty per op reallocates.
+    events: Vec<Event>,
     buffers: Vec<BufferInfo>,
     phase: Phase,
     mb: u32,
@@ -166,6 +170,7 @@ fn cat(parts: &[&str]) -> String {
 
 impl B<'_> {
     fn op(&mut self, kind: OpKind, stream: Stream, deps: Vec<OpId>) -> OpId {
+        self.flush();
         let id = OpId::new(self.ops.len());
         self.ops.push(ScheduleOp {
             id,
@@ -177,6 +182,13 @@ impl B<'_> {
             events: Vec::new(),
         });
         id
+    }
+    /// Gives the last op its events.
+    fn flush(&mut self) {
+        if let Some(o) = self.ops.last_mut() {
+            o.events.extend_from_slice(&self.events);
+            self.events.clear();
+        }
     }
     /// The last op on the compute stream (what a reduce-scatter waits for).
     fn last_compute(&self) -> OpId {
@@ -199,16 +211,16 @@ impl B<'_> {
             unit,
             continues: vec![],
         });
-        if let Some(o) = self.ops.last_mut() {
-            o.events.push(Event::Alloc(id));
+        if !self.ops.is_empty() {
+            self.events.push(Event::Alloc(id));
         }
         id
     }
     fn free(&mut self, b: BufferId) {
         let at = self.cur();
         self.buffers[b.index()].free = Some(at);
-        if let Some(o) = self.ops.last_mut() {
-            o.events.push(Event::Free(b));
+        if !self.ops.is_empty() {
+            self.events.push(Event::Free(b));
         }
     }
     /// Frees `from` and allocates their storage again under a new name and category: a
@@ -681,22 +693,162 @@ impl B<'_> {
 }
 
 /// Per-tensor bookkeeping of the forward graph.
-struct Tensors {
+struct Tensors<'p> {
     /// Resolved tensor index (op index) of each op's output (identity ops alias).
-    alias: Vec<usize>,
+    alias: &'p [usize],
     /// Forward consumers of each tensor.
-    consumers: Vec<Vec<usize>>,
+    consumers: &'p [Vec<usize>],
     /// Ops that save each tensor for backward.
     saved_by: Vec<Vec<usize>>,
     /// The tensors each op saves (the transpose of `saved_by`, short lists).
     saves: Vec<Vec<usize>>,
-    differentiable: Vec<bool>,
+    differentiable: &'p [bool],
     /// Each op's inputs that are op outputs: (input position, producing op before aliasing).
-    inputs: Vec<Vec<(usize, usize)>>,
+    inputs: &'p [Vec<(usize, usize)>],
     /// Per tensor: the last op of the module frames it was passed to (`0`: none) — a module's
     /// forward holds its arguments until it returns (`self.mlp(x)`: `x` lives through
     /// `down_proj`, after `up_proj`, its last reader, ran).
+    frame_hold: &'p [usize],
+}
+
+/// The tensor graph of the forward, whatever is checkpointed: [`Tensors`] but for what the
+/// backward saves.
+#[derive(Clone)]
+struct Graph {
+    alias: Vec<usize>,
+    consumers: Vec<Vec<usize>>,
+    differentiable: Vec<bool>,
+    inputs: Vec<Vec<(usize, usize)>>,
     frame_hold: Vec<usize>,
+}
+
+impl Graph {
+    fn new(model: &Model, mems: &[OpMem]) -> Graph {
+        let op_index: HashMap<&str, usize> = model.ops.iter().enumerate().map(|(i, o)| (o.name.as_str(), i)).collect();
+        let nops = model.ops.len();
+        let inputs: Vec<Vec<(usize, usize)>> = model
+            .ops
+            .iter()
+            .map(|o| o.inputs.iter().enumerate().filter_map(|(k, n)| op_index.get(n.as_str()).map(|&j| (k, j))).collect())
+            .collect();
+        let ends = module_ends(model);
+        let mut g = Graph { alias: (0..nops).collect(), consumers: vec![vec![]; nops], differentiable: vec![false; nops], inputs, frame_hold: vec![0; nops] };
+        // (an op's inputs come before it: validated, so each alias is final when read)
+        for (i, op) in model.ops.iter().enumerate() {
+            if mems[i].out.is_none() {
+                if let Some(&(0, j)) = g.inputs[i].first() {
+                    g.alias[i] = g.alias[j];
+                }
+            }
+            let mut diff = !op.params.is_empty() && mems[i].differentiable;
+            for ki in 0..g.inputs[i].len() {
+                let (_, j) = g.inputs[i][ki];
+                if let Some(&end) = frame_of(&model.ops[j].module, &op.module).and_then(|m| ends.get(m)) {
+                    let h = &mut g.frame_hold[g.alias[j]];
+                    *h = (*h).max(end);
+                }
+                let j = g.alias[j];
+                g.consumers[j].push(i);
+                diff |= g.differentiable[j] && mems[i].differentiable;
+            }
+            g.differentiable[i] = diff;
+        }
+        g
+    }
+
+    /// With what the backward saves of each tensor for these checkpointed `region`s.
+    fn tensors<'p>(&'p self, model: &Model, mems: &[OpMem], region: &[Option<usize>]) -> Tensors<'p> {
+        let nops = model.ops.len();
+        let mut saved_by = vec![vec![]; nops];
+        let mut saves = vec![vec![]; nops];
+        for i in 0..nops {
+            for &(k, j) in &self.inputs[i] {
+                let j = self.alias[j];
+                let saved = mems[i].saves_inputs.get(k).copied().unwrap_or(false);
+                // Inside a checkpointed region only the region's inputs are saved.
+                let in_region = region[i].is_some() && region[j] == region[i];
+                if (saved && !(region[i].is_some() && in_region)) || (region[i].is_some() && !in_region) {
+                    saved_by[j].push(i);
+                    saves[i].push(j);
+                }
+            }
+            if mems[i].saves_output && region[i].is_none() {
+                saved_by[self.alias[i]].push(i);
+                saves[i].push(self.alias[i]);
+            }
+        }
+        Tensors { alias: &self.alias, consumers: &self.consumers, saved_by, saves, differentiable: &self.differentiable, inputs: &self.inputs, frame_hold: &self.frame_hold }
+    }
+}
+
+/// What [`build`] makes of the model, its units and the options before it reads which
+/// modules are checkpointed (beyond whether any is: HF's forward keeps its cache only
+/// without): each op's memory, the tensor graph, each op's params and their units, the
+/// modules each op runs in. `tune` plans an outer point's configurations, which differ only
+/// in what they checkpoint, from one ([`crate::Prepared`]).
+pub struct Prelude {
+    /// `--compile`: the compiled block of each op.
+    compiled: Vec<Option<usize>>,
+    mems: Vec<OpMem>,
+    graph: Graph,
+    unit_modules: Vec<String>,
+    unit_params: Vec<Vec<usize>>,
+    op_params: Vec<Vec<(usize, UnitId)>>,
+    chains: Vec<Vec<UnitId>>,
+    f8_linear: Vec<bool>,
+    loss: Option<(usize, u64)>,
+    /// Per op, the modules on its path (indices in the module list), innermost first.
+    ancestors: Vec<Vec<usize>>,
+}
+
+impl Prelude {
+    pub fn new(model: &Model, opts: &Options, units: &[Unit], attn: AttnImpl) -> Prelude {
+        let mut cx = Ctx::new(model, opts, attn);
+        cx.unit_modules = units.iter().filter(|u| !u.is_root()).map(|u| u.module.clone()).collect();
+        let mut mems: Vec<OpMem> = model.ops.iter().map(|o| op_mem(&cx, o)).collect();
+        // (--compile: the ops whose memory is inductor's partitioner's)
+        let compiled = if opts.compile { crate::activation::compiled_ops(&cx, model) } else { vec![] };
+        if opts.compile {
+            crate::activation::compiled(&cx, model, &mut mems, &compiled);
+        }
+        let graph = Graph::new(model, &mems);
+        let param_index: HashMap<&str, usize> = model.params.iter().enumerate().map(|(i, p)| (p.name.as_str(), i)).collect();
+        let owner: HashMap<&str, UnitId> = units.iter().flat_map(|u| u.params.iter().map(move |p| (p.name.as_str(), u.id))).collect();
+        let ancestors = op_ancestors(model);
+        Prelude {
+            unit_modules: cx.unit_modules.clone(),
+            unit_params: units.iter().map(|u| u.params.iter().filter_map(|p| param_index.get(p.name.as_str()).copied()).collect()).collect(),
+            op_params: model
+                .ops
+                .iter()
+                .map(|o| {
+                    o.params
+                        .iter()
+                        .filter_map(|pn| {
+                            let prim = model.primary_of(pn);
+                            Some((*param_index.get(prim)?, *owner.get(prim)?))
+                        })
+                        .collect()
+                })
+                .collect(),
+            chains: chains(units),
+            f8_linear: model.ops.iter().map(|o| opts.float8.is_some() && crate::float8::is_float8_linear(model, o)).collect(),
+            loss: model
+                .ops
+                .iter()
+                .position(|o| matches!(o.kind, fsdp_ir::OpKind::CrossEntropy { .. }))
+                .and_then(|i| Some((i, mems[i].out?.bytes()))),
+            compiled,
+            mems,
+            graph,
+            ancestors,
+        }
+    }
+
+    /// [`checkpoint_regions`] for these modes ([`region_modes`]).
+    fn regions(&self, model: &Model, modes: &HashMap<usize, crate::options::AcMode>) -> Vec<Option<usize>> {
+        regions(model, &self.ancestors, modes)
+    }
 }
 
 /// The op index where each module's forward returns (its last op, descendants' included).
@@ -736,7 +888,7 @@ fn frame_of<'a>(made: &str, read: &'a str) -> Option<&'a str> {
 /// call, every other `aten.mm` (the 1st, 3rd, … linear without bias; a bias makes it
 /// `addmm`, GPT-2's Conv1D too) and SDPA's kernel (eager attention's matmuls are `bmm`).
 pub fn sac_saved_ops(model: &Model, opts: &Options, attn: AttnImpl) -> Vec<bool> {
-    sac_saved(model, opts, &checkpoint_regions(model, opts), attn)
+    sac_saved(model, opts, &checkpoint_regions(model, opts), &region_modes(model, opts), attn)
 }
 
 /// The AC mode of each checkpointed module (by index in the module list): the mode of the
@@ -763,27 +915,41 @@ pub fn region_modes(model: &Model, opts: &Options) -> HashMap<usize, crate::opti
 /// The checkpointed region of each model op: the outermost module on its path whose class
 /// or path `--checkpoint` names (its index in the module list), if any.
 pub fn checkpoint_regions(model: &Model, opts: &Options) -> Vec<Option<usize>> {
-    let ckpt: HashMap<&str, usize> = region_modes(model, opts).into_keys().map(|i| (model.modules[i].path.as_str(), i)).collect();
+    regions(model, &op_ancestors(model), &region_modes(model, opts))
+}
+
+/// Per op, the modules on its path (indices in the module list), innermost first.
+fn op_ancestors(model: &Model) -> Vec<Vec<usize>> {
+    let module_index: HashMap<&str, usize> = model.modules.iter().enumerate().map(|(i, m)| (m.path.as_str(), i)).collect();
     model
         .ops
         .iter()
         .map(|o| {
-            if ckpt.is_empty() {
-                return None;
+            let mut v = vec![];
+            let mut path = Some(o.module.as_str());
+            while let Some(p) = path {
+                v.extend(module_index.get(p).copied());
+                path = fsdp_ir::parent_path(p);
             }
-            let mut path = o.module.as_str();
-            let mut found = None;
-            loop {
-                if let Some(&r) = ckpt.get(path) {
-                    found = Some(r);
-                }
-                match fsdp_ir::parent_path(path) {
-                    Some(p) => path = p,
-                    None => return found,
-                }
-            }
+            v
         })
         .collect()
+}
+
+/// [`checkpoint_regions`] from each op's modules ([`op_ancestors`]) and the checkpointed
+/// modules' modes ([`region_modes`]).
+fn regions(model: &Model, ancestors: &[Vec<usize>], modes: &HashMap<usize, crate::options::AcMode>) -> Vec<Option<usize>> {
+    if modes.is_empty() {
+        return vec![None; model.ops.len()];
+    }
+    // each module stands for the checkpointed one of its path (a path is a module's)
+    let mut by_path: HashMap<&str, usize> = HashMap::default();
+    for &i in modes.keys() {
+        by_path.insert(model.modules[i].path.as_str(), i);
+    }
+    let ckpt: Vec<Option<usize>> = model.modules.iter().map(|m| by_path.get(m.path.as_str()).copied()).collect();
+    // the outermost on each op's path
+    ancestors.iter().map(|a| a.iter().rev().find_map(|&m| ckpt[m])).collect()
 }
 
 /// `--compile`'s checkpointed blocks (inductor's partitioner, measured in fake mode:
@@ -813,9 +979,8 @@ fn compiled_checkpoints(b: &mut B, model: &Model, compiled: &[Option<usize>], me
     }
 }
 
-fn sac_saved(model: &Model, opts: &Options, region: &[Option<usize>], attn: AttnImpl) -> Vec<bool> {
+fn sac_saved(model: &Model, opts: &Options, region: &[Option<usize>], modes: &HashMap<usize, crate::options::AcMode>, attn: AttnImpl) -> Vec<bool> {
     let mut out = vec![false; model.ops.len()];
-    let modes = region_modes(model, opts);
     if !modes.values().any(|&m| m == crate::options::AcMode::SelectiveOp) {
         return out;
     }
@@ -844,71 +1009,30 @@ fn sac_saved(model: &Model, opts: &Options, region: &[Option<usize>], attn: Attn
 }
 
 pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId], attn: AttnImpl) -> Schedule {
+    build_with(&Prelude::new(model, opts, units, attn), model, opts, units, unit_of_op, attn)
+}
+
+/// [`build`] from `pre`, made of the same model, units and options but for the checkpointed
+/// modules (with or without any, as these).
+pub fn build_with(pre: &Prelude, model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId], attn: AttnImpl) -> Schedule {
     // activations in param_dtype under MP, else in the model's parameter dtype
     let mut cx = Ctx::new(model, opts, attn);
-    cx.unit_modules = units.iter().filter(|u| !u.is_root()).map(|u| u.module.clone()).collect();
-    let mut mems: Vec<OpMem> = model.ops.iter().map(|o| op_mem(&cx, o)).collect();
-    let op_index: HashMap<&str, usize> = model.ops.iter().enumerate().map(|(i, o)| (o.name.as_str(), i)).collect();
-    let nops = model.ops.len();
-    let inputs: Vec<Vec<(usize, usize)>> = model
-        .ops
-        .iter()
-        .map(|o| o.inputs.iter().enumerate().filter_map(|(k, n)| op_index.get(n.as_str()).map(|&j| (k, j))).collect())
-        .collect();
+    cx.unit_modules = pre.unit_modules.clone();
     // Checkpointed ops: inside a module of a checkpointed class or path (region = that
     // module's index in the module list)
-    let region = checkpoint_regions(model, opts);
-    // (--compile: the ops whose memory is inductor's partitioner's)
-    let compiled = if opts.compile { crate::activation::compiled_ops(&cx, model) } else { vec![] };
+    let modes = region_modes(model, opts);
+    let region = pre.regions(model, &modes);
+    // (--compile: what a float8 linear outside the checkpoints keeps, and which outputs the
+    // partitioner drops, depend on the regions: the memory is this plan's own)
+    let compiled = &pre.compiled;
+    let mut mems: std::borrow::Cow<[OpMem]> = std::borrow::Cow::Borrowed(&pre.mems);
     if opts.compile {
-        crate::activation::compiled(&cx, model, &mut mems, &compiled);
         let unchecked: Vec<Option<usize>> = compiled.iter().zip(&region).map(|(&c, r)| c.filter(|_| r.is_none())).collect();
-        crate::activation::compiled_float8(&cx, model, &mut mems, &unchecked);
+        crate::activation::compiled_float8(&cx, model, mems.to_mut(), &unchecked);
     }
-    let ends = module_ends(model);
-    let mut tz = Tensors {
-        alias: (0..nops).collect(),
-        consumers: vec![vec![]; nops],
-        saved_by: vec![vec![]; nops],
-        saves: vec![vec![]; nops],
-        differentiable: vec![false; nops],
-        inputs,
-        frame_hold: vec![0; nops],
-    };
-    for (i, op) in model.ops.iter().enumerate() {
-        if mems[i].out.is_none() {
-            if let Some(&(0, j)) = tz.inputs[i].first() {
-                tz.alias[i] = tz.alias[j];
-            }
-        }
-        let mut diff = !op.params.is_empty() && mems[i].differentiable;
-        for ki in 0..tz.inputs[i].len() {
-            let (k, j) = tz.inputs[i][ki];
-            if let Some(&end) = frame_of(&model.ops[j].module, &op.module).and_then(|m| ends.get(m)) {
-                let h = &mut tz.frame_hold[tz.alias[j]];
-                *h = (*h).max(end);
-            }
-            {
-                let j = tz.alias[j];
-                tz.consumers[j].push(i);
-                diff |= tz.differentiable[j] && mems[i].differentiable;
-                let saved = mems[i].saves_inputs.get(k).copied().unwrap_or(false);
-                // Inside a checkpointed region only the region's inputs are saved.
-                let in_region = region[i].is_some() && region[j] == region[i];
-                if (saved && !(region[i].is_some() && in_region)) || (region[i].is_some() && !in_region) {
-                    tz.saved_by[j].push(i);
-                    tz.saves[i].push(j);
-                }
-            }
-        }
-        tz.differentiable[i] = diff;
-        if mems[i].saves_output && region[i].is_none() {
-            tz.saved_by[tz.alias[i]].push(i);
-            tz.saves[i].push(tz.alias[i]);
-        }
-    }
-    let param_index: HashMap<&str, usize> = model.params.iter().enumerate().map(|(i, p)| (p.name.as_str(), i)).collect();
-    let owner: HashMap<&str, UnitId> = units.iter().flat_map(|u| u.params.iter().map(move |p| (p.name.as_str(), u.id))).collect();
+    let own_graph = opts.compile.then(|| Graph::new(model, &mems));
+    let graph = own_graph.as_ref().unwrap_or(&pre.graph);
+    let tz = graph.tensors(model, &mems, &region);
     let mut b = B {
         post_fwd: vec![vec![]; units.len()],
         f8_pending: vec![vec![]; units.len()],
@@ -916,7 +1040,7 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
         f8_old: HashMap::default(),
         split_pieces: vec![vec![]; model.ops.len()],
         unit_of_op,
-        covering: chains(units),
+        covering: pre.chains.clone(),
         through_post_backward: vec![vec![]; units.len()],
         grad_made_in: HashMap::default(),
         f8_recomputed: model
@@ -931,6 +1055,7 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
         opts,
         units,
         ops: Vec::with_capacity(model.ops.len() * 4 * opts.grad_accum.max(1) as usize + units.len() * 8),
+        events: vec![],
         buffers: Vec::with_capacity(model.ops.len() * 6 * opts.grad_accum.max(1) as usize + units.len() * 8),
         phase: Phase::Setup,
         mb: 0,
@@ -947,44 +1072,25 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
         sharded_grads: vec![],
         last_ag_op: vec![None; units.len()],
         entered: vec![false; units.len()],
-        chains: chains(units),
-        unit_params: units.iter().map(|u| u.params.iter().filter_map(|p| param_index.get(p.name.as_str()).copied()).collect()).collect(),
-        op_params: model
-            .ops
-            .iter()
-            .map(|o| {
-                o.params
-                    .iter()
-                    .filter_map(|pn| {
-                        let prim = model.primary_of(pn);
-                        Some((*param_index.get(prim)?, *owner.get(prim)?))
-                    })
-                    .collect()
-            })
-            .collect(),
+        chains: pre.chains.clone(),
+        unit_params: pre.unit_params.clone(),
+        op_params: pre.op_params.clone(),
         device: opts.device,
-        sac: sac_saved(model, opts, &region, attn),
-        sac_region: {
-            let modes = region_modes(model, opts);
-            region.iter().map(|r| r.is_some_and(|r| modes.get(&r) == Some(&crate::options::AcMode::SelectiveOp))).collect()
-        },
+        sac: sac_saved(model, opts, &region, &modes, attn),
+        sac_region: region.iter().map(|r| r.is_some_and(|r| modes.get(&r) == Some(&crate::options::AcMode::SelectiveOp))).collect(),
         sac_kept: HashMap::default(),
         sac_unread: vec![false; model.ops.len()],
         compiled_regions: false,
-        f8_linear: model.ops.iter().map(|o| opts.float8.is_some() && crate::float8::is_float8_linear(model, o)).collect(),
+        f8_linear: pre.f8_linear.clone(),
         held_loss: None,
         held_logits: None,
-        loss: model
-            .ops
-            .iter()
-            .position(|o| matches!(o.kind, fsdp_ir::OpKind::CrossEntropy { .. }))
-            .and_then(|i| Some((i, mems[i].out?.bytes()))),
+        loss: pre.loss,
         accumulated: vec![vec![]; units.len()],
         all_reduce_held: vec![None; units.len()],
         offload_inputs: vec![],
     };
     if opts.compile {
-        compiled_checkpoints(&mut b, model, &compiled, &mut mems, &tz, &region);
+        compiled_checkpoints(&mut b, model, compiled, mems.to_mut(), &tz, &region);
     }
     setup(&mut b, &cx);
     let k = opts.grad_accum;
@@ -1052,6 +1158,7 @@ pub fn build(model: &Model, opts: &Options, units: &[Unit], unit_of_op: &[UnitId
     for (_, x) in std::mem::take(&mut b.f8_held).into_iter().flatten() {
         b.free(x);
     }
+    b.flush();
     Schedule {
         ops: b.ops,
         buffers: b.buffers,
