@@ -88,33 +88,22 @@ type PoolKey = (u8, bool);
 /// No block (the end of a segment's list).
 const NONE: u32 = u32::MAX;
 
-/// A free block's place in best-fit order — (pool, size, segment, offset), as the caching
-/// allocator orders its free blocks by (stream, size, address) — and the block, packed in one
-/// integer (the free set compares one word instead of a tuple: a search once took a fifth of
-/// its time comparing tuples): stream 3 bits, small 1, size and offset in 512-byte units 34
-/// bits each (8 TiB, [`MAX_CAPACITY`]), segment 25 bits ([`MAX_SEGMENTS`]), block 31 bits
-/// (2³¹ blocks: 80 GB of them; a replay holds a few thousand).
-type FreeKey = u128;
-/// The largest device the packed keys describe.
+/// The largest device the free blocks' addresses describe (offsets in 512-byte units, 34 bits:
+/// 8 TiB).
 const MAX_CAPACITY: u64 = (1 << 34) * MIN_BLOCK - 1;
-/// Segments a replay may create (a request past them fails as out of memory).
+/// Segments a replay may create (a request past them fails as out of memory; 25 bits of a
+/// free block's address).
 const MAX_SEGMENTS: usize = 1 << 25;
 
-fn free_key(pool: PoolKey, size: u64, seg: usize, off: u64, block: u32) -> FreeKey {
-    let pool = (u128::from(pool.0 & 7) << 1) | u128::from(pool.1);
-    (pool << 124) | (u128::from(size / MIN_BLOCK) << 90) | ((seg as u128) << 65) | (u128::from(off / MIN_BLOCK) << 31) | u128::from(block & 0x7fff_ffff)
+/// A pool's index among the free set's sixteen: stream 3 bits, small 1.
+fn pool_index(pool: PoolKey) -> u8 {
+    ((pool.0 & 7) << 1) | u8::from(pool.1)
 }
 
-fn key_pool(k: FreeKey) -> PoolKey {
-    (((k >> 125) & 7) as u8, (k >> 124) & 1 == 1)
-}
-
-fn key_seg(k: FreeKey) -> usize {
-    ((k >> 65) & ((1 << 25) - 1)) as usize
-}
-
-fn key_block(k: FreeKey) -> u32 {
-    (k & 0x7fff_ffff) as u32
+/// A free block's address, the best-fit order among blocks of one size (the caching
+/// allocator orders its free blocks by stream, size, address): segment, then offset.
+fn address(seg: usize, off: u64) -> u64 {
+    ((seg as u64) << 34) | (off / MIN_BLOCK)
 }
 
 /// A block of a segment, in its segment's address-ordered list (`prev`, `next`: indices in
@@ -125,6 +114,10 @@ struct Block {
     off: u64,
     size: u64,
     free: bool,
+    /// Its segment's pool ([`pool_index`]).
+    pool: u8,
+    /// Where it is in its bucket of free blocks, when free ([`FreeSet`]).
+    slot: u32,
     prev: u32,
     next: u32,
 }
@@ -152,8 +145,8 @@ struct Allocator {
     /// Every block, live or merged away (`spare` lists the reusable slots).
     blocks: Vec<Block>,
     spare: Vec<u32>,
-    /// Free blocks as [`FreeKey`]s — (pool, size, segment, offset, block): best fit is the
-    /// first at or after (pool, request).
+    /// Free blocks by pool, size and address: best fit is the first of the request's pool at or
+    /// after its size.
     free: FreeSet,
     /// Expandable segment of each pool.
     grow: BTreeMap<PoolKey, usize>,
@@ -167,65 +160,108 @@ struct Allocator {
     oom_need: u64,
 }
 
-/// The free blocks' keys in order: per pool (the key's top four bits), the sizes free blocks
-/// have, ascending, each with its blocks' keys sorted. A replay holds some tens of free blocks
-/// of about ten sizes in a pool at once: best fit is a search among the sizes, and an insert
-/// or a removal moves a few keys, not the pool's.
+/// The free blocks: per pool, in buckets by size (four per power of two of the size in
+/// 512-byte units, as TLSF allocators bucket theirs) with a bitmap of the non-empty ones;
+/// a bucket holds its blocks' best-fit keys — size in 512-byte units above [`address`]
+/// (59 bits) — and indices in no order (a block knows its place: [`Block::slot`]). Best fit
+/// is the least key at or above the request's in its bucket, else the least of the next
+/// non-empty bucket; an insert a push, a removal a swap. (A replay holds ~100 free blocks in
+/// a pool at once, mostly of sizes no other has: a sorted set of them moves half of it on
+/// every insert and removal, and a single list takes a pass over all of it for a request.)
 #[derive(Default)]
 struct FreeSet {
-    pools: [SizeClasses; 16],
-    /// Emptied classes' vectors, reused.
-    spare: Vec<Vec<FreeKey>>,
+    pools: [FreePool; 16],
 }
+
+/// Buckets: sizes of 0–3 units one each, then four per power of two up to 2³⁴ units.
+const BUCKETS: usize = 4 + 33 * 4;
 
 #[derive(Default)]
-struct SizeClasses {
-    sizes: Vec<u64>,
-    keys: Vec<Vec<FreeKey>>,
+struct FreePool {
+    /// Empty until the pool's first free block.
+    buckets: Vec<Vec<(u128, u32)>>,
+    /// Bit `b` set: bucket `b` holds a block.
+    nonempty: [u64; BUCKETS.div_ceil(64)],
 }
 
-fn key_size(k: FreeKey) -> u64 {
-    ((k >> 90) & ((1 << 34) - 1)) as u64
+/// A free block's best-fit key: by size, then address.
+fn fit_key(size: u64, addr: u64) -> u128 {
+    (u128::from(size / MIN_BLOCK) << 59) | u128::from(addr)
+}
+
+/// The bucket of a size (ordered as the sizes are).
+fn bucket(size: u64) -> usize {
+    let units = size / MIN_BLOCK;
+    if units < 4 {
+        return units as usize;
+    }
+    let log = 63 - units.leading_zeros();
+    4 + (log as usize - 2) * 4 + ((units >> (log - 2)) & 3) as usize
+}
+
+impl FreePool {
+    /// The first non-empty bucket at or after `b`.
+    fn next_nonempty(&self, b: usize) -> Option<usize> {
+        let mut w = b / 64;
+        let mut bits = self.nonempty.get(w)? & (u64::MAX << (b % 64));
+        loop {
+            if bits != 0 {
+                return Some(w * 64 + bits.trailing_zeros() as usize);
+            }
+            w += 1;
+            bits = *self.nonempty.get(w)?;
+        }
+    }
 }
 
 impl FreeSet {
-    fn insert(&mut self, k: FreeKey) {
-        let p = &mut self.pools[(k >> 124) as usize & 15];
-        let size = key_size(k);
-        match p.sizes.binary_search(&size) {
-            Ok(i) => {
-                let v = &mut p.keys[i];
-                if let Err(at) = v.binary_search(&k) {
-                    v.insert(at, k);
+    /// Adds `block` of `size`: its slot in its bucket.
+    fn insert(&mut self, pool: u8, size: u64, key: u128, block: u32) -> u32 {
+        let p = &mut self.pools[usize::from(pool & 15)];
+        if p.buckets.is_empty() {
+            p.buckets.resize_with(BUCKETS, Vec::new);
+        }
+        let b = bucket(size);
+        p.nonempty[b / 64] |= 1 << (b % 64);
+        let v = &mut p.buckets[b];
+        v.push((key, block));
+        (v.len() - 1) as u32
+    }
+
+    /// Removes the block of `size` at `slot`: the block moved into its slot, if any.
+    fn remove(&mut self, pool: u8, size: u64, slot: u32) -> Option<u32> {
+        let p = &mut self.pools[usize::from(pool & 15)];
+        let b = bucket(size);
+        let v = p.buckets.get_mut(b)?;
+        let s = slot as usize;
+        if s >= v.len() {
+            return None;
+        }
+        v.swap_remove(s);
+        if v.is_empty() {
+            p.nonempty[b / 64] &= !(1 << (b % 64));
+        }
+        v.get(s).map(|&(_, moved)| moved)
+    }
+
+    /// The block of `pool` with the least key at or above `size`'s, but those `skip` refuses.
+    fn least(&self, pool: u8, size: u64, skip: impl Fn(u32) -> bool) -> Option<u32> {
+        let p = &self.pools[usize::from(pool & 15)];
+        let lo = fit_key(size, 0);
+        let mut at = bucket(size);
+        while let Some(b) = p.next_nonempty(at) {
+            let mut best: Option<(u128, u32)> = None;
+            for &(k, i) in &p.buckets[b] {
+                if k >= lo && best.is_none_or(|(bk, _)| k < bk) && !skip(i) {
+                    best = Some((k, i));
                 }
             }
-            Err(i) => {
-                let mut v = self.spare.pop().unwrap_or_default();
-                v.push(k);
-                p.sizes.insert(i, size);
-                p.keys.insert(i, v);
+            if let Some((_, i)) = best {
+                return Some(i);
             }
+            at = b + 1;
         }
-    }
-
-    fn remove(&mut self, k: FreeKey) {
-        let p = &mut self.pools[(k >> 124) as usize & 15];
-        let Ok(i) = p.sizes.binary_search(&key_size(k)) else { return };
-        let v = &mut p.keys[i];
-        if let Ok(at) = v.binary_search(&k) {
-            v.remove(at);
-        }
-        if v.is_empty() {
-            p.sizes.remove(i);
-            self.spare.push(p.keys.remove(i));
-        }
-    }
-
-    /// The keys of `k`'s pool at or after `k`, in order.
-    fn at_or_after(&self, k: FreeKey) -> impl Iterator<Item = FreeKey> + '_ {
-        let p = &self.pools[(k >> 124) as usize & 15];
-        let first = p.sizes.partition_point(|&s| s < key_size(k));
-        p.keys[first..].iter().flat_map(move |v| v[v.partition_point(|&x| x < k)..].iter().copied())
+        None
     }
 }
 
@@ -286,7 +322,8 @@ impl Allocator {
     /// Appends a block of `size` at `off` to the end of segment `s`.
     fn push_block(&mut self, s: usize, off: u64, size: u64) -> u32 {
         let last = self.segments[s].last;
-        let i = self.block(Block { seg: s, off, size, free: false, prev: last, next: NONE });
+        let pool = pool_index(self.segments[s].pool);
+        let i = self.block(Block { seg: s, off, size, free: false, pool, slot: 0, prev: last, next: NONE });
         match last {
             NONE => self.segments[s].first = i,
             l => self.blocks[l as usize].next = i,
@@ -320,35 +357,29 @@ impl Allocator {
     /// Best fit among cached free blocks; an expandable segment's free tail only if no block
     /// inside the mapped range fits (its "expandable size" ranks it last).
     fn find(&self, pool: PoolKey, size: u64) -> Option<u32> {
-        let mut tail = None;
-        for k in self.free.at_or_after(free_key(pool, size, 0, 0, 0)) {
-            let (s, i) = (key_seg(k), key_block(k));
-            if key_pool(k) != pool {
-                break;
-            }
-            if self.segments[s].expandable && self.tail(s) == Some(i) {
-                tail.get_or_insert(i);
-                continue;
-            }
-            return Some(i);
+        let pool = pool_index(pool);
+        if !self.expandable {
+            return self.free.least(pool, size, |_| false);
         }
-        tail
-    }
-
-    fn key(&self, i: u32) -> FreeKey {
-        let b = &self.blocks[i as usize];
-        free_key(self.segments[b.seg].pool, b.size, b.seg, b.off, i)
+        let is_tail = |i: u32| {
+            let s = self.blocks[i as usize].seg;
+            self.segments[s].expandable && self.tail(s) == Some(i)
+        };
+        self.free.least(pool, size, is_tail).or_else(|| self.free.least(pool, size, |i| !is_tail(i)))
     }
 
     fn take_free(&mut self, i: u32) {
-        let k = self.key(i);
-        self.free.remove(k);
+        let b = &self.blocks[i as usize];
+        if let Some(moved) = self.free.remove(b.pool, b.size, b.slot) {
+            self.blocks[moved as usize].slot = b.slot;
+        }
     }
 
     fn put_free(&mut self, i: u32) {
-        self.blocks[i as usize].free = true;
-        let k = self.key(i);
-        self.free.insert(k);
+        let b = &mut self.blocks[i as usize];
+        b.free = true;
+        let key = fit_key(b.size, address(b.seg, b.off));
+        b.slot = self.free.insert(b.pool, b.size, key, i);
     }
 
     /// Hands out `size` bytes from the free block `i`.
@@ -356,7 +387,8 @@ impl Allocator {
         self.take_free(i);
         let Block { seg, off, size: bsize, next, .. } = self.blocks[i as usize];
         let got = if self.should_split(small, bsize - size) {
-            let r = self.block(Block { seg, off: off + size, size: bsize - size, free: true, prev: i, next });
+            let pool = self.blocks[i as usize].pool;
+            let r = self.block(Block { seg, off: off + size, size: bsize - size, free: true, pool, slot: 0, prev: i, next });
             match next {
                 NONE => self.segments[seg].last = r,
                 n => self.blocks[n as usize].prev = r,

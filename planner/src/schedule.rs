@@ -1056,7 +1056,9 @@ pub fn build_with(pre: &Prelude, model: &Model, opts: &Options, units: &[Unit], 
         units,
         ops: Vec::with_capacity(model.ops.len() * 4 * opts.grad_accum.max(1) as usize + units.len() * 8),
         events: vec![],
-        buffers: Vec::with_capacity(model.ops.len() * 6 * opts.grad_accum.max(1) as usize + units.len() * 8),
+        // (7–9 buffers per model op and micro-batch on Llama and Gemma, 10–12 on Mixtral and
+        // DeepSeek: a vector grown past its capacity copies every buffer)
+        buffers: Vec::with_capacity(model.ops.len() * 12 * opts.grad_accum.max(1) as usize + units.len() * 8),
         phase: Phase::Setup,
         mb: 0,
         state: vec![PState::Sharded; units.len()],
