@@ -463,6 +463,31 @@ pub struct CostModel {
     pub model_flops: f64,
     /// Compute dtype (the param dtype under mixed precision).
     pub cd: DType,
+    /// The op times on the last hardware profile asked ([`CostModel::times`]).
+    times: std::sync::OnceLock<(Hardware, OpTimes)>,
+}
+
+/// What the timeline reads of a model op on one hardware profile.
+#[derive(Debug, Clone, Copy)]
+pub struct OpTime {
+    /// `torch.compile` fused it into its consumer: no time of its own.
+    pub fused: bool,
+    /// Forward and backward kernels' time with their launches ([`op_time`]; `None`: none).
+    pub forward: Option<f64>,
+    pub backward: Option<f64>,
+    /// Eager kernel launches: (forward, backward).
+    pub launches: (u32, u32),
+}
+
+/// Every model op's [`OpTime`] on one hardware profile, by name.
+#[derive(Debug, Clone, Default)]
+pub struct OpTimes(HashMap<String, OpTime>);
+
+impl OpTimes {
+    /// The op named `name` (one the model does not have: no kernels, one launch each way).
+    pub fn get(&self, name: &str) -> OpTime {
+        self.0.get(name).copied().unwrap_or(OpTime { fused: false, forward: None, backward: None, launches: (1, 1) })
+    }
 }
 
 pub use crate::activation::compute_dtype;
@@ -588,7 +613,7 @@ impl CostModel {
             fwd.insert(op.name.clone(), f);
             bwd.insert(op.name.clone(), b);
         }
-        CostModel { fwd, bwd, launches: launch, fused, model_flops: flops, cd }
+        CostModel { fwd, bwd, launches: launch, fused, model_flops: flops, cd, times: std::sync::OnceLock::new() }
     }
 
     /// Forward (and recompute) kernels of the model op named `name`.
@@ -610,6 +635,34 @@ impl CostModel {
     /// Backward kernels of the model op named `name` (empty when it has no gradient).
     pub fn backward(&self, name: &str) -> Option<&[Kernel]> {
         self.bwd.get(name).map(|v| v.as_slice())
+    }
+
+    /// Every model op's time on `hw`: kept for the first profile asked (`tune` times hundreds
+    /// of plans with one cost model), made afresh for another.
+    pub fn times(&self, hw: &Hardware) -> std::borrow::Cow<'_, OpTimes> {
+        let make = || {
+            let mut t: HashMap<String, OpTime> = HashMap::default();
+            for name in self.fwd.keys().chain(self.bwd.keys()).chain(self.launches.keys()).chain(self.fused.iter()) {
+                if t.contains_key(name.as_str()) {
+                    continue;
+                }
+                let launches = self.launches(name);
+                let op = OpTime {
+                    fused: self.fused(name),
+                    forward: self.forward(name).map(|k| op_time(hw, k, launches.0)),
+                    backward: self.backward(name).map(|k| op_time(hw, k, launches.1)),
+                    launches,
+                };
+                t.insert(name.clone(), op);
+            }
+            OpTimes(t)
+        };
+        let (h, t) = self.times.get_or_init(|| (hw.clone(), make()));
+        if h == hw {
+            std::borrow::Cow::Borrowed(t)
+        } else {
+            std::borrow::Cow::Owned(make())
+        }
     }
 }
 

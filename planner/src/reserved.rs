@@ -642,6 +642,27 @@ pub fn predict(plan: &Plan, hw: &Hardware) -> Reserved {
 
 /// [`predict`] over `steps` training steps.
 pub fn predict_steps(plan: &Plan, hw: &Hardware, steps: usize) -> Reserved {
+    replay(plan, hw, steps, None).0
+}
+
+/// What `plan` needs of the device ([`Reserved::needed_bytes`]), or `None` once the replay
+/// finds it over `limit` bytes: it stops as soon as the reserved memory, the CUDA context and
+/// NCCL's buffers pass the limit (a search asks whether a configuration fits; past a limit
+/// below the device's memory the rest of the replay would only measure by how much not).
+pub fn needed_within(plan: &Plan, hw: &Hardware, limit: u64) -> Option<u64> {
+    // (on the CPU the tensor peak is the need: no caching allocator)
+    if plan.options.device == Device::Cpu {
+        return Some(plan.memory.peak_bytes);
+    }
+    match replay(plan, hw, STEPS, Some(limit)) {
+        (_, true) => None,
+        (r, false) => Some(r.needed_bytes(plan)),
+    }
+}
+
+/// The replay of `steps` steps, stopped (`true`) once the reserved peak with the context and
+/// NCCL is over `stop`.
+fn replay(plan: &Plan, hw: &Hardware, steps: usize, stop: Option<u64>) -> (Reserved, bool) {
     let opts = &plan.options;
     let comms = communicators(opts);
     let (context, nccl) = match opts.device {
@@ -707,12 +728,17 @@ pub fn predict_steps(plan: &Plan, hw: &Hardware, steps: usize) -> Reserved {
     };
     let lazy_state = |b: &BufferInfo| b.category == Category::Optstate && b.free.is_none();
     let mut workspaces_made = false;
+    let mut stopped = false;
     'steps: for step in 0..steps {
         let mut state_made = step > 0;
         for op in &plan.schedule {
             // a request the device could not serve: the run fails there (what it would have
             // reserved is kept); the rest of the replay measures nothing
             if a.oom {
+                break 'steps;
+            }
+            if stop.is_some_and(|s| a.max_reserved + context + nccl > s) {
+                stopped = true;
                 break 'steps;
             }
             if matches!(op.kind, OpKind::Setup) && step > 0 {
@@ -759,7 +785,7 @@ pub fn predict_steps(plan: &Plan, hw: &Hardware, steps: usize) -> Reserved {
         }
     }
     let segments = a.segments.iter().filter(|s| !s.released).map(|s| if s.expandable { (s.mapped / s.page) as usize } else { 1 }).sum();
-    Reserved {
+    let r = Reserved {
         max_reserved_bytes: a.max_reserved,
         max_active_bytes: a.max_active,
         workspace_bytes: 2 * workspace,
@@ -769,7 +795,8 @@ pub fn predict_steps(plan: &Plan, hw: &Hardware, steps: usize) -> Reserved {
         out_of_memory: a.oom,
         out_of_memory_need_bytes: if a.oom { a.oom_need + context + nccl } else { 0 },
         segments,
-    }
+    };
+    (r, stopped)
 }
 
 impl Reserved {

@@ -246,7 +246,7 @@ fn run_streams(ops: &[ScheduleOp], deps: &Deps, dur: &[f64], release: &[f64]) ->
 }
 
 /// Duration of one schedule op on `hw`.
-pub fn op_duration(plan: &Plan, model_cost: &CostModel, hw: &Hardware, op: &ScheduleOp) -> f64 {
+pub fn op_duration(plan: &Plan, times: &cost::OpTimes, hw: &Hardware, op: &ScheduleOp) -> f64 {
     let o = &plan.options;
     let coll = |kind: Coll, numel: u64, dtype: fsdp_ir::DType, group: Group| {
         let (n, per) = cost::group_shape(o, group, hw.gpus_per_node);
@@ -274,14 +274,13 @@ pub fn op_duration(plan: &Plan, model_cost: &CostModel, hw: &Hardware, op: &Sche
         OpKind::AllReduce { numel, dtype, group, .. } => coll(Coll::AllReduce, *numel, *dtype, *group),
         // FSDP2 does not run a cached recompute (selective AC's kept output, the early stop)
         OpKind::Recompute { cached: true, .. } => 0.0,
-        OpKind::Forward { op: name, .. } | OpKind::Recompute { op: name, .. } | OpKind::Backward { op: name, .. } if model_cost.fused(name) => 0.0,
-        OpKind::Forward { op: name, .. } | OpKind::Recompute { op: name, .. } => match model_cost.forward(name) {
-            Some(k) => cost::op_time(hw, k, model_cost.launches(name).0) + hw.forward_op_overhead_s,
-            None => hw.op_overhead_s,
+        OpKind::Forward { op: name, .. } | OpKind::Recompute { op: name, .. } => match times.get(name) {
+            t if t.fused => 0.0,
+            t => t.forward.map_or(hw.op_overhead_s, |f| f + hw.forward_op_overhead_s),
         },
-        OpKind::Backward { op: name, .. } => match model_cost.backward(name) {
-            Some(k) => cost::op_time(hw, k, model_cost.launches(name).1) + hw.backward_op_overhead_s,
-            None => hw.op_overhead_s,
+        OpKind::Backward { op: name, .. } => match times.get(name) {
+            t if t.fused => 0.0,
+            t => t.backward.map_or(hw.op_overhead_s, |b| b + hw.backward_op_overhead_s),
         },
         OpKind::CopyOut { unit } => {
             if o.layout == Layout::Flat {
@@ -354,9 +353,10 @@ pub fn predict(plan: &Plan, model: &Model, hw: &Hardware) -> TimeReport {
 /// per whether anything is checkpointed: of the options a configuration changes, the cost
 /// model reads only that).
 pub fn predict_with(plan: &Plan, hw: &Hardware, cm: &CostModel) -> TimeReport {
-    let dur: Vec<f64> = plan.schedule.iter().map(|op| op_duration(plan, cm, hw, op)).collect();
+    let times = cm.times(hw);
+    let dur: Vec<f64> = plan.schedule.iter().map(|op| op_duration(plan, &times, hw, op)).collect();
     let spans = if let Some(g) = &hw.gpu {
-        gpu_spans(plan, cm, g, &dur)
+        gpu_spans(plan, &times, g, &dur)
     } else if hw.serial_streams {
         // one thread runs every op in schedule order (our CPU runtime)
         let mut t = 0.0;
@@ -386,7 +386,7 @@ pub fn predict_with(plan: &Plan, hw: &Hardware, cm: &CostModel) -> TimeReport {
 ///   `comm_sm_share` of the SMs: the part of a compute op that overlaps communication runs
 ///   at `1 − comm_sm_share` of its speed. The streams are simulated again with the
 ///   stretched times until they settle (three rounds).
-fn gpu_spans(plan: &Plan, cm: &CostModel, g: &crate::hardware::Gpu, dur: &[f64]) -> Vec<OpSpan> {
+fn gpu_spans(plan: &Plan, times: &cost::OpTimes, g: &crate::hardware::Gpu, dur: &[f64]) -> Vec<OpSpan> {
     let ops = &plan.schedule;
     let mut clock = 0.0;
     let issue: Vec<(f64, f64)> = ops
@@ -394,8 +394,8 @@ fn gpu_spans(plan: &Plan, cm: &CostModel, g: &crate::hardware::Gpu, dur: &[f64])
         .map(|op| {
             let kernels = match &op.kind {
                 OpKind::Recompute { cached: true, .. } => 0,
-                OpKind::Forward { op: name, .. } | OpKind::Recompute { op: name, .. } => cm.launches(name).0,
-                OpKind::Backward { op: name, .. } => cm.launches(name).1,
+                OpKind::Forward { op: name, .. } | OpKind::Recompute { op: name, .. } => times.get(name).launches.0,
+                OpKind::Backward { op: name, .. } => times.get(name).launches.1,
                 _ => 1,
             } as f64;
             let cpu = kernels * g.cpu_launch_s + if matches!(op.kind, OpKind::AllGather { .. }) { g.fsdp_cpu_per_unshard_s } else { 0.0 };

@@ -153,8 +153,9 @@ pub struct Eval {
     pub mfu: f64,
     pub exposed_comm_s: f64,
     pub peak_bytes: u64,
-    /// What the device needs (reserved + context + NCCL, or peak + reserve); `None` when the
-    /// peak alone already exceeds the limit (the allocator was not replayed).
+    /// What the device needs (reserved + context + NCCL, or peak + reserve); `None` when it
+    /// is over the limit, not measured to the end: the peak alone already was (the allocator
+    /// was not replayed), or the replay passed a limit below the device's memory and stopped.
     pub needed_bytes: Option<u64>,
     pub fits: bool,
     /// Where the peak is reached.
@@ -446,7 +447,9 @@ impl<'a> Evaluator<'a> {
         }
         let (hw, limit) = (self.hw, self.limit);
         let Some(plan) = self.plan(c) else { return false };
-        let needed = needed_bytes(plan, hw, limit);
+        // (what passes a limit below the device's memory is not replayed to the end: `None`,
+        // as for a peak over it)
+        let needed = needed_by_peak(plan.memory.peak_bytes, plan.options.device, limit).unwrap_or_else(|| crate::reserved::needed_within(plan, hw, limit.bytes));
         let m = (plan.memory.peak_bytes, needed, plan.memory.peak_at.clone());
         self.entry(c).memory = Some(m);
         needed.is_some_and(|n| n <= limit.bytes)
