@@ -196,8 +196,20 @@ pub fn plan_prepared(model: &Model, opts: &Options, prep: &Prepared) -> Result<P
     }
 }
 
+/// [`plan_prepared`] with the schedule's prelude given: `tune`'s, made once for the outer
+/// points whose options differ in nothing it reads (the micro-batch, the units' modules and
+/// params, whether anything is checkpointed: the tune tests hold the plans equal).
+pub(crate) fn plan_prepared_with(model: &Model, opts: &Options, prep: &Prepared, prelude: &schedule::Prelude) -> Result<Plan, PlanError> {
+    opts.check()?;
+    plan_passes_with(model, opts, None, Some(prep), Some(prelude))
+}
+
 /// Every pass (from `prep` on, when given); with a model hash, the arena and the checker too.
 fn plan_passes(model: &Model, opts: &Options, model_hash: Option<Box<dyn FnOnce() -> String + '_>>, prep: Option<&Prepared>) -> Result<Plan, PlanError> {
+    plan_passes_with(model, opts, model_hash, prep, None)
+}
+
+fn plan_passes_with(model: &Model, opts: &Options, model_hash: Option<Box<dyn FnOnce() -> String + '_>>, prep: Option<&Prepared>, prelude: Option<&schedule::Prelude>) -> Result<Plan, PlanError> {
     // learned positions (GPT-2's wpe) bound the sequence length
     for op in model.ops.iter().filter(|o| matches!(o.kind, fsdp_ir::OpKind::PositionEmbedding)) {
         let table = op.params.first().and_then(|n| model.params.iter().find(|p| &p.name == n));
@@ -246,7 +258,7 @@ fn plan_passes(model: &Model, opts: &Options, model_hash: Option<Box<dyn FnOnce(
             }
         }
     }
-    let sched = match given.and_then(|p| p.prelude(model, opts)) {
+    let sched = match prelude.or_else(|| given.and_then(|p| p.prelude(model, opts))) {
         Some(pre) => schedule::build_with(pre, model, opts, &units, unit_of_op, attn),
         None => schedule::build(model, opts, &units, unit_of_op, attn),
     };

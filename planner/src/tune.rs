@@ -337,9 +337,13 @@ pub struct Evaluator<'a> {
     /// The last few plans (most recent last): a probe's time and fit come from one plan.
     recent: Vec<(Config, Plan)>,
     planned: usize,
-    /// The cost model of the last outer point timed (with or without checkpointing: the
-    /// forward's cached ops differ), made once for its configurations.
-    cost: Option<((Outer, bool), CostModel)>,
+    /// The cost models made, by micro-batch and whether anything is checkpointed (the
+    /// forward's cached ops differ): what they read of a configuration.
+    costs: Vec<((u64, bool), CostModel)>,
+    /// The schedule preludes made ([`crate::schedule::Prelude`]), by micro-batch, the units
+    /// (the embeddings and head their own, blocks per unit) and whether anything is
+    /// checkpointed: what they read of a configuration.
+    preludes: Vec<((u64, bool, u32, bool), crate::schedule::Prelude)>,
     /// The units of the last outer point planned ([`crate::prepare`]; `None`: refused): its
     /// configurations differ only in the blocks they checkpoint.
     prepared: Option<(Outer, Option<crate::Prepared>)>,
@@ -350,7 +354,7 @@ const RECENT: usize = 4;
 
 impl<'a> Evaluator<'a> {
     pub fn new(model: &'a Model, base: &'a Options, hw: &'a Hardware, space: &'a Space, limit: Limit) -> Self {
-        Evaluator { model, base, hw, space, limit, known: HashMap::new(), order: vec![], recent: vec![], planned: 0, cost: None, prepared: None }
+        Evaluator { model, base, hw, space, limit, known: HashMap::new(), order: vec![], recent: vec![], planned: 0, costs: vec![], preludes: vec![], prepared: None }
     }
 
     /// How many plans were built.
@@ -372,7 +376,18 @@ impl<'a> Evaluator<'a> {
                 }
                 // (units the planner refuses refuse every configuration of the outer point)
                 let planned = match &self.prepared {
-                    Some((_, Some(prep))) => crate::plan_prepared(self.model, &opts, prep).ok(),
+                    Some((_, Some(prep))) => {
+                        let o = &c.outer;
+                        let key = (o.micro_batch, o.edges, o.group, c.full + c.sac == 0);
+                        let at = match self.preludes.iter().position(|(k, _)| *k == key) {
+                            Some(i) => i,
+                            None => {
+                                self.preludes.push((key, crate::schedule::Prelude::new(self.model, &opts, &prep.units, prep.attn)));
+                                self.preludes.len() - 1
+                            }
+                        };
+                        crate::plan_prepared_with(self.model, &opts, prep, &self.preludes[at].1).ok()
+                    }
                     _ => None,
                 };
                 match planned {
@@ -416,12 +431,18 @@ impl<'a> Evaluator<'a> {
             }
         }
         let (model, hw) = (self.model, self.hw);
-        let key = (c.outer, c.full + c.sac == 0);
-        let mut cost = self.cost.take().filter(|(k, _)| *k == key);
-        let plan = self.plan(c)?;
-        let cm = &cost.get_or_insert_with(|| (key, CostModel::new(plan, model))).1;
-        let t = timeline::predict_with(plan, hw, cm);
-        self.cost = cost;
+        let key = (c.outer.micro_batch, c.full + c.sac == 0);
+        let mut costs = std::mem::take(&mut self.costs);
+        let plan = self.plan(c);
+        let t = plan.map(|plan| {
+            let at = costs.iter().position(|(k, _)| *k == key).unwrap_or_else(|| {
+                costs.push((key, CostModel::new(plan, model)));
+                costs.len() - 1
+            });
+            timeline::predict_with(plan, hw, &costs[at].1)
+        });
+        self.costs = costs;
+        let t = t?;
         self.entry(c).time = Some((t.step_time_s, t.tokens_per_s_per_gpu, t.mfu, t.exposed_comm_s));
         Some(t.step_time_s)
     }

@@ -76,6 +76,18 @@ fn check(name: &str, ws: u64, global_batch: u64, base: Options, allocator: bool)
         // limits from below the least to above the most
         let limit = Limit { bytes: lo - (hi - lo) / 16 + k * (hi - lo) / 7, reserve: if allocator { None } else { Some(0) } };
         let tuned = tune::search(&m, &base, &h, &space, limit, 2, &|_, _, _| {});
+        // every configuration tune evaluated — planned from units, schedule preludes and cost
+        // models it made once for many — is what planning it from scratch gives
+        for e in &tuned.evaluated {
+            let (f, sc) = (e.config.full as usize, e.config.sac as usize);
+            let modes: Vec<u8> = (0..space.blocks.len()).map(|i| if i < f { 1 } else if i < f + sc { 2 } else { 0 }).collect();
+            let x = all.iter().find(|x| x.0 == e.config.outer && x.1 == modes).unwrap();
+            assert_eq!((e.peak_bytes, e.step_time_s), (x.2, x.4), "{name} {:?}", e.config);
+            match e.needed_bytes {
+                Some(n) => assert!(!allocator || n == x.3, "{name} {:?}: needs {n} vs {}", e.config, x.3),
+                None => assert!(mem(x) > limit.bytes, "{name} {:?}", e.config),
+            }
+        }
         let best_brute = all.iter().filter(|x| mem(x) <= limit.bytes).map(|x| x.4).fold(f64::INFINITY, f64::min);
         match &tuned.best {
             None => assert!(best_brute.is_infinite(), "{name} limit {}: brute force fits at {best_brute} s, tune found nothing", limit.bytes),
