@@ -217,6 +217,7 @@ impl FreePool {
 
 impl FreeSet {
     /// Adds `block` of `size`: its slot in its bucket.
+    #[inline]
     fn insert(&mut self, pool: u8, size: u64, key: u128, block: u32) -> u32 {
         let p = &mut self.pools[usize::from(pool & 15)];
         if p.buckets.is_empty() {
@@ -230,6 +231,7 @@ impl FreeSet {
     }
 
     /// Removes the block of `size` at `slot`: the block moved into its slot, if any.
+    #[inline]
     fn remove(&mut self, pool: u8, size: u64, slot: u32) -> Option<u32> {
         let p = &mut self.pools[usize::from(pool & 15)];
         let b = bucket(size);
@@ -369,6 +371,7 @@ impl Allocator {
         self.free.least(pool, size, is_tail).or_else(|| self.free.least(pool, size, |i| !is_tail(i)))
     }
 
+    #[inline]
     fn take_free(&mut self, i: u32) {
         let b = &self.blocks[i as usize];
         if let Some(moved) = self.free.remove(b.pool, b.size, b.slot) {
@@ -376,6 +379,7 @@ impl Allocator {
         }
     }
 
+    #[inline]
     fn put_free(&mut self, i: u32) {
         let b = &mut self.blocks[i as usize];
         b.free = true;

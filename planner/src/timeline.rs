@@ -247,6 +247,31 @@ fn run_streams(ops: &[ScheduleOp], deps: &Deps, dur: &[f64], release: &[f64]) ->
 
 /// Duration of one schedule op on `hw`.
 pub fn op_duration(plan: &Plan, times: &cost::OpTimes, hw: &Hardware, op: &ScheduleOp) -> f64 {
+    op_cost(plan, times, hw, op).0
+}
+
+/// An op's duration ([`op_duration`]) and the kernels the CPU launches for it.
+fn op_cost(plan: &Plan, times: &cost::OpTimes, hw: &Hardware, op: &ScheduleOp) -> (f64, u32) {
+    // (a model op's launches, forward or backward; any other op's one)
+    let kernels = match &op.kind {
+        OpKind::Recompute { cached: true, .. } => 0,
+        OpKind::Forward { op: name, .. } | OpKind::Recompute { op: name, .. } => {
+            let t = times.get(name);
+            let d = if t.fused { 0.0 } else { t.forward.map_or(hw.op_overhead_s, |f| f + hw.forward_op_overhead_s) };
+            return (d, t.launches.0);
+        }
+        OpKind::Backward { op: name, .. } => {
+            let t = times.get(name);
+            let d = if t.fused { 0.0 } else { t.backward.map_or(hw.op_overhead_s, |b| b + hw.backward_op_overhead_s) };
+            return (d, t.launches.1);
+        }
+        _ => 1,
+    };
+    (other_duration(plan, hw, op), kernels)
+}
+
+/// [`op_duration`] of an op that runs no model op.
+fn other_duration(plan: &Plan, hw: &Hardware, op: &ScheduleOp) -> f64 {
     let o = &plan.options;
     let coll = |kind: Coll, numel: u64, dtype: fsdp_ir::DType, group: Group| {
         let (n, per) = cost::group_shape(o, group, hw.gpus_per_node);
@@ -274,14 +299,8 @@ pub fn op_duration(plan: &Plan, times: &cost::OpTimes, hw: &Hardware, op: &Sched
         OpKind::AllReduce { numel, dtype, group, .. } => coll(Coll::AllReduce, *numel, *dtype, *group),
         // FSDP2 does not run a cached recompute (selective AC's kept output, the early stop)
         OpKind::Recompute { cached: true, .. } => 0.0,
-        OpKind::Forward { op: name, .. } | OpKind::Recompute { op: name, .. } => match times.get(name) {
-            t if t.fused => 0.0,
-            t => t.forward.map_or(hw.op_overhead_s, |f| f + hw.forward_op_overhead_s),
-        },
-        OpKind::Backward { op: name, .. } => match times.get(name) {
-            t if t.fused => 0.0,
-            t => t.backward.map_or(hw.op_overhead_s, |b| b + hw.backward_op_overhead_s),
-        },
+        // (model ops: [`op_cost`])
+        OpKind::Forward { .. } | OpKind::Recompute { .. } | OpKind::Backward { .. } => 0.0,
         OpKind::CopyOut { unit } => {
             if o.layout == Layout::Flat {
                 hw.op_overhead_s
@@ -354,9 +373,9 @@ pub fn predict(plan: &Plan, model: &Model, hw: &Hardware) -> TimeReport {
 /// model reads only that).
 pub fn predict_with(plan: &Plan, hw: &Hardware, cm: &CostModel) -> TimeReport {
     let times = cm.times(hw);
-    let dur: Vec<f64> = plan.schedule.iter().map(|op| op_duration(plan, &times, hw, op)).collect();
+    let (dur, kernels): (Vec<f64>, Vec<u32>) = plan.schedule.iter().map(|op| op_cost(plan, &times, hw, op)).unzip();
     let spans = if let Some(g) = &hw.gpu {
-        gpu_spans(plan, &times, g, &dur)
+        gpu_spans(plan, &kernels, g, &dur)
     } else if hw.serial_streams {
         // one thread runs every op in schedule order (our CPU runtime)
         let mut t = 0.0;
@@ -386,18 +405,14 @@ pub fn predict_with(plan: &Plan, hw: &Hardware, cm: &CostModel) -> TimeReport {
 ///   `comm_sm_share` of the SMs: the part of a compute op that overlaps communication runs
 ///   at `1 − comm_sm_share` of its speed. The streams are simulated again with the
 ///   stretched times until they settle (three rounds).
-fn gpu_spans(plan: &Plan, times: &cost::OpTimes, g: &crate::hardware::Gpu, dur: &[f64]) -> Vec<OpSpan> {
+fn gpu_spans(plan: &Plan, kernels: &[u32], g: &crate::hardware::Gpu, dur: &[f64]) -> Vec<OpSpan> {
     let ops = &plan.schedule;
     let mut clock = 0.0;
     let issue: Vec<(f64, f64)> = ops
         .iter()
-        .map(|op| {
-            let kernels = match &op.kind {
-                OpKind::Recompute { cached: true, .. } => 0,
-                OpKind::Forward { op: name, .. } | OpKind::Recompute { op: name, .. } => times.get(name).launches.0,
-                OpKind::Backward { op: name, .. } => times.get(name).launches.1,
-                _ => 1,
-            } as f64;
+        .zip(kernels)
+        .map(|(op, &kernels)| {
+            let kernels = f64::from(kernels);
             let cpu = kernels * g.cpu_launch_s + if matches!(op.kind, OpKind::AllGather { .. }) { g.fsdp_cpu_per_unshard_s } else { 0.0 };
             let first = clock + cpu.min(g.cpu_launch_s);
             clock += cpu;

@@ -347,6 +347,8 @@ pub struct Evaluator<'a> {
     /// The units of the last outer point planned ([`crate::prepare`]; `None`: refused): its
     /// configurations differ only in the blocks they checkpoint.
     prepared: Option<(Outer, Option<crate::Prepared>)>,
+    /// Units another evaluator prepared ([`Evaluator::seed`]), taken when their outer point is.
+    given: HashMap<Outer, Option<crate::Prepared>>,
 }
 
 /// Plans kept by an [`Evaluator`].
@@ -354,7 +356,7 @@ const RECENT: usize = 4;
 
 impl<'a> Evaluator<'a> {
     pub fn new(model: &'a Model, base: &'a Options, hw: &'a Hardware, space: &'a Space, limit: Limit) -> Self {
-        Evaluator { model, base, hw, space, limit, known: HashMap::new(), order: vec![], recent: vec![], planned: 0, costs: vec![], preludes: vec![], prepared: None }
+        Evaluator { model, base, hw, space, limit, known: HashMap::new(), order: vec![], recent: vec![], planned: 0, costs: vec![], preludes: vec![], prepared: None, given: HashMap::new() }
     }
 
     /// How many plans were built.
@@ -372,7 +374,8 @@ impl<'a> Evaluator<'a> {
                 self.planned += 1;
                 let opts = options(self.base, self.space, &c);
                 if self.prepared.as_ref().is_none_or(|(o, _)| *o != c.outer) {
-                    self.prepared = Some((c.outer, crate::prepare(self.model, &opts).ok()));
+                    let prep = self.given.remove(&c.outer).unwrap_or_else(|| crate::prepare(self.model, &opts).ok());
+                    self.prepared = Some((c.outer, prep));
                 }
                 // (units the planner refuses refuse every configuration of the outer point)
                 let planned = match &self.prepared {
@@ -408,9 +411,18 @@ impl<'a> Evaluator<'a> {
         self.recent.last().map(|(_, p)| p)
     }
 
-    /// What another evaluator learnt of `c` (the search's first pass times each outer point).
-    fn seed(&mut self, c: Config, k: Known) {
+    /// What another evaluator learnt of `c` (the search's first pass times each outer point),
+    /// and the units it prepared for `c`'s outer point, if any.
+    fn seed(&mut self, c: Config, k: Known, prep: Option<Option<crate::Prepared>>) {
         *self.entry(c) = k;
+        if let Some(p) = prep {
+            self.given.insert(c.outer, p);
+        }
+    }
+
+    /// The units prepared for the outer point planned last (`None`: none was).
+    fn take_prepared(&mut self) -> Option<(Outer, Option<crate::Prepared>)> {
+        self.prepared.take()
     }
 
     fn entry(&mut self, c: Config) -> &mut Known {
@@ -813,7 +825,7 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
     let n = all.len();
     // 1. the fastest (no checkpointing) time of each outer point, which orders the search:
     // the threads take every `threads`-th outer point
-    type Timed = Vec<(f64, Outer, Known)>;
+    type Timed = Vec<(f64, Outer, Known, Option<Option<crate::Prepared>>)>;
     let timed: Vec<Timed> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
@@ -825,7 +837,10 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
                         .iter()
                         .filter_map(|&o| {
                             let c = Config { outer: o, full: 0, sac: 0 };
-                            ev.time(c).map(|t| (t, o, ev.known.get(&c).cloned().unwrap_or_default()))
+                            let t = ev.time(c);
+                            // (its units go with it to the lane that searches it)
+                            let prep = ev.take_prepared().filter(|(p, _)| *p == o).map(|(_, p)| p);
+                            t.map(|t| (t, o, ev.known.get(&c).cloned().unwrap_or_default(), prep))
                         })
                         .collect();
                     planned.fetch_add(ev.planned(), std::sync::atomic::Ordering::Relaxed);
@@ -837,9 +852,9 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
     });
     let mut firsts: Timed = timed.into_iter().flatten().collect();
     firsts.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    let mut lanes: Vec<Vec<(Outer, Known)>> = vec![vec![]; threads];
-    for (i, (_, o, k)) in firsts.into_iter().enumerate() {
-        lanes[i % threads].push((o, k));
+    let mut lanes: Vec<Vec<(Outer, Known, Option<Option<crate::Prepared>>)>> = (0..threads).map(|_| vec![]).collect();
+    for (i, (_, o, k, p)) in firsts.into_iter().enumerate() {
+        lanes[i % threads].push((o, k, p));
     }
     // 2. the outer points in that order, dealt to the threads in turn (each lane gets as many
     // of the promising ones: the lanes take about as long), each lane bounding its search by
@@ -852,9 +867,9 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
                 let (done, planned) = (&done, &planned);
                 s.spawn(move || crate::schedule::without_names(|| {
                     let mut ev = Evaluator::new(model, base, hw, space, limit);
-                    let outers: Vec<Outer> = mine.iter().map(|(o, _)| *o).collect();
-                    for (o, k) in mine {
-                        ev.seed(Config { outer: o, full: 0, sac: 0 }, k);
+                    let outers: Vec<Outer> = mine.iter().map(|(o, _, _)| *o).collect();
+                    for (o, k, p) in mine {
+                        ev.seed(Config { outer: o, full: 0, sac: 0 }, k, p);
                     }
                     let mut best: Option<(f64, Config)> = None;
                     let mut found = vec![];
