@@ -280,8 +280,8 @@ pub(crate) fn run(a: TuneArgs) -> Result<()> {
             *last = Instant::now();
         }
     };
-    // two lanes whatever the machine: the planned set (runner-ups, Pareto front) is the same
-    // everywhere
+    // two threads (their lanes, `tune::LANES_PER_THREAD` each) whatever the machine: the
+    // planned set (runner-ups, Pareto front) is the same everywhere
     let threads = 2;
     let Tuned { best, per_outer, evaluated, plans_built } = tune::search(&model, &base, &hw, &space, limit, threads, &progress);
     let elapsed = t0.elapsed().as_secs_f64();
