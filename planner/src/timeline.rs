@@ -368,9 +368,9 @@ pub fn predict(plan: &Plan, model: &Model, hw: &Hardware) -> TimeReport {
     predict_with(plan, hw, &CostModel::new(plan, model))
 }
 
-/// [`predict`] with the plan's cost model made already (`tune` makes one per outer point and
+/// [`predict`] with the plan's cost model made already (`tune` makes one per micro-batch and
 /// per whether anything is checkpointed: of the options a configuration changes, the cost
-/// model reads only that).
+/// model reads only those), its op times kept for `hw` ([`CostModel::times`]).
 pub fn predict_with(plan: &Plan, hw: &Hardware, cm: &CostModel) -> TimeReport {
     let times = cm.times(hw);
     let (dur, kernels): (Vec<f64>, Vec<u32>) = plan.schedule.iter().map(|op| op_cost(plan, &times, hw, op)).unzip();
