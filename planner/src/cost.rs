@@ -480,7 +480,7 @@ pub struct OpTime {
 }
 
 /// Every model op's [`OpTime`] on one hardware profile, by name.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct OpTimes(HashMap<String, OpTime>);
 
 impl OpTimes {

@@ -216,9 +216,10 @@ impl FreePool {
 }
 
 impl FreeSet {
-    /// Adds `block` of `size`: its slot in its bucket.
+    /// Adds `block` of `size` at `addr` ([`address`]): its slot in its bucket.
     #[inline]
-    fn insert(&mut self, pool: u8, size: u64, key: u128, block: u32) -> u32 {
+    fn insert(&mut self, pool: u8, size: u64, addr: u64, block: u32) -> u32 {
+        let key = fit_key(size, addr);
         let p = &mut self.pools[usize::from(pool & 15)];
         if p.buckets.is_empty() {
             p.buckets.resize_with(BUCKETS, Vec::new);
@@ -383,8 +384,7 @@ impl Allocator {
     fn put_free(&mut self, i: u32) {
         let b = &mut self.blocks[i as usize];
         b.free = true;
-        let key = fit_key(b.size, address(b.seg, b.off));
-        b.slot = self.free.insert(b.pool, b.size, key, i);
+        b.slot = self.free.insert(b.pool, b.size, address(b.seg, b.off), i);
     }
 
     /// Hands out `size` bytes from the free block `i`.

@@ -713,7 +713,6 @@ struct Tensors<'p> {
 
 /// The tensor graph of the forward, whatever is checkpointed: [`Tensors`] but for what the
 /// backward saves.
-#[derive(Clone)]
 struct Graph {
     alias: Vec<usize>,
     consumers: Vec<Vec<usize>>,
@@ -816,7 +815,7 @@ impl Prelude {
         let owner: HashMap<&str, UnitId> = units.iter().flat_map(|u| u.params.iter().map(move |p| (p.name.as_str(), u.id))).collect();
         let ancestors = op_ancestors(model);
         Prelude {
-            unit_modules: cx.unit_modules.clone(),
+            unit_modules: std::mem::take(&mut cx.unit_modules),
             unit_params: units.iter().map(|u| u.params.iter().filter_map(|p| param_index.get(p.name.as_str()).copied()).collect()).collect(),
             op_params: model
                 .ops
@@ -846,8 +845,8 @@ impl Prelude {
     }
 
     /// [`checkpoint_regions`] for these modes ([`region_modes`]).
-    fn regions(&self, model: &Model, modes: &HashMap<usize, crate::options::AcMode>) -> Vec<Option<usize>> {
-        regions(model, &self.ancestors, modes)
+    fn regions(&self, modes: &HashMap<usize, crate::options::AcMode>) -> Vec<Option<usize>> {
+        regions(&self.ancestors, modes)
     }
 }
 
@@ -915,7 +914,7 @@ pub fn region_modes(model: &Model, opts: &Options) -> HashMap<usize, crate::opti
 /// The checkpointed region of each model op: the outermost module on its path whose class
 /// or path `--checkpoint` names (its index in the module list), if any.
 pub fn checkpoint_regions(model: &Model, opts: &Options) -> Vec<Option<usize>> {
-    regions(model, &op_ancestors(model), &region_modes(model, opts))
+    regions(&op_ancestors(model), &region_modes(model, opts))
 }
 
 /// Per op, the modules on its path (indices in the module list), innermost first.
@@ -937,19 +936,10 @@ fn op_ancestors(model: &Model) -> Vec<Vec<usize>> {
 }
 
 /// [`checkpoint_regions`] from each op's modules ([`op_ancestors`]) and the checkpointed
-/// modules' modes ([`region_modes`]).
-fn regions(model: &Model, ancestors: &[Vec<usize>], modes: &HashMap<usize, crate::options::AcMode>) -> Vec<Option<usize>> {
-    if modes.is_empty() {
-        return vec![None; model.ops.len()];
-    }
-    // each module stands for the checkpointed one of its path (a path is a module's)
-    let mut by_path: HashMap<&str, usize> = HashMap::default();
-    for &i in modes.keys() {
-        by_path.insert(model.modules[i].path.as_str(), i);
-    }
-    let ckpt: Vec<Option<usize>> = model.modules.iter().map(|m| by_path.get(m.path.as_str()).copied()).collect();
-    // the outermost on each op's path
-    ancestors.iter().map(|a| a.iter().rev().find_map(|&m| ckpt[m])).collect()
+/// modules' modes ([`region_modes`]): the outermost checkpointed module on each op's path
+/// (a module is its path's: the IR's validation refuses a path declared twice).
+fn regions(ancestors: &[Vec<usize>], modes: &HashMap<usize, crate::options::AcMode>) -> Vec<Option<usize>> {
+    ancestors.iter().map(|a| a.iter().rev().copied().find(|m| modes.contains_key(m))).collect()
 }
 
 /// `--compile`'s checkpointed blocks (inductor's partitioner, measured in fake mode:
@@ -1021,7 +1011,7 @@ pub fn build_with(pre: &Prelude, model: &Model, opts: &Options, units: &[Unit], 
     // Checkpointed ops: inside a module of a checkpointed class or path (region = that
     // module's index in the module list)
     let modes = region_modes(model, opts);
-    let region = pre.regions(model, &modes);
+    let region = pre.regions(&modes);
     // (--compile: what a float8 linear outside the checkpoints keeps, and which outputs the
     // partitioner drops, depend on the regions: the memory is this plan's own)
     let compiled = &pre.compiled;

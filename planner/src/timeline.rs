@@ -245,12 +245,7 @@ fn run_streams(ops: &[ScheduleOp], deps: &Deps, dur: &[f64], release: &[f64]) ->
         .collect()
 }
 
-/// Duration of one schedule op on `hw`.
-pub fn op_duration(plan: &Plan, times: &cost::OpTimes, hw: &Hardware, op: &ScheduleOp) -> f64 {
-    op_cost(plan, times, hw, op).0
-}
-
-/// An op's duration ([`op_duration`]) and the kernels the CPU launches for it.
+/// One schedule op's duration on `hw` and the kernels the CPU launches for it.
 fn op_cost(plan: &Plan, times: &cost::OpTimes, hw: &Hardware, op: &ScheduleOp) -> (f64, u32) {
     // (a model op's launches, forward or backward; any other op's one)
     let kernels = match &op.kind {
@@ -270,7 +265,7 @@ fn op_cost(plan: &Plan, times: &cost::OpTimes, hw: &Hardware, op: &ScheduleOp) -
     (other_duration(plan, hw, op), kernels)
 }
 
-/// [`op_duration`] of an op that runs no model op.
+/// The duration ([`op_cost`]) of an op that runs no model op.
 fn other_duration(plan: &Plan, hw: &Hardware, op: &ScheduleOp) -> f64 {
     let o = &plan.options;
     let coll = |kind: Coll, numel: u64, dtype: fsdp_ir::DType, group: Group| {
