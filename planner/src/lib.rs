@@ -112,29 +112,14 @@ fn plan_with_hash(model: &Model, opts: &Options, model_hash: impl FnOnce() -> St
 /// What the passes before the schedule make of the model: the attention kernel, the wrap
 /// policy's FSDP units with their reshard settings, and each op's unit. They read neither the
 /// checkpointed modules nor the batch: `tune` prepares once per outer point and plans each of
-/// its configurations from it ([`plan_prepared`]). So does the schedule's prelude
-/// ([`schedule::Prelude`]: each op's memory, the tensor graph), made on first use for plans
-/// of the options it was prepared with but for what they checkpoint.
+/// its configurations from it ([`plan_prepared`]; with the schedule's prelude it also shares,
+/// [`plan_prepared_with`]).
 pub struct Prepared {
     attn: AttnImpl,
     policy: String,
     wrapped: Vec<Vec<String>>,
     units: Vec<units::Unit>,
     unit_of_op: Vec<ids::UnitId>,
-    /// The options prepared with, nothing checkpointed.
-    opts: Options,
-    /// The schedule preludes of those options with something checkpointed (`[0]`) and with
-    /// nothing (`[1]`: HF's forward then keeps its cache).
-    preludes: [std::sync::OnceLock<schedule::Prelude>; 2],
-}
-
-impl Prepared {
-    /// The schedule prelude for `opts` (made from `model` on first use), if `opts` are the
-    /// options prepared with but for what they checkpoint.
-    fn prelude(&self, model: &Model, opts: &Options) -> Option<&schedule::Prelude> {
-        let same = Options { checkpoint: vec![], ..opts.clone() } == self.opts;
-        same.then(|| self.preludes[usize::from(opts.checkpoint.is_empty())].get_or_init(|| schedule::Prelude::new(model, opts, &self.units, self.attn)))
-    }
 }
 
 /// The model with its parameters in `--master-dtype`, when they are in another: what the
@@ -181,8 +166,7 @@ fn prepare_passes(model: &Model, opts: &Options) -> Result<Prepared, PlanError> 
     }
     verify::verify_units(model, &units, opts.shard_size(), opts.layout)?;
     let unit_of_op = verify::unit_of_ops(model, &units);
-    let opts = Options { checkpoint: vec![], ..opts.clone() };
-    Ok(Prepared { attn, policy: policy.to_string(), wrapped, units, unit_of_op, opts, preludes: Default::default() })
+    Ok(Prepared { attn, policy: policy.to_string(), wrapped, units, unit_of_op })
 }
 
 /// [`plan_unchecked`] from the units `prep` made for these options (the same but for the
@@ -228,7 +212,6 @@ fn plan_passes_with(model: &Model, opts: &Options, model_hash: Option<Box<dyn Fn
         }
     }
     let made;
-    let given = prep;
     let (prep, units) = match prep {
         Some(p) => (p, p.units.clone()),
         None => {
@@ -258,7 +241,7 @@ fn plan_passes_with(model: &Model, opts: &Options, model_hash: Option<Box<dyn Fn
             }
         }
     }
-    let sched = match prelude.or_else(|| given.and_then(|p| p.prelude(model, opts))) {
+    let sched = match prelude {
         Some(pre) => schedule::build_with(pre, model, opts, &units, unit_of_op, attn),
         None => schedule::build(model, opts, &units, unit_of_op, attn),
     };
