@@ -203,8 +203,13 @@ fn plan_passes_with(model: &Model, opts: &Options, model_hash: Option<Box<dyn Fn
     }
     // activation checkpointing names module classes, as FSDP's apply_activation_checkpointing
     // check_fn does: one the model lacks would silently checkpoint nothing
-    for (c, _) in opts.checkpoints() {
-        if !model.modules.iter().any(|m| !m.path.is_empty() && (m.class == c || m.path == c)) {
+    let specs = opts.checkpoints();
+    let named: rustc_hash::FxHashSet<&str> = match specs.is_empty() {
+        true => Default::default(),
+        false => model.modules.iter().filter(|m| !m.path.is_empty()).flat_map(|m| [m.class.as_str(), m.path.as_str()]).collect(),
+    };
+    for (c, _) in &specs {
+        if !named.contains(c.as_str()) {
             let mut classes: Vec<&str> = model.modules.iter().filter(|m| !m.path.is_empty()).map(|m| m.class.as_str()).collect();
             classes.sort();
             classes.dedup();
@@ -228,7 +233,7 @@ fn plan_passes_with(model: &Model, opts: &Options, model_hash: Option<Box<dyn Fn
     // modules passed to fully_shard did not run forward before backward, which is
     // error-prone" and resets the count at the end of the backward)
     if opts.unit_group > 1 && !opts.checkpoint.is_empty() {
-        let cks = opts.checkpoints();
+        let cks = &specs;
         let mode_of = |path: &str| {
             let class = model.modules.iter().find(|m| m.path == path).map(|m| m.class.as_str()).unwrap_or("");
             cks.iter().rev().find(|(n, _)| n == path || n == class).map(|(_, m)| *m)
@@ -269,7 +274,8 @@ fn plan_passes_with(model: &Model, opts: &Options, model_hash: Option<Box<dyn Fn
     let host = memory::host(&units, opts);
     let Some(model_hash) = model_hash else {
         let memory = Memory { host, ..memory::simulate(&sched.ops, &sched.buffers, &units)? };
-        let collectives = memory::collectives(&sched.ops, &units);
+        // (`tune`'s plans, built without names, read no collective list)
+        let collectives = if schedule::naming() { memory::collectives(&sched.ops, &units) } else { vec![] };
         return Ok(bare(units, sched, collectives, memory));
     };
     let spans = buffers::spans(opts, &units, &sched.buffers);

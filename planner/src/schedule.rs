@@ -140,12 +140,18 @@ thread_local! {
 }
 
 /// Runs `f` with the buffers of the schedules it builds on this thread left unnamed (empty
-/// names: nothing else changes) — `tune`'s searches, which print no buffer, build hundreds.
+/// names), and the plans made from them without their list of collectives (nothing else
+/// changes) — `tune`'s searches, which print neither, build hundreds.
 pub fn without_names<R>(f: impl FnOnce() -> R) -> R {
     let before = NAMES.with(|n| n.replace(false));
     let r = f();
     NAMES.with(|n| n.set(before));
     r
+}
+
+/// Whether plans built on this thread now are named ([`without_names`]).
+pub(crate) fn naming() -> bool {
+    NAMES.with(|n| n.get())
 }
 
 /// A buffer's name, `format!`ted — empty under [`without_names`], where it is not formatted.
