@@ -57,10 +57,12 @@ pub(crate) struct TuneArgs {
     /// Leave op-level selective AC out of the space (full checkpointing only).
     #[arg(long)]
     pub(crate) no_sac: bool,
-    /// Blocks per FSDP unit to search (unit groups, `plan --unit-group`): `1,2` also tries
-    /// two blocks per unit (fewer, larger collectives; about doubles the search).
-    #[arg(long, value_delimiter = ',', default_value = "1")]
-    pub(crate) unit_groups: Vec<u32>,
+    /// Blocks per FSDP unit to search (unit groups, `plan --unit-group`: fewer, larger
+    /// collectives), divisors of the number of blocks, e.g. `1` (one block per unit) or
+    /// `1,2,4`: every one given is searched (default: every divisor, larger groups only while
+    /// they make the step without checkpointing faster)
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) unit_groups: Option<Vec<u32>>,
     /// Search the embeddings and the LM head as FSDP units of their own, not only the root's
     /// (torchtitan's wrapping: their params gathered only around their use). The default
     /// where they are untied; given, a model whose head is tied is refused.
@@ -257,12 +259,21 @@ pub(crate) fn run(a: TuneArgs) -> Result<()> {
         // (a profile without a host behind the device, the CPU's: nothing to offload to)
         space.offload = vec![false];
     }
-    if a.unit_groups.iter().any(|&k| k == 0 || k > 1024) {
-        bail!(UserError(format!("--unit-groups: blocks per unit are 1 to 1024, got {:?}", a.unit_groups)));
+    if let Some(g) = &a.unit_groups {
+        if g.iter().any(|&k| k == 0 || k > 1024) {
+            bail!(UserError(format!("--unit-groups: blocks per unit are 1 to 1024, got {g:?}")));
+        }
+        // (the search takes identical units to cost the same wherever they are: a shorter
+        // last group is cheaper to checkpoint than the first, which it would not try)
+        let n = space.blocks.len() as u32;
+        if let Some(k) = g.iter().find(|&&k| n > 0 && !n.is_multiple_of(k)) {
+            bail!(UserError(format!("--unit-groups: {k} blocks per unit leaves a shorter last group ({n} blocks): tune searches groups of equal size, divisors of {n} ({})", tune::group_ladder(n).iter().map(|k| k.to_string()).collect::<Vec<_>>().join(", "))));
+        }
+        space.groups = g.clone();
+        space.groups.sort_unstable();
+        space.groups.dedup();
+        space.every_group = true;
     }
-    space.groups = a.unit_groups.clone();
-    space.groups.sort_unstable();
-    space.groups.dedup();
     if a.embed_head_units && space.edge_policy.is_none() {
         bail!(UserError(format!("--embed-head-units: {} has no untied embeddings and LM head to make units of their own (a tied head shares its weight with the embeddings: one unit)", a.model.display())));
     }

@@ -47,16 +47,26 @@ fn brute(m: &fsdp_ir::Model, base: &Options, h: &Hardware, space: &tune::Space) 
 }
 
 fn check(name: &str, ws: u64, global_batch: u64, base: Options, allocator: bool) {
+    check_groups(name, ws, global_batch, base, allocator, None)
+}
+
+/// [`check`] with `groups`, when given, as a user's `--unit-groups` list (every one searched).
+fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator: bool, groups: Option<Vec<u32>>) {
     let m = model(name);
     let h = hw("h100-sxm");
     let base = Options { world_size: ws, ..base };
     let mut space = tune::space(&m, &base, ws, global_batch, h.gpus_per_node).unwrap();
     // CPU offload is in the space the oracle enumerates (where the options allow it)
     assert_eq!(space.offload.contains(&true), Options { offload: fsdp_planner::Offload::Cpu, ..base.clone() }.check().is_ok(), "{name}");
-    // unit groups of two where there are blocks enough to pair, and resharding to "nodes" of
-    // two ranks after forward (reshard_after_forward=2) where the world has two of them
-    if space.blocks.len() >= 4 {
-        space.groups = vec![1, 2];
+    // unit groups: the default space's (1, 2 or 4 blocks per unit for 4 blocks, tune's line
+    // search along them held to brute force over all of them); resharding to "nodes" of two
+    // ranks after forward (reshard_after_forward=2) where the world has two of them
+    match groups {
+        Some(g) => {
+            space.groups = g;
+            space.every_group = true;
+        }
+        None => assert_eq!(space.groups, (1..=space.blocks.len() as u32).filter(|&k| (space.blocks.len() as u32).is_multiple_of(k)).collect::<Vec<_>>(), "{name}"),
     }
     if ws == 4 {
         space.node = 2;
@@ -111,6 +121,15 @@ fn tune_equals_brute_force_on_a_4_block_llama() {
     let base = Options { seq: 64, param_dtype: bf16, reduce_dtype: fsdp_ir::DType::parse("f32"), ..Options::default() };
     check("tiny-llama-4l", 4, 8, base.clone(), false);
     check("tiny-llama-4l", 4, 8, base, true);
+}
+
+/// A user's `--unit-groups` list is searched in full (no line search along it).
+#[test]
+fn tune_equals_brute_force_over_every_unit_group_a_user_lists() {
+    let bf16 = fsdp_ir::DType::parse("bf16");
+    let base = Options { seq: 64, param_dtype: bf16, reduce_dtype: fsdp_ir::DType::parse("f32"), ..Options::default() };
+    check_groups("tiny-llama-4l", 4, 8, base.clone(), false, Some(vec![1, 2, 4]));
+    check_groups("tiny-llama-4l", 4, 8, base, true, Some(vec![1, 2, 4]));
 }
 
 #[test]
