@@ -45,10 +45,8 @@ struct B<'a> {
     /// Per op, the grads its consumers made of the `torch.split` views they read of its
     /// output ([`split_read`]), held until its backward joins them.
     split_pieces: Vec<Vec<BufferId>>,
-    /// The unit whose ops make each op's backward (its innermost), and the units covering
-    /// each unit (`chains`, kept here too: the backward takes `chains` out).
+    /// The unit whose ops make each op's backward (its innermost).
     unit_of_op: &'a [UnitId],
-    covering: Vec<Vec<UnitId>>,
     /// Per unit, the grads of its forward inputs that wait for its post-backward before they
     /// join their other consumers' grads or are cast back ([`crossing_grad`]): (tensor,
     /// buffer, whether the pre-forward cast it).
@@ -91,12 +89,12 @@ struct B<'a> {
     last_ag_op: Vec<Option<OpId>>,
     /// Units whose pre-backward ran in this micro-batch (FSDP1 `_needs_pre_backward_unshard`).
     entered: Vec<bool>,
-    /// Units covering each unit, outermost first.
-    chains: Vec<Vec<UnitId>>,
+    /// Units covering each unit, outermost first (the prelude's, as the next three).
+    chains: &'a [Vec<UnitId>],
     /// Per unit, the `model.params` index of each of its params (in unit order).
-    unit_params: Vec<Vec<usize>>,
+    unit_params: &'a [Vec<usize>],
     /// Per model op, its params that have an owner: (primary param index, owning unit).
-    op_params: Vec<Vec<(usize, UnitId)>>,
+    op_params: &'a [Vec<(usize, UnitId)>],
     device: Device,
     /// Per model op: a checkpointed op whose outputs selective AC keeps from the forward
     /// (the recompute is served them from its cache, without running the op).
@@ -111,7 +109,7 @@ struct B<'a> {
     /// checkpoints hold their graphs' inputs only (not HF's position ids).
     compiled_regions: bool,
     /// Float8 linears (`--float8`): a custom autograd Function each.
-    f8_linear: Vec<bool>,
+    f8_linear: &'a [bool],
     /// What op-level SAC keeps from inside an op's forward chain (a float8 cast's `abs` and
     /// `max`), by op index, until the op's recompute takes it.
     sac_kept: HashMap<usize, std::collections::VecDeque<BufferId>>,
@@ -1036,7 +1034,6 @@ pub fn build_with(pre: &Prelude, model: &Model, opts: &Options, units: &[Unit], 
         f8_old: HashMap::default(),
         split_pieces: vec![vec![]; model.ops.len()],
         unit_of_op,
-        covering: pre.chains.clone(),
         through_post_backward: vec![vec![]; units.len()],
         grad_made_in: HashMap::default(),
         f8_recomputed: model
@@ -1070,16 +1067,16 @@ pub fn build_with(pre: &Prelude, model: &Model, opts: &Options, units: &[Unit], 
         sharded_grads: vec![],
         last_ag_op: vec![None; units.len()],
         entered: vec![false; units.len()],
-        chains: pre.chains.clone(),
-        unit_params: pre.unit_params.clone(),
-        op_params: pre.op_params.clone(),
+        chains: &pre.chains,
+        unit_params: &pre.unit_params,
+        op_params: &pre.op_params,
         device: opts.device,
         sac: sac_saved(model, opts, &region, &modes, attn),
         sac_region: region.iter().map(|r| r.is_some_and(|r| modes.get(&r) == Some(&crate::options::AcMode::SelectiveOp))).collect(),
         sac_kept: HashMap::default(),
         sac_unread: vec![false; model.ops.len()],
         compiled_regions: false,
-        f8_linear: pre.f8_linear.clone(),
+        f8_linear: &pre.f8_linear,
         held_loss: None,
         held_logits: None,
         loss: pre.loss,
@@ -1308,7 +1305,7 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
         }
     }
     let flat = b.opts.layout == Layout::Flat;
-    let chains = std::mem::take(&mut b.chains);
+    let chains = b.chains;
     for (i, op) in model.ops.iter().enumerate() {
         let want = &chains[unit_of_op[i].index()];
         // post-forward of units we leave (innermost first)
@@ -1502,7 +1499,6 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
     if let (Some(p), Some(first)) = (positions.take(), checkpointed) {
         saved_map[first].push(p);
     }
-    b.chains = chains;
     while let Some(top) = active.pop() {
         if units[top.index()].is_root() {
             for (kind, m) in masks.drain(..) {
@@ -1747,7 +1743,7 @@ fn join_split(b: &mut B, tz: &Tensors, mems: &[OpMem], grad: &mut [Option<Buffer
 fn crossing_grad(b: &mut B, mems: &[OpMem], grad: &[Option<BufferId>], i: usize, j: usize) -> bool {
     let u = b.unit_of_op[i];
     // (FSDP2's hook; FSDP1 runs its post-backward from its params' grad hooks)
-    if b.opts.layout != Layout::Fsdp2 || b.units[u.index()].is_root() || b.covering[b.unit_of_op[j].index()].contains(&u) {
+    if b.opts.layout != Layout::Fsdp2 || b.units[u.index()].is_root() || b.chains[b.unit_of_op[j].index()].contains(&u) {
         return false;
     }
     let Some(out) = mems[j].out else { return false };
@@ -1936,7 +1932,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
     // starts (so the tracker counts it as activation) and held until the engine returns
     let seed = b.loss.map(|(_, bytes)| b.alloc("loss grad seed (ones_like)".into(), Category::Activation, bytes, None));
     b.grad_made_in.clear();
-    let chains = std::mem::take(&mut b.chains);
+    let chains = b.chains;
     // grad buffer of each tensor, with the count of tensors sharing it
     let mut grad: Vec<Option<BufferId>> = vec![None; mems.len()];
     let mut grad_refs: HashMap<BufferId, u32> = HashMap::default();
@@ -2185,11 +2181,9 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
             for &(pos, j) in &tz.inputs[i] {
                 input_grad(b, tz, mems, &mut grad, &mut grad_refs, i, pos, j);
             }
-            let op_params = std::mem::take(&mut b.op_params[i]);
-            for &(k, owner) in &op_params {
+            for &(k, owner) in &b.op_params[i] {
                 param_grad(b, cx.cd, k, owner);
             }
-            b.op_params[i] = op_params;
             for s in scratch {
                 b.free(s);
             }
@@ -2244,13 +2238,11 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                     }
                     Step::ParamGrad(p) => {
                         let Some(prim) = op.params.get(p).map(|n| model.primary_of(n)) else { continue };
-                        let op_params = std::mem::take(&mut b.op_params[i]);
-                        for &(k, owner) in &op_params {
+                        for &(k, owner) in &b.op_params[i] {
                             if model.params[k].name == prim {
                                 param_grad(b, cx.cd, k, owner);
                             }
                         }
-                        b.op_params[i] = op_params;
                     }
                 }
             }
@@ -2377,7 +2369,6 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
     if let Some(s) = seed {
         b.free(s);
     }
-    b.chains = chains;
 }
 
 fn leave(b: &mut B, u: UnitId, grad_input: bool, sync: bool, done: &mut HashSet<UnitId>, deferred: &mut Vec<UnitId>, _pfo: &mut [UnitId]) {
