@@ -750,7 +750,8 @@ fn replay(plan: &Plan, hw: &Hardware, steps: usize, stop: Option<u64>) -> (Reser
     let lazy_state = |b: &BufferInfo| b.category == Category::Optstate && b.free.is_none();
     // FSDP1's unsharded flat params (see the module doc): freed when the rate limiter has
     // waited for their free
-    let deferred = |b: &BufferInfo| opts.layout == Layout::Flat && opts.device == Device::Cuda && b.category == Category::UnshardedParam && b.unit.is_some();
+    let fsdp1_gpu = opts.layout == Layout::Flat && opts.device == Device::Cuda;
+    let deferred = |b: &BufferInfo| fsdp1_gpu && b.category == Category::UnshardedParam && b.unit.is_some();
     let mut in_flight: std::collections::VecDeque<BufferId> = Default::default();
     let mut workspaces_made = false;
     let mut stopped = false;

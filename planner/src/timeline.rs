@@ -248,21 +248,19 @@ fn run_streams(ops: &[ScheduleOp], deps: &Deps, dur: &[f64], release: &[f64]) ->
 /// One schedule op's duration on `hw` and the kernels the CPU launches for it.
 fn op_cost(plan: &Plan, times: &cost::OpTimes, hw: &Hardware, op: &ScheduleOp) -> (f64, u32) {
     // (a model op's launches, forward or backward; any other op's one)
-    let kernels = match &op.kind {
-        OpKind::Recompute { cached: true, .. } => 0,
+    match &op.kind {
+        // (FSDP2 does not run a cached recompute: selective AC's kept output, the early stop)
+        OpKind::Recompute { cached: true, .. } => (0.0, 0),
         OpKind::Forward { op: name, .. } | OpKind::Recompute { op: name, .. } => {
             let t = times.get(name);
-            let d = if t.fused { 0.0 } else { t.forward.map_or(hw.op_overhead_s, |f| f + hw.forward_op_overhead_s) };
-            return (d, t.launches.0);
+            (if t.fused { 0.0 } else { t.forward.map_or(hw.op_overhead_s, |f| f + hw.forward_op_overhead_s) }, t.launches.0)
         }
         OpKind::Backward { op: name, .. } => {
             let t = times.get(name);
-            let d = if t.fused { 0.0 } else { t.backward.map_or(hw.op_overhead_s, |b| b + hw.backward_op_overhead_s) };
-            return (d, t.launches.1);
+            (if t.fused { 0.0 } else { t.backward.map_or(hw.op_overhead_s, |b| b + hw.backward_op_overhead_s) }, t.launches.1)
         }
-        _ => 1,
-    };
-    (other_duration(plan, hw, op), kernels)
+        _ => (other_duration(plan, hw, op), 1),
+    }
 }
 
 /// The duration ([`op_cost`]) of an op that runs no model op.
@@ -292,8 +290,6 @@ fn other_duration(plan: &Plan, hw: &Hardware, op: &ScheduleOp) -> f64 {
         }
         OpKind::AllReduce { unit, numel, dtype, group: group @ Group::Replicate } => coll(Coll::AllReduce, *numel, *dtype, *group) + cost::offload_copy_s(hw, plan.unit(*unit), o, false),
         OpKind::AllReduce { numel, dtype, group, .. } => coll(Coll::AllReduce, *numel, *dtype, *group),
-        // FSDP2 does not run a cached recompute (selective AC's kept output, the early stop)
-        OpKind::Recompute { cached: true, .. } => 0.0,
         // (model ops: [`op_cost`])
         OpKind::Forward { .. } | OpKind::Recompute { .. } | OpKind::Backward { .. } => 0.0,
         OpKind::CopyOut { unit } => {
