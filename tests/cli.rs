@@ -61,8 +61,8 @@ fn bad_flags_exit_2_with_a_clear_message() {
 
 #[test]
 fn syntax_error_names_file_line_col() {
-    let dir = std::env::temp_dir().join(format!("fsdp-plan-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = tempfile::Builder::new().prefix("fsdp-plan-cli-").tempdir().unwrap();
+    let dir = tmp.path();
     let bad = dir.join("bad.ron");
     std::fs::write(&bad, "(\n  name: \"x\",\n  architecture: ,\n)").unwrap();
     let (code, _, err) = run(&[bad.to_str().unwrap()]);
@@ -89,8 +89,8 @@ fn plan_json_compile_and_diff() {
     assert_eq!(v["units"].as_array().unwrap().len(), 3);
     assert_eq!(v["collectives"][0]["kind"], "all_gather");
     assert!(v["memory"]["peak_bytes"].as_u64().unwrap() > 0);
-    let dir = std::env::temp_dir().join(format!("fsdp-plan-cli2-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = tempfile::Builder::new().prefix("fsdp-plan-cli2-").tempdir().unwrap();
+    let dir = tmp.path();
     let a = dir.join("a.ron");
     let b = dir.join("b.ron");
     assert_eq!(run(&["compile", "models/tiny-llama.ron", "--world-size", "2", "-o", a.to_str().unwrap()]).0, 0);
@@ -107,18 +107,17 @@ fn plan_json_compile_and_diff() {
     assert_eq!(code, 2, "{err}");
 }
 
-fn scratch(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("fsdp-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A scratch directory, removed when the guard drops (a failing test's too).
+fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("fsdp-cli-{name}-")).tempdir().unwrap()
 }
 
 /// A compiled plan is what `compile` makes of its model and options: an edited one (a buffer
 /// id, a unit id, an offset, the world size) is refused at its line, never drawn or diffed.
 #[test]
 fn an_edited_plan_is_refused_at_its_line() {
-    let d = scratch("edited");
+    let tmp = scratch("edited");
+    let d = tmp.path();
     let plan = d.join("plan.ron");
     let (code, _, err) = run(&["compile", "models/tiny-llama.ron", "--world-size", "2", "--batch", "2", "--seq", "8", "-o", plan.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
@@ -159,7 +158,8 @@ fn an_edited_plan_is_refused_at_its_line() {
 /// planning option typed beside a compiled plan (which carries its own) is refused by name.
 #[test]
 fn json_plans_and_options_beside_a_plan() {
-    let d = scratch("jsonplan");
+    let tmp = scratch("jsonplan");
+    let d = tmp.path();
     let (j, r) = (d.join("p.json"), d.join("p.ron"));
     let args = ["models/tiny-llama.ron", "--world-size", "2", "--batch", "2", "--seq", "8"];
     let (code, _, err) = run(&[&["compile"][..], &args, &["--format", "json", "-o", j.to_str().unwrap()]].concat());
@@ -213,7 +213,8 @@ fn json_plans_and_options_beside_a_plan() {
 /// An output path that is an input would replace it: refused before anything is written.
 #[test]
 fn an_output_that_is_an_input_is_refused() {
-    let d = scratch("self");
+    let tmp = scratch("self");
+    let d = tmp.path();
     let m = d.join("m.ron");
     std::fs::copy(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny-llama.ron"), &m).unwrap();
     let before = std::fs::read(&m).unwrap();
@@ -232,7 +233,8 @@ fn an_output_that_is_an_input_is_refused() {
 /// can use, and a graph without its loss are refused by name.
 #[test]
 fn bad_model_values_are_named() {
-    let d = scratch("model");
+    let tmp = scratch("model");
+    let d = tmp.path();
     let tied = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny-llama-tied.ron")).unwrap();
     let llama = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny-llama.ron")).unwrap();
     // the loss op removed: the graph ends in lm_head
@@ -260,7 +262,8 @@ fn bad_model_values_are_named() {
 /// one of another plan, is refused.
 #[test]
 fn calibrate_refuses_a_predicted_trace() {
-    let d = scratch("calib");
+    let tmp = scratch("calib");
+    let d = tmp.path();
     let t = d.join("predicted.json");
     let (code, _, err) = run(&["trace", "models/tiny-llama.ron", "--world-size", "2", "--batch", "2", "--seq", "8", "--device", "cpu", "-o", t.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
@@ -333,8 +336,8 @@ fn diff_shows_differing_options_and_speaks_json() {
     let (code, _, err) = run(&["diff", "models/tiny-llama.ron", "--policy", "auto", "--policy", "none", "--policy", "size:1000"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("give --policy twice (got 3: auto, none, size:1000)"), "{err}");
-    let dir = std::env::temp_dir().join(format!("fsdp-plan-diff-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = tempfile::Builder::new().prefix("fsdp-plan-diff-").tempdir().unwrap();
+    let dir = tmp.path();
     let (a, b) = (dir.join("a.ron"), dir.join("b.ron"));
     assert_eq!(run(&["compile", "models/tiny-llama.ron", "--world-size", "2", "-o", a.to_str().unwrap()]).0, 0);
     assert_eq!(run(&["compile", "models/tiny-llama.ron", "--world-size", "2", "--checkpoint", "LlamaDecoderLayer", "--reshard-after-forward", "false", "-o", b.to_str().unwrap()]).0, 0);

@@ -12,11 +12,9 @@ fn run(args: &[&str]) -> (i32, String, String) {
     (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).to_string(), String::from_utf8_lossy(&o.stderr).to_string())
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("fsdp-cli-run-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A scratch directory, removed when the guard drops (a failing test's too).
+fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("fsdp-cli-run-{name}-")).tempdir().unwrap()
 }
 
 const M: &str = "models/tiny-llama.ron";
@@ -35,7 +33,8 @@ fn tokens(path: &Path, ids: &[u32]) {
 
 #[test]
 fn bad_run_options_and_data_are_refused_by_name() {
-    let d = scratch("opts");
+    let tmp = scratch("opts");
+    let d = tmp.path();
     let (bad_vocab, short, odd) = (d.join("vocab.u32"), d.join("short.u32"), d.join("odd.u32"));
     let mut ids = vec![5u32; 64];
     ids[40] = 300;
@@ -72,7 +71,8 @@ fn bad_run_options_and_data_are_refused_by_name() {
 
 #[test]
 fn a_compiled_plan_runs_alone_and_an_edited_one_is_refused() {
-    let d = scratch("plan");
+    let tmp = scratch("plan");
+    let d = tmp.path();
     let plan = d.join("plan.ron");
     let mut c = vec!["compile", M];
     c.extend(R);
@@ -89,7 +89,8 @@ fn a_compiled_plan_runs_alone_and_an_edited_one_is_refused() {
 
 #[test]
 fn checkpoints_and_outputs_of_the_user_are_kept() {
-    let d = scratch("ckpt");
+    let tmp = scratch("ckpt");
+    let d = tmp.path();
     let ck = d.join("ck");
     let cks = ck.to_str().unwrap();
     // a file named like the old temp name is the user's, and stays
@@ -128,7 +129,7 @@ fn checkpoints_and_outputs_of_the_user_are_kept() {
     l.extend(&with(&["--steps", "3", "--resume", cks, "--timeout-s", "60"])[1..]);
     let (code, _, err) = run(&l);
     assert!(code == 2 && err.contains("[rank 1] error: ") && err.contains("rank-1.safetensors: not a safetensors file") && err.contains("launch: rank 1 exited with code 2"), "{err}");
-    let leftovers: Vec<String> = std::fs::read_dir(&d).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.contains(".tmp") && n != "m.tmp").collect();
+    let leftovers: Vec<String> = std::fs::read_dir(d).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.contains(".tmp") && n != "m.tmp").collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
 
@@ -176,7 +177,8 @@ fn launch_across_nodes_numbers_ranks_as_torchrun() {
 /// and resuming with other options is told.
 #[test]
 fn the_trainer_reads_nanogpt_bins_schedules_and_reports() {
-    let d = scratch("trainer");
+    let tmp = scratch("trainer");
+    let d = tmp.path();
     // 3 steps of 2 ranks × 2 × 8 tokens (tiny-llama's vocabulary is 256)
     let bin = d.join("train.bin");
     std::fs::write(&bin, (0..96u16).map(|i| (i * 7 + 3) % 256).flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
@@ -239,7 +241,8 @@ fn the_trainer_reads_nanogpt_bins_schedules_and_reports() {
 /// no gradients) is the training loss of step k + 1 (the sharded executor's forward).
 #[test]
 fn eval_loss_is_the_loss_of_the_model_as_it_stands() {
-    let d = scratch("eval");
+    let tmp = scratch("eval");
+    let d = tmp.path();
     let one = d.join("one.u32");
     std::fs::write(&one, (0..32u32).map(|i| (i * 11 + 5) % 256).flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
     let o = one.to_str().unwrap();
@@ -259,7 +262,8 @@ fn eval_loss_is_the_loss_of_the_model_as_it_stands() {
 /// tokenizer larger than the model's vocabulary is refused.
 #[test]
 fn text_is_tokenized_as_hf_tokenizers_does_and_cached() {
-    let d = scratch("tok");
+    let tmp = scratch("tok");
+    let d = tmp.path();
     let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer");
     let text = d.join("sample.txt");
     std::fs::copy(fx.join("sample.txt"), &text).unwrap();
@@ -275,7 +279,7 @@ fn text_is_tokenized_as_hf_tokenizers_does_and_cached() {
     let a = args(&[]);
     let (code, _, err) = run(&a.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(code == 0 && err.contains("data: tokenized") && err.contains("(2190 tokens)"), "{err}");
-    let cache: Vec<PathBuf> = std::fs::read_dir(&d).unwrap().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "bin")).collect();
+    let cache: Vec<PathBuf> = std::fs::read_dir(d).unwrap().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "bin")).collect();
     assert_eq!(cache.len(), 1);
     let ids: Vec<u64> = std::fs::read(&cache[0]).unwrap().chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]) as u64).collect();
     let want: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fx.join("sample.ids.json")).unwrap()).unwrap();

@@ -5,7 +5,7 @@
 #![cfg(feature = "runtime")]
 
 use fsdp_runtime::tch;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 fn root() -> &'static Path {
@@ -17,11 +17,9 @@ fn run(args: &[&str]) -> (i32, String, String) {
     (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).to_string(), String::from_utf8_lossy(&o.stderr).to_string())
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("fsdp-hf-export-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A scratch directory, removed when the guard drops (a failing test's too).
+fn scratch(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("fsdp-hf-export-{name}-")).tempdir().unwrap()
 }
 
 const HF_SIDE: &str = r#"
@@ -44,7 +42,8 @@ fn an_exported_model_loads_in_transformers_with_the_runtimes_logits() {
     let py = root().join(".venv/bin/python");
     assert!(py.exists(), "the project venv (bash scripts/setup-venv.sh) is needed: {}", py.display());
     for model in ["tiny-llama", "tiny-gpt2"] {
-        let d = scratch(model);
+        let tmp = scratch(model);
+        let d = tmp.path();
         let ck = d.join("ck");
         let mfile = format!("models/{model}.ron");
         let (code, _, err) = run(&["run", &mfile, "--world-size", "2", "--batch", "2", "--seq", "8", "--steps", "2", "--lr", "1e-2", "--save", ck.to_str().unwrap()]);

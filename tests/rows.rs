@@ -94,8 +94,9 @@ fn compile_models_the_memory_of_measured_blocks_only() {
 #[test]
 fn fit_writes_a_loadable_profile_and_refuses_what_it_cannot_fit() {
     let bin = env!("CARGO_BIN_EXE_fsdp-plan");
-    let dir = std::env::temp_dir().join(format!("fsdp-plan-rows-fit-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // removed when the guard drops (a failing assertion's too)
+    let tmp = tempfile::Builder::new().prefix("fsdp-plan-rows-fit-").tempdir().unwrap();
+    let dir = tmp.path();
     let out = dir.join("fit.ron");
     let run = |args: &[&str]| Command::new(bin).current_dir(env!("CARGO_MANIFEST_DIR")).args(args).output().unwrap();
     let o = run(&["rows", "bench/data/published-rows.json", "--fit", out.to_str().unwrap(), "--holdout", "tt-h100-l31-8b-w128-fsdp"]);
@@ -115,5 +116,4 @@ fn fit_writes_a_loadable_profile_and_refuses_what_it_cannot_fit() {
     let o = run(&["rows", "bench/data/published-rows.json", "--fit", out.to_str().unwrap(), "--holdout", "no-such-row"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("no row `no-such-row`"));
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -3,7 +3,7 @@
 //! `diff`'s time rows, `trace`, `plot` and `sweep`.
 
 use fsdp_planner::hardware::Hardware;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 fn root() -> &'static Path {
@@ -23,10 +23,9 @@ fn run_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
     )
 }
 
-fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("fsdp-plan-time-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A scratch directory, removed when the guard drops (a failing test's too).
+fn tmp(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("fsdp-plan-time-{tag}-")).tempdir().unwrap()
 }
 
 #[test]
@@ -45,7 +44,8 @@ fn shipped_hardware_profiles_parse() {
 
 #[test]
 fn bad_hardware_is_a_clear_error() {
-    let d = tmp("hw");
+    let tmp = tmp("hw");
+    let d = tmp.path();
     let bad = d.join("bad.ron");
     std::fs::write(&bad, "(\n  name: \"x\",\n  peak_flops: (bf16: 1e12, fp16: 1e12, tf32: 1e12, fp32: ),\n)").unwrap();
     let (code, _, err) = run(&["models/tiny-llama.ron", "--seq", "32", "--hardware", bad.to_str().unwrap()]);
@@ -88,9 +88,10 @@ fn plan_shows_the_time_and_names_resolve_from_anywhere() {
     assert!(out.contains("predicted step time on h100-sxm") && out.contains("tokens/s/GPU") && out.contains("MFU"), "{out}");
     assert!(out.contains("exposed comm"), "{out}");
     // a unique prefix names a profile; the repo's models/hardware is found from another dir
-    let elsewhere = tmp("cwd");
+    let tmp = tmp("cwd");
+    let elsewhere = tmp.path();
     let model = root().join("models/tiny-llama.ron");
-    let (code, out, err) = run_in(&elsewhere, &[model.to_str().unwrap(), "--world-size", "2", "--seq", "32", "--hardware", "a100-8"]);
+    let (code, out, err) = run_in(elsewhere, &[model.to_str().unwrap(), "--world-size", "2", "--seq", "32", "--hardware", "a100-8"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("predicted step time on a100-80gb"), "{out}");
     let (code, out, err) = run(&["models/tiny-llama.ron", "--world-size", "2", "--seq", "32", "--format", "json", "--hardware", "cpu"]);
@@ -113,7 +114,8 @@ fn diff_has_time_rows() {
         assert!(out.contains(row), "{row}: {out}");
     }
     // compiled plans: the model is found in models/ by name and checked by hash
-    let d = tmp("diff");
+    let tmp = tmp("diff");
+    let d = tmp.path();
     let (a, b) = (d.join("a.ron"), d.join("b.ron"));
     assert_eq!(run(&["compile", "models/tiny-llama.ron", "--seq", "32", "--world-size", "2", "-o", a.to_str().unwrap()]).0, 0);
     assert_eq!(run(&["compile", "models/tiny-llama.ron", "--seq", "32", "--world-size", "4", "-o", b.to_str().unwrap()]).0, 0);
@@ -128,7 +130,8 @@ fn diff_has_time_rows() {
 
 #[test]
 fn trace_and_plot_write_files_atomically() {
-    let d = tmp("view");
+    let tmp = tmp("view");
+    let d = tmp.path();
     let trace = d.join("trace.json");
     let (code, _, err) = run(&["trace", "models/tiny-llama.ron", "--world-size", "2", "--seq", "32", "-o", trace.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
@@ -144,7 +147,7 @@ fn trace_and_plot_write_files_atomically() {
     let text = std::fs::read_to_string(&svg).unwrap();
     assert!(text.starts_with("<svg") && text.trim_end().ends_with("</svg>"));
     // no temp files left behind
-    let left: Vec<_> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).filter(|n| n.contains(".tmp")).collect();
+    let left: Vec<_> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).filter(|n| n.contains(".tmp")).collect();
     assert!(left.is_empty(), "{left:?}");
     // an error writes nothing
     let bad = d.join("never.json");

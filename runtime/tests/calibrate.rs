@@ -24,7 +24,9 @@ fn measure(name: &str, batch: u64, seq: u64) -> (fsdp_ir::Model, fsdp_planner::P
     let cfg = format!("models/{name}.config.json");
     let m = fsdp_ir::hf::import_hf(&std::fs::read_to_string(root().join(&cfg)).unwrap(), &cfg, name).unwrap();
     let plan = fsdp_planner::plan(&m, &Options { world_size: 2, batch, seq, device: Device::Cpu, ..Options::default() }).unwrap();
-    let path = std::env::temp_dir().join(format!("fsdp-cal-{name}-{}.json", std::process::id()));
+    // the trace's directory is removed when `tmp` drops (a failing run's too)
+    let tmp = tempfile::Builder::new().prefix(&format!("fsdp-cal-{name}-")).tempdir().unwrap();
+    let path = tmp.path().join("trace.json");
     let mut runs: Vec<Vec<f64>> = vec![];
     for _ in 0..RUNS {
         run_cpu(&plan, &m, &RunConfig { trace: Some(path.clone()), ..RunConfig::new(4) }, |_| {}).unwrap();

@@ -20,11 +20,9 @@ fn setup(ws: u64) -> (fsdp_ir::Model, fsdp_planner::Plan) {
     (m, plan)
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("fsdp-ckpt-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A scratch directory, removed when the guard drops (a failing test's too).
+fn tmp(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("fsdp-ckpt-{name}-")).tempdir().unwrap()
 }
 
 fn losses(plan: &fsdp_planner::Plan, m: &fsdp_ir::Model, cfg: &RunConfig) -> Vec<(usize, f64)> {
@@ -37,18 +35,19 @@ fn resume_is_bit_identical_and_kill_loses_nothing() {
     let full = losses(&plan, &m, &RunConfig::new(6));
     assert_eq!(full.len(), 6);
     // killed after step 5, checkpoints every 2 steps: the last complete checkpoint is step 4
-    let dir = tmp("kill");
-    let killed = RunConfig { save: Some(dir.clone()), save_every: 2, stop_after: Some(5), ..RunConfig::new(6) };
+    let tmp = tmp("kill");
+    let dir = tmp.path();
+    let killed = RunConfig { save: Some(dir.to_path_buf()), save_every: 2, stop_after: Some(5), ..RunConfig::new(6) };
     let first = losses(&plan, &m, &killed);
     assert_eq!(first, full[..5].to_vec());
     assert_eq!(std::fs::read_to_string(dir.join("latest")).unwrap().trim(), "step-00000004");
     assert!(!dir.join(".tmp-step-00000005").exists());
-    let resumed = losses(&plan, &m, &RunConfig { resume: Some(dir.clone()), ..RunConfig::new(6) });
+    let resumed = losses(&plan, &m, &RunConfig { resume: Some(dir.to_path_buf()), ..RunConfig::new(6) });
     assert_eq!(resumed, full[4..].to_vec(), "losses after resume must equal the uninterrupted run bit for bit");
 
     // consolidate: full HF-named params, loadable as initial weights
     let out = dir.join("model.safetensors");
-    let n = fsdp_runtime::checkpoint::consolidate(&fsdp_runtime::checkpoint::latest(&dir).unwrap(), &out).unwrap();
+    let n = fsdp_runtime::checkpoint::consolidate(&fsdp_runtime::checkpoint::latest(dir).unwrap(), &out).unwrap();
     assert_eq!(n, m.primary_params().count());
     let p = fsdp_runtime::reference::Params::from_safetensors(&m, &out).unwrap();
     assert_eq!(p.tensors.len(), n);
@@ -62,7 +61,8 @@ fn sgd_resume_is_bit_identical() {
     let opts = Options { world_size: 3, batch: 2, seq: 8, device: Device::Cpu, optimizer: fsdp_planner::Optimizer::Sgd, ..Options::default() };
     let plan = fsdp_planner::plan(&m, &opts).unwrap();
     // the same batch every step (one window, four times): SGD must lower its loss
-    let dir = tmp("sgd");
+    let tmp = tmp("sgd");
+    let dir = tmp.path();
     let window: Vec<u32> = (0..48u32).map(|i| (i * 37 + 11) % 256).collect();
     let data = dir.join("same.u32");
     std::fs::write(&data, window.iter().cycle().take(4 * 48).flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
@@ -77,18 +77,19 @@ fn sgd_resume_is_bit_identical() {
 #[test]
 fn other_plan_and_corruption_are_refused() {
     let (m, plan) = setup(2);
-    let dir = tmp("refuse");
-    losses(&plan, &m, &RunConfig { save: Some(dir.clone()), ..RunConfig::new(2) });
+    let tmp = tmp("refuse");
+    let dir = tmp.path();
+    losses(&plan, &m, &RunConfig { save: Some(dir.to_path_buf()), ..RunConfig::new(2) });
     // another model: nothing to reshard from
     let cfg = "models/tiny-llama-gqa.config.json";
     let mg = fsdp_ir::hf::import_hf(&std::fs::read_to_string(root().join(cfg)).unwrap(), cfg, "tiny-llama-gqa").unwrap();
     let pg = fsdp_planner::plan(&mg, &Options { world_size: 2, batch: 2, seq: 8, device: Device::Cpu, ..Options::default() }).unwrap();
-    let e = run_cpu(&pg, &mg, &RunConfig { resume: Some(dir.clone()), ..RunConfig::new(3) }, |_| {}).unwrap_err().to_string();
+    let e = run_cpu(&pg, &mg, &RunConfig { resume: Some(dir.to_path_buf()), ..RunConfig::new(3) }, |_| {}).unwrap_err().to_string();
     assert!(e.contains("saved for another model"), "{e}");
     // a corrupted shard file
-    let st = fsdp_runtime::checkpoint::latest(&dir).unwrap().join("rank-1.safetensors");
+    let st = fsdp_runtime::checkpoint::latest(dir).unwrap().join("rank-1.safetensors");
     std::fs::write(&st, b"garbage").unwrap();
-    let e = run_cpu(&plan, &m, &RunConfig { resume: Some(dir.clone()), ..RunConfig::new(3) }, |_| {}).unwrap_err().to_string();
+    let e = run_cpu(&plan, &m, &RunConfig { resume: Some(dir.to_path_buf()), ..RunConfig::new(3) }, |_| {}).unwrap_err().to_string();
     assert!(e.contains("rank-1.safetensors: not a safetensors file: 7 bytes, shorter than the 8-byte header length"), "{e}");
 }
 
@@ -102,9 +103,10 @@ fn resume_at_another_world_size_reshards() {
     let opts4 = Options { world_size: 4, batch: 1, seq: 8, device: Device::Cpu, ..Options::default() };
     let plan4 = fsdp_planner::plan(&m, &opts4).unwrap();
     let full = losses(&plan2, &m, &RunConfig::new(5));
-    let dir = tmp("reshard");
-    losses(&plan2, &m, &RunConfig { save: Some(dir.clone()), ..RunConfig::new(3) });
-    let reps = run_cpu(&plan4, &m, &RunConfig { resume: Some(dir.clone()), ..RunConfig::new(5) }, |_| {}).unwrap();
+    let tmp = tmp("reshard");
+    let dir = tmp.path();
+    losses(&plan2, &m, &RunConfig { save: Some(dir.to_path_buf()), ..RunConfig::new(3) });
+    let reps = run_cpu(&plan4, &m, &RunConfig { resume: Some(dir.to_path_buf()), ..RunConfig::new(5) }, |_| {}).unwrap();
     assert!(reps[0].notes.iter().any(|n| n.contains("saved by world size 2") && n.contains("resharded on load")), "{:?}", reps[0].notes);
     for (r, (step, want)) in reps.iter().zip(&full[3..]) {
         assert_eq!(r.step, *step);
@@ -117,14 +119,15 @@ fn resume_at_another_world_size_reshards() {
 #[test]
 fn a_rank_of_another_step_is_refused() {
     let (m, plan) = setup(2);
-    let dir = tmp("mixed");
-    losses(&plan, &m, &RunConfig { save: Some(dir.clone()), save_every: 1, ..RunConfig::new(2) });
+    let tmp = tmp("mixed");
+    let dir = tmp.path();
+    losses(&plan, &m, &RunConfig { save: Some(dir.to_path_buf()), save_every: 1, ..RunConfig::new(2) });
     let (s1, s2) = (dir.join("step-00000001"), dir.join("step-00000002"));
     assert!(fsdp_runtime::checkpoint::consolidate(&s2, &dir.join("ok.safetensors")).is_ok());
     for f in ["rank-1.json", "rank-1.safetensors"] {
         std::fs::copy(s1.join(f), s2.join(f)).unwrap();
     }
-    let e = run_cpu(&plan, &m, &RunConfig { resume: Some(dir.clone()), ..RunConfig::new(3) }, |_| {}).unwrap_err().to_string();
+    let e = run_cpu(&plan, &m, &RunConfig { resume: Some(dir.to_path_buf()), ..RunConfig::new(3) }, |_| {}).unwrap_err().to_string();
     assert!(e.contains("rank-1.json: saved after step 1, but it is in the directory of step 2"), "{e}");
     let out = dir.join("model.safetensors");
     let e = fsdp_runtime::checkpoint::consolidate(&s2, &out).unwrap_err().to_string();
@@ -144,7 +147,8 @@ fn a_rank_of_another_step_is_refused() {
 fn weights_files_are_checked_by_name() {
     use fsdp_runtime::reference::Params;
     use tch::{Kind, Tensor};
-    let d = tmp("weights");
+    let tmp = tmp("weights");
+    let d = tmp.path();
     let tied = fsdp_ir::parse_model(&std::fs::read_to_string(root().join("models/tiny-llama-tied.ron")).unwrap(), "tied").unwrap();
     let src = root().join("tests/fixtures/runtime/tiny-llama-tied/weights.safetensors");
     let base: Vec<(String, Tensor)> = Tensor::read_safetensors(&src).unwrap();

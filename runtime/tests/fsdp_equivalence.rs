@@ -403,7 +403,9 @@ fn run_cpu_equals_single_device() {
         ("tiny-llama", Options { optimizer: Optimizer::Sgd, ..opts(3, Layout::Flat, Policy::Auto) }),
         ("tiny-llama", Options { strategy: Strategy::HybridShard { shard_size: 2 }, ..opts(4, Layout::Fsdp2, Policy::Auto) }),
     ];
-    let tmp = std::env::temp_dir().join(format!("fsdp-run-eq-{}", std::process::id()));
+    // removed when the guard drops (a failing case's too)
+    let tmp_dir = tempfile::Builder::new().prefix("fsdp-run-eq-").tempdir().unwrap();
+    let tmp = tmp_dir.path();
     let mut report = String::new();
     for (ci, (name, o)) in cases.into_iter().enumerate() {
         let m = model(name);
@@ -452,7 +454,6 @@ fn run_cpu_equals_single_device() {
         assert!(moved > 1e-4, "{label}: training did not change the weights");
         report += &format!("{label:<50} loss {:.6} → {:.6}  worst loss rel {worst_l:.1e}  worst param rel {worst_p:.1e}\n", want_l[0], want_l[RUN_STEPS - 1]);
     }
-    let _ = std::fs::remove_dir_all(&tmp);
     eprintln!("{report}");
 }
 

@@ -110,15 +110,15 @@ fn plan_optimizer(kind: &str, h: &Value) -> (fsdp_planner::Optimizer, f64) {
 
 /// torch.optim's three steps for every fixture, computed now by `harness/optim_parity.py`
 /// with the `.venv` libtorch this runtime links (same CPU capability, same MKL branch: the
-/// environment is inherited), into a fresh directory: `<dir>/<name>/optim.<cap>.json`.
-fn torch_optim_now() -> PathBuf {
-    let out = std::env::temp_dir().join(format!("fsdp-plan-optim-parity-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
+/// environment is inherited), into a fresh directory: `<dir>/<name>/optim.<cap>.json` (removed
+/// when the returned guard drops).
+fn torch_optim_now() -> tempfile::TempDir {
+    let out = tempfile::Builder::new().prefix("fsdp-plan-optim-parity-").tempdir().unwrap();
     let python = root().join(".venv/bin/python");
     let run = std::process::Command::new(&python)
         .arg(root().join("harness/optim_parity.py"))
         .arg("--out")
-        .arg(&out)
+        .arg(out.path())
         .env("HF_HUB_OFFLINE", "1")
         .env("TRANSFORMERS_OFFLINE", "1")
         .output()
@@ -140,7 +140,8 @@ fn optimizers_over_three_steps_equal_torch() {
     tch::set_num_threads(1);
     let names = fixture_dirs();
     let cap = fsdp_runtime::shim::cpu_capability();
-    let torch = torch_optim_now();
+    let torch_out = torch_optim_now();
+    let torch = torch_out.path();
     let mut report = String::new();
     let mut finals_checked = 0;
     for d in names {
@@ -212,7 +213,6 @@ fn optimizers_over_three_steps_equal_torch() {
             report += &format!("{:<24} {kind:<5} losses {:.6}..{:.6} worst rel {worst_loss:.1e}  update norm rel {worst_norm:.1e}  sum {worst_sum:.1e}\n", d.file_name().unwrap_or_default().to_string_lossy(), losses[0], losses[steps]);
         }
     }
-    let _ = std::fs::remove_dir_all(&torch);
     assert!(finals_checked > 0, "no optim_final.safetensors checked");
     eprintln!("CPU capability {cap}\n{report}final parameters checked: {finals_checked}");
 }

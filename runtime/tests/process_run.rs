@@ -137,11 +137,9 @@ fn thread_losses(case: &str, cfg: &RunConfig) -> Vec<(usize, u64)> {
     run_cpu(&plan, &m, cfg, |_| {}).unwrap().into_iter().map(|r| (r.step, r.loss.to_bits())).collect()
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("fsdp-procs-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A scratch directory, removed when the guard drops (a failing test's too).
+fn tmp(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new().prefix(&format!("fsdp-procs-{name}-")).tempdir().unwrap()
 }
 
 #[test]
@@ -163,7 +161,8 @@ fn processes_train_exactly_like_rank_threads() {
 fn a_rank_that_dies_ends_the_job_and_its_checkpoint_resumes_exactly() {
     let case = "ws2";
     let full = thread_losses(case, &config());
-    let dir = tmp("die");
+    let tmp = tmp("die");
+    let dir = tmp.path();
     let extra = [("FSDP_TEST_SAVE", dir.display().to_string()), ("FSDP_TEST_SAVE_EVERY", "1".into()), ("FSDP_TEST_EXIT_AFTER", "1:2".into())];
     let outs = wait_all(start(case, 2, &extra), Duration::from_secs(120));
     let (r0, t0) = &outs[0];
@@ -178,7 +177,7 @@ fn a_rank_that_dies_ends_the_job_and_its_checkpoint_resumes_exactly() {
     eprintln!("rank 1 aborted after step 2; rank 0 ended after {t0:.1} s with: {err}");
     // the last committed checkpoint is step 2's, and resuming from it continues exactly
     assert_eq!(std::fs::read_to_string(dir.join("latest")).unwrap().trim(), "step-00000002");
-    let resumed = thread_losses(case, &RunConfig { resume: Some(dir.clone()), ..config() });
+    let resumed = thread_losses(case, &RunConfig { resume: Some(dir.to_path_buf()), ..config() });
     assert_eq!(resumed, full[2..].to_vec(), "resume after the crash must continue the uninterrupted run bit for bit");
 }
 

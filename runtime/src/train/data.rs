@@ -230,10 +230,13 @@ impl Data {
 mod tests {
     use super::*;
 
-    fn file(name: &str, bytes: &[u8]) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("fsdp-data-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        let p = d.join(name);
+    /// A scratch directory, removed when the guard drops (a failing test's too).
+    fn scratch(prefix: &str) -> tempfile::TempDir {
+        tempfile::Builder::new().prefix(prefix).tempdir().unwrap()
+    }
+
+    fn file(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+        let p = dir.join(name);
         std::fs::write(&p, bytes).unwrap();
         p
     }
@@ -245,7 +248,8 @@ mod tests {
     #[test]
     fn a_file_of_exactly_n_steps_is_each_window_once_in_order_then_again() {
         let ids: Vec<u16> = (0..24).collect();
-        let p = file("six.bin", &ids.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>());
+        let tmp = scratch("fsdp-data-");
+        let p = file(tmp.path(), "six.bin", &ids.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>());
         let d = data(&p, Format::Auto, 4, 100);
         assert_eq!(d.windows(), Some(6));
         for step in 0..6u64 {
@@ -261,7 +265,8 @@ mod tests {
     #[test]
     fn npy_and_raw_formats_read_the_same_ids() {
         let ids: Vec<u32> = vec![7, 1, 65535, 3];
-        let raw = file("ids.u32", &ids.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>());
+        let tmp = scratch("fsdp-data-");
+        let raw = file(tmp.path(), "ids.u32", &ids.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>());
         let mut npy = b"\x93NUMPY\x01\x00".to_vec();
         let mut header = "{'descr': '<i8', 'fortran_order': False, 'shape': (4,), }".to_string();
         while !(10 + header.len() + 1).is_multiple_of(64) {
@@ -271,21 +276,21 @@ mod tests {
         npy.extend((header.len() as u16).to_le_bytes());
         npy.extend(header.as_bytes());
         npy.extend(ids.iter().flat_map(|&t| (t as i64).to_le_bytes()));
-        let npy = file("ids.npy", &npy);
+        let npy = file(tmp.path(), "ids.npy", &npy);
         let want: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
         assert_eq!(data(&raw, Format::Auto, 4, 1 << 20).read(0, 0, 4).unwrap(), want);
         assert_eq!(data(&npy, Format::Auto, 4, 1 << 20).read(0, 0, 4).unwrap(), want);
         // a uint32 id past the vocabulary is named by index and byte, with the likely cause
         let e = data(&raw, Format::Auto, 4, 1000).read(0, 0, 4).unwrap_err().to_string();
         assert!(e.contains("token 65535 at index 2 (byte 8) is not below the model's vocabulary size 1000"), "{e}");
-        let e = TokenFile::open(&file("odd.bin", b"abc"), Format::Auto).err().unwrap().to_string();
+        let e = TokenFile::open(&file(tmp.path(), "odd.bin", b"abc"), Format::Auto).err().unwrap().to_string();
         assert!(e.contains("3 bytes: not a whole number of uint16 token ids"), "{e}");
         let h = b"{'descr': '<f4', 'shape': (2,)}";
         let mut f4 = b"\x93NUMPY\x01\x00".to_vec();
         f4.extend((h.len() as u16).to_le_bytes());
         f4.extend(h);
         f4.extend([0u8; 8]);
-        let e = TokenFile::open(&file("two.npy", &f4), Format::Auto).err().unwrap().to_string();
+        let e = TokenFile::open(&file(tmp.path(), "two.npy", &f4), Format::Auto).err().unwrap().to_string();
         assert!(e.contains(".npy dtype `<f4`"), "{e}");
     }
 
@@ -293,9 +298,8 @@ mod tests {
     /// rest — the pipeline's memory is one step's ids whatever the file's size.
     #[test]
     fn a_file_larger_than_memory_budgets_is_read_a_window_at_a_time() {
-        let d = std::env::temp_dir().join(format!("fsdp-data-big-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        let p = d.join("huge.bin");
+        let tmp = scratch("fsdp-data-big-");
+        let p = tmp.path().join("huge.bin");
         let f = std::fs::File::create(&p).unwrap();
         let ids: u64 = 3 << 30; // 3 Gi uint16 ids = 6 GiB, all zero (a hole) …
         f.set_len(ids * 2).unwrap();
@@ -312,7 +316,6 @@ mod tests {
         assert_eq!(got, (0..per_step as i64).map(|t| t % 100).collect::<Vec<_>>());
         assert_eq!(data.read(0, 0, 4).unwrap(), vec![0; 4]);
         assert!(t0.elapsed().as_secs_f64() < 5.0, "took {:?}: read more than its windows?", t0.elapsed());
-        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]
