@@ -10,8 +10,9 @@ DEFAULTS = {
     "root_reshard_after_forward": None,  # None = FSDP2 default (root switched to False at lazy init)
     # Options below are recorded in the fixture's "options" only when they differ from these
     # defaults, so fixtures of cases that do not use them keep their exact bytes.
-    "forward_prefetch": 0,            # n: layers[i].set_modules_to_forward_prefetch(layers[i+1..=i+n])
-    "backward_prefetch": None,        # n: layers[i].set_modules_to_backward_prefetch(layers[i-1..=i-n])
+    "forward_prefetch": 0,            # n: units[i].set_modules_to_forward_prefetch(units[i+1..=i+n])
+    "backward_prefetch": None,        # n: units[i].set_modules_to_backward_prefetch(units[i-1..=i-n])
+                                      # (units: the non-root FSDP units in forward order)
     "grad_accum": 1,                  # micro-batches per step; grad sync only on the last
     "strategy": "full-shard",         # or "hybrid-shard": 2-D mesh (replicate, shard)
     "shard_group_size": None,         # hybrid-shard: size of the shard mesh dim
@@ -76,6 +77,19 @@ BASE_CASES = {
                               "param_dtype": "bfloat16", "reduce_dtype": "float32"},
     "llama_group2_ac_ws2": {"model": "tiny-llama-4l", "world_size": 2, "unit_group": 2,
                             "checkpoint": ["LlamaDecoderLayer"]},
+    # unit groups with explicit prefetch (between the groups), with the embeddings and the
+    # head as units of their own, and explicit prefetch through those edge units (torchtitan's
+    # chain: tok_embeddings -> block 0 -> ... -> output and back), what tune combines
+    # (`last`: the last unit in forward order, the last group / the head, kept after forward)
+    "llama_group2_prefetch_ws2": {"model": "tiny-llama-4l", "world_size": 2, "unit_group": 2,
+                                  "forward_prefetch": 1, "backward_prefetch": 2,
+                                  "unit_reshard": {"last": False}},
+    "llama_group2_edges_ws2": {"model": "tiny-llama-4l", "world_size": 2, "unit_group": 2,
+                               "wrap": "modules:model.embed_tokens,model.layers.*,lm_head",
+                               "unit_reshard": {"last": False}},
+    "llama_edges_prefetch_ws2": {"model": "tiny-llama-4l", "world_size": 2,
+                                 "wrap": "modules:model.embed_tokens,model.layers.*,lm_head",
+                                 "forward_prefetch": 1, "backward_prefetch": 2},
     # torchao float8 (tensorwise) linears: bf16 params, weights all-gathered in float8 (uint8
     # buffers holding float8 weights and the norms' bf16 bytes), and f32 params gathered as is
     "llama_f8ag_bf16_ws2": {"model": "tiny-llama", "world_size": 2, "param_dtype": "bfloat16",
@@ -627,6 +641,14 @@ FAKE_CASES.update({
     "llama31_8b_group2_bf16_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 1, "seq": 4096,
                                    "param_dtype": "bfloat16", "reduce_dtype": "float32",
                                    "unit_group": 2, "optimizer": "adamw"},
+    # ... with the embeddings and the head as units of their own and explicit prefetch (forward
+    # 1, backward 2) through them: the combination tune searches
+    "llama31_8b_group2_edges_prefetch_bf16_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 1,
+                                                  "seq": 4096, "param_dtype": "bfloat16",
+                                                  "reduce_dtype": "float32", "unit_group": 2,
+                                                  "wrap": "modules:model.embed_tokens,model.layers.*,lm_head",
+                                                  "forward_prefetch": 1, "backward_prefetch": 2,
+                                                  "optimizer": "adamw"},
     # torchtitan's Llama-3.1-8B wrapping at its published shape: last block kept, fp32 masters,
     # every other block checkpointed (selective layer AC)
     "llama31_8b_tt_last_raf_false_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 1,

@@ -569,15 +569,16 @@ def wrap_policy(model, case):
     return case["wrap"] or "transformer:" + ",".join(model._no_split_modules)
 
 
-def unit_reshard(case, targets):
-    """reshard_after_forward of each wrapped module: the case's default, over which
-    `unit_reshard` names modules by path, or `last` for the last one in forward order."""
-    out = {path: case["reshard_after_forward"] for path, _ in targets}
-    forward = sorted(out, key=lambda p: [int(x) if x.isdigit() else x for x in p.split(".")])
+def unit_reshard(case, units):
+    """reshard_after_forward of each unit (its modules' (path, module) list, units in forward
+    order): the case's default, over which `unit_reshard` names a unit by the path of one of
+    its modules, or `last` for the last one (the planner's `--unit-reshard`)."""
+    out = [case["reshard_after_forward"] for _ in units]
     for name, value in (case.get("unit_reshard") or {}).items():
-        path = forward[-1] if name == "last" else name
-        assert path in out, (name, list(out))
-        out[path] = value
+        at = [i for i, unit in enumerate(units) if name == "last" and i == len(units) - 1
+              or any(path == name for path, _ in unit)]
+        assert at, (name, [unit[0][0] for unit in units])
+        out[at[0]] = value
     return out
 
 
@@ -649,7 +650,7 @@ def module_pattern(name):
 def shard_model(model, case, mesh, cfg):
     """fully_shard on the case's modules (`wrap`; default every instance of
     model._no_split_modules, the decoder layers), children before parents, the case's explicit
-    prefetch between the decoder layers, then on the root; returns the wrap as the planner's
+    prefetch between the units in forward order, then on the root; returns the wrap as the planner's
     --policy."""
     kw = {"mesh": mesh}
     if case.get("offload"):
@@ -673,32 +674,48 @@ def shard_model(model, case, mesh, cfg):
     assert targets and all(any(p.fullmatch(path) for path, _ in targets) for p in patterns), (policy, targets)
     # (fully_shard changes a module's class to FSDP<Class>: the decoder layers are found first)
     layers = [mod for _, mod in targets if type(mod).__name__ in model._no_split_modules]
-    raf = unit_reshard(case, targets)
     k = case.get("unit_group", 1)
-    if k == 1:
-        for path, mod in targets:
-            fully_shard(mod, reshard_after_forward=raf[path], **kw)
-    else:
-        # unit groups: fully_shard([block_i, …, block_i+k-1]), one FSDP unit over k
-        # consecutive blocks (forward order), as the planner's --unit-group k
-        assert kind == "transformer" and not case["forward_prefetch"] and not case["backward_prefetch"], case
-        for i in range(0, len(targets), k):
-            chunk = targets[i:i + k]
-            fully_shard([mod for _, mod in chunk], reshard_after_forward=raf[chunk[0][0]], **kw)
+    # the FSDP units, each the modules of one fully_shard call: with unit groups, runs of
+    # consecutive sibling modules of one class (model.layers.0, model.layers.1, …) cut into
+    # groups of k in forward order (a shorter last group), every other target alone — the
+    # planner's `wrap::group`
+    def numbered(path):
+        pre, _, n = path.rpartition(".")
+        return (pre, int(n)) if pre and n.isdigit() else None
+    units = []
+    for path, mod in targets:
+        prev = units[-1][-1] if units else None
+        run = prev is not None and numbered(path) is not None and numbered(prev[0]) is not None \
+            and numbered(path) == (numbered(prev[0])[0], numbered(prev[0])[1] + 1) and type(mod) is type(prev[1])
+        if k > 1 and run and len(units[-1]) < k:
+            units[-1].append((path, mod))
+        else:
+            units.append([(path, mod)])
+    # the units in forward order (module registration pre-order, the forward's for these models)
+    order = {name: i for i, (name, _) in enumerate(model.named_modules())}
+    forward = sorted(units, key=lambda unit: order[unit[0][0]])
+    raf = dict(zip((id(unit) for unit in forward), unit_reshard(case, forward)))
+    for unit in units:
+        # (a list, as FSDP2's `fully_shard([block_i, …, block_i+k-1])`, when grouping)
+        fully_shard([mod for _, mod in unit] if k > 1 else unit[0][1], reshard_after_forward=raf[id(unit)], **kw)
     if case["wrap"] is None:
         assert len(layers) == cfg.num_hidden_layers, (len(layers), policy)
+    # explicit prefetch as torchtitan chains it (tok_embeddings -> block 0 -> … -> the output
+    # head, and back): between the units in forward order, each through its first module (a
+    # group's modules share one FSDP state, whose prefetch list is the group's)
+    leaders = [unit[0][1] for unit in forward]
     if case["forward_prefetch"]:
         n = case["forward_prefetch"]
-        for i, layer in enumerate(layers):
-            targets = layers[i + 1:i + 1 + n]
-            if targets:
-                layer.set_modules_to_forward_prefetch(targets)
+        for i, lead in enumerate(leaders):
+            ahead = leaders[i + 1:i + 1 + n]
+            if ahead:
+                lead.set_modules_to_forward_prefetch(ahead)
     if case["backward_prefetch"]:
         n = case["backward_prefetch"]
-        for i, layer in enumerate(layers):
-            targets = [layers[j] for j in range(i - 1, i - 1 - n, -1) if j >= 0]
-            if targets:
-                layer.set_modules_to_backward_prefetch(targets)
+        for i, lead in enumerate(leaders):
+            behind = [leaders[j] for j in range(i - 1, i - 1 - n, -1) if j >= 0]
+            if behind:
+                lead.set_modules_to_backward_prefetch(behind)
     root_kw = dict(kw)
     if case["root_reshard_after_forward"] is not None:
         root_kw["reshard_after_forward"] = case["root_reshard_after_forward"]

@@ -13,7 +13,8 @@
 //!   size), k a divisor of the number of blocks ([`group_ladder`]; equal units: a shorter
 //!   last group would break the position-free property below);
 //! - the embeddings and the LM head as FSDP units of their own (torchtitan's wrapping,
-//!   `--policy modules:<embeddings>,<blocks>,<head>`) or the root's, where they are untied;
+//!   `--policy modules:<embeddings>,<blocks>,<head>`, with any unit group of the blocks) or
+//!   the root's, where they are untied;
 //! - CPU offload (FSDP2's `CPUOffloadPolicy`, `--offload cpu`) or not, under FSDP with a
 //!   block per unit (`plan` also plans it under HSDP; the CLI leaves it out on a profile with
 //!   no host behind the device);
@@ -621,8 +622,7 @@ pub fn outers(space: &Space) -> Vec<Outer> {
                 let fsdp = space.shards.iter().max() == Some(&shard);
                 for &reshard in space.reshard.iter().filter(|&&r| r != Reshard::ToNode || fsdp) {
                     for &group in &space.groups {
-                        // (edge units name the blocks one by one: not with unit groups)
-                        for &edges in space.edges.iter().filter(|&&e| !e || (group == 1 && space.edge_policy.is_some())) {
+                        for &edges in space.edges.iter().filter(|&&e| !e || space.edge_policy.is_some()) {
                             // (CPU offload: FSDP, a block per unit, no post-forward groups)
                             for &offload in space.offload.iter().filter(|&&x| !x || (fsdp && group == 1 && reshard != Reshard::ToNode)) {
                                 v.push(Outer { shard, micro_batch, accum, prefetch, reshard, group, edges, offload });

@@ -11,7 +11,7 @@
 //! `backward`), whose kernels and optimizers are checked against HF transformers / torch in
 //! `hf_parity.rs`.
 
-use fsdp_planner::{Device, Layout, Optimizer, Options, Policy, Strategy};
+use fsdp_planner::{BackwardPrefetch, Device, Layout, Optimizer, Options, Policy, Strategy};
 use fsdp_runtime::comm::{Collective, CpuGroup, Deferred};
 use fsdp_runtime::comm::Groups;
 use fsdp_runtime::exec::{step, step_timed, Rank};
@@ -235,6 +235,10 @@ fn sharded_training_equals_single_device() {
     // unit groups: both blocks in one FSDP unit, plain and checkpointed
     check("tiny-llama", Options { unit_group: 2, ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);
     check("tiny-llama", Options { unit_group: 2, checkpoint: vec!["LlamaDecoderLayer".into()], ..opts(3, Layout::Fsdp2, Policy::Auto) }, &mut report);
+    // ... with the embeddings and the head as units of their own, explicit prefetch through
+    // them (forward 1, backward 2) and the last unit (the head) kept after forward: what tune combines
+    let edges = Policy::Modules(vec!["model.embed_tokens".into(), "model.layers.*".into(), "lm_head".into()]);
+    check("tiny-llama", Options { unit_group: 2, forward_prefetch: 1, backward_prefetch: BackwardPrefetch::Depth(2), unit_reshard: vec![("last".into(), false)], ..opts(2, Layout::Fsdp2, edges) }, &mut report);
     // op-level selective AC
     check("tiny-llama", Options { checkpoint: vec!["LlamaDecoderLayer".into()], ac_mode: fsdp_planner::AcMode::SelectiveOp, ..opts(3, Layout::Fsdp2, Policy::Auto) }, &mut report);
     check("tiny-mixtral", Options { checkpoint: vec!["MixtralDecoderLayer".into()], ac_mode: fsdp_planner::AcMode::SelectiveOp, ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);

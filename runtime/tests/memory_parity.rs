@@ -213,6 +213,12 @@ fn measured_peak_is_within_two_percent_of_the_plan() {
             o.unit_group = 2;
             o.checkpoint = vec!["LlamaDecoderLayer".into()];
         }),
+        case("tiny-llama-4l", "unit groups of 2, edge units, explicit prefetch", |o| {
+            o.unit_group = 2;
+            o.policy = Policy::Modules(vec!["model.embed_tokens".into(), "model.layers.*".into(), "lm_head".into()]);
+            o.forward_prefetch = 1;
+            o.backward_prefetch = fsdp_planner::BackwardPrefetch::Depth(2);
+        }),
         // torchtitan's wrapping: the last block kept after forward; a subset of the blocks checkpointed
         case("tiny-llama-4l", "last unit not resharded", |o| o.unit_reshard = vec![("last".into(), false)]),
         case("tiny-llama-4l", "checkpointing blocks 1 and 3, eager", |o| {
