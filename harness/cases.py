@@ -19,7 +19,7 @@ DEFAULTS = {
     "checkpoint": None,               # module classes or paths under HF gradient checkpointing
                                       # (non-reentrant); `NAME=full|selective-op`: its own mode
     "ac_mode": "full",                # "selective-op": torchtitan's op-level SAC in the checkpoints
-    "unit_reshard": None,             # {module path or "last": bool}: reshard_after_forward of
+    "unit_reshard": None,             # {module path, pattern or "last": bool}: reshard_after_forward of
                                       # those units (the planner's --unit-reshard)
     "wrap": None,                     # the modules fully_shard'ed before the root, as the planner's
                                       # --policy: "transformer:<Class>[,…]" or "modules:<path>[,…]";
@@ -87,6 +87,11 @@ BASE_CASES = {
     "llama_group2_edges_ws2": {"model": "tiny-llama-4l", "world_size": 2, "unit_group": 2,
                                "wrap": "modules:model.embed_tokens,model.layers.*,lm_head",
                                "unit_reshard": {"last": False}},
+    # the last units kept after forward (what tune's "all but the last r" plans): the head
+    # and the last two blocks, by a pattern
+    "llama_keep3_edges_ws2": {"model": "tiny-llama-4l", "world_size": 2,
+                              "wrap": "modules:model.embed_tokens,model.layers.*,lm_head",
+                              "unit_reshard": {"lm_head": False, "model.layers.{2..3}": False}},
     "llama_edges_prefetch_ws2": {"model": "tiny-llama-4l", "world_size": 2,
                                  "wrap": "modules:model.embed_tokens,model.layers.*,lm_head",
                                  "forward_prefetch": 1, "backward_prefetch": 2},
@@ -641,6 +646,10 @@ FAKE_CASES.update({
     "llama31_8b_group2_bf16_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 1, "seq": 4096,
                                    "param_dtype": "bfloat16", "reduce_dtype": "float32",
                                    "unit_group": 2, "optimizer": "adamw"},
+    # the last 8 blocks kept after forward (tune's "all but the last 8")
+    "llama31_8b_keep8_bf16_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 1, "seq": 4096,
+                                  "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                  "unit_reshard": {"model.layers.{24..31}": False}, "optimizer": "adamw"},
     # ... with the embeddings and the head as units of their own and explicit prefetch (forward
     # 1, backward 2) through them: the combination tune searches
     "llama31_8b_group2_edges_prefetch_bf16_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 1,

@@ -571,14 +571,17 @@ def wrap_policy(model, case):
 
 def unit_reshard(case, units):
     """reshard_after_forward of each unit (its modules' (path, module) list, units in forward
-    order): the case's default, over which `unit_reshard` names a unit by the path of one of
-    its modules, or `last` for the last one (the planner's `--unit-reshard`)."""
+    order): the case's default, over which `unit_reshard` names units by the path of one of
+    their modules or a pattern of paths (`model.layers.{2..3}`: every unit it matches), or
+    `last` for the last one (the planner's `--unit-reshard`)."""
     out = [case["reshard_after_forward"] for _ in units]
     for name, value in (case.get("unit_reshard") or {}).items():
+        pattern = module_pattern(name)
         at = [i for i, unit in enumerate(units) if name == "last" and i == len(units) - 1
-              or any(path == name for path, _ in unit)]
+              or name != "last" and any(pattern.fullmatch(path) for path, _ in unit)]
         assert at, (name, [unit[0][0] for unit in units])
-        out[at[0]] = value
+        for i in at:
+            out[i] = value
     return out
 
 

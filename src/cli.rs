@@ -135,9 +135,10 @@ pub(crate) struct Fixed {
     /// The root unit's `reshard_after_forward` (default: false, FSDP2's).
     #[arg(long)]
     pub(crate) root_reshard_after_forward: Option<bool>,
-    /// One unit's `reshard_after_forward`: UNIT=true|false, UNIT a module path, `root` or
-    /// `last` (the last unit in forward order: torchtitan's `--unit-reshard last=false`).
-    /// Repeatable.
+    /// One unit's `reshard_after_forward`: UNIT=true|false, UNIT a module path (or a pattern
+    /// of them: `model.layers.{24..31}`, `*` within a component — every unit it matches),
+    /// `root` or `last` (the last unit in forward order: torchtitan's `--unit-reshard
+    /// last=false`). Repeatable.
     #[arg(long, value_name = "UNIT=BOOL")]
     pub(crate) unit_reshard: Vec<String>,
     /// Explicit forward prefetch depth (0: FSDP2's implicit behaviour; flat: 1 = forward_prefetch=True).
@@ -409,7 +410,7 @@ pub(crate) fn options_for(k: &Knobs, world_size: u64, policy: &str, model: &Mode
             .iter()
             .map(|s| match s.rsplit_once('=').map(|(u, v)| (u.trim(), v.trim().parse::<bool>())) {
                 Some((u, Ok(v))) if !u.is_empty() => Ok((u.to_string(), v)),
-                _ => Err(fsdp_planner::error::opt_err("--unit-reshard", format!("`{s}`: expected UNIT=true or UNIT=false (UNIT a module path, root or last)"))),
+                _ => Err(fsdp_planner::error::opt_err("--unit-reshard", format!("`{s}`: expected UNIT=true or UNIT=false (UNIT a module path or pattern, root or last)"))),
             })
             .collect::<Result<_, _>>()?,
         param_dtype,

@@ -44,6 +44,9 @@ fn bad_flags_exit_2_with_a_clear_message() {
         (&["models/tiny-llama-4l.ron", "--world-size", "8", "--reshard-after-forward", "3"], "--reshard-after-forward: 3: an int reshards to groups of that many ranks"),
         (&["models/tiny-llama-4l.ron", "--world-size", "8", "--reshard-after-forward", "8"], "a divisor of the world size (8) other than 1 and itself"),
         (&["models/tiny-llama-4l.ron", "--reshard-after-forward", "maybe"], "`maybe`: expected true, false or a number of ranks"),
+        // a unit name or pattern that names no unit
+        (&["models/tiny-llama-4l.ron", "--unit-reshard", "model.layers.{7..9}=false"], "--unit-reshard: `model.layers.{7..9}` is not an FSDP unit of this plan (units: root, model.layers.0"),
+        (&["models/tiny-llama-4l.ron", "--unit-reshard", "model.layers.9=false"], "`model.layers.9` is not an FSDP unit"),
     ];
     for (args, want) in cases {
         let (code, _, err) = run(args);

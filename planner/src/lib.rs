@@ -64,20 +64,24 @@ pub fn model_hash(model: &Model) -> String {
 /// The most bytes the buffers of one plan may add up to (2^62), so that no sum overflows.
 pub const MAX_PLAN_BYTES: u64 = 1 << 62;
 
-/// `--unit-reshard UNIT=BOOL`: each named unit (its module path, `root`, or `last`: the
+/// `--unit-reshard UNIT=BOOL`: each named unit (its module path — or a pattern of paths,
+/// `model.layers.{24..31}`, every unit with a module it matches — `root`, or `last`: the
 /// last non-root unit, units being in forward pre-order) gets that `reshard_after_forward`.
 fn apply_unit_reshard(units: &mut [units::Unit], overrides: &[(String, bool)]) -> Result<(), PlanError> {
     for (name, value) in overrides {
-        let at = match name.as_str() {
-            "last" => units.iter().rposition(|u| !u.is_root()),
-            "root" => units.iter().position(|u| u.is_root()),
-            n => units.iter().position(|u| u.module == n || u.group.iter().any(|g| g == n)),
+        let at: Vec<usize> = match name.as_str() {
+            "last" => units.iter().rposition(|u| !u.is_root()).into_iter().collect(),
+            "root" => units.iter().position(|u| u.is_root()).into_iter().collect(),
+            n if n.contains(['*', '{']) => (0..units.len()).filter(|&i| !units[i].is_root() && (wrap::glob_match(n, &units[i].module) || units[i].group.iter().any(|g| wrap::glob_match(n, g)))).collect(),
+            n => units.iter().position(|u| u.module == n || u.group.iter().any(|g| g == n)).into_iter().collect(),
         };
-        let Some(i) = at else {
+        if at.is_empty() {
             let known: Vec<&str> = units.iter().filter(|u| !u.is_root()).map(|u| u.label()).take(6).collect();
             return Err(error::opt_err("--unit-reshard", format!("`{name}` is not an FSDP unit of this plan (units: root, {}{}; or `last`)", known.join(", "), if units.len() > 7 { ", …" } else { "" })));
-        };
-        units[i].reshard_after_forward = *value;
+        }
+        for i in at {
+            units[i].reshard_after_forward = *value;
+        }
     }
     Ok(())
 }

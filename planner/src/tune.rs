@@ -7,7 +7,8 @@
 //!   over all ranks, so `micro_batch · accum · world_size = global_batch`);
 //! - prefetch: FSDP2's implicit one-ahead, or explicit (forward 1, backward 2);
 //! - `reshard_after_forward` of the blocks: all (FSDP2's default), all but the last
-//!   (torchtitan's), none (ZeRO-2-like: no backward all-gathers);
+//!   (torchtitan's), none (ZeRO-2-like: no backward all-gathers); with `--keep-units` (the
+//!   space's `keep`) also all but the last r units for every r between ([`Reshard::Keep`]);
 //! - unit groups: k decoder blocks per FSDP unit (`--unit-group k`, FSDP2's
 //!   `fully_shard([block_i, …, block_i+k-1])`: 1/k of the collectives, each k times the
 //!   size), k a divisor of the number of blocks ([`group_ladder`]; equal units: a shorter
@@ -41,6 +42,10 @@
 //! recompute does not depend on which ones, and checkpointing the first ones frees their
 //! activations' recompute earliest in the backward (the least memory; checked by brute
 //! force over every assignment on a 4-block model).
+//!
+//! Kept units (`keep`): after the two passes, a third searches the kept counts of each
+//! outer point resharding all, the most kept first, only while keeping them saves more than
+//! [`KEEP_TOLERANCE`] of the best without checkpointing (ARCHITECTURE.md, property 4).
 //!
 //! Unit groups are searched along each family of outer points (the same choices but the
 //! group) from one block per unit up, larger groups only while they make the step without
@@ -77,16 +82,22 @@ pub enum Reshard {
     /// slice kept after forward, the backward all-gather inside the node (FSDP only, more than
     /// one node).
     ToNode,
+    /// Every unit but the last `r` in forward order (2 ≤ r, fewer than all the units): per
+    /// unit `reshard_after_forward=False` from the end, torchtitan's last block taken further
+    /// — each kept unit's backward all-gather saved, its params held from forward to backward
+    /// ([`search`]'s third pass).
+    Keep(u32),
 }
 
 impl Reshard {
     pub const ALL: [Reshard; 3] = [Reshard::All, Reshard::AllButLast, Reshard::None];
-    pub fn name(self) -> &'static str {
+    pub fn name(self) -> String {
         match self {
-            Reshard::All => "all",
-            Reshard::AllButLast => "all but last",
-            Reshard::None => "none",
-            Reshard::ToNode => "to the node",
+            Reshard::All => "all".into(),
+            Reshard::AllButLast => "all but last".into(),
+            Reshard::None => "none".into(),
+            Reshard::ToNode => "to the node".into(),
+            Reshard::Keep(r) => format!("all but the last {r}"),
         }
     }
 }
@@ -145,6 +156,11 @@ pub struct Space {
     /// The `modules:` policy that makes the embeddings and the head units of their own
     /// (embeddings, a pattern of the blocks, head), when the model has them untied.
     pub edge_policy: Option<Vec<String>>,
+    /// Whether the kept-unit counts ([`Reshard::Keep`]) are searched (the third pass of
+    /// [`search`]) beside `reshard`, whose `All` and `None` bracket them (`tune
+    /// --keep-units`; not by default: it multiplies the search where the all-gathers hide
+    /// behind compute, and gains where they do not).
+    pub keep: bool,
     /// The offload choices searched ([`Outer::offload`]): `[false, true]` where the options
     /// allow CPU offload (FSDP2 layout on a GPU, no float8), with FSDP (`plan` also plans it
     /// under HSDP; left out here: it would double the search), one block per unit and no
@@ -222,7 +238,7 @@ pub fn space(model: &Model, base: &Options, world_size: u64, global_batch: u64, 
     // are untied: it frees memory for less checkpointing, 0.3–1.4% faster answers on Llama-3)
     let edges = if edge_policy.is_some() { vec![false, true] } else { vec![false] };
     let groups = group_ladder(blocks.len() as u32);
-    Ok(Space { shards, batches, prefetch: vec![0, 2], reshard, groups, every_group: false, node, blocks, sac, edges, edge_policy, offload })
+    Ok(Space { shards, batches, prefetch: vec![0, 2], reshard, groups, every_group: false, node, blocks, sac, edges, edge_policy, keep: false, offload })
 }
 
 /// `[embeddings, blocks pattern, head]`: the embedding's module, the blocks as one `*`
@@ -256,7 +272,11 @@ pub fn options(base: &Options, space: &Space, c: &Config) -> Options {
         k => (1, BackwardPrefetch::Depth(k)),
     };
     opts.reshard_after_forward = Some(o.reshard != Reshard::None);
-    opts.unit_reshard = if o.reshard == Reshard::AllButLast { vec![("last".into(), false)] } else { vec![] };
+    opts.unit_reshard = match o.reshard {
+        Reshard::AllButLast => vec![("last".into(), false)],
+        Reshard::Keep(r) => kept_units(space, o, r).into_iter().map(|n| (n, false)).collect(),
+        _ => vec![],
+    };
     opts.reshard_to = (o.reshard == Reshard::ToNode).then_some(space.node);
     opts.ac_mode = AcMode::Full;
     opts.checkpoint = checkpoint_entries(&space.blocks, c.full as usize, c.sac as usize);
@@ -271,29 +291,57 @@ pub fn options(base: &Options, space: &Space, c: &Config) -> Options {
 /// `--checkpoint` entries for the first `full` blocks (full) and the next `sac` (op-level
 /// SAC), runs of numbered paths written as ranges (`model.layers.{0..7}=full`).
 pub fn checkpoint_entries(blocks: &[String], full: usize, sac: usize) -> Vec<String> {
-    let mut out = vec![];
     let full = full.min(blocks.len());
     let sac = sac.min(blocks.len() - full);
-    for (range, mode) in [(0..full, "full"), (full..full + sac, "selective-op")] {
-        let mut i = range.start;
-        while i < range.end {
-            // a run of `prefix{n}`, `prefix{n+1}`, …
-            let split = |p: &str| p.rfind('.').and_then(|d| p[d + 1..].parse::<u64>().ok().map(|n| (p[..d + 1].to_string(), n)));
-            let mut j = i + 1;
-            if let Some((pre, n)) = split(&blocks[i]) {
-                while j < range.end && split(&blocks[j]) == Some((pre.clone(), n + (j - i) as u64)) {
-                    j += 1;
-                }
-                if j - i > 1 {
-                    out.push(format!("{pre}{{{n}..{}}}={mode}", n + (j - i - 1) as u64));
-                    i = j;
-                    continue;
-                }
+    let mut out: Vec<String> = ranges(&blocks[..full]).into_iter().map(|r| format!("{r}=full")).collect();
+    out.extend(ranges(&blocks[full..full + sac]).into_iter().map(|r| format!("{r}=selective-op")));
+    out
+}
+
+/// Module paths with runs of numbered ones written as ranges (`model.layers.{0..7}`).
+fn ranges(paths: &[String]) -> Vec<String> {
+    let mut out = vec![];
+    let mut i = 0;
+    while i < paths.len() {
+        // a run of `prefix{n}`, `prefix{n+1}`, …
+        let split = |p: &str| p.rfind('.').and_then(|d| p[d + 1..].parse::<u64>().ok().map(|n| (p[..d + 1].to_string(), n)));
+        let mut j = i + 1;
+        if let Some((pre, n)) = split(&paths[i]) {
+            while j < paths.len() && split(&paths[j]) == Some((pre.clone(), n + (j - i) as u64)) {
+                j += 1;
             }
-            out.push(format!("{}={mode}", blocks[i]));
-            i += 1;
+            if j - i > 1 {
+                out.push(format!("{pre}{{{n}..{}}}", n + (j - i - 1) as u64));
+                i = j;
+                continue;
+            }
         }
+        out.push(paths[i].clone());
+        i += 1;
     }
+    out
+}
+
+/// The FSDP units of an outer point other than the root: the embeddings' and the head's
+/// when they are units of their own, and the blocks' (`group` per unit).
+pub fn units_of(space: &Space, o: &Outer) -> u32 {
+    let l = (space.blocks.len() as u32).div_ceil(o.group.max(1));
+    l + if o.edges && space.edge_policy.is_some() { 2 } else { 0 }
+}
+
+/// The `--unit-reshard` names of the last `r` units in forward order (the head's, then the
+/// last blocks' as ranges; a group's blocks name it).
+pub fn kept_units(space: &Space, o: &Outer, r: u32) -> Vec<String> {
+    let mut out = vec![];
+    let mut r = r as usize;
+    if let (true, Some(p)) = (o.edges, &space.edge_policy) {
+        out.push(p[2].clone());
+        r = r.saturating_sub(1);
+    }
+    let k = o.group.max(1) as usize;
+    let n = space.blocks.len();
+    let first = n.saturating_sub(r * k);
+    out.extend(ranges(&space.blocks[first..]));
     out
 }
 
@@ -316,6 +364,11 @@ pub fn flags(space: &Space, base: &Options, c: &Config) -> Vec<String> {
         Reshard::AllButLast => f.extend(["--unit-reshard".into(), "last=false".into()]),
         Reshard::None => f.extend(["--reshard-after-forward".into(), "false".into()]),
         Reshard::ToNode => f.extend(["--reshard-after-forward".into(), space.node.to_string()]),
+        Reshard::Keep(r) => {
+            for n in kept_units(space, o, r) {
+                f.extend(["--unit-reshard".into(), format!("{n}=false")]);
+            }
+        }
     }
     if o.group > 1 {
         f.extend(["--unit-group".into(), o.group.to_string()]);
@@ -605,6 +658,7 @@ pub fn size(space: &Space) -> u64 {
     let blocks = space.blocks.len() as u64;
     outers(space)
         .iter()
+        .chain(keep_outers(space).iter())
         .map(|o| {
             let l = blocks.div_ceil(o.group.max(1) as u64);
             if space.sac { (l + 1) * (l + 2) / 2 } else { l + 1 }
@@ -636,6 +690,15 @@ pub fn outers(space: &Space) -> Vec<Outer> {
     v
 }
 
+/// The outer points keeping their last units after forward ([`Reshard::Keep`], 2 ≤ r < the
+/// units): the siblings of those that reshard all, where the space searches them.
+pub fn keep_outers(space: &Space) -> Vec<Outer> {
+    if !space.keep || !space.reshard.contains(&Reshard::None) {
+        return vec![];
+    }
+    outers(space).into_iter().filter(|o| o.reshard == Reshard::All).flat_map(|o| (2..units_of(space, &o)).map(move |r| Outer { reshard: Reshard::Keep(r), ..o })).collect()
+}
+
 /// Blocks per unit searched by default: the divisors of the number of blocks (groups of
 /// equal size) — larger groups only while they make the step without checkpointing faster
 /// ([`search`]).
@@ -660,6 +723,14 @@ pub fn families(space: &Space) -> Vec<Vec<Outer>> {
     }
     by
 }
+
+/// How much of the best step time keeping units after forward ([`Reshard::Keep`]) must be
+/// able to save for the third pass of [`search`] to search it: what keeping a family's last
+/// units saves is at most what keeping them all saves without checkpointing (`All`'s time
+/// less `None`'s; checkpointing's recompute only hides more of the all-gathers it saves, and
+/// more units kept save more — brute force checks both), so an answer that skips it is within
+/// this of the best over every kept count.
+pub const KEEP_TOLERANCE: f64 = 0.0025;
 
 /// Consecutive rises of the boundary's time that end the walk over `full` (0: walk until
 /// the bound alone stops it).
@@ -908,6 +979,7 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
         handles.into_iter().filter_map(|h| h.join().ok()).collect()
     });
     let mut firsts: Timed = timed.into_iter().flatten().collect();
+    let first_time: HashMap<Outer, f64> = firsts.iter().map(|(t, o, _, _)| (*o, *t)).collect();
     let n = firsts.len();
     firsts.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
     let nl = threads * LANES_PER_THREAD;
@@ -956,6 +1028,57 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
             .collect();
         handles.into_iter().filter_map(|h| h.join().ok()).collect()
     });
+    // 3. kept units: the siblings of each outer point resharding all that keep its last r
+    // units (2 ≤ r < the units), where they can beat the best by more than KEEP_TOLERANCE
+    let best = results.iter().flat_map(|r| r.0.iter().copied()).fold(None, |b, x| if faster(x, b) { Some(x) } else { b });
+    let kept: Vec<Lane> = match best {
+        Some(best) if space.keep => {
+            let mut fams: Vec<(f64, Outer)> = first_time
+                .iter()
+                .filter(|(o, _)| o.reshard == Reshard::All && units_of(space, o) > 2)
+                .filter_map(|(o, &t0)| {
+                    // (`None` keeps every unit: no r does better without checkpointing)
+                    let tn = *first_time.get(&Outer { reshard: Reshard::None, ..*o })?;
+                    (tn < best.0 && t0 - tn > KEEP_TOLERANCE * best.0).then_some((t0, *o))
+                })
+                .collect();
+            fams.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            let threads = threads.clamp(1, fams.len().max(1));
+            std::thread::scope(|s| {
+                let handles: Vec<_> = (0..threads)
+                    .map(|t| {
+                        let mine: Vec<(f64, Outer)> = fams.iter().skip(t).step_by(threads).copied().collect();
+                        let planned = &planned;
+                        s.spawn(move || crate::schedule::without_names(|| {
+                            let mut ev = Evaluator::new(model, base, hw, space, limit);
+                            let mut found = vec![];
+                            let mut bound = Some(best);
+                            for (t0, o) in mine {
+                                // the largest r first (the most saved), down while the saving
+                                // without checkpointing is over the tolerance (it shrinks with r)
+                                for r in (2..units_of(space, &o)).rev() {
+                                    let or = Outer { reshard: Reshard::Keep(r), ..o };
+                                    let Some(tr) = ev.time(Config { outer: or, full: 0, sac: 0 }) else { continue };
+                                    if t0 - tr <= KEEP_TOLERANCE * best.0 {
+                                        break;
+                                    }
+                                    if let Some(x) = search_outer(&mut ev, or, bound) {
+                                        found.push(x);
+                                        bound = Some(x);
+                                    }
+                                }
+                            }
+                            planned.fetch_add(ev.planned(), std::sync::atomic::Ordering::Relaxed);
+                            (found, ev.evaluated())
+                        }))
+                    })
+                    .collect();
+                handles.into_iter().filter_map(|h| h.join().ok()).collect()
+            })
+        }
+        _ => vec![],
+    };
+    let results: Vec<Lane> = results.into_iter().chain(kept).collect();
     let mut per_outer: Vec<(f64, Config)> = results.iter().flat_map(|r| r.0.iter().copied()).collect();
     per_outer.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
     let mut evaluated: Vec<Eval> = results.into_iter().flat_map(|r| r.1).collect();

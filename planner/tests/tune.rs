@@ -27,7 +27,8 @@ type Point = (Outer, Vec<u8>, u64, u64, f64);
 fn brute(m: &fsdp_ir::Model, base: &Options, h: &Hardware, space: &tune::Space) -> Vec<Point> {
     let l = space.blocks.len();
     let mut out = vec![];
-    for o in tune::outers(space) {
+    // (the kept-unit counts too, where the space searches them)
+    for o in tune::outers(space).into_iter().chain(tune::keep_outers(space)) {
         for code in 0..3usize.pow(l as u32) {
             let modes: Vec<u8> = (0..l).map(|i| ((code / 3usize.pow(i as u32)) % 3) as u8).collect();
             let mut opts = tune::options(base, space, &Config { outer: o, full: 0, sac: 0 });
@@ -47,15 +48,17 @@ fn brute(m: &fsdp_ir::Model, base: &Options, h: &Hardware, space: &tune::Space) 
 }
 
 fn check(name: &str, ws: u64, global_batch: u64, base: Options, allocator: bool) {
-    check_groups(name, ws, global_batch, base, allocator, None)
+    check_groups(name, ws, global_batch, base, allocator, None, false)
 }
 
-/// [`check`] with `groups`, when given, as a user's `--unit-groups` list (every one searched).
-fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator: bool, groups: Option<Vec<u32>>) {
+/// [`check`] with `groups`, when given, as a user's `--unit-groups` list (every one searched),
+/// and with every count of kept units (`tune --keep-units`) when `keep`.
+fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator: bool, groups: Option<Vec<u32>>, keep: bool) {
     let m = model(name);
     let h = hw("h100-sxm");
     let base = Options { world_size: ws, ..base };
     let mut space = tune::space(&m, &base, ws, global_batch, h.gpus_per_node).unwrap();
+    space.keep = keep;
     // CPU offload is in the space the oracle enumerates (where the options allow it)
     assert_eq!(space.offload.contains(&true), Options { offload: fsdp_planner::Offload::Cpu, ..base.clone() }.check().is_ok(), "{name}");
     // unit groups: the default space's (1, 2 or 4 blocks per unit for 4 blocks, tune's line
@@ -78,6 +81,24 @@ fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator
     }
     assert!(space.blocks.len() <= 4, "brute force is 3^blocks per outer point");
     let all = brute(&m, &base, &h, &space);
+    if keep {
+        // what the third pass's skip takes (`tune::KEEP_TOLERANCE`): keeping more units never
+        // slows the step, and what keeping them saves with any checkpointing is at most what it
+        // saves without (to within the tolerance)
+        let at = |o: tune::Outer, modes: &[u8]| all.iter().find(|x| x.0 == o && x.1 == modes).map(|x| x.4);
+        let mut held = 0;
+        for x in all.iter().filter(|x| matches!(x.0.reshard, tune::Reshard::Keep(_))) {
+            let tune::Reshard::Keep(r) = x.0.reshard else { continue };
+            let all_of = tune::Outer { reshard: tune::Reshard::All, ..x.0 };
+            let fewer = tune::Outer { reshard: if r > 2 { tune::Reshard::Keep(r - 1) } else { tune::Reshard::All }, ..x.0 };
+            let none = vec![0u8; space.blocks.len()];
+            let (Some(t0), Some(t00), Some(tr00), Some(tf)) = (at(all_of, &x.1), at(all_of, &none), at(x.0, &none), at(fewer, &x.1)) else { continue };
+            assert!(x.4 <= tf * (1.0 + 1e-9), "{name} {:?} {:?}: keeping {r} units {} s, {} s keeping fewer", x.0, x.1, x.4, tf);
+            assert!(t0 - x.4 <= (t00 - tr00) + tune::KEEP_TOLERANCE * t0, "{name} {:?} {:?}: saves {} s checkpointed, {} s without", x.0, x.1, t0 - x.4, t00 - tr00);
+            held += 1;
+        }
+        assert!(held > 100, "{name}: {held}");
+    }
     // the memory judged: the tensor peak (reserve 0) or the allocator model's need
     let mem = |x: &Point| if allocator { x.3 } else { x.2 };
     let (lo, hi) = (all.iter().map(mem).min().unwrap(), all.iter().map(mem).max().unwrap());
@@ -128,8 +149,18 @@ fn tune_equals_brute_force_on_a_4_block_llama() {
 fn tune_equals_brute_force_over_every_unit_group_a_user_lists() {
     let bf16 = fsdp_ir::DType::parse("bf16");
     let base = Options { seq: 64, param_dtype: bf16, reduce_dtype: fsdp_ir::DType::parse("f32"), ..Options::default() };
-    check_groups("tiny-llama-4l", 4, 8, base.clone(), false, Some(vec![1, 2, 4]));
-    check_groups("tiny-llama-4l", 4, 8, base, true, Some(vec![1, 2, 4]));
+    check_groups("tiny-llama-4l", 4, 8, base.clone(), false, Some(vec![1, 2, 4]), false);
+    check_groups("tiny-llama-4l", 4, 8, base, true, Some(vec![1, 2, 4]), false);
+}
+
+/// `--keep-units`: every count of units kept after forward from the end, beside all / all
+/// but the last / none — within `tune::KEEP_TOLERANCE` of brute force over all of them.
+#[test]
+fn tune_with_every_count_of_kept_units_is_within_tolerance_of_brute_force() {
+    let bf16 = fsdp_ir::DType::parse("bf16");
+    let base = Options { seq: 64, param_dtype: bf16, reduce_dtype: fsdp_ir::DType::parse("f32"), ..Options::default() };
+    check_groups("tiny-llama-4l", 4, 8, base.clone(), false, None, true);
+    check_groups("tiny-llama-4l", 4, 8, base, true, None, true);
 }
 
 #[test]
