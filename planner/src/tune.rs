@@ -1044,15 +1044,17 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
                 .collect();
             fams.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
             let threads = threads.clamp(1, fams.len().max(1));
+            let of = n + fams.len();
             std::thread::scope(|s| {
                 let handles: Vec<_> = (0..threads)
                     .map(|t| {
                         let mine: Vec<(f64, Outer)> = fams.iter().skip(t).step_by(threads).copied().collect();
-                        let planned = &planned;
+                        let (done, planned) = (&done, &planned);
                         s.spawn(move || crate::schedule::without_names(|| {
                             let mut ev = Evaluator::new(model, base, hw, space, limit);
                             let mut found = vec![];
                             let mut bound = Some(best);
+                            let mut counted = 0;
                             for (t0, o) in mine {
                                 // the largest r first (the most saved), down while the saving
                                 // without checkpointing is over the tolerance (it shrinks with r)
@@ -1067,8 +1069,11 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
                                         bound = Some(x);
                                     }
                                 }
+                                planned.fetch_add(ev.planned() - counted, std::sync::atomic::Ordering::Relaxed);
+                                counted = ev.planned();
+                                let d = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+                                progress(planned.load(std::sync::atomic::Ordering::Relaxed), d, of);
                             }
-                            planned.fetch_add(ev.planned(), std::sync::atomic::Ordering::Relaxed);
                             (found, ev.evaluated())
                         }))
                     })
