@@ -73,10 +73,11 @@ pub(crate) struct TuneArgs {
     pub(crate) no_embed_head_units: bool,
     /// Also search keeping the last r units unsharded after forward for every r (per unit
     /// `reshard_after_forward=False` from the end: `plan --unit-reshard
-    /// 'model.layers.{24..31}=false'`), beside all / all but the last / none. It pays where
-    /// the backward's all-gathers cost time the memory can buy back (many GPUs, short
-    /// sequences: Llama-3-8B on 256 GPUs at seq 2048 under 36 GiB, +3.0%); it multiplies the
-    /// search by up to ~8 where they hide behind compute.
+    /// 'model.layers.{24..31}=false'`), beside all / all but the last / none; within 0.26% of
+    /// the best over every count. It pays where the backward's all-gathers cost time the
+    /// memory can buy back (many GPUs, short sequences: Llama-3-8B on 256 GPUs at seq 2048
+    /// under 36 GiB, +3.0%); where that memory forces more checkpointing than it saves, it
+    /// multiplies the search for nothing (Llama-3-8B on 8 GPUs at seq 8192: about 5×).
     #[arg(long)]
     pub(crate) keep_units: bool,
     /// Runner-ups to list.

@@ -422,8 +422,9 @@ pub struct Options {
     /// The root unit; `None` = FSDP2's default (false: the root keeps its params).
     pub root_reshard_after_forward: Option<bool>,
     /// Per-unit `reshard_after_forward`, over the default above: `(unit, value)` with the
-    /// unit's module path, or `last` for the last non-root unit in forward order
-    /// (torchtitan leaves its last block unsharded: FSDP2 would prefetch it right away).
+    /// unit's module path (or a pattern of paths, `model.layers.{24..31}`: every unit it
+    /// matches), `root`, or `last` for the last non-root unit in forward order (torchtitan
+    /// leaves its last block unsharded: FSDP2 would prefetch it right away).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unit_reshard: Vec<(String, bool)>,
     pub param_dtype: Option<DType>,

@@ -44,8 +44,10 @@
 //! force over every assignment on a 4-block model).
 //!
 //! Kept units (`keep`): after the two passes, a third searches the kept counts of each
-//! outer point resharding all, the most kept first, only while keeping them saves more than
-//! [`KEEP_TOLERANCE`] of the best without checkpointing (ARCHITECTURE.md, property 4).
+//! outer point resharding all whose best (or the bound it could not beat) less what keeping
+//! every unit saves without checkpointing is more than [`KEEP_TOLERANCE`] below the best:
+//! from the most units whose every block fully checkpointed fits down, while that holds
+//! (ARCHITECTURE.md, property 4).
 //!
 //! Unit groups are searched along each family of outer points (the same choices but the
 //! group) from one block per unit up, larger groups only while they make the step without
@@ -334,8 +336,8 @@ pub fn units_of(space: &Space, o: &Outer) -> u32 {
 pub fn kept_units(space: &Space, o: &Outer, r: u32) -> Vec<String> {
     let mut out = vec![];
     let mut r = r as usize;
-    if let (true, Some(p)) = (o.edges, &space.edge_policy) {
-        out.push(p[2].clone());
+    if let (true, Some(head)) = (o.edges, space.edge_policy.as_ref().and_then(|p| p.last())) {
+        out.push(head.clone());
         r = r.saturating_sub(1);
     }
     let k = o.group.max(1) as usize;
@@ -727,9 +729,10 @@ pub fn families(space: &Space) -> Vec<Vec<Outer>> {
 /// How much of the best step time keeping units after forward ([`Reshard::Keep`]) must be
 /// able to save for the third pass of [`search`] to search it: what keeping a family's last
 /// units saves is at most what keeping them all saves without checkpointing (`All`'s time
-/// less `None`'s; checkpointing's recompute only hides more of the all-gathers it saves, and
-/// more units kept save more — brute force checks both), so an answer that skips it is within
-/// this of the best over every kept count.
+/// less `None`'s: more units kept save more, and checkpointing's recompute does not enlarge
+/// the saving — to 0.01% of the step, brute force checks both), and a configuration that
+/// fits keeping units fits keeping none, so an answer that skips it is within this (+0.01%)
+/// of the best over every kept count.
 pub const KEEP_TOLERANCE: f64 = 0.0025;
 
 /// Consecutive rises of the boundary's time that end the walk over `full` (0: walk until
@@ -995,13 +998,16 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
     // taking the lanes one after the other: the best of each outer point searched, and what
     // each thread evaluated
     type Lane = (Vec<(f64, Config)>, Vec<Eval>);
-    let results: Vec<Lane> = std::thread::scope(|s| {
+    // (and per outer point searched, a floor of its best: what it found, else the bound it
+    // could not beat — infinite where nothing fits)
+    let searched: Vec<(Lane, Vec<(Outer, f64)>)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|_| {
                 let (done, planned, lanes, next) = (&done, &planned, &lanes, &next);
                 s.spawn(move || crate::schedule::without_names(|| {
                     let mut ev = Evaluator::new(model, base, hw, space, limit);
                     let mut found = vec![];
+                    let mut floors = vec![];
                     let mut counted = 0;
                     loop {
                         let li = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -1012,7 +1018,10 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
                         }
                         let mut best: Option<(f64, Config)> = None;
                         for o in outers {
-                            if let Some(r) = search_outer(&mut ev, o, best) {
+                            let bound = best;
+                            let r = search_outer(&mut ev, o, bound);
+                            floors.push((o, r.or(bound).map_or(f64::INFINITY, |x| x.0)));
+                            if let Some(r) = r {
                                 found.push(r);
                                 best = Some(r);
                             }
@@ -1022,26 +1031,20 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
                             progress(planned.load(std::sync::atomic::Ordering::Relaxed), d, n);
                         }
                     }
-                    (found, ev.evaluated())
+                    ((found, ev.evaluated()), floors)
                 }))
             })
             .collect();
         handles.into_iter().filter_map(|h| h.join().ok()).collect()
     });
+    let floor: HashMap<Outer, f64> = searched.iter().flat_map(|(_, f)| f.iter().copied()).collect();
+    let results: Vec<Lane> = searched.into_iter().map(|(l, _)| l).collect();
     // 3. kept units: the siblings of each outer point resharding all that keep its last r
     // units (2 ≤ r < the units), where they can beat the best by more than KEEP_TOLERANCE
     let best = results.iter().flat_map(|r| r.0.iter().copied()).fold(None, |b, x| if faster(x, b) { Some(x) } else { b });
     let kept: Vec<Lane> = match best {
         Some(best) if space.keep => {
-            let mut fams: Vec<(f64, Outer)> = first_time
-                .iter()
-                .filter(|(o, _)| o.reshard == Reshard::All && units_of(space, o) > 2)
-                .filter_map(|(o, &t0)| {
-                    // (`None` keeps every unit: no r does better without checkpointing)
-                    let tn = *first_time.get(&Outer { reshard: Reshard::None, ..*o })?;
-                    (tn < best.0 && t0 - tn > KEEP_TOLERANCE * best.0).then_some((t0, *o))
-                })
-                .collect();
+            let mut fams: Vec<(f64, Outer)> = first_time.iter().filter(|(o, _)| o.reshard == Reshard::All && units_of(space, o) > 2).map(|(o, &t0)| (t0, *o)).collect();
             fams.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
             let threads = threads.clamp(1, fams.len().max(1));
             let of = n + fams.len();
@@ -1049,19 +1052,45 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
                 let handles: Vec<_> = (0..threads)
                     .map(|t| {
                         let mine: Vec<(f64, Outer)> = fams.iter().skip(t).step_by(threads).copied().collect();
-                        let (done, planned) = (&done, &planned);
+                        let (done, planned, first_time, floor) = (&done, &planned, &first_time, &floor);
                         s.spawn(move || crate::schedule::without_names(|| {
                             let mut ev = Evaluator::new(model, base, hw, space, limit);
                             let mut found = vec![];
                             let mut bound = Some(best);
                             let mut counted = 0;
                             for (t0, o) in mine {
+                                // `None` keeps every unit: no r does better without
+                                // checkpointing (timed here where the first pass did not)
+                                let on = Outer { reshard: Reshard::None, ..o };
+                                let tn = first_time.get(&on).copied().or_else(|| ev.time(Config { outer: on, full: 0, sac: 0 }));
+                                // what keeping saves is at most `t0 - tn`, from a best of
+                                // this outer point resharding all no faster than its floor
+                                let b0 = floor.get(&o).copied().unwrap_or(f64::INFINITY);
+                                let promising = tn.is_some_and(|tn| tn < best.0 && b0 - (t0 - tn) < best.0 * (1.0 - KEEP_TOLERANCE));
                                 // the largest r first (the most saved), down while the saving
                                 // without checkpointing is over the tolerance (it shrinks with r)
-                                for r in (2..units_of(space, &o)).rev() {
+                                // the most units kept whose every block fully checkpointed
+                                // fits (more kept never needs less memory: bisection)
+                                let all_ckpt = |r: u32| Config { outer: Outer { reshard: Reshard::Keep(r), ..o }, full: space.blocks.len() as u32, sac: 0 };
+                                let most = if promising && ev.fits(all_ckpt(2)) {
+                                    let (mut lo, mut hi) = (2, units_of(space, &o) - 1);
+                                    while lo < hi {
+                                        let mid = lo + (hi - lo).div_ceil(2);
+                                        if ev.fits(all_ckpt(mid)) {
+                                            lo = mid;
+                                        } else {
+                                            hi = mid - 1;
+                                        }
+                                    }
+                                    lo
+                                } else {
+                                    1
+                                };
+                                for r in (2..=most).rev() {
                                     let or = Outer { reshard: Reshard::Keep(r), ..o };
                                     let Some(tr) = ev.time(Config { outer: or, full: 0, sac: 0 }) else { continue };
-                                    if t0 - tr <= KEEP_TOLERANCE * best.0 {
+                                    // (fewer kept units are no faster, checkpointing neither)
+                                    if b0 - (t0 - tr) >= best.0 * (1.0 - KEEP_TOLERANCE) || bound.is_some_and(|b| tr > b.0) {
                                         break;
                                     }
                                     if let Some(x) = search_outer(&mut ev, or, bound) {

@@ -47,6 +47,10 @@ fn brute(m: &fsdp_ir::Model, base: &Options, h: &Hardware, space: &tune::Space) 
     out
 }
 
+/// How much of a step what keeping units saves with checkpointing may exceed what it saves
+/// without (ARCHITECTURE.md, "How tune finds the optimum", property 4).
+const SAVING_SLACK: f64 = 1e-4;
+
 fn check(name: &str, ws: u64, global_batch: u64, base: Options, allocator: bool) {
     check_groups(name, ws, global_batch, base, allocator, None, false)
 }
@@ -82,19 +86,26 @@ fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator
     assert!(space.blocks.len() <= 4, "brute force is 3^blocks per outer point");
     let all = brute(&m, &base, &h, &space);
     if keep {
-        // what the third pass's skip takes (`tune::KEEP_TOLERANCE`): keeping more units never
-        // slows the step, and what keeping them saves with any checkpointing is at most what it
-        // saves without (to within the tolerance)
-        let at = |o: tune::Outer, modes: &[u8]| all.iter().find(|x| x.0 == o && x.1 == modes).map(|x| x.4);
+        // what the third pass's skip takes (`tune::KEEP_TOLERANCE`): keeping one more unit
+        // never slows the step nor needs less memory (`None`, every unit kept, included), and
+        // what keeping units saves with any checkpointing is at most what it saves without
+        // (to within `SAVING_SLACK` of the step: exact here; 0.003% on Llama-3-8B on 256 GPUs,
+        // 16 units kept, over five checkpoint choices)
+        let at = |o: tune::Outer, modes: &[u8]| all.iter().find(|x| x.0 == o && x.1 == modes);
+        let none = vec![0u8; space.blocks.len()];
         let mut held = 0;
         for x in all.iter().filter(|x| matches!(x.0.reshard, tune::Reshard::Keep(_))) {
             let tune::Reshard::Keep(r) = x.0.reshard else { continue };
             let all_of = tune::Outer { reshard: tune::Reshard::All, ..x.0 };
-            let fewer = tune::Outer { reshard: if r > 2 { tune::Reshard::Keep(r - 1) } else { tune::Reshard::All }, ..x.0 };
-            let none = vec![0u8; space.blocks.len()];
-            let (Some(t0), Some(t00), Some(tr00), Some(tf)) = (at(all_of, &x.1), at(all_of, &none), at(x.0, &none), at(fewer, &x.1)) else { continue };
-            assert!(x.4 <= tf * (1.0 + 1e-9), "{name} {:?} {:?}: keeping {r} units {} s, {} s keeping fewer", x.0, x.1, x.4, tf);
-            assert!(t0 - x.4 <= (t00 - tr00) + tune::KEEP_TOLERANCE * t0, "{name} {:?} {:?}: saves {} s checkpointed, {} s without", x.0, x.1, t0 - x.4, t00 - tr00);
+            let fewer = tune::Outer { reshard: if r > 2 { tune::Reshard::Keep(r - 1) } else { tune::Reshard::AllButLast }, ..x.0 };
+            let (Some(a), Some(a00), Some(k00), Some(f)) = (at(all_of, &x.1), at(all_of, &none), at(x.0, &none), at(fewer, &x.1)) else { continue };
+            assert!(x.4 <= f.4 * (1.0 + 1e-9), "{name} {:?} {:?}: keeping {r} units {} s, {} s keeping fewer", x.0, x.1, x.4, f.4);
+            assert!(x.2 >= f.2 && x.3 >= f.3, "{name} {:?} {:?}: keeping {r} units needs {} / {} B, keeping fewer {} / {}", x.0, x.1, x.2, x.3, f.2, f.3);
+            if r + 1 == tune::units_of(&space, &x.0) {
+                let all_kept = at(tune::Outer { reshard: tune::Reshard::None, ..x.0 }, &x.1).unwrap();
+                assert!(all_kept.4 <= x.4 * (1.0 + 1e-9), "{name} {:?} {:?}: every unit kept {} s, {r} kept {} s", x.0, x.1, all_kept.4, x.4);
+            }
+            assert!((a.4 - x.4) - (a00.4 - k00.4) <= SAVING_SLACK * a.4, "{name} {:?} {:?}: saves {} s checkpointed, {} s without", x.0, x.1, a.4 - x.4, a00.4 - k00.4);
             held += 1;
         }
         assert!(held > 100, "{name}: {held}");
