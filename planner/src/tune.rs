@@ -1067,10 +1067,10 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
                                 // this outer point resharding all no faster than its floor
                                 let b0 = floor.get(&o).copied().unwrap_or(f64::INFINITY);
                                 let promising = tn.is_some_and(|tn| tn < best.0 && b0 - (t0 - tn) < best.0 * (1.0 - KEEP_TOLERANCE));
-                                // the largest r first (the most saved), down while the saving
-                                // without checkpointing is over the tolerance (it shrinks with r)
-                                // the most units kept whose every block fully checkpointed
-                                // fits (more kept never needs less memory: bisection)
+                                // from the most units kept whose every block fully
+                                // checkpointed fits (more kept never needs less memory:
+                                // bisection) down, while what keeping saves without
+                                // checkpointing (it shrinks with r) can still beat the best
                                 let all_ckpt = |r: u32| Config { outer: Outer { reshard: Reshard::Keep(r), ..o }, full: space.blocks.len() as u32, sac: 0 };
                                 let most = if promising && ev.fits(all_ckpt(2)) {
                                     let (mut lo, mut hi) = (2, units_of(space, &o) - 1);
