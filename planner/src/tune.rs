@@ -1025,10 +1025,7 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
                                 found.push(r);
                                 best = Some(r);
                             }
-                            planned.fetch_add(ev.planned() - counted, std::sync::atomic::Ordering::Relaxed);
-                            counted = ev.planned();
-                            let d = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-                            progress(planned.load(std::sync::atomic::Ordering::Relaxed), d, n);
+                            report(&ev, &mut counted, planned, done, n, progress);
                         }
                     }
                     ((found, ev.evaluated()), floors)
@@ -1098,10 +1095,7 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
                                         bound = Some(x);
                                     }
                                 }
-                                planned.fetch_add(ev.planned() - counted, std::sync::atomic::Ordering::Relaxed);
-                                counted = ev.planned();
-                                let d = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-                                progress(planned.load(std::sync::atomic::Ordering::Relaxed), d, of);
+                                report(&ev, &mut counted, planned, done, of, progress);
                             }
                             (found, ev.evaluated())
                         }))
@@ -1120,6 +1114,16 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
     let by_config: HashMap<Config, Eval> = evaluated.iter().map(|e| (e.config, e.clone())).collect();
     let per_outer: Vec<Eval> = per_outer.iter().filter_map(|(_, c)| by_config.get(c).cloned()).collect();
     Tuned { best: per_outer.first().cloned(), per_outer, evaluated, plans_built: planned.into_inner() }
+}
+
+/// Counts the plans `ev` built since `counted` into `planned` and one more outer choice into
+/// `done`, and reports the progress (of `of` outer choices).
+fn report(ev: &Evaluator, counted: &mut usize, planned: &std::sync::atomic::AtomicUsize, done: &std::sync::atomic::AtomicUsize, of: usize, progress: &(dyn Fn(usize, usize, usize) + Sync)) {
+    use std::sync::atomic::Ordering::Relaxed;
+    planned.fetch_add(ev.planned() - *counted, Relaxed);
+    *counted = ev.planned();
+    let d = done.fetch_add(1, Relaxed) + 1;
+    progress(planned.load(Relaxed), d, of);
 }
 
 /// The evaluated configurations no other beats on both memory and speed (least memory
