@@ -125,6 +125,17 @@ def collective_key(ev):
     return {k: ev[k] for k in ("kind", "unit", "numel", "dtype")}
 
 
+def fixture_path(name, case, subdir):
+    """Where a case's result is recorded: tests/fixtures/<subdir>/<case>.json — a case on
+    harness/fakegpu.py's fake accelerator in `<subdir>gpu` (which the conformance suite plans
+    with --device cuda), one with torch.compile'd blocks in `fsdp2_compile` (what inductor's
+    partitioner saves)."""
+    where = subdir + "gpu" if case.get("device", "cpu") != "cpu" else subdir
+    if case.get("compile"):
+        where = "fsdp2_compile"
+    return os.path.join(FIXTURES, where, f"{name}.json")
+
+
 def case_main(argv, all_cases, run_case, subdir):
     """The oracle scripts' command line: `--list`, or run the named cases (default: all) and
     write each result to tests/fixtures/<subdir>/<case>.json."""
@@ -141,14 +152,9 @@ def case_main(argv, all_cases, run_case, subdir):
     for name in names:
         t0 = time.time()
         res = run_case(name, all_cases[name])
-        # (a case on harness/fakegpu.py's fake accelerator: its own directory, which the
-        # conformance suite plans with --device cuda)
-        where = subdir + "gpu" if all_cases[name].get("device", "cpu") != "cpu" else subdir
-        if all_cases[name].get("compile"):
-            # (torch.compile'd blocks: fixtures of what inductor's partitioner saves)
-            where = "fsdp2_compile"
-        out = os.path.join(FIXTURES, where, f"{name}.json")
+        out = fixture_path(name, all_cases[name], subdir)
         write_json(out, res)
         n = collections.Counter(c["kind"] for c in res["collectives"])
         peak = f" peak={res['memory']['peak_bytes']} B" if res.get("memory") else ""
+        where = os.path.basename(os.path.dirname(out))
         print(f"{where} {name}: {dict(n)}{peak} ({time.time() - t0:.1f}s) -> {os.path.relpath(out, REPO)}", flush=True)

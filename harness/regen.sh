@@ -42,3 +42,4 @@ for d in tests/fixtures/runtime/*/; do
   [ -d "$d" ] || continue
   n=$(basename "$d"); grep -qx "$n" <<<"$models" || { echo "removing stale $d"; rm -rf "$d"; }
 done
+"$PY" harness/check_fixtures.py
