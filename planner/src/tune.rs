@@ -1060,40 +1060,9 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
                                 // checkpointing (timed here where the first pass did not)
                                 let on = Outer { reshard: Reshard::None, ..o };
                                 let tn = first_time.get(&on).copied().or_else(|| ev.time(Config { outer: on, full: 0, sac: 0 }));
-                                // what keeping saves is at most `t0 - tn`, from a best of
-                                // this outer point resharding all no faster than its floor
                                 let b0 = floor.get(&o).copied().unwrap_or(f64::INFINITY);
-                                let promising = tn.is_some_and(|tn| tn < best.0 && b0 - (t0 - tn) < best.0 * (1.0 - KEEP_TOLERANCE));
-                                // from the most units kept whose every block fully
-                                // checkpointed fits (more kept never needs less memory:
-                                // bisection) down, while what keeping saves without
-                                // checkpointing (it shrinks with r) can still beat the best
-                                let all_ckpt = |r: u32| Config { outer: Outer { reshard: Reshard::Keep(r), ..o }, full: space.blocks.len() as u32, sac: 0 };
-                                let most = if promising && ev.fits(all_ckpt(2)) {
-                                    let (mut lo, mut hi) = (2, units_of(space, &o) - 1);
-                                    while lo < hi {
-                                        let mid = lo + (hi - lo).div_ceil(2);
-                                        if ev.fits(all_ckpt(mid)) {
-                                            lo = mid;
-                                        } else {
-                                            hi = mid - 1;
-                                        }
-                                    }
-                                    lo
-                                } else {
-                                    1
-                                };
-                                for r in (2..=most).rev() {
-                                    let or = Outer { reshard: Reshard::Keep(r), ..o };
-                                    let Some(tr) = ev.time(Config { outer: or, full: 0, sac: 0 }) else { continue };
-                                    // (fewer kept units are no faster, checkpointing neither)
-                                    if b0 - (t0 - tr) >= best.0 * (1.0 - KEEP_TOLERANCE) || bound.is_some_and(|b| tr > b.0) {
-                                        break;
-                                    }
-                                    if let Some(x) = search_outer(&mut ev, or, bound) {
-                                        found.push(x);
-                                        bound = Some(x);
-                                    }
+                                if let Some(tn) = tn {
+                                    search_kept(&mut ev, o, (t0, tn, b0), best, &mut bound, &mut found);
                                 }
                                 report(&ev, &mut counted, planned, done, of, progress);
                             }
@@ -1114,6 +1083,45 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
     let by_config: HashMap<Config, Eval> = evaluated.iter().map(|e| (e.config, e.clone())).collect();
     let per_outer: Vec<Eval> = per_outer.iter().filter_map(|(_, c)| by_config.get(c).cloned()).collect();
     Tuned { best: per_outer.first().cloned(), per_outer, evaluated, plans_built: planned.into_inner() }
+}
+
+/// The kept-unit counts of outer point `o` resharding all ([`Reshard::Keep`], the third pass
+/// of [`search`]), given its time without checkpointing `t0`, `None`'s `tn` and the floor
+/// `b0` of its best: what keeping saves is at most `t0 - tn`, from a best no faster than
+/// `b0`, so only where that can beat `best` by more than [`KEEP_TOLERANCE`] — from the most
+/// units kept whose every block fully checkpointed fits (more kept never needs less memory:
+/// bisection) down, while what keeping saves without checkpointing (it shrinks with r) can
+/// still do so. What beats `bound` goes to `found` and becomes the bound.
+fn search_kept(ev: &mut Evaluator, o: Outer, (t0, tn, b0): (f64, f64, f64), best: (f64, Config), bound: &mut Option<(f64, Config)>, found: &mut Vec<(f64, Config)>) {
+    let space = ev.space;
+    if tn >= best.0 || b0 - (t0 - tn) >= best.0 * (1.0 - KEEP_TOLERANCE) {
+        return;
+    }
+    let all_ckpt = |r: u32| Config { outer: Outer { reshard: Reshard::Keep(r), ..o }, full: space.blocks.len() as u32, sac: 0 };
+    if !ev.fits(all_ckpt(2)) {
+        return;
+    }
+    let (mut most, mut hi) = (2, units_of(space, &o) - 1);
+    while most < hi {
+        let mid = most + (hi - most).div_ceil(2);
+        if ev.fits(all_ckpt(mid)) {
+            most = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    for r in (2..=most).rev() {
+        let or = Outer { reshard: Reshard::Keep(r), ..o };
+        let Some(tr) = ev.time(Config { outer: or, full: 0, sac: 0 }) else { continue };
+        // (fewer kept units are no faster, checkpointing neither)
+        if b0 - (t0 - tr) >= best.0 * (1.0 - KEEP_TOLERANCE) || bound.is_some_and(|b| tr > b.0) {
+            break;
+        }
+        if let Some(x) = search_outer(ev, or, *bound) {
+            found.push(x);
+            *bound = Some(x);
+        }
+    }
 }
 
 /// Counts the plans `ev` built since `counted` into `planned` and one more outer choice into
