@@ -45,7 +45,7 @@ fn main() {
         let base = scenario::options(ws, seq);
         let space = tune::space(&m, &base, ws, gb, hw.gpus_per_node).unwrap();
         let r = tune::search(&m, &base, &hw, &space, limit, 2, &|_, _, _| {});
-        let valid: BTreeSet<Outer> = tune::outers(&space).into_iter().collect();
+        let valid: BTreeSet<Outer> = tune::outers(&space).into_iter().chain(tune::keep_outers(&space)).collect();
         let sp = &space;
         let outers: BTreeSet<Outer> = r
             .per_outer

@@ -71,15 +71,14 @@ pub(crate) struct TuneArgs {
     /// Leave the embeddings and the LM head to the root unit (about halves the search).
     #[arg(long)]
     pub(crate) no_embed_head_units: bool,
-    /// Also search keeping the last r units unsharded after forward for every r (per unit
-    /// `reshard_after_forward=False` from the end: `plan --unit-reshard
-    /// 'model.layers.{24..31}=false'`), beside all / all but the last / none; within 0.26% of
-    /// the best over every count. It pays where the backward's all-gathers cost time the
-    /// memory can buy back (many GPUs, short sequences: Llama-3-8B on 256 GPUs at seq 2048
-    /// under 36 GiB, +3.0%); where that memory forces more checkpointing than it saves, it
-    /// multiplies the search for nothing (Llama-3-8B on 8 GPUs at seq 8192: about 5×).
+    /// Leave out keeping the last r units unsharded after forward for every r between all /
+    /// all but the last / none (per unit `reshard_after_forward=False` from the end: `plan
+    /// --unit-reshard 'model.layers.{24..31}=false'`), searched by default within 0.26% of the
+    /// best over every count. It pays where the backward's all-gathers cost time the memory
+    /// can buy back (many GPUs, short sequences: Llama-3-8B on 256 GPUs at seq 2048 under 36
+    /// GiB, +3.0%) and costs up to a sixth more plans where it does not.
     #[arg(long)]
-    pub(crate) keep_units: bool,
+    pub(crate) no_keep_units: bool,
     /// Runner-ups to list.
     #[arg(long, default_value_t = 5)]
     pub(crate) top: usize,
@@ -289,7 +288,7 @@ pub(crate) fn run(a: TuneArgs) -> Result<()> {
     if a.no_embed_head_units {
         space.edges = vec![false];
     }
-    space.keep = a.keep_units;
+    space.keep = !a.no_keep_units;
     if space.blocks.is_empty() {
         bail!(UserError(format!("{}: no decoder blocks to tune (the transformer policy wraps none)", a.model.display())));
     }

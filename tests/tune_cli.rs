@@ -140,15 +140,15 @@ fn tune_searches_unit_groups_by_default() {
 }
 
 #[test]
-fn tune_keeps_the_last_units_after_forward_with_keep_units() {
+fn tune_keeps_the_last_units_after_forward() {
     // Llama-3-8B on 256 GPUs at seq 2048 under 36 GiB: the backward's all-gathers cost time the
     // memory can buy back — keeping the last units unsharded after forward (more than the
-    // last one, fewer than all) is faster than any of all / all but the last / none, and
-    // its flags re-plan to tune's numbers
+    // last one, fewer than all) is faster than any of all / all but the last / none (what
+    // --no-keep-units leaves), and its flags re-plan to tune's numbers
     let model = "models/llama-3-8b.ron";
     let args = ["tune", model, "--world-size", "256", "--global-batch", "256", "--seq", "2048", "--param-dtype", "bf16", "--reduce-dtype", "f32", "--hardware", "h100-sxm", "--memory-limit", "36GiB", "--format", "json"];
-    let v = json(&args);
-    let keep = json(&[&args[..], &["--keep-units"]].concat());
+    let keep = json(&args);
+    let v = json(&[&args[..], &["--no-keep-units"]].concat());
     let tps = |v: &serde_json::Value| v["best"]["predicted"]["tokens_per_s_per_gpu"].as_f64().unwrap();
     let flags: Vec<String> = keep["best"]["flags"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()).collect();
     let kept: Vec<&String> = flags.windows(2).filter(|w| w[0] == "--unit-reshard").map(|w| &w[1]).collect();

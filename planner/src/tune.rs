@@ -5,10 +5,14 @@
 //! - the HSDP shard-group size (divisors of the world size; the world size is plain FSDP);
 //! - micro-batch × gradient accumulation for the global batch (sequences per optimizer step
 //!   over all ranks, so `micro_batch · accum · world_size = global_batch`);
-//! - prefetch: FSDP2's implicit one-ahead, or explicit (forward 1, backward 2);
+//! - prefetch: FSDP2's implicit one-ahead, or explicit (forward 1, backward 2); deeper is
+//!   left out: tune's answers in six scenarios (Llama-3-8B on 8, 256 and 512 GPUs, 70B on
+//!   64, 1B on 1,024, 405B on 2,048) re-planned with every depth up to forward 3, backward 4
+//!   were never more than 0.01% faster (2026-11-27);
 //! - `reshard_after_forward` of the blocks: all (FSDP2's default), all but the last
-//!   (torchtitan's), none (ZeRO-2-like: no backward all-gathers); with `--keep-units` (the
-//!   space's `keep`) also all but the last r units for every r between ([`Reshard::Keep`]);
+//!   (torchtitan's), none (ZeRO-2-like: no backward all-gathers); and (the space's `keep`,
+//!   unless `--no-keep-units`) all but the last r units for every r between
+//!   ([`Reshard::Keep`]);
 //! - unit groups: k decoder blocks per FSDP unit (`--unit-group k`, FSDP2's
 //!   `fully_shard([block_i, …, block_i+k-1])`: 1/k of the collectives, each k times the
 //!   size), k a divisor of the number of blocks ([`group_ladder`]; equal units: a shorter
@@ -44,10 +48,13 @@
 //! force over every assignment on a 4-block model).
 //!
 //! Kept units (`keep`): after the two passes, a third searches the kept counts of each
-//! outer point resharding all whose best (or the bound it could not beat) less what keeping
-//! every unit saves without checkpointing is more than [`KEEP_TOLERANCE`] below the best:
-//! from the most units whose every block fully checkpointed fits down, while that holds
-//! (ARCHITECTURE.md, property 4).
+//! outer point resharding all. A count's best is at least a floor: the floor of a count with
+//! fewer kept (resharding all's, the second pass's) less what the more kept save without
+//! checkpointing (`search_outer` returns a floor of an outer point's best beside it). Counts
+//! are taken from the fewest up, the next being the least whose floor is more than
+//! [`KEEP_TOLERANCE`] below the best found; where one needs no checkpointing, the most kept
+//! that need none either (bisection) are no slower than any between (ARCHITECTURE.md,
+//! property 4).
 //!
 //! Unit groups are searched along each family of outer points (the same choices but the
 //! group) from one block per unit up, larger groups only while they make the step without
@@ -159,9 +166,8 @@ pub struct Space {
     /// (embeddings, a pattern of the blocks, head), when the model has them untied.
     pub edge_policy: Option<Vec<String>>,
     /// Whether the kept-unit counts ([`Reshard::Keep`]) are searched (the third pass of
-    /// [`search`]) beside `reshard`, whose `All` and `None` bracket them (`tune
-    /// --keep-units`; not by default: it multiplies the search where the all-gathers hide
-    /// behind compute, and gains where they do not).
+    /// [`search`]) beside `reshard`, whose `All` and `None` bracket them (by default; `tune
+    /// --no-keep-units` leaves them out).
     pub keep: bool,
     /// The offload choices searched ([`Outer::offload`]): `[false, true]` where the options
     /// allow CPU offload (FSDP2 layout on a GPU, no float8), with FSDP (`plan` also plans it
@@ -240,7 +246,7 @@ pub fn space(model: &Model, base: &Options, world_size: u64, global_batch: u64, 
     // are untied: it frees memory for less checkpointing, 0.3–1.4% faster answers on Llama-3)
     let edges = if edge_policy.is_some() { vec![false, true] } else { vec![false] };
     let groups = group_ladder(blocks.len() as u32);
-    Ok(Space { shards, batches, prefetch: vec![0, 2], reshard, groups, every_group: false, node, blocks, sac, edges, edge_policy, keep: false, offload })
+    Ok(Space { shards, batches, prefetch: vec![0, 2], reshard, groups, every_group: false, node, blocks, sac, edges, edge_policy, keep: true, offload })
 }
 
 /// `[embeddings, blocks pattern, head]`: the embedding's module, the blocks as one `*`
@@ -727,12 +733,11 @@ pub fn families(space: &Space) -> Vec<Vec<Outer>> {
 }
 
 /// How much of the best step time keeping units after forward ([`Reshard::Keep`]) must be
-/// able to save for the third pass of [`search`] to search it: what keeping a family's last
-/// units saves is at most what keeping them all saves without checkpointing (`All`'s time
-/// less `None`'s: more units kept save more, and checkpointing's recompute does not enlarge
-/// the saving — to 0.01% of the step, brute force checks both), and a configuration that
-/// fits keeping units fits keeping none, so an answer that skips it is within this (+0.01%)
-/// of the best over every kept count.
+/// able to save for the third pass of [`search`] to search it: what keeping r units rather
+/// than r0 < r saves is at most what it saves without checkpointing (checkpointing's
+/// recompute does not enlarge the saving — to 0.01% of the step, brute force checks it for
+/// every pair), and a configuration that fits keeping r units fits keeping r0, so a count
+/// whose floor is within this of the best found is no more than this (+0.01%) faster.
 pub const KEEP_TOLERANCE: f64 = 0.0025;
 
 /// Consecutive rises of the boundary's time that end the walk over `full` (0: walk until
@@ -746,8 +751,11 @@ fn faster(a: (f64, Config), b: Option<(f64, Config)>) -> bool {
 
 /// The best configuration of one outer point that beats `bound`, if any (see the module
 /// doc: the least SAC that fits for each number of fully checkpointed blocks — which never
-/// grows with it — until the time with no SAC cannot win).
-fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> Option<(f64, Config)> {
+/// grows with it — until the time with no SAC cannot win), and a floor of the outer point's
+/// best time: that best where it was found, else what the search learnt on the way (the
+/// time with no SAC where the walk stopped, the best of the numbers it walked; infinite
+/// where nothing fits).
+fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> (Option<(f64, Config)>, f64) {
     // checkpointing goes by units: with unit groups of k blocks, `full` and `sac` count
     // groups (a group's blocks are checkpointed alike; k divides the blocks, so the units are
     // identical, as counting them from the front takes)
@@ -759,16 +767,17 @@ fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> O
         let f = (full * k).min(blocks);
         Config { outer: o, full: f, sac: (sac * k).min(blocks - f) }
     };
+    const NONE: (Option<(f64, Config)>, f64) = (None, f64::INFINITY);
     let c00 = cfg(0, 0);
-    let t00 = ev.time(c00)?;
+    let Some(t00) = ev.time(c00) else { return NONE };
     if !faster((t00, c00), bound) {
-        return None;
+        return (None, t00);
     }
     if ev.fits(c00) {
-        return Some((t00, c00));
+        return (Some((t00, c00)), t00);
     }
     if !ev.fits(cfg(l, 0)) {
-        return None;
+        return NONE;
     }
     // (timed too: the least-memory end of the Pareto front)
     ev.time(cfg(l, 0));
@@ -782,8 +791,12 @@ fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> O
     let mut start = least_under(0, l, limit, &mut |f| ev.floor(least(f)));
     // (nothing from a level on is faster than its `full` blocks with no SAC: when that cannot
     // beat the bound, nothing here can)
-    if start > 0 && ev.time(cfg(start, 0)).is_none_or(|lb| !faster((lb, cfg(start, 0)), bound)) {
-        return None;
+    if start > 0 {
+        match ev.time(cfg(start, 0)) {
+            Some(lb) if !faster((lb, cfg(start, 0)), bound) => return (None, lb),
+            None => return NONE,
+            Some(_) => {}
+        }
     }
     while start < l && !ev.fits(least(start)) {
         start += 1;
@@ -792,6 +805,8 @@ fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> O
     let mut prev: Option<u32> = None;
     let mut drop = 1u32;
     let mut worse = 0;
+    // (a floor of the numbers the walk leaves: the time with no SAC where it stops)
+    let mut rest = f64::INFINITY;
     for full in start..=l {
         // the boundary's time along `full` rises once more full blocks cost more than the
         // SAC blocks they replace: two rises in a row end the walk (brute force checks it)
@@ -839,9 +854,16 @@ fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> O
         drop = prev.map_or(1, |p| p.saturating_sub(hi));
         prev = Some(hi);
         let Some(t) = ev.time(cfg(full, hi)) else { continue };
-        if !faster((t, cfg(full, hi)), bound) && full > 0 && ev.time(cfg(full, 0)).is_none_or(|lb| !faster((lb, cfg(full, 0)), bound)) {
-            // nothing from here on can beat the bound
-            break;
+        if !faster((t, cfg(full, hi)), bound) && full > 0 {
+            match ev.time(cfg(full, 0)) {
+                // nothing from here on can beat the bound
+                Some(lb) if !faster((lb, cfg(full, 0)), bound) => {
+                    rest = lb;
+                    break;
+                }
+                None => break,
+                Some(_) => {}
+            }
         }
         if faster((t, cfg(full, hi)), local) {
             local = Some((t, cfg(full, hi)));
@@ -850,7 +872,7 @@ fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> O
             worse += 1;
         }
     }
-    local.filter(|&l| faster(l, bound))
+    (local.filter(|&l| faster(l, bound)), local.map_or(rest, |l| l.0.min(rest)))
 }
 
 /// The least `x` in `lo..=hi` with `fits(x)`, where `fits(hi)` holds and `fits` is monotone
@@ -998,8 +1020,7 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
     // taking the lanes one after the other: the best of each outer point searched, and what
     // each thread evaluated
     type Lane = (Vec<(f64, Config)>, Vec<Eval>);
-    // (and per outer point searched, a floor of its best: what it found, else the bound it
-    // could not beat — infinite where nothing fits)
+    // (and per outer point searched, a floor of its best: `search_outer`'s)
     let searched: Vec<(Lane, Vec<(Outer, f64)>)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|_| {
@@ -1019,8 +1040,8 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
                         let mut best: Option<(f64, Config)> = None;
                         for o in outers {
                             let bound = best;
-                            let r = search_outer(&mut ev, o, bound);
-                            floors.push((o, r.or(bound).map_or(f64::INFINITY, |x| x.0)));
+                            let (r, floor) = search_outer(&mut ev, o, bound);
+                            floors.push((o, floor));
                             if let Some(r) = r {
                                 found.push(r);
                                 best = Some(r);
@@ -1053,7 +1074,7 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
                         s.spawn(move || crate::schedule::without_names(|| {
                             let mut ev = Evaluator::new(model, base, hw, space, limit);
                             let mut found = vec![];
-                            let mut bound = Some(best);
+                            let mut bound = best;
                             let mut counted = 0;
                             for (t0, o) in mine {
                                 // `None` keeps every unit: no r does better without
@@ -1062,7 +1083,7 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
                                 let tn = first_time.get(&on).copied().or_else(|| ev.time(Config { outer: on, full: 0, sac: 0 }));
                                 let b0 = floor.get(&o).copied().unwrap_or(f64::INFINITY);
                                 if let Some(tn) = tn {
-                                    search_kept(&mut ev, o, (t0, tn, b0), best, &mut bound, &mut found);
+                                    search_kept(&mut ev, o, (t0, tn, b0), &mut bound, &mut found);
                                 }
                                 report(&ev, &mut counted, planned, done, of, progress);
                             }
@@ -1086,41 +1107,70 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
 }
 
 /// The kept-unit counts of outer point `o` resharding all ([`Reshard::Keep`], the third pass
-/// of [`search`]), given its time without checkpointing `t0`, `None`'s `tn` and the floor
-/// `b0` of its best: what keeping saves is at most `t0 - tn`, from a best no faster than
-/// `b0`, so only where that can beat `best` by more than [`KEEP_TOLERANCE`] — from the most
-/// units kept whose every block fully checkpointed fits (more kept never needs less memory:
-/// bisection) down, while what keeping saves without checkpointing (it shrinks with r) can
-/// still do so. What beats `bound` goes to `found` and becomes the bound.
-fn search_kept(ev: &mut Evaluator, o: Outer, (t0, tn, b0): (f64, f64, f64), best: (f64, Config), bound: &mut Option<(f64, Config)>, found: &mut Vec<(f64, Config)>) {
+/// of [`search`]), given its time without checkpointing `t0`, `None`'s `tn` and a floor `b0`
+/// of its best. Keeping r units saves at most what it saves without checkpointing (and
+/// keeping r rather than r0 < r, at most what that saves without), so the best of r is at
+/// least `off + t(r)`, `t(r)` its time without checkpointing and `off` the most of `b0 - t0`
+/// and, for every count r0 searched, the floor of its best less `t(r0)`. Counts are searched
+/// from the fewest up: the next is the least (bisection: `t` falls as r grows) whose floor
+/// is more than [`KEEP_TOLERANCE`] below the bound, until none is or its every block fully
+/// checkpointed does not fit (more kept never needs less memory). What beats `bound` goes
+/// to `found` and becomes the bound.
+fn search_kept(ev: &mut Evaluator, o: Outer, (t0, tn, b0): (f64, f64, f64), bound: &mut (f64, Config), found: &mut Vec<(f64, Config)>) {
     let space = ev.space;
-    if tn >= best.0 || b0 - (t0 - tn) >= best.0 * (1.0 - KEEP_TOLERANCE) {
-        return;
-    }
-    let all_ckpt = |r: u32| Config { outer: Outer { reshard: Reshard::Keep(r), ..o }, full: space.blocks.len() as u32, sac: 0 };
-    if !ev.fits(all_ckpt(2)) {
-        return;
-    }
-    let (mut most, mut hi) = (2, units_of(space, &o) - 1);
-    while most < hi {
-        let mid = most + (hi - most).div_ceil(2);
-        if ev.fits(all_ckpt(mid)) {
-            most = mid;
-        } else {
-            hi = mid - 1;
+    let u = units_of(space, &o);
+    let keep = |r: u32| Outer { reshard: Reshard::Keep(r), ..o };
+    // (a refused count is never searched)
+    let t = |ev: &mut Evaluator, r: u32| ev.time(Config { outer: keep(r), full: 0, sac: 0 }).unwrap_or(f64::INFINITY);
+    let mut off = (b0 - t0).max(0.0);
+    let mut lo = 2;
+    loop {
+        // below this, a count's time without checkpointing leaves its floor more than the
+        // tolerance under the bound (`None` keeps every unit: no count is faster)
+        let under = bound.0 * (1.0 - KEEP_TOLERANCE) - off;
+        if lo >= u || tn >= under || t(ev, u - 1) >= under {
+            return;
         }
-    }
-    for r in (2..=most).rev() {
-        let or = Outer { reshard: Reshard::Keep(r), ..o };
-        let Some(tr) = ev.time(Config { outer: or, full: 0, sac: 0 }) else { continue };
-        // (fewer kept units are no faster, checkpointing neither)
-        if b0 - (t0 - tr) >= best.0 * (1.0 - KEEP_TOLERANCE) || bound.is_some_and(|b| tr > b.0) {
-            break;
+        let (mut a, mut r) = (lo, u - 1);
+        while a < r {
+            let mid = a + (r - a) / 2;
+            if t(ev, mid) < under {
+                r = mid;
+            } else {
+                a = mid + 1;
+            }
         }
-        if let Some(x) = search_outer(ev, or, *bound) {
+        if !ev.fits(Config { outer: keep(r), full: space.blocks.len() as u32, sac: 0 }) {
+            return;
+        }
+        let (mut x, mut floor) = search_outer(ev, keep(r), Some(*bound));
+        // where nothing need be checkpointed, the most units kept that need nothing either
+        // (bisection: more kept never needs less memory) are no slower than any count between
+        if x.is_some_and(|x| x.1.full + x.1.sac == 0) {
+            let (mut a, mut b) = (r, u - 1);
+            while a < b {
+                let mid = a + (b - a).div_ceil(2);
+                if ev.fits(Config { outer: keep(mid), full: 0, sac: 0 }) {
+                    a = mid;
+                } else {
+                    b = mid - 1;
+                }
+            }
+            if a > r {
+                if let Some(x) = x {
+                    found.push(x);
+                    *bound = x;
+                }
+                r = a;
+                (x, floor) = search_outer(ev, keep(r), Some(*bound));
+            }
+        }
+        if let Some(x) = x {
             found.push(x);
-            *bound = Some(x);
+            *bound = x;
         }
+        off = off.max(floor - t(ev, r));
+        lo = r + 1;
     }
 }
 
