@@ -1,6 +1,7 @@
 //! `tune` against brute force at real size: every (full, SAC) split of the blocks at the outer
 //! points of tune's answer and first runner-ups, with their siblings (both prefetch modes, the
-//! embeddings and head as units of their own or the root's), planned, timed and replayed
+//! embeddings and head as units of their own or the root's) and the answer's kept-unit
+//! neighbours (one unit kept more and one fewer), planned, timed and replayed
 //! through the allocator model. Prints tune's answer beside the best that fits there, and
 //! how many rows of fixed `full` do not fit monotonically in `sac` (tune's bisection assumes
 //! they do; the allocator replay need not). The planner's tests hold tune to brute force over
@@ -47,13 +48,25 @@ fn main() {
         let r = tune::search(&m, &base, &hw, &space, limit, 2, &|_, _, _| {});
         let valid: BTreeSet<Outer> = tune::outers(&space).into_iter().chain(tune::keep_outers(&space)).collect();
         let sp = &space;
-        let outers: BTreeSet<Outer> = r
+        let mut outers: BTreeSet<Outer> = r
             .per_outer
             .iter()
             .take(top)
             .flat_map(|e| sp.prefetch.iter().flat_map(move |&p| sp.edges.iter().map(move |&edges| Outer { prefetch: p, edges, ..e.config.outer })))
             .filter(|o| valid.contains(o))
             .collect();
+        // and the answer's kept-unit neighbours: one unit kept more and one fewer (or, where
+        // it keeps none of the counts, the fewest and the most), what the third pass's skips
+        // would miss first
+        if let Some(b) = &r.best {
+            let o = b.config.outer;
+            let u = tune::units_of(sp, &o);
+            let near = match o.reshard {
+                tune::Reshard::Keep(k) => vec![k - 1, k + 1],
+                _ => vec![2, u - 1],
+            };
+            outers.extend(near.into_iter().map(|k| Outer { reshard: tune::Reshard::Keep(k), ..o }).filter(|o| valid.contains(o)));
+        }
         let l = space.blocks.len() as u32;
         let configs: Vec<Config> = outers
             .iter()

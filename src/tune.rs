@@ -79,6 +79,9 @@ pub(crate) struct TuneArgs {
     /// GiB, +3.0%) and costs up to a sixth more plans where it does not.
     #[arg(long)]
     pub(crate) no_keep_units: bool,
+    /// (The kept-unit counts' opt-in before they were searched by default: accepted, no effect.)
+    #[arg(long, hide = true, conflicts_with = "no_keep_units")]
+    pub(crate) keep_units: bool,
     /// Runner-ups to list.
     #[arg(long, default_value_t = 5)]
     pub(crate) top: usize,

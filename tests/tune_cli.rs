@@ -158,6 +158,8 @@ fn tune_keeps_the_last_units_after_forward() {
     assert!(fits);
     assert_eq!((Some(needed), Some(t)), (keep["best"]["predicted"]["needed_bytes"].as_u64(), keep["best"]["predicted"]["tokens_per_s_per_gpu"].as_f64()));
     assert!(keep["searched"].as_u64() > v["searched"].as_u64());
+    let without: Vec<&str> = v["best"]["flags"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect();
+    assert!(!without.iter().any(|f| f.starts_with("model.layers.{")), "{without:?}");
 }
 
 #[test]

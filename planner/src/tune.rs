@@ -33,7 +33,8 @@
 //! or, with a stated reserve, the tensor peak plus that reserve, within the limit.
 //!
 //! **Search** (exact over the space under two monotonicity properties of the model that
-//! the tests check by brute force): checkpointing one more block, or moving one from
+//! the tests check by brute force, the kept-unit counts within [`KEEP_TOLERANCE`]):
+//! checkpointing one more block, or moving one from
 //! op-level SAC to full, never makes the step faster (it adds recompute) and never raises
 //! the memory needed. For each outer point (shard group, micro-batch, prefetch, reshard, …):
 //! its time with no checkpointing bounds every AC choice from below (outer points are taken
@@ -732,12 +733,12 @@ pub fn families(space: &Space) -> Vec<Vec<Outer>> {
     by
 }
 
-/// How much of the best step time keeping units after forward ([`Reshard::Keep`]) must be
-/// able to save for the third pass of [`search`] to search it: what keeping r units rather
-/// than r0 < r saves is at most what it saves without checkpointing (checkpointing's
-/// recompute does not enlarge the saving — to 0.01% of the step, brute force checks it for
-/// every pair), and a configuration that fits keeping r units fits keeping r0, so a count
-/// whose floor is within this of the best found is no more than this (+0.01%) faster.
+/// How far below the best found a kept-unit count's floor ([`Reshard::Keep`], the third pass
+/// of [`search`]) must be for the count to be searched: what keeping r units rather than
+/// r0 < r saves is at most what it saves without checkpointing (checkpointing's recompute
+/// does not enlarge the saving — to 0.01% of the step, brute force checks it for every
+/// pair), and a configuration that fits keeping r units fits keeping r0, so a count left
+/// unsearched is at most this fraction (+0.01%) faster than the answer.
 pub const KEEP_TOLERANCE: f64 = 0.0025;
 
 /// Consecutive rises of the boundary's time that end the walk over `full` (0: walk until
@@ -754,7 +755,8 @@ fn faster(a: (f64, Config), b: Option<(f64, Config)>) -> bool {
 /// grows with it — until the time with no SAC cannot win), and a floor of the outer point's
 /// best time: that best where it was found, else what the search learnt on the way (the
 /// time with no SAC where the walk stopped, the best of the numbers it walked; infinite
-/// where nothing fits).
+/// where nothing fits) — under the search's own terms (a replay monotone in SAC, the walk's
+/// patience), as the best it finds is.
 fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> (Option<(f64, Config)>, f64) {
     // checkpointing goes by units: with unit groups of k blocks, `full` and `sac` count
     // groups (a group's blocks are checkpointed alike; k divides the blocks, so the units are
@@ -794,7 +796,7 @@ fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> (
     if start > 0 {
         match ev.time(cfg(start, 0)) {
             Some(lb) if !faster((lb, cfg(start, 0)), bound) => return (None, lb),
-            None => return NONE,
+            None => return (None, t00),
             Some(_) => {}
         }
     }
@@ -847,7 +849,8 @@ fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> (
         // boundary found is confirmed: a configuration that does not fit is never an answer.
         // If it does not fit the level is left (sac above `top` is slower than the previous
         // boundary, which fits, and stays the cap); the search is exact where the replay is
-        // monotone, the tensor peak always is)
+        // monotone, the tensor peak always is — as is the floor returned: the level adds
+        // nothing to it)
         if !ev.fits(cfg(full, hi)) {
             continue;
         }
@@ -858,10 +861,13 @@ fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> (
             match ev.time(cfg(full, 0)) {
                 // nothing from here on can beat the bound
                 Some(lb) if !faster((lb, cfg(full, 0)), bound) => {
-                    rest = lb;
+                    rest = rest.min(lb);
                     break;
                 }
-                None => break,
+                None => {
+                    rest = rest.min(t00);
+                    break;
+                }
                 Some(_) => {}
             }
         }
@@ -1120,14 +1126,15 @@ fn search_kept(ev: &mut Evaluator, o: Outer, (t0, tn, b0): (f64, f64, f64), boun
     let space = ev.space;
     let u = units_of(space, &o);
     let keep = |r: u32| Outer { reshard: Reshard::Keep(r), ..o };
-    // (a refused count is never searched)
+    // (a refused count is never searched: the planner refuses none by the count, which only
+    // sets per-unit reshard flags)
     let t = |ev: &mut Evaluator, r: u32| ev.time(Config { outer: keep(r), full: 0, sac: 0 }).unwrap_or(f64::INFINITY);
     let mut off = (b0 - t0).max(0.0);
     let mut lo = 2;
     loop {
         // below this, a count's time without checkpointing leaves its floor more than the
         // tolerance under the bound (`None` keeps every unit: no count is faster)
-        let under = bound.0 * (1.0 - KEEP_TOLERANCE) - off;
+        let under = bound.0 / (1.0 + KEEP_TOLERANCE) - off;
         if lo >= u || tn >= under || t(ev, u - 1) >= under {
             return;
         }

@@ -56,7 +56,7 @@ fn check(name: &str, ws: u64, global_batch: u64, base: Options, allocator: bool)
 }
 
 /// [`check`] with `groups`, when given, as a user's `--unit-groups` list (every one searched),
-/// and with every count of kept units (`tune --keep-units`) when `keep`.
+/// and with every count of kept units (tune's default third pass) when `keep`.
 fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator: bool, groups: Option<Vec<u32>>, keep: bool) {
     let m = model(name);
     let h = hw("h100-sxm");
@@ -92,7 +92,8 @@ fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator
         // saves with any checkpointing is at most what it saves without (to within
         // `SAVING_SLACK` of the step: exact here; 0.003% on Llama-3-8B on 256 GPUs, 16 units
         // kept against none, over five checkpoint choices)
-        let at = |o: tune::Outer, modes: &[u8]| all.iter().find(|x| x.0 == o && x.1 == modes);
+        let index: std::collections::HashMap<(tune::Outer, &[u8]), &Point> = all.iter().map(|x| ((x.0, x.1.as_slice()), x)).collect();
+        let at = |o: tune::Outer, modes: &[u8]| index.get(&(o, modes)).copied();
         let none = vec![0u8; space.blocks.len()];
         let kept = |o: &tune::Outer| match o.reshard {
             tune::Reshard::All => Some(0),
@@ -115,14 +116,21 @@ fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator
             held += 1;
         }
         // every pair of kept counts of an outer point, at every checkpoint choice
-        let mut pairs = 0;
+        type Counts<'a> = std::collections::HashMap<(tune::Outer, &'a [u8]), Vec<(u32, &'a Point)>>;
+        let mut counts: Counts = std::collections::HashMap::new();
         for x in &all {
-            let Some(r) = kept(&x.0) else { continue };
-            let Some(x00) = at(x.0, &none) else { continue };
-            for p in all.iter().filter(|p| p.1 == x.1 && tune::Outer { reshard: x.0.reshard, ..p.0 } == x.0 && kept(&p.0).is_some_and(|r0| r0 < r)) {
-                let Some(p00) = at(p.0, &none) else { continue };
-                assert!((p.4 - x.4) - (p00.4 - x00.4) <= SAVING_SLACK * p.4, "{name} {:?} -> {:?} {:?}: saves {} s checkpointed, {} s without", p.0.reshard, x.0, x.1, p.4 - x.4, p00.4 - x00.4);
-                pairs += 1;
+            if let Some(r) = kept(&x.0) {
+                counts.entry((tune::Outer { reshard: tune::Reshard::All, ..x.0 }, x.1.as_slice())).or_default().push((r, x));
+            }
+        }
+        let mut pairs = 0;
+        for v in counts.values() {
+            for &(r0, p) in v {
+                for &(_, x) in v.iter().filter(|(r, _)| *r > r0) {
+                    let (Some(p00), Some(x00)) = (at(p.0, &none), at(x.0, &none)) else { continue };
+                    assert!((p.4 - x.4) - (p00.4 - x00.4) <= SAVING_SLACK * p.4, "{name} {:?} -> {:?} {:?}: saves {} s checkpointed, {} s without", p.0.reshard, x.0, x.1, p.4 - x.4, p00.4 - x00.4);
+                    pairs += 1;
+                }
             }
         }
         assert!(pairs > 1000, "{name}: {pairs}");
@@ -146,12 +154,11 @@ fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator
                 limits.push(mem(x));
             }
         }
-        assert!(limits.len() > 9, "{name}: no configuration keeping units is the fastest that fits anywhere");
     }
     // (the kept-unit pass is within its tolerance of the best over every count; the rest exact,
     // and held to the 0.5%)
     let tolerance = if keep { tune::KEEP_TOLERANCE + SAVING_SLACK } else { 0.005 };
-    let mut checked = 0;
+    let (mut checked, mut kept_best) = (0, 0);
     for bytes in limits {
         let limit = Limit { bytes, reserve: if allocator { None } else { Some(0) } };
         let tuned = tune::search(&m, &base, &h, &space, limit, 2, &|_, _, _| {});
@@ -168,6 +175,7 @@ fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator
             }
         }
         let best_brute = all.iter().filter(|x| mem(x) <= limit.bytes).map(|x| x.4).fold(f64::INFINITY, f64::min);
+        kept_best += all.iter().any(|x| mem(x) <= limit.bytes && x.4 == best_brute && matches!(x.0.reshard, tune::Reshard::Keep(_))) as usize;
         match &tuned.best {
             None => assert!(best_brute.is_infinite(), "{name} limit {}: brute force fits at {best_brute} s, tune found nothing", limit.bytes),
             Some(b) => {
@@ -182,6 +190,9 @@ fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator
         }
     }
     assert!(checked >= 4, "{name}: too few limits with an answer ({checked})");
+    // (where the tensor peak is judged, keeping units is the best at some limits — 4 here; the
+    // allocator model's 2 MiB rounding hides these tiny blocks' params: none there)
+    assert!(!keep || allocator || kept_best >= 2, "{name}: keeping units the best at {kept_best} limits");
 }
 
 #[test]
@@ -201,7 +212,7 @@ fn tune_equals_brute_force_over_every_unit_group_a_user_lists() {
     check_groups("tiny-llama-4l", 4, 8, base, true, Some(vec![1, 2, 4]), false);
 }
 
-/// `--keep-units`: every count of units kept after forward from the end, beside all / all
+/// The kept-unit counts: every count of units kept after forward from the end, beside all / all
 /// but the last / none — within `tune::KEEP_TOLERANCE` of brute force over all of them.
 #[test]
 fn tune_with_every_count_of_kept_units_is_within_tolerance_of_brute_force() {
@@ -211,7 +222,7 @@ fn tune_with_every_count_of_kept_units_is_within_tolerance_of_brute_force() {
     check_groups("tiny-llama-4l", 4, 8, base, true, None, true);
 }
 
-/// `--keep-units` where the kept counts matter: a Llama of 8 tiny blocks on 8 ranks (the
+/// The kept-unit counts where they matter: a Llama of 8 tiny blocks on 8 ranks (the
 /// embeddings and head units of their own: 10 units, 2 to 9 kept), against every count of
 /// kept units with every split of the blocks into fully checkpointed, op-level SAC and none
 /// from the front (the patterns tune searches, position-free as the 4-block tests hold), at

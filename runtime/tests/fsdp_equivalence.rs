@@ -239,7 +239,7 @@ fn sharded_training_equals_single_device() {
     // them (forward 1, backward 2) and the last unit (the head) kept after forward: what tune combines
     let edges = Policy::Modules(vec!["model.embed_tokens".into(), "model.layers.*".into(), "lm_head".into()]);
     check("tiny-llama", Options { unit_group: 2, forward_prefetch: 1, backward_prefetch: BackwardPrefetch::Depth(2), unit_reshard: vec![("last".into(), false)], ..opts(2, Layout::Fsdp2, edges) }, &mut report);
-    // the last units kept after forward by a pattern (tune --keep-units)
+    // the last units kept after forward by a pattern (tune's kept-unit counts)
     let edges = Policy::Modules(vec!["model.embed_tokens".into(), "model.layers.*".into(), "lm_head".into()]);
     check("tiny-llama", Options { unit_reshard: vec![("lm_head".into(), false), ("model.layers.{1..1}".into(), false)], ..opts(2, Layout::Fsdp2, edges) }, &mut report);
     // op-level selective AC

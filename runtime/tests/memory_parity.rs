@@ -221,7 +221,7 @@ fn measured_peak_is_within_two_percent_of_the_plan() {
         }),
         // torchtitan's wrapping: the last block kept after forward; a subset of the blocks checkpointed
         case("tiny-llama-4l", "last unit not resharded", |o| o.unit_reshard = vec![("last".into(), false)]),
-        // the last units kept by a pattern (tune --keep-units): the head and blocks 2 and 3
+        // the last units kept by a pattern (tune's kept-unit counts): the head and blocks 2 and 3
         case("tiny-llama-4l", "last 3 units kept, edge units", |o| {
             o.policy = Policy::Modules(vec!["model.embed_tokens".into(), "model.layers.*".into(), "lm_head".into()]);
             o.unit_reshard = vec![("lm_head".into(), false), ("model.layers.{2..3}".into(), false)];
