@@ -737,8 +737,9 @@ pub fn families(space: &Space) -> Vec<Vec<Outer>> {
 /// of [`search`]) must be for the count to be searched: what keeping r units rather than
 /// r0 < r saves is at most what it saves without checkpointing (checkpointing's recompute
 /// does not enlarge the saving — to 0.01% of the step, brute force checks it for every
-/// pair), and a configuration that fits keeping r units fits keeping r0, so a count left
-/// unsearched is at most this fraction (+0.01%) faster than the answer.
+/// pair), and a configuration that fits keeping r units fits keeping r0 where the memory
+/// grows with the units kept, so a count left unsearched is then at most this fraction
+/// (+0.01%) faster than the answer.
 pub const KEEP_TOLERANCE: f64 = 0.0025;
 
 /// Consecutive rises of the boundary's time that end the walk over `full` (0: walk until
@@ -1119,9 +1120,10 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
 /// least `off + t(r)`, `t(r)` its time without checkpointing and `off` the most of `b0 - t0`
 /// and, for every count r0 searched, the floor of its best less `t(r0)`. Counts are searched
 /// from the fewest up: the next is the least (bisection: `t` falls as r grows) whose floor
-/// is more than [`KEEP_TOLERANCE`] below the bound, until none is or its every block fully
-/// checkpointed does not fit (more kept never needs less memory). What beats `bound` goes
-/// to `found` and becomes the bound.
+/// is more than [`KEEP_TOLERANCE`] below the bound, until none is or the tensor peak of its
+/// every block fully checkpointed is over the limit (it grows with the units kept; a count
+/// only the allocator replay finds over is passed by: the replay's fragmentation need not
+/// grow). What beats `bound` goes to `found` and becomes the bound.
 fn search_kept(ev: &mut Evaluator, o: Outer, (t0, tn, b0): (f64, f64, f64), bound: &mut (f64, Config), found: &mut Vec<(f64, Config)>) {
     let space = ev.space;
     let u = units_of(space, &o);
@@ -1147,12 +1149,23 @@ fn search_kept(ev: &mut Evaluator, o: Outer, (t0, tn, b0): (f64, f64, f64), boun
                 a = mid + 1;
             }
         }
-        if !ev.fits(Config { outer: keep(r), full: space.blocks.len() as u32, sac: 0 }) {
+        // every block fully checkpointed needs the least memory: where its tensor peak is over
+        // the limit so is every count from here on (the tensor peak grows with the units kept);
+        // where only the allocator replay finds it over, the next count may fit (the replay's
+        // fragmentation need not grow with them)
+        let least = Config { outer: keep(r), full: space.blocks.len() as u32, sac: 0 };
+        if ev.floor(least).is_none_or(|f| f > ev.limit.bytes) {
             return;
+        }
+        if !ev.fits(least) {
+            lo = r + 1;
+            continue;
         }
         let (mut x, mut floor) = search_outer(ev, keep(r), Some(*bound));
         // where nothing need be checkpointed, the most units kept that need nothing either
-        // (bisection: more kept never needs less memory) are no slower than any count between
+        // are no slower than any count between (bisection on the fit: the boundary it finds
+        // where the replay is not monotone in the units kept; the counts past it are still
+        // the chain's)
         if x.is_some_and(|x| x.1.full + x.1.sac == 0) {
             let (mut a, mut b) = (r, u - 1);
             while a < b {

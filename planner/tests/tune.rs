@@ -52,12 +52,17 @@ fn brute(m: &fsdp_ir::Model, base: &Options, h: &Hardware, space: &tune::Space) 
 const SAVING_SLACK: f64 = 1e-4;
 
 fn check(name: &str, ws: u64, global_batch: u64, base: Options, allocator: bool) {
-    check_groups(name, ws, global_batch, base, allocator, None, false)
+    check_groups(name, ws, global_batch, base, allocator, None, false);
+}
+
+/// [`check`] with the kept-unit counts, tune's default (within their tolerance).
+fn check_kept(name: &str, ws: u64, global_batch: u64, base: Options, allocator: bool) -> usize {
+    check_groups(name, ws, global_batch, base, allocator, None, true)
 }
 
 /// [`check`] with `groups`, when given, as a user's `--unit-groups` list (every one searched),
 /// and with every count of kept units (tune's default third pass) when `keep`.
-fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator: bool, groups: Option<Vec<u32>>, keep: bool) {
+fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator: bool, groups: Option<Vec<u32>>, keep: bool) -> usize {
     let m = model(name);
     let h = hw("h100-sxm");
     let base = Options { world_size: ws, ..base };
@@ -87,7 +92,13 @@ fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator
     let all = brute(&m, &base, &h, &space);
     if keep {
         // what the third pass's skips take (`tune::KEEP_TOLERANCE`): keeping one more unit
-        // never slows the step nor needs less memory (`None`, every unit kept, included), and
+        // never slows the step nor lowers the tensor peak (`None`, every unit kept, included)
+        // by more than one unit's params — FSDP2 copies a unit's all-gather output into its
+        // params, so a unit gathered in backward briefly holds both where a kept one does not
+        // (2-block models with accumulation: 10 KiB lower); the allocator replay's need is not
+        // held to it (its fragmentation need not grow with the units kept: Llama-3-8B on 8
+        // GPUs, 1 × 8192 × 2, every block fully checkpointed, 26 kept needs 1.0 GB less than
+        // 25; the search judges fit by it and stops on the tensor peak only) — and
         // what keeping r units rather than r0 < r (resharding all: 0; all but the last: 1)
         // saves with any checkpointing is at most what it saves without (to within
         // `SAVING_SLACK` of the step: exact here; 0.003% on Llama-3-8B on 256 GPUs, 16 units
@@ -102,13 +113,19 @@ fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator
             tune::Reshard::None => Some(tune::units_of(&space, o)),
             tune::Reshard::ToNode => None,
         };
+        let mut owned: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+        for p in &m.params {
+            let owner = space.blocks.iter().find(|b| p.name.starts_with(&format!("{b}."))).map_or(p.name.as_str(), |b| b.as_str());
+            *owned.entry(owner).or_default() += p.numel() * base.param_dtype.map_or(p.dtype.size(), |d| d.size());
+        }
+        let unit_bytes = owned.values().copied().max().unwrap_or(0);
         let mut held = 0;
         for x in all.iter().filter(|x| matches!(x.0.reshard, tune::Reshard::Keep(_))) {
             let tune::Reshard::Keep(r) = x.0.reshard else { continue };
             let fewer = tune::Outer { reshard: if r > 2 { tune::Reshard::Keep(r - 1) } else { tune::Reshard::AllButLast }, ..x.0 };
             let Some(f) = at(fewer, &x.1) else { continue };
             assert!(x.4 <= f.4 * (1.0 + 1e-9), "{name} {:?} {:?}: keeping {r} units {} s, {} s keeping fewer", x.0, x.1, x.4, f.4);
-            assert!(x.2 >= f.2 && x.3 >= f.3, "{name} {:?} {:?}: keeping {r} units needs {} / {} B, keeping fewer {} / {}", x.0, x.1, x.2, x.3, f.2, f.3);
+            assert!(x.2 + unit_bytes * u64::from(x.0.group) >= f.2, "{name} {:?} {:?}: keeping {r} units peaks at {} B, keeping fewer {}", x.0, x.1, x.2, f.2);
             if r + 1 == tune::units_of(&space, &x.0) {
                 let all_kept = at(tune::Outer { reshard: tune::Reshard::None, ..x.0 }, &x.1).unwrap();
                 assert!(all_kept.4 <= x.4 * (1.0 + 1e-9), "{name} {:?} {:?}: every unit kept {} s, {r} kept {} s", x.0, x.1, all_kept.4, x.4);
@@ -133,8 +150,7 @@ fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator
                 }
             }
         }
-        assert!(pairs > 1000, "{name}: {pairs}");
-        assert!(held > 100, "{name}: {held}");
+        assert!(held > 0 && pairs > held, "{name}: {held} points keeping units, {pairs} pairs");
     }
     // the memory judged: the tensor peak (reserve 0) or the allocator model's need
     let mem = |x: &Point| if allocator { x.3 } else { x.2 };
@@ -190,9 +206,7 @@ fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator
         }
     }
     assert!(checked >= 4, "{name}: too few limits with an answer ({checked})");
-    // (where the tensor peak is judged, keeping units is the best at some limits — 4 here; the
-    // allocator model's 2 MiB rounding hides these tiny blocks' params: none there)
-    assert!(!keep || allocator || kept_best >= 2, "{name}: keeping units the best at {kept_best} limits");
+    kept_best
 }
 
 #[test]
@@ -218,8 +232,11 @@ fn tune_equals_brute_force_over_every_unit_group_a_user_lists() {
 fn tune_with_every_count_of_kept_units_is_within_tolerance_of_brute_force() {
     let bf16 = fsdp_ir::DType::parse("bf16");
     let base = Options { seq: 64, param_dtype: bf16, reduce_dtype: fsdp_ir::DType::parse("f32"), ..Options::default() };
-    check_groups("tiny-llama-4l", 4, 8, base.clone(), false, None, true);
-    check_groups("tiny-llama-4l", 4, 8, base, true, None, true);
+    // (where the tensor peak is judged, keeping units is the best at some limits — 4 here; the
+    // allocator model's 2 MiB rounding hides these tiny blocks' params: none there)
+    let kept_best = check_kept("tiny-llama-4l", 4, 8, base.clone(), false);
+    assert!(kept_best >= 2, "keeping units the best at {kept_best} limits");
+    check_kept("tiny-llama-4l", 4, 8, base, true);
 }
 
 /// The kept-unit counts where they matter: a Llama of 8 tiny blocks on 8 ranks (the
@@ -280,12 +297,12 @@ fn tune_equals_brute_force_with_float8_linears() {
     // the casts' abs and max besides every other GEMM's output
     let f8 = fsdp_planner::Float8 { recipe: fsdp_planner::Float8Recipe::Tensorwise, all_gather: false };
     let base = Options { seq: 64, param_dtype: fsdp_ir::DType::parse("bf16"), reduce_dtype: fsdp_ir::DType::parse("f32"), float8: Some(f8), ..Options::default() };
-    check("tiny-llama-wide", 2, 4, base.clone(), true);
+    check_kept("tiny-llama-wide", 2, 4, base.clone(), true);
     // torchtitan's float8 recipe: weights all-gathered in float8, its checkpoint wrapper
     let f8ag = fsdp_planner::Float8 { all_gather: true, ..f8 };
-    check("tiny-llama-wide", 2, 4, Options { float8: Some(f8ag), ac_wrapper: fsdp_planner::AcWrapper::Torchtitan, ..base.clone() }, true);
+    check_kept("tiny-llama-wide", 2, 4, Options { float8: Some(f8ag), ac_wrapper: fsdp_planner::AcWrapper::Torchtitan, ..base.clone() }, true);
     // ... under --compile (the partitioner keeps no cast's abs)
-    check("tiny-llama-wide", 2, 4, Options { float8: Some(f8ag), ac_wrapper: fsdp_planner::AcWrapper::Torchtitan, compile: true, ..base }, true);
+    check_kept("tiny-llama-wide", 2, 4, Options { float8: Some(f8ag), ac_wrapper: fsdp_planner::AcWrapper::Torchtitan, compile: true, ..base }, true);
 }
 
 #[test]
@@ -293,12 +310,12 @@ fn tune_equals_brute_force_under_compile() {
     // torchtitan's --compile: what the blocks save is inductor's partitioner's (less than
     // eager's, and under op-level SAC only the cached outputs the backward reads)
     let base = Options { seq: 64, param_dtype: fsdp_ir::DType::parse("bf16"), reduce_dtype: fsdp_ir::DType::parse("f32"), compile: true, ac_wrapper: fsdp_planner::AcWrapper::Torchtitan, ..Options::default() };
-    check("tiny-llama-4l", 4, 8, base, true);
+    check_kept("tiny-llama-4l", 4, 8, base, true);
 }
 
 #[test]
 fn tune_equals_brute_force_on_a_2_block_mixtral() {
-    check("tiny-mixtral", 2, 4, Options { seq: 32, ..Options::default() }, false);
+    check_kept("tiny-mixtral", 2, 4, Options { seq: 32, ..Options::default() }, false);
 }
 
 #[test]
