@@ -1,7 +1,8 @@
 //! `tune` against brute force at real size: every (full, SAC) split of the blocks at the outer
 //! points of tune's answer and first runner-ups, with their siblings (both prefetch modes, the
 //! embeddings and head as units of their own or the root's) and the answer's kept-unit
-//! neighbours (one unit kept more and one fewer), planned, timed and replayed
+//! neighbours (one unit kept more and one fewer; in one scenario every count), planned, timed
+//! and replayed
 //! through the allocator model. Prints tune's answer beside the best that fits there, and
 //! how many rows of fixed `full` do not fit monotonically in `sac` (tune's bisection assumes
 //! they do; the allocator replay need not). The planner's tests hold tune to brute force over
@@ -33,15 +34,18 @@ fn main() {
     // allocator replay is all 20 MiB segments)
     let device = Limit { bytes: hw.memory_bytes, reserve: None };
     // (and how many of tune's best outer points to take: the answer's and the first three
-    // runner-ups', or for Llama-3-70B's 80 blocks, 3,321 splits per outer point, the answer's)
-    let scenarios: Vec<(&str, u64, u64, u64, Limit, usize)> = if full {
-        vec![("llama-3-8b", 8, 16, 8192, device, 4), ("llama-3-8b", 8, 32, 8192, device, 4), ("llama-3-8b", 16, 64, 4096, device, 4), ("llama-3-70b", 64, 64, 8192, device, 1)]
+    // runner-ups', or for Llama-3-70B's 80 blocks, 3,321 splits per outer point, the answer's;
+    // and whether every kept-unit count of the answer's outer point is brute-forced — on 256
+    // GPUs at seq 2048 under 36 GiB, where the answer keeps units — or its neighbours only)
+    let gib36 = Limit { bytes: 36 << 30, reserve: None };
+    let scenarios: Vec<(&str, u64, u64, u64, Limit, usize, bool)> = if full {
+        vec![("llama-3-8b", 8, 16, 8192, device, 4, false), ("llama-3-8b", 8, 32, 8192, device, 4, false), ("llama-3-8b", 16, 64, 4096, device, 4, false), ("llama-3-70b", 64, 64, 8192, device, 1, false), ("llama-3-8b", 256, 256, 2048, gib36, 1, true)]
     } else {
-        vec![("tiny-llama-4l", 2, 4, 1024, Limit { bytes: 12 << 20, reserve: Some(0) }, 4)]
+        vec![("tiny-llama-4l", 2, 4, 1024, Limit { bytes: 12 << 20, reserve: Some(0) }, 4, true)]
     };
     println!("| model | GPUs | global batch × seq | outer points | configurations | tune's best tokens/s/GPU | brute force's | tune vs brute force | rows not monotone in SAC |");
     println!("|---|---:|---|---:|---:|---:|---:|---:|---:|");
-    for (name, ws, gb, seq, limit, top) in scenarios {
+    for (name, ws, gb, seq, limit, top, every_count) in scenarios {
         let m = scenario::model(name);
         let base = scenario::options(ws, seq);
         let space = tune::space(&m, &base, ws, gb, hw.gpus_per_node).unwrap();
@@ -57,15 +61,16 @@ fn main() {
             .collect();
         // and the answer's kept-unit neighbours: one unit kept more and one fewer (or, where
         // it keeps none of the counts, the fewest and the most), what the third pass's skips
-        // would miss first
+        // would miss first — or every count, and all / all but the last / none
         if let Some(b) = &r.best {
             let o = b.config.outer;
             let u = tune::units_of(sp, &o);
-            let near = match o.reshard {
-                tune::Reshard::Keep(k) => vec![k - 1, k + 1],
-                _ => vec![2, u - 1],
+            let near = match (every_count, o.reshard) {
+                (true, _) => (2..u).map(tune::Reshard::Keep).chain([tune::Reshard::All, tune::Reshard::AllButLast, tune::Reshard::None]).collect(),
+                (false, tune::Reshard::Keep(k)) => vec![tune::Reshard::Keep(k - 1), tune::Reshard::Keep(k + 1)],
+                (false, _) => vec![tune::Reshard::Keep(2), tune::Reshard::Keep(u - 1)],
             };
-            outers.extend(near.into_iter().map(|k| Outer { reshard: tune::Reshard::Keep(k), ..o }).filter(|o| valid.contains(o)));
+            outers.extend(near.into_iter().map(|reshard| Outer { reshard, ..o }).filter(|o| valid.contains(o)));
         }
         let l = space.blocks.len() as u32;
         let configs: Vec<Config> = outers
