@@ -588,6 +588,14 @@ impl<'a> Evaluator<'a> {
         self.peak(c).map(|p| floor_bytes(p, device, limit))
     }
 
+    /// The largest unit's params as all-gathered (a plan; 0 where refused): what keeping one
+    /// more unit can lower the tensor peak by at most ([`search_kept`]).
+    fn unit_bytes(&mut self, c: Config) -> u64 {
+        let Some(plan) = self.plan(c) else { return 0 };
+        let o = &plan.options;
+        plan.units.iter().filter(|u| !u.is_root()).map(|u| u.params.iter().map(|p| p.padded_numel * o.gathered_dtype_of(p).size()).sum::<u64>()).max().unwrap_or(0)
+    }
+
     /// What the device needs beyond the tensor peak at a configuration already checked by
     /// [`Evaluator::fits`] (the allocator's fragmentation, the CUDA context, NCCL).
     fn overhead(&self, c: Config) -> Option<u64> {
@@ -1120,10 +1128,12 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
 /// least `off + t(r)`, `t(r)` its time without checkpointing and `off` the most of `b0 - t0`
 /// and, for every count r0 searched, the floor of its best less `t(r0)`. Counts are searched
 /// from the fewest up: the next is the least (bisection: `t` falls as r grows) whose floor
-/// is more than [`KEEP_TOLERANCE`] below the bound, until none is or the tensor peak of its
-/// every block fully checkpointed is over the limit (it grows with the units kept; a count
-/// only the allocator replay finds over is passed by: the replay's fragmentation need not
-/// grow). What beats `bound` goes to `found` and becomes the bound.
+/// is more than [`KEEP_TOLERANCE`] below the bound, until none is or the floor of what its
+/// every block fully checkpointed needs (tensor peak and context) is over the limit by more
+/// than a unit's params (keeping one more unit lowers the tensor peak by no more; a count
+/// nearer, or only the allocator replay finds over, is passed by: the replay's fragmentation
+/// need not grow with the units kept). What beats `bound` goes to `found` and becomes the
+/// bound.
 fn search_kept(ev: &mut Evaluator, o: Outer, (t0, tn, b0): (f64, f64, f64), bound: &mut (f64, Config), found: &mut Vec<(f64, Config)>) {
     let space = ev.space;
     let u = units_of(space, &o);
@@ -1133,6 +1143,8 @@ fn search_kept(ev: &mut Evaluator, o: Outer, (t0, tn, b0): (f64, f64, f64), boun
     let t = |ev: &mut Evaluator, r: u32| ev.time(Config { outer: keep(r), full: 0, sac: 0 }).unwrap_or(f64::INFINITY);
     let mut off = (b0 - t0).max(0.0);
     let mut lo = 2;
+    // (the last count was passed by)
+    let mut next = false;
     loop {
         // below this, a count's time without checkpointing leaves its floor more than the
         // tolerance under the bound (`None` keeps every unit: no count is faster)
@@ -1141,6 +1153,10 @@ fn search_kept(ev: &mut Evaluator, o: Outer, (t0, tn, b0): (f64, f64, f64), boun
             return;
         }
         let (mut a, mut r) = (lo, u - 1);
+        if next && t(ev, lo) < under {
+            r = lo;
+        }
+        next = false;
         while a < r {
             let mid = a + (r - a) / 2;
             if t(ev, mid) < under {
@@ -1149,16 +1165,22 @@ fn search_kept(ev: &mut Evaluator, o: Outer, (t0, tn, b0): (f64, f64, f64), boun
                 a = mid + 1;
             }
         }
-        // every block fully checkpointed needs the least memory: where its tensor peak is over
-        // the limit so is every count from here on (the tensor peak grows with the units kept);
-        // where only the allocator replay finds it over, the next count may fit (the replay's
-        // fragmentation need not grow with them)
+        // every block fully checkpointed needs the least memory: where the floor of what it
+        // needs (its tensor peak and the context) is over the limit by more than a unit's
+        // params, so is every count from here on (keeping one more unit never lowers the
+        // tensor peak by more: a unit gathered in backward briefly holds its all-gather output
+        // beside its params, a kept one does not); nearer the limit, or where only the
+        // allocator replay finds it over (its fragmentation need not grow with the units
+        // kept), the next count may fit
         let least = Config { outer: keep(r), full: space.blocks.len() as u32, sac: 0 };
-        if ev.floor(least).is_none_or(|f| f > ev.limit.bytes) {
+        let Some(floor) = ev.floor(least) else { return };
+        if floor > ev.limit.bytes.saturating_add(ev.unit_bytes(least)) {
             return;
         }
-        if !ev.fits(least) {
+        if floor > ev.limit.bytes || !ev.fits(least) {
+            // (the next count, one more kept, is no slower: the least whose floor is under)
             lo = r + 1;
+            next = true;
             continue;
         }
         let (mut x, mut floor) = search_outer(ev, keep(r), Some(*bound));

@@ -61,7 +61,8 @@ fn check_kept(name: &str, ws: u64, global_batch: u64, base: Options, allocator: 
 }
 
 /// [`check`] with `groups`, when given, as a user's `--unit-groups` list (every one searched),
-/// and with every count of kept units (tune's default third pass) when `keep`.
+/// and with every count of kept units (tune's default third pass) when `keep`: the number of
+/// limits at which brute force's best keeps units.
 fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator: bool, groups: Option<Vec<u32>>, keep: bool) -> usize {
     let m = model(name);
     let h = hw("h100-sxm");
@@ -113,10 +114,13 @@ fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator
             tune::Reshard::None => Some(tune::units_of(&space, o)),
             tune::Reshard::ToNode => None,
         };
+        // (the unit one more kept keeps is a block group: the head is kept first, the
+        // embeddings never)
         let mut owned: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
         for p in &m.params {
-            let owner = space.blocks.iter().find(|b| p.name.starts_with(&format!("{b}."))).map_or(p.name.as_str(), |b| b.as_str());
-            *owned.entry(owner).or_default() += p.numel() * base.param_dtype.map_or(p.dtype.size(), |d| d.size());
+            if let Some(b) = space.blocks.iter().find(|b| p.name.starts_with(&format!("{b}."))) {
+                *owned.entry(b.as_str()).or_default() += p.numel() * base.param_dtype.map_or(p.dtype.size(), |d| d.size());
+            }
         }
         let unit_bytes = owned.values().copied().max().unwrap_or(0);
         let mut held = 0;
@@ -140,17 +144,32 @@ fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator
                 counts.entry((tune::Outer { reshard: tune::Reshard::All, ..x.0 }, x.1.as_slice())).or_default().push((r, x));
             }
         }
+        // (and, what the pass's stop takes, the tensor peak of more kept at most a unit's
+        // params under that of fewer; time no longer with more kept — all and none included)
         let mut pairs = 0;
         for v in counts.values() {
             for &(r0, p) in v {
                 for &(_, x) in v.iter().filter(|(r, _)| *r > r0) {
                     let (Some(p00), Some(x00)) = (at(p.0, &none), at(x.0, &none)) else { continue };
                     assert!((p.4 - x.4) - (p00.4 - x00.4) <= SAVING_SLACK * p.4, "{name} {:?} -> {:?} {:?}: saves {} s checkpointed, {} s without", p.0.reshard, x.0, x.1, p.4 - x.4, p00.4 - x00.4);
+                    assert!(x.4 <= p.4 * (1.0 + 1e-9), "{name} {:?} -> {:?} {:?}: {} s keeping more, {} s keeping fewer", p.0.reshard, x.0, x.1, x.4, p.4);
+                    assert!(x.2 + unit_bytes * u64::from(x.0.group) >= p.2, "{name} {:?} -> {:?} {:?}: peaks at {} B keeping more, {} keeping fewer", p.0.reshard, x.0, x.1, x.2, p.2);
                     pairs += 1;
                 }
             }
         }
-        assert!(held > 0 && pairs > held, "{name}: {held} points keeping units, {pairs} pairs");
+        // (every point keeping units is held, every pair of counts compared)
+        let kept_points = all.iter().filter(|x| matches!(x.0.reshard, tune::Reshard::Keep(_))).count();
+        // (of the counts whose configuration with nothing checkpointed plans; one unit: all
+        // but the last and none are the same count)
+        let all_pairs: usize = counts
+            .values()
+            .map(|v| {
+                let rs: Vec<u32> = v.iter().filter(|(_, x)| at(x.0, &none).is_some()).map(|(r, _)| *r).collect();
+                rs.iter().enumerate().map(|(i, a)| rs[i + 1..].iter().filter(|b| *b != a).count()).sum::<usize>()
+            })
+            .sum();
+        assert!(held > 0 && held == kept_points && pairs == all_pairs, "{name}: {held} of {kept_points} points keeping units, {pairs} of {all_pairs} pairs");
     }
     // the memory judged: the tensor peak (reserve 0) or the allocator model's need
     let mem = |x: &Point| if allocator { x.3 } else { x.2 };
