@@ -39,14 +39,17 @@
 //! the memory needed. For each outer point (shard group, micro-batch, prefetch, reshard, …):
 //! its time with no checkpointing bounds every AC choice from below (outer points are taken
 //! fastest first and dropped once that bound cannot beat the best found); if everything
-//! fully checkpointed does not fit, nothing in it does; else the walk starts at the least
+//! fully checkpointed does not fit, nothing in it does; every configuration that fits
+//! checkpoints at least the fewest blocks that fit fully checkpointed (a search on tensor
+//! peaks), so nothing is faster than that many under SAC, nor from `full` blocks on than
+//! those `full` and SAC on the rest of that many; else the walk starts at the least
 //! `full` whose every block checkpointed fits (levels whose tensor peak alone is over the
 //! limit skipped by a search on peaks, the rest replayed in order), and for each `full` from
 //! there the least `sac` that fits is found by bisection, and the loop stops once the time
-//! with `full` blocks and no SAC cannot beat the best. Which blocks: with identical blocks the
-//! recompute does not depend on which ones, and checkpointing the first ones frees their
-//! activations' recompute earliest in the backward (the least memory; checked by brute
-//! force over every assignment on a 4-block model).
+//! with `full` blocks (SAC on the rest of the fewest that fit) cannot beat the best. Which
+//! blocks: with identical blocks the recompute does not depend on which ones, and
+//! checkpointing the first ones frees their activations' recompute earliest in the backward
+//! (the least memory; checked by brute force over every assignment on a 4-block model).
 //!
 //! Kept units (`keep`): after the two passes, a third searches the kept counts of each
 //! outer point resharding all. A count's best is at least a floor: the floor of a count with
@@ -761,9 +764,9 @@ fn faster(a: (f64, Config), b: Option<(f64, Config)>) -> bool {
 
 /// The best configuration of one outer point that beats `bound`, if any (see the module
 /// doc: the least SAC that fits for each number of fully checkpointed blocks — which never
-/// grows with it — until the time with no SAC cannot win), and a floor of the outer point's
+/// grows with it — until a floor of the numbers left cannot win), and a floor of the outer point's
 /// best time: that best where it was found, else what the search learnt on the way (the
-/// time with no SAC where the walk stopped, the best of the numbers it walked; infinite
+/// floor where the walk stopped — `lowest` — the best of the numbers it walked; infinite
 /// where nothing fits) — under the search's own terms (a replay monotone in SAC, the walk's
 /// patience), as the best it finds is.
 fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> (Option<(f64, Config)>, f64) {
@@ -792,19 +795,33 @@ fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> (
     }
     // (timed too: the least-memory end of the Pareto front)
     ev.time(cfg(l, 0));
+    // Every configuration that fits checkpoints at least `need` units, the least number
+    // fully checkpointed whose tensor peak's floor is within the limit (moving a unit from
+    // SAC to full never raises the tensor peak, nor does checkpointing one more), so nothing
+    // from level `full` on is faster than `lowest(full)`: its `full` units fully
+    // checkpointed and SAC on the next up to `need` (moving a unit from full to SAC, or
+    // checkpointing one fewer, is never slower); without SAC in the space, `need` fully
+    // checkpointed
+    let limit = ev.limit.bytes;
+    let need = if bound.is_some() { least_under(0, l, limit, &mut |f| ev.floor(cfg(f, 0))) } else { 0 };
+    let lowest = |f: u32| if f >= need || !ev.space.sac { cfg(f.max(need), 0) } else { cfg(f, need - f) };
+    match ev.time(lowest(0)) {
+        Some(lb) if !faster((lb, lowest(0)), bound) => return (None, lb),
+        None => return (None, t00),
+        Some(_) => {}
+    }
     // The first level with anything that fits. At each `full` the least memory is every
     // block checkpointed (`full` of them fully), and its tensor peak falls as `full` grows:
     // the levels whose peak alone is over the limit (the floor [`floor_bytes`] of what the
     // device needs) are skipped by a search on peaks ([`least_under`]), the next ones checked
     // in order until one fits (the replay need not be monotone there)
     let least = |f: u32| cfg(f, sac_max(f));
-    let limit = ev.limit.bytes;
     let mut start = least_under(0, l, limit, &mut |f| ev.floor(least(f)));
-    // (nothing from a level on is faster than its `full` blocks with no SAC: when that cannot
-    // beat the bound, nothing here can)
+    // (nothing from a level on is faster than `lowest` of it: when that cannot beat the
+    // bound, nothing here can)
     if start > 0 {
-        match ev.time(cfg(start, 0)) {
-            Some(lb) if !faster((lb, cfg(start, 0)), bound) => return (None, lb),
+        match ev.time(lowest(start)) {
+            Some(lb) if !faster((lb, lowest(start)), bound) => return (None, lb),
             None => return (None, t00),
             Some(_) => {}
         }
@@ -816,7 +833,7 @@ fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> (
     let mut prev: Option<u32> = None;
     let mut drop = 1u32;
     let mut worse = 0;
-    // (a floor of the numbers the walk leaves: the time with no SAC where it stops)
+    // (a floor of the numbers the walk leaves: `lowest` where it stops)
     let mut rest = f64::INFINITY;
     for full in start..=l {
         // the boundary's time along `full` rises once more full blocks cost more than the
@@ -867,9 +884,9 @@ fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> (
         prev = Some(hi);
         let Some(t) = ev.time(cfg(full, hi)) else { continue };
         if !faster((t, cfg(full, hi)), bound) && full > 0 {
-            match ev.time(cfg(full, 0)) {
+            match ev.time(lowest(full)) {
                 // nothing from here on can beat the bound
-                Some(lb) if !faster((lb, cfg(full, 0)), bound) => {
+                Some(lb) if !faster((lb, lowest(full)), bound) => {
                     rest = rest.min(lb);
                     break;
                 }
@@ -917,34 +934,58 @@ fn boundary(lo: u32, hi: u32, step: u32, fits: &mut dyn FnMut(u32) -> bool) -> u
 }
 
 /// The least `x` in `lo..=hi` with `v(x) <= target`, where `v` falls as `x` grows (`None`:
-/// over any target) and `v(hi) <= target`: the same answer as bisection, found by
-/// interpolating between the bracket's ends (the tensor peak falls by about the same bytes
-/// per block checkpointed: a probe or two), bisecting when a probe leaves more than half of
-/// the bracket.
+/// over any target) and `v(hi) <= target`: the same answer as bisection, found by probing
+/// where the line through the bracket's ends meets the target (the tensor peak falls by
+/// about the same bytes per block checkpointed) and galloping from there towards the other
+/// side (steps 1, 2, 4, …) until the boundary is passed, then bisecting what is left.
 fn least_under(lo: u32, hi: u32, target: u64, v: &mut dyn FnMut(u32) -> Option<u64>) -> u32 {
     let (mut lo, mut hi) = (lo, hi);
-    let mut vlo = v(lo).unwrap_or(u64::MAX);
+    let vlo = v(lo).unwrap_or(u64::MAX);
     if vlo <= target || lo >= hi {
         return lo;
     }
-    let mut vhi = v(hi).unwrap_or(0).min(target);
-    let mut bisect = false;
     // invariant: v(lo) > target >= v(hi)
-    while hi - lo > 1 {
+    if hi - lo > 1 {
         let width = hi - lo;
-        let probe = if bisect || vlo == u64::MAX {
+        let vhi = v(hi).unwrap_or(0).min(target);
+        let guess = if vlo == u64::MAX {
             lo + width / 2
         } else {
-            // where the line through the bracket's ends meets the target
             let over = (vlo - target) as u128;
             let fall = ((vlo - vhi) as u128).max(1);
             lo + ((over * width as u128).div_ceil(fall) as u32).clamp(1, width - 1)
         };
-        match v(probe).unwrap_or(u64::MAX) {
-            x if x <= target => (hi, vhi) = (probe, x),
-            x => (lo, vlo) = (probe, x),
+        let under = v(guess).is_some_and(|x| x <= target);
+        if under {
+            hi = guess;
+        } else {
+            lo = guess;
         }
-        bisect = hi - lo > width / 2;
+        let mut step = 1u32;
+        while hi - lo > 1 {
+            let probe = if under { hi.saturating_sub(step).max(lo + 1) } else { lo.saturating_add(step).min(hi - 1) };
+            match (v(probe).is_some_and(|x| x <= target), under) {
+                (true, true) => hi = probe,
+                (false, false) => lo = probe,
+                (true, false) => {
+                    hi = probe;
+                    break;
+                }
+                (false, true) => {
+                    lo = probe;
+                    break;
+                }
+            }
+            step = step.saturating_mul(2);
+        }
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if v(mid).is_some_and(|x| x <= target) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
     }
     hi
 }
@@ -1238,4 +1279,53 @@ pub fn pareto(evals: &[Eval]) -> Vec<Eval> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `least_under` against a scan, for every bracket up to 40 wide and every boundary in
+    /// it, on falling shapes (linear, convex, concave, flat stretches, refused values below
+    /// the boundary): the same answer, in few probes (4 on a line: its ends, the point where
+    /// the line meets the target and the one below).
+    #[test]
+    fn least_under_finds_the_boundary_a_scan_finds() {
+        const T: u64 = 1_000_000;
+        let target = T;
+        type Shape = fn(u32, u32) -> Option<u64>;
+        // (distance below the boundary `d` ≥ 1 → over the target; at or past it → under)
+        let shapes: [(&str, Shape, Shape); 5] = [
+            ("line", |d, _| Some(T + 1000 * d as u64), |e, _| Some(T.saturating_sub(1000 * e as u64))),
+            ("convex", |d, _| Some(T + 10 * (d as u64).pow(3)), |e, _| Some(T.saturating_sub(10 * e as u64))),
+            ("concave", |d, _| Some(T + 1000 * (d as u64).isqrt().max(1)), |e, _| Some(T.saturating_sub(1000 * (e as u64).pow(2)))),
+            ("flat", |d, _| Some(T + if d > 3 { 50_000 } else { 1 }), |e, _| Some(T - if e > 2 { 50_000 } else { 0 })),
+            ("refused", |d, w| if d > w / 3 { None } else { Some(T + 1000 * d as u64) }, |e, _| Some(T.saturating_sub(1000 * e as u64))),
+        ];
+        let mut runs = 0;
+        for (name, over, under) in shapes {
+            for lo in [0u32, 3] {
+                for width in 0..=40u32 {
+                    let hi = lo + width;
+                    for b in lo..=hi {
+                        let mut probes = 0u32;
+                        let v = &mut |x: u32| {
+                            assert!((lo..=hi).contains(&x), "{name}: probe {x} outside {lo}..={hi}");
+                            probes += 1;
+                            if x >= b { under(x - b, width) } else { over(b - x, width) }
+                        };
+                        let got = least_under(lo, hi, target, v);
+                        assert_eq!(got, b, "{name}: least_under({lo}, {hi}) with the boundary at {b}");
+                        let bits = 32 - width.leading_zeros();
+                        assert!(probes <= 2 * bits + 5, "{name}: {probes} probes for a bracket {width} wide");
+                        if name == "line" {
+                            assert!(probes <= 4, "line: {probes} probes for a bracket {width} wide, boundary at {b}");
+                        }
+                        runs += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(runs, 5 * 2 * (1..=41).sum::<u32>());
+    }
 }
