@@ -39,14 +39,15 @@
 //! the memory needed. For each outer point (shard group, micro-batch, prefetch, reshard, …):
 //! its time with no checkpointing bounds every AC choice from below (outer points are taken
 //! fastest first and dropped once that bound cannot beat the best found); if everything
-//! fully checkpointed does not fit, nothing in it does; every configuration that fits
-//! checkpoints at least the fewest blocks that fit fully checkpointed (a search on tensor
-//! peaks), so nothing is faster than that many under SAC, nor from `full` blocks on than
-//! those `full` and SAC on the rest of that many; else the walk starts at the least
-//! `full` whose every block checkpointed fits (levels whose tensor peak alone is over the
-//! limit skipped by a search on peaks, the rest replayed in order), and for each `full` from
-//! there the least `sac` that fits is found by bisection, and the loop stops once the time
-//! with `full` blocks (SAC on the rest of the fewest that fit) cannot beat the best. Which
+//! fully checkpointed does not fit, nothing in it does. Else, where there is a best to beat,
+//! a second floor: every configuration that fits checkpoints at least `need` units, the
+//! fewest whose tensor peak fits fully checkpointed (a search on tensor peaks), so none is
+//! faster than `need` under SAC, nor from `full` units on than those `full` and SAC on the
+//! rest of `need` (`lowest`). The walk starts at the least `full` whose every unit
+//! checkpointed fits (levels whose tensor peak alone is over the limit skipped by a search
+//! on peaks, the rest replayed in order; the outer point dropped there if `lowest` of it
+//! cannot beat the best), and for each `full` from there the least `sac` that fits is found
+//! by bisection, and the loop stops once `lowest` of `full` cannot beat the best. Which
 //! blocks: with identical blocks the recompute does not depend on which ones, and
 //! checkpointing the first ones frees their activations' recompute earliest in the backward
 //! (the least memory; checked by brute force over every assignment on a 4-block model).
@@ -241,9 +242,7 @@ pub fn space(model: &Model, base: &Options, world_size: u64, global_batch: u64, 
         reshard.push(Reshard::ToNode);
     }
     let edge_policy = edge_policy(model, &blocks);
-    // op-level SAC where the options allow it (`Options::check`: not float8 all-gather under
-    // HF's checkpointing)
-    let sac = blocks.first().is_some_and(|b| Options { checkpoint: vec![format!("{b}=selective-op")], ..base.clone() }.check().is_ok());
+    let sac = sac_allowed(base, &blocks);
     let offload_ok = Options { offload: crate::options::Offload::Cpu, world_size, batch: 1, grad_accum: 1, checkpoint: vec![], ..base.clone() }.check().is_ok();
     let offload = if offload_ok { vec![false, true] } else { vec![false] };
     // (the embeddings and the head as units of their own, torchtitan's wrapping, where they
@@ -251,6 +250,12 @@ pub fn space(model: &Model, base: &Options, world_size: u64, global_batch: u64, 
     let edges = if edge_policy.is_some() { vec![false, true] } else { vec![false] };
     let groups = group_ladder(blocks.len() as u32);
     Ok(Space { shards, batches, prefetch: vec![0, 2], reshard, groups, every_group: false, node, blocks, sac, edges, edge_policy, keep: true, offload })
+}
+
+/// Whether the options allow op-level SAC on the blocks (`Options::check`: not float8
+/// all-gather under HF's checkpointing).
+fn sac_allowed(base: &Options, blocks: &[String]) -> bool {
+    blocks.first().is_some_and(|b| Options { checkpoint: vec![format!("{b}=selective-op")], ..base.clone() }.check().is_ok())
 }
 
 /// `[embeddings, blocks pattern, head]`: the embedding's module, the blocks as one `*`
@@ -801,7 +806,9 @@ fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> (
     // from level `full` on is faster than `lowest(full)`: its `full` units fully
     // checkpointed and SAC on the next up to `need` (moving a unit from full to SAC, or
     // checkpointing one fewer, is never slower); without SAC in the space, `need` fully
-    // checkpointed
+    // checkpointed. (Only where there is a bound to beat.) Kept units (the third pass) take
+    // this floor as a floor of the counts kept too, where the memory grows with the units
+    // kept (`KEEP_TOLERANCE`), as they take the best found
     let limit = ev.limit.bytes;
     let need = if bound.is_some() { least_under(0, l, limit, &mut |f| ev.floor(cfg(f, 0))) } else { 0 };
     let lowest = |f: u32| if f >= need || !ev.space.sac { cfg(f.max(need), 0) } else { cfg(f, need - f) };
@@ -1022,6 +1029,10 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
     // when the params are in another dtype)
     let recast = crate::recast(model, base);
     let model = recast.as_ref().unwrap_or(model);
+    // (a space that lists op-level SAC where the options refuse it — `Space` is public — is
+    // searched without it: its walks and floors take SAC's configurations as plannable)
+    let allowed = Space { sac: space.sac && sac_allowed(base, &space.blocks), ..space.clone() };
+    let space = &allowed;
     let families = families(space);
     let threads = threads.clamp(1, families.len().max(1));
     let done = std::sync::atomic::AtomicUsize::new(0);

@@ -324,6 +324,41 @@ fn tune_equals_brute_force_with_float8_linears() {
     check_kept("tiny-llama-wide", 2, 4, Options { float8: Some(f8ag), ac_wrapper: fsdp_planner::AcWrapper::Torchtitan, compile: true, ..base }, true);
 }
 
+/// Where the planner refuses op-level SAC (float8 all-gather under HF's checkpointing), a
+/// space that lists it anyway (`Space` is public) answers as the space without it (the
+/// search leaves out SAC the options refuse: its walks and floors take SAC's configurations
+/// as plannable) — at 25 limits each on three batch splits.
+#[test]
+fn a_space_listing_refused_sac_answers_as_one_without_it() {
+    let f8ag = fsdp_planner::Float8 { recipe: fsdp_planner::Float8Recipe::Tensorwise, all_gather: true };
+    let m = model("tiny-llama-wide");
+    let h = hw("h100-sxm");
+    let mut answers = 0;
+    for (ws, gb) in [(2u64, 4u64), (2, 8), (4, 16)] {
+        let base = Options { world_size: ws, seq: 64, param_dtype: fsdp_ir::DType::parse("bf16"), reduce_dtype: fsdp_ir::DType::parse("f32"), float8: Some(f8ag), ..Options::default() };
+        let space = tune::space(&m, &base, ws, gb, h.gpus_per_node).unwrap();
+        assert!(!space.sac, "the planner refuses SAC with float8 all-gather under HF's wrapper");
+        let listed = tune::Space { sac: true, ..space.clone() };
+        // limits from where only every block fully checkpointed fits to where nothing need be
+        let l = space.blocks.len() as u32;
+        let peaks: Vec<u64> = tune::outers(&space)
+            .iter()
+            .flat_map(|&outer| [0, l].map(|full| fsdp_planner::plan(&m, &tune::options(&base, &space, &Config { outer, full, sac: 0 })).map_or(0, |p| p.memory.peak_bytes)))
+            .filter(|&p| p > 0)
+            .collect();
+        let (lo, hi) = (*peaks.iter().min().unwrap(), *peaks.iter().max().unwrap());
+        for k in 0..=24u64 {
+            let limit = Limit { bytes: lo + k * (hi - lo) / 24, reserve: Some(0) };
+            let a = tune::search(&m, &base, &h, &space, limit, 2, &|_, _, _| {});
+            let b = tune::search(&m, &base, &h, &listed, limit, 2, &|_, _, _| {});
+            assert_eq!(a.best.as_ref().map(|e| (e.config, e.step_time_s)), b.best.as_ref().map(|e| (e.config, e.step_time_s)), "ws {ws} gb {gb} limit {}", limit.bytes);
+            assert!(b.evaluated.iter().all(|e| e.config.sac == 0));
+            answers += a.best.as_ref().is_some_and(|e| e.config.full > 0) as usize;
+        }
+    }
+    assert!(answers >= 10, "{answers} limits where the answer checkpoints");
+}
+
 #[test]
 fn tune_equals_brute_force_under_compile() {
     // torchtitan's --compile: what the blocks save is inductor's partitioner's (less than
