@@ -860,18 +860,20 @@ fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> (
         // The boundary is first estimated on tensor peaks alone (a plan each, no allocator
         // replay) with the overhead the anchor needs beyond its peak, then confirmed exactly
         // on both sides; where the estimate is off, the exact search runs on the side it missed.
+        // (nothing with fewer than `need - full` under SAC fits: the search's sides start there)
+        let lo = need.saturating_sub(full).min(top);
         let est = match ev.overhead(anchor) {
             Some(over) => {
                 let limit = ev.limit.bytes;
                 let mut guess = |x: u32| ev.peak(cfg(full, x)).is_some_and(|p| p.saturating_add(over) <= limit);
-                boundary(0, top, if prev.is_some() { drop.max(1) } else { 1 }, &mut guess)
+                boundary(lo, top, if prev.is_some() { drop.max(1) } else { 1 }, &mut guess)
             }
             None => top,
         };
         let hi = if !ev.fits(cfg(full, est)) {
             boundary_up(est + 1, top, &mut |x| ev.fits(cfg(full, x)))
-        } else if est > 0 && ev.fits(cfg(full, est - 1)) {
-            boundary(0, est - 1, 1, &mut |x| ev.fits(cfg(full, x)))
+        } else if est > lo && ev.fits(cfg(full, est - 1)) {
+            boundary(lo, est - 1, 1, &mut |x| ev.fits(cfg(full, x)))
         } else {
             est
         };
