@@ -769,9 +769,9 @@ fn faster(a: (f64, Config), b: Option<(f64, Config)>) -> bool {
 
 /// The best configuration of one outer point that beats `bound`, if any (see the module
 /// doc: the least SAC that fits for each number of fully checkpointed blocks — which never
-/// grows with it — until a floor of the numbers left cannot win), and a floor of the outer point's
-/// best time: that best where it was found, else what the search learnt on the way (the
-/// floor where the walk stopped — `lowest` — the best of the numbers it walked; infinite
+/// grows with it — until a floor of the numbers left cannot win), and a floor of the outer
+/// point's best time: that best where it was found, else what the search learnt on the way
+/// (the floor where the walk stopped — `lowest` — the best of the numbers it walked; infinite
 /// where nothing fits) — under the search's own terms (a replay monotone in SAC, the walk's
 /// patience), as the best it finds is.
 fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> (Option<(f64, Config)>, f64) {
