@@ -123,19 +123,6 @@ fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator
             }
         }
         let unit_bytes = owned.values().copied().max().unwrap_or(0);
-        let mut held = 0;
-        for x in all.iter().filter(|x| matches!(x.0.reshard, tune::Reshard::Keep(_))) {
-            let tune::Reshard::Keep(r) = x.0.reshard else { continue };
-            let fewer = tune::Outer { reshard: if r > 2 { tune::Reshard::Keep(r - 1) } else { tune::Reshard::AllButLast }, ..x.0 };
-            let Some(f) = at(fewer, &x.1) else { continue };
-            assert!(x.4 <= f.4 * (1.0 + 1e-9), "{name} {:?} {:?}: keeping {r} units {} s, {} s keeping fewer", x.0, x.1, x.4, f.4);
-            assert!(x.2 + unit_bytes * u64::from(x.0.group) >= f.2, "{name} {:?} {:?}: keeping {r} units peaks at {} B, keeping fewer {}", x.0, x.1, x.2, f.2);
-            if r + 1 == tune::units_of(&space, &x.0) {
-                let all_kept = at(tune::Outer { reshard: tune::Reshard::None, ..x.0 }, &x.1).unwrap();
-                assert!(all_kept.4 <= x.4 * (1.0 + 1e-9), "{name} {:?} {:?}: every unit kept {} s, {r} kept {} s", x.0, x.1, all_kept.4, x.4);
-            }
-            held += 1;
-        }
         // every pair of kept counts of an outer point, at every checkpoint choice
         type Counts<'a> = std::collections::HashMap<(tune::Outer, &'a [u8]), Vec<(u32, &'a Point)>>;
         let mut counts: Counts = std::collections::HashMap::new();
@@ -145,31 +132,30 @@ fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator
             }
         }
         // (and, what the pass's stop takes, the tensor peak of more kept at most a unit's
-        // params under that of fewer; time no longer with more kept — all and none included)
-        let mut pairs = 0;
+        // params under that of fewer; time no longer with more kept — all and none included;
+        // the saving where both counts' configurations with nothing checkpointed plan)
+        let (mut pairs, mut savings) = (0, 0);
         for v in counts.values() {
             for &(r0, p) in v {
                 for &(_, x) in v.iter().filter(|(r, _)| *r > r0) {
-                    let (Some(p00), Some(x00)) = (at(p.0, &none), at(x.0, &none)) else { continue };
-                    assert!((p.4 - x.4) - (p00.4 - x00.4) <= SAVING_SLACK * p.4, "{name} {:?} -> {:?} {:?}: saves {} s checkpointed, {} s without", p.0.reshard, x.0, x.1, p.4 - x.4, p00.4 - x00.4);
                     assert!(x.4 <= p.4 * (1.0 + 1e-9), "{name} {:?} -> {:?} {:?}: {} s keeping more, {} s keeping fewer", p.0.reshard, x.0, x.1, x.4, p.4);
                     assert!(x.2 + unit_bytes * u64::from(x.0.group) >= p.2, "{name} {:?} -> {:?} {:?}: peaks at {} B keeping more, {} keeping fewer", p.0.reshard, x.0, x.1, x.2, p.2);
                     pairs += 1;
+                    let (Some(p00), Some(x00)) = (at(p.0, &none), at(x.0, &none)) else { continue };
+                    assert!((p.4 - x.4) - (p00.4 - x00.4) <= SAVING_SLACK * p.4, "{name} {:?} -> {:?} {:?}: saves {} s checkpointed, {} s without", p.0.reshard, x.0, x.1, p.4 - x.4, p00.4 - x00.4);
+                    savings += 1;
                 }
             }
         }
-        // (every point keeping units is held, every pair of counts compared)
+        // (every pair of distinct counts compared — one unit: all but the last and none are
+        // the same count — the saving for every pair whose counts plan with nothing
+        // checkpointed, and every point keeping units in some pair)
+        let distinct = |rs: &[u32]| -> usize { rs.iter().enumerate().map(|(i, a)| rs[i + 1..].iter().filter(|b| *b != a).count()).sum() };
+        let all_pairs: usize = counts.values().map(|v| distinct(&v.iter().map(|(r, _)| *r).collect::<Vec<_>>())).sum();
+        let all_savings: usize = counts.values().map(|v| distinct(&v.iter().filter(|(_, x)| at(x.0, &none).is_some()).map(|(r, _)| *r).collect::<Vec<_>>())).sum();
         let kept_points = all.iter().filter(|x| matches!(x.0.reshard, tune::Reshard::Keep(_))).count();
-        // (of the counts whose configuration with nothing checkpointed plans; one unit: all
-        // but the last and none are the same count)
-        let all_pairs: usize = counts
-            .values()
-            .map(|v| {
-                let rs: Vec<u32> = v.iter().filter(|(_, x)| at(x.0, &none).is_some()).map(|(r, _)| *r).collect();
-                rs.iter().enumerate().map(|(i, a)| rs[i + 1..].iter().filter(|b| *b != a).count()).sum::<usize>()
-            })
-            .sum();
-        assert!(held > 0 && held == kept_points && pairs == all_pairs, "{name}: {held} of {kept_points} points keeping units, {pairs} of {all_pairs} pairs");
+        let paired = counts.values().filter(|v| v.iter().any(|(r, _)| *r != v[0].0)).flat_map(|v| v.iter()).filter(|(_, x)| matches!(x.0.reshard, tune::Reshard::Keep(_))).count();
+        assert!(kept_points > 0 && paired == kept_points && pairs == all_pairs && savings == all_savings && savings > 0, "{name}: {paired} of {kept_points} points keeping units paired, {pairs} of {all_pairs} pairs, {savings} of {all_savings} savings");
     }
     // the memory judged: the tensor peak (reserve 0) or the allocator model's need
     let mem = |x: &Point| if allocator { x.3 } else { x.2 };
