@@ -51,6 +51,21 @@ fn brute(m: &fsdp_ir::Model, base: &Options, h: &Hardware, space: &tune::Space) 
 /// without (ARCHITECTURE.md, "How tune finds the optimum", property 4).
 const SAVING_SLACK: f64 = 1e-4;
 
+/// The memory of each point of the Pareto front of (memory, step time) points, least memory
+/// first: the limits at which the fastest of them that fits changes.
+fn pareto_limits(points: impl Iterator<Item = (u64, f64)>) -> Vec<u64> {
+    let mut by_mem: Vec<(u64, f64)> = points.collect();
+    by_mem.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
+    let (mut limits, mut fastest) = (vec![], f64::INFINITY);
+    for (m, t) in by_mem {
+        if t < fastest {
+            fastest = t;
+            limits.push(m);
+        }
+    }
+    limits
+}
+
 fn check(name: &str, ws: u64, global_batch: u64, base: Options, allocator: bool) {
     check_groups(name, ws, global_batch, base, allocator, None, false);
 }
@@ -166,15 +181,7 @@ fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator
     // own limit)
     let mut limits: Vec<u64> = (0..=8u64).map(|k| lo - (hi - lo) / 16 + k * (hi - lo) / 7).collect();
     if keep {
-        let mut by_mem: Vec<&Point> = all.iter().filter(|x| matches!(x.0.reshard, tune::Reshard::Keep(_))).collect();
-        by_mem.sort_by(|a, b| mem(a).cmp(&mem(b)).then(a.4.total_cmp(&b.4)));
-        let mut fastest = f64::INFINITY;
-        for x in by_mem {
-            if x.4 < fastest {
-                fastest = x.4;
-                limits.push(mem(x));
-            }
-        }
+        limits.extend(pareto_limits(all.iter().filter(|x| matches!(x.0.reshard, tune::Reshard::Keep(_))).map(|x| (mem(x), x.4))));
     }
     // (the kept-unit pass is within its tolerance of the best over every count; the rest exact,
     // and held to the 0.5%)
@@ -273,15 +280,7 @@ fn tune_over_kept_counts_of_8_blocks_is_within_tolerance_of_every_count() {
             }
         }
     }
-    let mut by_mem: Vec<&(Config, u64, f64)> = all.iter().filter(|x| matches!(x.0.outer.reshard, tune::Reshard::Keep(_))).collect();
-    by_mem.sort_by(|a, b| a.1.cmp(&b.1).then(a.2.total_cmp(&b.2)));
-    let (mut limits, mut fastest) = (vec![], f64::INFINITY);
-    for x in by_mem {
-        if x.2 < fastest {
-            fastest = x.2;
-            limits.push(x.1);
-        }
-    }
+    let limits = pareto_limits(all.iter().filter(|x| matches!(x.0.outer.reshard, tune::Reshard::Keep(_))).map(|x| (x.1, x.2)));
     let mut kept_answers = 0;
     for &bytes in &limits {
         let limit = Limit { bytes, reserve: Some(0) };
