@@ -600,8 +600,7 @@ impl<'a> Evaluator<'a> {
     /// more unit can lower the tensor peak by at most ([`search_kept`]).
     fn unit_bytes(&mut self, c: Config) -> u64 {
         let Some(plan) = self.plan(c) else { return 0 };
-        let o = &plan.options;
-        plan.units.iter().filter(|u| !u.is_root()).map(|u| u.params.iter().map(|p| p.padded_numel * o.gathered_dtype_of(p).size()).sum::<u64>()).max().unwrap_or(0)
+        plan.units.iter().filter(|u| !u.is_root()).map(|u| crate::cost::unsharded_bytes(u, &plan.options)).max().unwrap_or(0)
     }
 
     /// What the device needs beyond the tensor peak at a configuration already checked by
@@ -1305,7 +1304,6 @@ mod tests {
     #[test]
     fn least_under_finds_the_boundary_a_scan_finds() {
         const T: u64 = 1_000_000;
-        let target = T;
         type Shape = fn(u32, u32) -> Option<u64>;
         // (distance below the boundary `d` ≥ 1 → over the target; at or past it → under)
         let shapes: [(&str, Shape, Shape); 5] = [
@@ -1327,7 +1325,7 @@ mod tests {
                             probes += 1;
                             if x >= b { under(x - b, width) } else { over(b - x, width) }
                         };
-                        let got = least_under(lo, hi, target, v);
+                        let got = least_under(lo, hi, T, v);
                         assert_eq!(got, b, "{name}: least_under({lo}, {hi}) with the boundary at {b}");
                         let bits = 32 - width.leading_zeros();
                         assert!(probes <= 2 * bits + 5, "{name}: {probes} probes for a bracket {width} wide");
