@@ -418,14 +418,20 @@ pub(crate) fn fit(a: FitArgs) -> Result<()> {
     let base = options(&a.o, &a.o.policy, &model).map_err(user)?;
     let (limit, how) = a.limit.of(&hw)?;
     let what = if a.seq_len { "sequence length" } else { "micro-batch" };
+    let opts_at = |n: u64| if a.seq_len { Options { seq: n, ..base.clone() } } else { Options { batch: n, ..base.clone() } };
+    // (past the first size, what the planner refuses — a sequence past the model's positions,
+    // more tokens than it plans — bounds the search as what does not fit does)
     let try_n = |n: u64| -> Option<Eval> {
-        let opts = if a.seq_len { Options { seq: n, ..base.clone() } } else { Options { batch: n, ..base.clone() } };
+        let opts = opts_at(n);
         let plan = fsdp_planner::plan_unchecked(&model, &opts).ok()?;
         let c = Config { outer: tune::Outer { shard: opts.world_size, micro_batch: opts.batch, accum: opts.grad_accum, prefetch: 0, reshard: tune::Reshard::All, group: opts.unit_group, edges: false, offload: opts.offload == fsdp_planner::Offload::Cpu }, full: 0, sac: 0 };
         Some(tune::evaluate(&plan, &model, &hw, limit, c))
     };
     let fits = |n: u64| try_n(n).is_some_and(|e| e.fits);
     let unit = if a.seq_len { 128 } else { 1 };
+    // options the planner refuses at the first size are the user's to mend, not a size that
+    // does not fit
+    fsdp_planner::plan_unchecked(&model, &opts_at(unit)).map_err(user)?;
     if !fits(unit) {
         bail!(UserError(format!("{}: not even {what} {unit} fits in {} ({how}): see `fsdp-plan tune` for checkpointing, HSDP and more GPUs", model.name, bytes(limit.bytes))));
     }

@@ -189,4 +189,8 @@ fn fit_finds_the_largest_micro_batch() {
     let (code, _, err) = run(&["fit", model, "--memory-limit", "1KiB", "--reserve", "0"]);
     assert_eq!(code, 2);
     assert!(err.contains("not even"), "{err}");
+    // options the planner refuses are named, not taken for a size that does not fit
+    let (code, _, err) = run(&["fit", model, "--checkpoint", "NoSuchLayer"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--checkpoint") && err.contains("NoSuchLayer") && !err.contains("not even"), "{err}");
 }
