@@ -944,14 +944,17 @@ fn replay_with(plan: &Plan, hw: &Hardware, steps: usize, stop: Option<u64>, skip
                     // micro-batches later
                     let period = recent.iter().rev().find(|(r, st)| m - r <= MAX_PERIOD && *st == now).map(|(r, _)| m - r);
                     let to = period.map_or(m, |n| m + (k - 1 - m) / n * n);
-                    if to > m {
-                        let by = (to - m) * p.shift;
+                    let by = (to - m) * p.shift;
+                    // (a buffer and the one it passes its blocks to have as many tensors: the
+                    // live ones are of micro-batches 2 on, whose buffers `periods` compared)
+                    let live = |x: usize| held[at[x]..at[x + 1]].iter().any(|&h| h != NONE) || !taken[x].is_empty();
+                    if to > m && (p.bufs[1]..p.bufs[m]).all(|x| !live(x) || at[x + 1] - at[x] == at[x + by + 1] - at[x + by]) {
                         for x in (p.bufs[1]..p.bufs[m]).rev() {
-                            let (from, to) = (at[x]..at[x + 1], at[x + by]..at[x + by + 1]);
-                            if held[from.clone()].iter().any(|&h| h != NONE) {
-                                let hs: Vec<Handle> = held[from.clone()].to_vec();
-                                held[from].fill(NONE);
-                                held[to].copy_from_slice(&hs);
+                            let (src, dst) = (at[x]..at[x + 1], at[x + by]..at[x + by + 1]);
+                            if held[src.clone()].iter().any(|&h| h != NONE) {
+                                let hs: Vec<Handle> = held[src.clone()].to_vec();
+                                held[src].fill(NONE);
+                                held[dst].copy_from_slice(&hs);
                             }
                             if !taken[x].is_empty() {
                                 taken[x + by] = std::mem::take(&mut taken[x]);
