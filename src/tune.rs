@@ -163,6 +163,10 @@ impl LimitOpt {
             None => hw.memory_bytes,
         };
         let reserve = reserve.as_deref().map(|s| parse_size_or_zero("--reserve", s)).transpose()?;
+        if let Some(r) = reserve.filter(|&r| r >= bytes) {
+            // (nothing could fit: say so rather than plan the whole space to find it out)
+            bail!(UserError(format!("--reserve {} leaves nothing of the memory limit {}: give a reserve below the limit", fsdp_planner::print::bytes(r), fsdp_planner::print::bytes(bytes))));
+        }
         let how = match reserve {
             Some(r) => format!("tensor peak + {} reserve", fsdp_planner::print::bytes(r)),
             None => "caching allocator's reserved peak + CUDA context + NCCL buffers".into(),

@@ -189,6 +189,14 @@ fn fit_finds_the_largest_micro_batch() {
     let (code, _, err) = run(&["fit", model, "--memory-limit", "1KiB", "--reserve", "0"]);
     assert_eq!(code, 2);
     assert!(err.contains("not even"), "{err}");
+    // a reserve that leaves nothing of the limit is an error, not a search of the space
+    let tune = ["tune", model, "--global-batch", "8", "--memory-limit", "1GiB", "--reserve", "4GiB"];
+    let fit = ["fit", model, "--memory-limit", "1GiB", "--reserve", "4GiB"];
+    for args in [&tune[..], &fit[..]] {
+        let (code, _, err) = run(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains("--reserve") && err.contains("1.00 GiB"), "{args:?}: {err}");
+    }
     // options the planner refuses are named, not taken for a size that does not fit
     let (code, _, err) = run(&["fit", model, "--checkpoint", "NoSuchLayer"]);
     assert_eq!(code, 2);
