@@ -53,7 +53,8 @@
 //! later one repeats it, peaks included, so the replay goes on from the last micro-batch
 //! (the held blocks passed to its buffers). Exact, not an approximation: a state that does
 //! not repeat is replayed in full (`tests/reserved.rs` holds the two equal for 1 to 16
-//! micro-batches); a replay of k micro-batches costs about five.
+//! micro-batches). A step of many micro-batches then costs about what the few do that it
+//! takes the state to repeat (5 to 11 on the test's cases).
 
 use crate::hardware::Hardware;
 use crate::options::{Device, Layout, Optimizer, Options, Strategy};
