@@ -46,15 +46,17 @@
 //! pending at the first step's peak, three at the second's; four queued at the end of
 //! each). FSDP2 frees nothing with `record_stream`.
 //!
-//! Gradient accumulation repeats one micro-batch: those between the first and the last
+//! Gradient accumulation repeats one micro-batch: from the second on, those before the last
 //! allocate and free alike ([`Periods`] checks it on the schedule: each the one before with
-//! its own buffers). Where the allocator comes back to the same state after one of them —
-//! the same segments and blocks, the same blocks held by the buffers that correspond — every
-//! later one repeats it, peaks included, so the replay goes on from the last micro-batch
-//! (the held blocks passed to its buffers). Exact, not an approximation: a state that does
-//! not repeat is replayed in full (`tests/reserved.rs` holds the two equal for 1 to 16
-//! micro-batches). A step of many micro-batches then costs about what the few do that it
-//! takes the state to repeat (5 to 11 on the test's cases).
+//! its own buffers). Where the allocator comes back to a state it was in one to three
+//! micro-batches before — the same segments and blocks, the same blocks held by the buffers
+//! that correspond — every later period repeats it, peaks included, so the replay jumps
+//! ahead by whole periods to the last micro-batch or just before it (the held blocks passed
+//! to the buffers of as many micro-batches later). The starts of the first ten middle
+//! micro-batches are compared. Exact, not an approximation: a state that does not repeat is
+//! replayed in full (`tests/reserved.rs` holds the two equal for 1 to 16 micro-batches). A
+//! step of many micro-batches then costs about what the few do that it takes the state to
+//! repeat (5 to 11 on the test's cases).
 
 use crate::hardware::Hardware;
 use crate::options::{Device, Layout, Optimizer, Options, Strategy};
@@ -762,9 +764,25 @@ fn periods(plan: &Plan, sizes: &[u64], at: &[usize], continued: &[bool], stream_
         if ops[m + 1] - ops[m] != span || bufs[m + 1] - bufs[m] != shift {
             return None;
         }
+        // micro-batch m − 1's buffers against m's: all that the replay reads of them (of the
+        // first middle micro-batch's, live where micro-batch 2 starts, all but what they
+        // continue: the first one's buffers, ids before `first`, already allocated then)
+        for x in bufs[m - 1]..bufs[m] {
+            let (a, b) = (&plan.buffers[x], &plan.buffers[x + shift]);
+            let same = sizes[at[x]..at[x + 1]] == sizes[at[x + shift]..at[x + shift + 1]]
+                && a.category == b.category
+                && a.unit.is_some() == b.unit.is_some()
+                && a.free.is_some() == b.free.is_some()
+                && continued[x] == continued[x + shift]
+                && stream_of(a) == stream_of(b)
+                && (m < 3 || a.continues.len() == b.continues.len() && a.continues.iter().zip(&b.continues).all(|(c, d)| map(c.index()) == d.index()));
+            if !same {
+                return None;
+            }
+        }
         if m < 3 {
             // (the first middle micro-batch frees what the first one left it, ids before
-            // `first`: compared from the second on)
+            // `first`: its events compared from the second on)
             continue;
         }
         for i in 0..span {
@@ -776,20 +794,6 @@ fn periods(plan: &Plan, sizes: &[u64], at: &[usize], continued: &[bool], stream_
                 (Event::Alloc(x), Event::Alloc(y)) | (Event::Free(x), Event::Free(y)) => map(x.index()) == y.index(),
                 _ => false,
             });
-            if !same {
-                return None;
-            }
-        }
-        for x in bufs[m - 1]..bufs[m] {
-            let (a, b) = (&plan.buffers[x], &plan.buffers[x + shift]);
-            let same = sizes[at[x]..at[x + 1]] == sizes[at[x + shift]..at[x + shift + 1]]
-                && a.category == b.category
-                && a.unit.is_some() == b.unit.is_some()
-                && a.free.is_some() == b.free.is_some()
-                && continued[x] == continued[x + shift]
-                && stream_of(a) == stream_of(b)
-                && a.continues.len() == b.continues.len()
-                && a.continues.iter().zip(&b.continues).all(|(c, d)| map(c.index()) == d.index());
             if !same {
                 return None;
             }
@@ -937,7 +941,9 @@ fn replay_with(plan: &Plan, hw: &Hardware, steps: usize, stop: Option<u64>, skip
                 let k = p.ops.len() - 1;
                 // where micro-batch m (2 ≤ m ≤ k − 2, the first PERIOD_TRIES of them) starts
                 let m = op.micro_batch as usize;
-                if i - 1 == p.ops[m] && (2..=(k - 2).min(1 + PERIOD_TRIES)).contains(&m) && !a.oom {
+                // (and FSDP1's queued frees all of buffers made before m: one still queued from
+                // the step before, ids past m's, is not named relative to m)
+                if i - 1 == p.ops[m] && (2..=(k - 2).min(1 + PERIOD_TRIES)).contains(&m) && !a.oom && in_flight.iter().all(|b| b.index() < p.bufs[m]) {
                     let now = state_at(&a, &held, &taken, &at, &in_flight, p, m);
                     // micro-batches m − n, …, m − 1 left the state as they found it: so do the
                     // next n, and the next; on from the last start of such a period before

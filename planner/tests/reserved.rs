@@ -110,9 +110,9 @@ fn skipping_repeated_micro_batches_replays_every_one_exactly() {
             assert!(!full.out_of_memory, "{name}, {k} micro-batches: out of memory");
             assert_eq!(full, skipping, "{name}, {k} micro-batches ({skipped} skipped)");
             if k >= 12 {
-                // (of the 2 × (k − 3) that two steps could skip at most, from the start of
-                // the second middle micro-batch on; the fewest here: 6 of 20 at 13, the
-                // expandable segments' case, whose period is two micro-batches)
+                // (of the 2 × (k − 4) that two steps could skip at most, from the start of
+                // the third micro-batch on; the fewest here: 6 of 18 at 13, the expandable
+                // segments' case, whose period is two micro-batches)
                 assert!(skipped >= k as usize - 7, "{name}, {k} micro-batches: {skipped} skipped");
             }
             checked += 1;
