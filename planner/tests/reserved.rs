@@ -86,7 +86,8 @@ fn fsdp1_flat_params_stay_active_until_the_rate_limiter_waits_for_their_free() {
 /// reserved peak is not monotone in the micro-batches (5 reserves 2 MiB more than 4 and 6),
 /// which a skip guessing from the count rather than the state would miss (its first step
 /// alternates between two states: a period of two micro-batches). The skip must happen too:
-/// from 12 micro-batches on, at least all but seven.
+/// from 12 micro-batches on, at least all but seven. And a search's replay, stopped once over
+/// its limit, stops where the full replay's need is passed.
 #[test]
 fn skipping_repeated_micro_batches_replays_every_one_exactly() {
     let bf16 = fsdp_ir::DType::parse("bf16");
@@ -109,6 +110,11 @@ fn skipping_repeated_micro_batches_replays_every_one_exactly() {
             let (full, skipping, skipped) = fsdp_planner::reserved::predict_skipping(&plan, &h);
             assert!(!full.out_of_memory, "{name}, {k} micro-batches: out of memory");
             assert_eq!(full, skipping, "{name}, {k} micro-batches ({skipped} skipped)");
+            // a search's replay, which stops once over its limit (and skips too): over the
+            // full replay's need by a byte it stops, at it it does not
+            let need = full.needed_bytes(&plan);
+            assert_eq!(fsdp_planner::reserved::needed_within(&plan, &h, full.device_bytes - 1), None, "{name}, {k} micro-batches");
+            assert_eq!(fsdp_planner::reserved::needed_within(&plan, &h, full.device_bytes), Some(need), "{name}, {k} micro-batches");
             if k >= 12 {
                 // (of the 2 × (k − 4) that two steps could skip at most, from the start of
                 // the third micro-batch on; the fewest here: 6 of 18 at 13, the expandable
