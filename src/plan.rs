@@ -23,6 +23,7 @@ pub(crate) fn run(a: PlanArgs, hw: HwOpt) -> Result<()> {
             );
         }
     }
+    short_dim0_note(&plan);
     if a.format == "ron" {
         outln!("{}", plan_ron(&plan)?);
         return Ok(());
@@ -61,4 +62,26 @@ pub(crate) fn run(a: PlanArgs, hw: HwOpt) -> Result<()> {
     let res = if res.is_empty() { res } else { format!("  {res}\n") };
     out(format_args!("{body}{res}  {}\n{}", print::verdict(need, limit, &of), timeline::render(&t)));
     Ok(())
+}
+
+/// A note on stderr where FSDP2's dim-0 sharding leaves every rank holding whole rows of
+/// parameters shorter than the shard group (MoE experts stacked over more ranks than
+/// experts) and that costs a rank more than 1% of its sharded params: memory the plan counts
+/// and a user may not expect.
+fn short_dim0_note(plan: &fsdp_planner::Plan) {
+    let groups = fsdp_planner::units::short_dim0(&plan.units, &plan.options);
+    let extra: u64 = groups.iter().map(|g| g.extra_bytes).sum();
+    let sharded: u64 = plan.units.iter().flat_map(|u| &u.params).map(|p| p.shard_numel * p.dtype.size()).sum();
+    if extra == 0 || extra * 100 < sharded {
+        return;
+    }
+    let n = plan.options.shard_size();
+    let shown: Vec<String> = groups.iter().take(3).map(|g| format!("{} × {} {:?}", g.count, g.pattern, g.shape)).collect();
+    eprintln!(
+        "note: FSDP2 shards parameters on dim 0 (Shard(0)): {} parameter(s) have dim 0 below the shard group of {n} ranks, so every rank holds whole rows of them ({} more per rank than an even 1/{n}): {}{}",
+        groups.iter().map(|g| g.count).sum::<usize>(),
+        print::bytes(extra),
+        shown.join(", "),
+        if groups.len() > shown.len() { ", …" } else { "" }
+    );
 }

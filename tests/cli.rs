@@ -461,3 +461,25 @@ fn a_plan_past_the_device_does_not_fit() {
     assert_eq!(v["fits"]["fits"], false, "{}", v["fits"]);
     assert!(v["fits"]["needed_bytes"].as_u64().unwrap() >= v["memory"]["peak_bytes"].as_u64().unwrap(), "{}", v["fits"]);
 }
+
+/// FSDP2 shards on dim 0: Mixtral's experts (8 stacked on dim 0) over 64 ranks leave every
+/// rank a whole expert of each — 1/8, not 1/64 — which `plan` notes on stderr with the bytes
+/// (worked by hand: per layer, one expert's row of gate_up_proj [8, 28672, 4096], down_proj
+/// [8, 4096, 14336] and the router [8, 4096] in bf16, less the even 8/64 of a row, times 32
+/// layers);
+/// nothing is noted where every dim 0 covers the group.
+#[test]
+fn plan_notes_parameters_shorter_than_the_shard_group() {
+    let (code, _, err) = run(&["models/mixtral-8x7b.ron", "--world-size", "64", "--summary"]);
+    assert_eq!(code, 0, "{err}");
+    // a rank's extra: one row of each where an even split holds 8/64 of a row, 2 bytes per
+    // element
+    let row = (28672 * 4096 + 4096 * 14336 + 4096) * 2u64;
+    let extra = 32 * (row - row * 8 / 64);
+    assert_eq!(extra, 9_865_232_384);
+    let gib = format!("({:.2} GiB more per rank than an even 1/64)", extra as f64 / (1u64 << 30) as f64);
+    assert!(err.contains("96 parameter(s) have dim 0 below the shard group of 64 ranks") && err.contains(&gib) && err.contains("32 × model.layers.*.mlp.experts.gate_up_proj [8, 28672, 4096]"), "{gib}: {err}");
+    let (code, _, err) = run(&["models/mixtral-8x7b.ron", "--world-size", "8", "--summary"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!err.contains("Shard(0)"), "{err}");
+}

@@ -304,3 +304,44 @@ fn layout(u: &mut Unit, ws: u64, layout: Layout) {
         }
     }
 }
+
+/// Parameters whose dim 0 is shorter than the shard group, alike ones together (block
+/// indices folded: `model.layers.*.mlp.experts.gate_up_proj`): FSDP2 shards on dim 0
+/// (`Shard(0)`), so every rank holds ⌈d0 / N⌉ whole rows — ranks past d0 padding only — where
+/// an even split would hold 1/N (MoE experts stacked on dim 0 over more ranks than experts
+/// hold 1/8 of them on every rank at any N ≥ 8 for Mixtral's eight).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShortDim0 {
+    pub pattern: String,
+    pub shape: Vec<u64>,
+    pub count: usize,
+    /// Bytes one rank holds of them beyond an even 1/N split.
+    pub extra_bytes: u64,
+}
+
+/// The [`ShortDim0`] groups of an FSDP2 layout over a shard group of `n` ranks, most extra
+/// bytes first (none under the flat layout: FSDP1 pads the unit's flat parameter as a whole).
+pub fn short_dim0(units: &[Unit], opts: &Options) -> Vec<ShortDim0> {
+    let n = opts.shard_size();
+    if opts.layout != Layout::Fsdp2 || n <= 1 {
+        return vec![];
+    }
+    let mut groups: Vec<ShortDim0> = vec![];
+    for p in units.iter().flat_map(|u| &u.params) {
+        let d0 = p.shape.first().copied().unwrap_or(1);
+        if d0 >= n {
+            continue;
+        }
+        let extra = (p.shard_numel * n).saturating_sub(p.numel) / n * p.dtype.size();
+        let pattern = p.name.split('.').map(|c| if !c.is_empty() && c.bytes().all(|b| b.is_ascii_digit()) { "*" } else { c }).collect::<Vec<_>>().join(".");
+        match groups.iter_mut().find(|g| g.pattern == pattern && g.shape == p.shape) {
+            Some(g) => {
+                g.count += 1;
+                g.extra_bytes += extra;
+            }
+            None => groups.push(ShortDim0 { pattern, shape: p.shape.clone(), count: 1, extra_bytes: extra }),
+        }
+    }
+    groups.sort_by(|a, b| b.extra_bytes.cmp(&a.extra_bytes).then(a.pattern.cmp(&b.pattern)));
+    groups
+}
