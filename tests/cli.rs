@@ -466,8 +466,7 @@ fn a_plan_past_the_device_does_not_fit() {
 /// rank a whole expert of each — 1/8, not 1/64 — which `plan` notes on stderr with the bytes
 /// (worked by hand: per layer, one expert's row of gate_up_proj [8, 28672, 4096], down_proj
 /// [8, 4096, 14336] and the router [8, 4096] in bf16, less the even 8/64 of a row, times 32
-/// layers);
-/// nothing is noted where every dim 0 covers the group.
+/// layers); nothing is noted where every dim 0 covers the group.
 #[test]
 fn plan_notes_parameters_shorter_than_the_shard_group() {
     let (code, _, err) = run(&["models/mixtral-8x7b.ron", "--world-size", "64", "--summary"]);
