@@ -36,6 +36,8 @@ fn bad_flags_exit_2_with_a_clear_message() {
         (&["models/llama-3.1-405b.ron", "--world-size", "1", "--strategy", "no-shard", "--policy", "none", "--batch", "4096", "--seq", "1048576", "--attn-implementation", "eager"], "the step's buffers add up to more than 4 EiB"),
         // a class the model lacks would checkpoint nothing
         (&["models/tiny-mixtral.ron", "--checkpoint", "LlamaDecoderLayer"], "--checkpoint: `LlamaDecoderLayer` is neither a module class nor a module path of tiny-mixtral"),
+        // a policy that wraps nothing leaves only the root to set
+        (&["models/tiny-llama.ron", "--policy", "none", "--unit-reshard", "last=false"], "--unit-reshard: `last`: this plan has no FSDP unit but the root (its wrap policy wraps no module): only `root` can be set"),
         // unit groups: a group's blocks checkpointed alike; FSDP2 only; a sane size
         (&["models/tiny-llama-4l.ron", "--unit-group", "2", "--checkpoint", "model.layers.1"], "the unit group model.layers.0 + model.layers.1 is checkpointed unlike (model.layers.0: none, model.layers.1: full)"),
         (&["models/tiny-llama-4l.ron", "--unit-group", "2", "--layout", "flat"], "--unit-group: unit groups are FSDP2's"),

@@ -77,6 +77,10 @@ fn apply_unit_reshard(units: &mut [units::Unit], overrides: &[(String, bool)]) -
         };
         if at.is_empty() {
             let known: Vec<&str> = units.iter().filter(|u| !u.is_root()).map(|u| u.label()).take(6).collect();
+            if known.is_empty() {
+                // (a wrap policy that wraps nothing: `last` and every path name nothing)
+                return Err(error::opt_err("--unit-reshard", format!("`{name}`: this plan has no FSDP unit but the root (its wrap policy wraps no module): only `root` can be set")));
+            }
             return Err(error::opt_err("--unit-reshard", format!("`{name}` is not an FSDP unit of this plan (units: root, {}{}; or `last`)", known.join(", "), if units.len() > 7 { ", …" } else { "" })));
         }
         for i in at {
