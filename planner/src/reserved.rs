@@ -802,6 +802,11 @@ fn periods(plan: &Plan, sizes: &[u64], at: &[usize], continued: &[bool], stream_
     Some(Periods { ops, bufs, shift })
 }
 
+/// Whether buffer `x` holds blocks: its tensors' own, or those it continues.
+fn holds(held: &[Handle], taken: &[Vec<Handle>], at: &[usize], x: usize) -> bool {
+    held[at[x]..at[x + 1]].iter().any(|&h| h != NONE) || !taken[x].is_empty()
+}
+
 /// The replay's state where micro-batch `m` starts, for comparing with another
 /// micro-batch's start: every segment's blocks in address order, the reserved and active
 /// bytes, and each buffer allocated before it that holds blocks (by where they are; the
@@ -823,10 +828,10 @@ fn state_at(a: &Allocator, held: &[Handle], taken: &[Vec<Handle>], at: &[usize],
     let id = |x: usize| if x >= first { (1 << 63) | (base - x) as u64 } else { x as u64 };
     let place = |h: Handle| a.blocks.get(h as usize).map_or(u64::MAX, |b| address(b.seg, b.off));
     for x in 0..base {
-        let hs = &held[at[x]..at[x + 1]];
-        if hs.iter().all(|&h| h == NONE) && taken[x].is_empty() {
+        if !holds(held, taken, at, x) {
             continue;
         }
+        let hs = &held[at[x]..at[x + 1]];
         v.push(id(x));
         v.extend(hs.iter().map(|&h| if h == NONE { u64::MAX } else { place(h) }));
         v.push(taken[x].len() as u64);
@@ -954,18 +959,14 @@ fn replay_with(plan: &Plan, hw: &Hardware, steps: usize, stop: Option<u64>, skip
                     let by = (to - m) * p.shift;
                     // (a buffer and the one it passes its blocks to have as many tensors: the
                     // live ones are of micro-batches 2 on, whose buffers `periods` compared)
-                    let live = |x: usize| held[at[x]..at[x + 1]].iter().any(|&h| h != NONE) || !taken[x].is_empty();
-                    if to > m && (p.bufs[1]..p.bufs[m]).all(|x| !live(x) || at[x + 1] - at[x] == at[x + by + 1] - at[x + by]) {
-                        for x in (p.bufs[1]..p.bufs[m]).rev() {
+                    let live: Vec<usize> = if to > m { (p.bufs[1]..p.bufs[m]).filter(|&x| holds(&held, &taken, &at, x)).collect() } else { vec![] };
+                    if to > m && live.iter().all(|&x| at[x + 1] - at[x] == at[x + by + 1] - at[x + by]) {
+                        for &x in live.iter().rev() {
                             let (src, dst) = (at[x]..at[x + 1], at[x + by]..at[x + by + 1]);
-                            if held[src.clone()].iter().any(|&h| h != NONE) {
-                                let hs: Vec<Handle> = held[src.clone()].to_vec();
-                                held[src].fill(NONE);
-                                held[dst].copy_from_slice(&hs);
-                            }
-                            if !taken[x].is_empty() {
-                                taken[x + by] = std::mem::take(&mut taken[x]);
-                            }
+                            let hs: Vec<Handle> = held[src.clone()].to_vec();
+                            held[src].fill(NONE);
+                            held[dst].copy_from_slice(&hs);
+                            taken[x + by] = std::mem::take(&mut taken[x]);
                         }
                         for b in in_flight.iter_mut() {
                             if b.index() >= p.bufs[1] {
