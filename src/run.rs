@@ -206,9 +206,6 @@ pub(crate) fn run_inputs(r: &RunArgs) -> Result<(Plan, Model)> {
     if plan.options.compile {
         bail!(UserError("--compile: the runtime runs libtorch's eager kernels, and a --compile plan lays out what inductor's partitioner saves instead (plan and time it here; run the plan without --compile)".into()));
     }
-    if plan.options.offload != fsdp_planner::Offload::None {
-        bail!(UserError("--offload cpu: the runtime does not execute FSDP2's CPUOffloadPolicy (the CPU runtime has no host/device split; plan, tune and time it here)".into()));
-    }
     if plan.options.seq < 2 {
         bail!(UserError(format!("--seq {}: a causal-LM loss needs at least 2 tokens per sequence (it predicts token t+1 from token t)", plan.options.seq)));
     }
@@ -407,6 +404,8 @@ pub(crate) fn train(mut r: RunArgs, m: Option<&clap::ArgMatches>) -> Result<()> 
                 "final_loss": reports.last().map(|s| s.loss),
                 "measured_peak_bytes": reports.iter().map(|s| s.peak_bytes).max(),
                 "predicted_peak_bytes": plan.memory.peak_bytes,
+                "measured_host_peak_bytes": reports.iter().filter_map(|s| s.host_peak_bytes).max(),
+                "predicted_host_peak_bytes": plan.memory.host.as_ref().map(|h| h.peak_bytes),
                 "mean_tokens_per_s": summary.1,
             }
         });
@@ -507,8 +506,13 @@ impl Progress {
         let later: Vec<f64> = reps.iter().skip(1).map(|s| s.tokens_per_s).collect();
         let tps = if later.is_empty() { reps.iter().map(|s| s.tokens_per_s).sum::<f64>() / reps.len().max(1) as f64 } else { later.iter().sum::<f64>() / later.len() as f64 };
         let measured = reps.iter().map(|s| s.peak_bytes).max().unwrap_or(0);
+        // --offload cpu: the host's too
+        let host = match (reps.iter().filter_map(|s| s.host_peak_bytes).max(), &plan.memory.host) {
+            (Some(m), Some(h)) => format!("; host {} measured vs {} planned", fsdp_planner::print::bytes(m), fsdp_planner::print::bytes(h.peak_bytes)),
+            _ => String::new(),
+        };
         let text = format!(
-            "done: {} steps in {}, final loss {:.6}; {:.1} tokens/s ({:.2}% MFU); peak {} measured (rank 0) vs {} planned",
+            "done: {} steps in {}, final loss {:.6}; {:.1} tokens/s ({:.2}% MFU); peak {} measured (rank 0) vs {} planned{host}",
             reps.len(),
             fsdp_planner::timeline::secs(self.started.elapsed().as_secs_f64()),
             reps.last().map_or(f64::NAN, |s| s.loss),

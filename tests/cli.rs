@@ -420,7 +420,8 @@ fn float8_is_planned_and_refused_where_it_cannot_run() {
 
 /// `--offload cpu` (FSDP2's CPUOffloadPolicy): the device keeps no shards, grads or optimizer
 /// state (FSDP2-exact: tests/conformance.rs), the host's share is printed beside the device's
-/// peak; what is not modelled yet is refused by name.
+/// peak; under `--device cpu` it plans the CPU runtime's host, measured apart from its device
+/// (runtime/tests/memory_parity.rs); what is not modelled yet is refused by name.
 #[test]
 fn offload_moves_the_sharded_state_to_the_host_and_refuses_what_it_cannot_plan() {
     let base = ["plan", "models/llama-3-8b.ron", "--world-size", "8", "--batch", "1", "--seq", "4096", "--param-dtype", "bf16", "--reduce-dtype", "f32"];
@@ -438,10 +439,11 @@ fn offload_moves_the_sharded_state_to_the_host_and_refuses_what_it_cannot_plan()
     assert!(off["host"].is_null() && host["peak_bytes"].as_u64().unwrap() > host["sharded_param"].as_u64().unwrap() * 3, "{host}");
     let (code, out, err) = run(&[&base[..], &["--offload", "cpu", "--summary"]].concat());
     assert!(code == 0 && out.contains("offload: CPUOffloadPolicy") && out.contains("host memory (CPU offload, rank 0)"), "{out}{err}");
+    let on_cpu = peak(&["--offload", "cpu", "--device", "cpu"]);
+    assert!(on_cpu["breakdown"]["sharded_param"].as_u64() == Some(0) && on_cpu["host"]["sharded_param"] == host["sharded_param"], "{on_cpu}");
     for (extra, why) in [
         (&["--layout", "flat"][..], "not with --layout flat"),
         (&["--strategy", "shard-grad-op"][..], "full-shard or hybrid-shard only"),
-        (&["--device", "cpu"][..], "--device cuda"),
     ] {
         let (code, _, err) = run(&[&base[..], &["--offload", "cpu"], extra].concat());
         assert!(code == 2 && err.contains("--offload") && err.contains(why), "{extra:?}: {err}");

@@ -218,6 +218,11 @@ pub enum Offload {
     /// grads and the optimizer state and step on the host; each all-gather first copies every
     /// parameter's shard to the device (then casts it to the param dtype), each reduce-scatter's
     /// output goes back to the host parameter by parameter.
+    ///
+    /// Under `--device cpu` the host is what the CPU runtime keeps apart from its counted
+    /// "device" memory (a rank thread's allocations): the same copies and casts, on one
+    /// memory. FSDP2 itself moves nothing on a CPU mesh, so what such a plan is checked
+    /// against is the runtime (`runtime/tests/memory_parity.rs`), not an FSDP2 run.
     Cpu,
 }
 
@@ -626,9 +631,6 @@ impl Options {
             }
             if self.float8.is_some() || self.reshard_to.is_some() || self.unit_group > 1 {
                 return refuse("not with --float8, --reshard-after-forward N or --unit-group yet (not modelled)");
-            }
-            if self.device != Device::Cuda {
-                return refuse("offloads to the host from a GPU: --device cuda");
             }
         }
         if self.unit_group > 1 && self.layout == Layout::Flat {

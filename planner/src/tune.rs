@@ -243,7 +243,8 @@ pub fn space(model: &Model, base: &Options, world_size: u64, global_batch: u64, 
     }
     let edge_policy = edge_policy(model, &blocks);
     let sac = sac_allowed(base, &blocks);
-    let offload_ok = Options { offload: crate::options::Offload::Cpu, world_size, batch: 1, grad_accum: 1, checkpoint: vec![], ..base.clone() }.check().is_ok();
+    // (on a GPU only: a CPU run has no device memory to relieve)
+    let offload_ok = base.device == crate::options::Device::Cuda && Options { offload: crate::options::Offload::Cpu, world_size, batch: 1, grad_accum: 1, checkpoint: vec![], ..base.clone() }.check().is_ok();
     let offload = if offload_ok { vec![false, true] } else { vec![false] };
     // (the embeddings and the head as units of their own, torchtitan's wrapping, where they
     // are untied: it frees memory for less checkpointing, 0.3–1.4% faster answers on Llama-3)

@@ -150,7 +150,8 @@ fn check(name: &str, opts: Options, report: &mut String) {
     let data = data(vocab, opts.world_size as i64, k);
     let (rl, rp) = reference(name, &m, &opts, &data);
     let (sl, sp) = sharded(name, &m, &opts, &data, false);
-    let label = format!("{name} ws{} {:?} {:?} {} ga{} ckpt{} {:?}", opts.world_size, opts.strategy, opts.layout, opts.policy, opts.grad_accum, !opts.checkpoint.is_empty(), opts.optimizer);
+    let offload = if opts.offload == fsdp_planner::Offload::Cpu { " offload" } else { "" };
+    let label = format!("{name} ws{} {:?} {:?} {} ga{} ckpt{} {:?}{offload}", opts.world_size, opts.strategy, opts.layout, opts.policy, opts.grad_accum, !opts.checkpoint.is_empty(), opts.optimizer);
     let (worst_l, worst_p) = compare(&label, (&sl, &sp), (&rl, &rp), |_, t| t.shallow_clone());
     assert!(rl[STEPS - 1] < rl[0], "{label}: training did not lower the loss");
     *report += &format!("{label:<60} loss {:.6} → {:.6}  worst loss rel {worst_l:.1e}  worst param rel {worst_p:.1e}\n", rl[0], rl[STEPS - 1]);
@@ -253,6 +254,9 @@ fn sharded_training_equals_single_device() {
     check("tiny-llama", Options { optimizer: Optimizer::Sgd, ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);
     check("tiny-llama", Options { optimizer: Optimizer::Sgd, grad_accum: 2, ..opts(3, Layout::Flat, Policy::Auto) }, &mut report);
     check("tiny-llama", Options { optimizer: Optimizer::Adam, ..opts(4, Layout::Fsdp2, Policy::Auto) }, &mut report);
+    // FSDP2's CPUOffloadPolicy: shards, grads (accumulated there) and AdamW on the host
+    check("tiny-llama", Options { offload: fsdp_planner::Offload::Cpu, grad_accum: 2, checkpoint: vec!["LlamaDecoderLayer".into()], ..opts(3, Layout::Fsdp2, Policy::Auto) }, &mut report);
+    check("tiny-llama", Options { offload: fsdp_planner::Offload::Cpu, strategy: Strategy::HybridShard { shard_size: 2 }, ..opts(4, Layout::Fsdp2, Policy::Auto) }, &mut report);
     eprintln!("{report}");
 }
 
@@ -268,6 +272,7 @@ fn collectives_left_in_flight_train_bit_identically() {
         ("tiny-llama", Options { strategy: Strategy::HybridShard { shard_size: 2 }, ..opts(4, Layout::Fsdp2, Policy::Auto) }),
         ("tiny-llama", Options { strategy: Strategy::NoShard, grad_accum: 2, ..opts(2, Layout::Fsdp2, Policy::Auto) }),
         ("tiny-gpt2", Options { checkpoint: vec!["GPT2Block".into()], ..opts(2, Layout::Fsdp2, Policy::Auto) }),
+        ("tiny-llama", Options { offload: fsdp_planner::Offload::Cpu, grad_accum: 2, ..opts(2, Layout::Fsdp2, Policy::Auto) }),
     ];
     for (name, o) in cases {
         let m = model(name);
@@ -279,7 +284,8 @@ fn collectives_left_in_flight_train_bit_identically() {
         for (k, a) in &ap {
             assert!(a.equal(&bp[k]), "{name} {:?}: final {k} differs", o.strategy);
         }
-        eprintln!("{name} ws{} {:?} {:?} ga{}: {} steps bit-identical with reductions in flight", o.world_size, o.strategy, o.layout, o.grad_accum, al.len());
+        let offload = if o.offload == fsdp_planner::Offload::Cpu { " offload" } else { "" };
+        eprintln!("{name} ws{} {:?} {:?} ga{}{offload}: {} steps bit-identical with reductions in flight", o.world_size, o.strategy, o.layout, o.grad_accum, al.len());
     }
 }
 
@@ -409,6 +415,7 @@ fn run_cpu_equals_single_device() {
         ("tiny-gpt2", Options { grad_accum: 2, ..opts(2, Layout::Fsdp2, Policy::Auto) }),
         ("tiny-llama", Options { optimizer: Optimizer::Sgd, ..opts(3, Layout::Flat, Policy::Auto) }),
         ("tiny-llama", Options { strategy: Strategy::HybridShard { shard_size: 2 }, ..opts(4, Layout::Fsdp2, Policy::Auto) }),
+        ("tiny-llama", Options { offload: fsdp_planner::Offload::Cpu, grad_accum: 2, ..opts(2, Layout::Fsdp2, Policy::Auto) }),
     ];
     // removed when the guard drops (a failing case's too)
     let tmp_dir = tempfile::Builder::new().prefix("fsdp-run-eq-").tempdir().unwrap();
@@ -452,7 +459,8 @@ fn run_cpu_equals_single_device() {
             })
             .collect();
         let (want_l, want_p) = reference_as(name, &m, &o, &data, Kind::Float, cfg.seed as u64);
-        let label = format!("{name} ws{} {:?} {:?} ga{} {:?}", o.world_size, o.strategy, o.layout, o.grad_accum, o.optimizer);
+        let offload = if o.offload == fsdp_planner::Offload::Cpu { " offload" } else { "" };
+        let label = format!("{name} ws{} {:?} {:?} ga{} {:?}{offload}", o.world_size, o.strategy, o.layout, o.grad_accum, o.optimizer);
         assert_eq!(got_l.len(), RUN_STEPS);
         let (worst_l, worst_p) = compare(&label, (&got_l, &got_p.tensors), (&want_l, &want_p), q_and_v_of_key_bias);
         // the comparison is not vacuous: the weights moved, and the loss fell

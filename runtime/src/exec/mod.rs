@@ -12,7 +12,8 @@
 //! Ops in checkpointed modules run without grad in forward; their `Recompute` ops rebuild the
 //! graph from the region's inputs just before the region's backward.
 //! Memory is measured by a counting CPU allocator ([`crate::shim::MemTracker`]), or on a GPU
-//! by libtorch's CUDA caching allocator's counters.
+//! by libtorch's CUDA caching allocator's counters. Under `--offload cpu` the sharded state,
+//! the reduced gradients and the optimizer live on the host ([`Host`]), measured apart.
 
 pub mod cuda;
 pub mod ops;
@@ -34,8 +35,11 @@ use tch::{Kind, Tensor};
 /// One rank's persistent state: the local shards and their optimizer state.
 pub struct Rank {
     /// Per unit: the flat local shard (padded; fsdp2: per-param padded chunks back to back).
+    /// On the host (the CPU) under `--offload cpu`, else on `device`.
     pub shards: Vec<Tensor>,
     pub opt: Vec<State>,
+    /// Where the step computes (the shards' device unless they are offloaded).
+    pub device: tch::Device,
     /// The plan's arena (one block for the whole run) and where a step's allocations go in
     /// it ([`crate::placement::assign`]), made from the first arena step's record and
     /// replayed by the next ones.
@@ -133,18 +137,21 @@ impl Rank {
         }
         // the state of the optimizer the plan names (none for SGD: the plan has none)
         let opt = shards.iter().map(|s| State::for_optim(plan.options.optimizer, s)).collect();
-        Ok(Rank { shards, opt, arena: None, last_grad_norm: None, skipped: false })
+        Ok(Rank { shards, opt, device: tch::Device::Cpu, arena: None, last_grad_norm: None, skipped: false })
     }
 
-    /// The same state on `device` (shards, optimizer state), for a rank that runs on a GPU.
-    pub fn to_device(self, device: tch::Device) -> Rank {
-        if self.shards.iter().all(|s| s.device() == device) {
-            return self;
+    /// The same state on `device` (shards, optimizer state), for a rank that runs on a GPU;
+    /// `offloaded` (FSDP2's CPUOffloadPolicy) leaves the state on the host; the steps compute
+    /// on `device` all the same.
+    pub fn to_device(self, device: tch::Device, offloaded: bool) -> Rank {
+        if offloaded || self.shards.iter().all(|s| s.device() == device) {
+            return Rank { device, ..self };
         }
         let mv = |t: &Tensor| tch::no_grad(|| t.to_device(device));
         Rank {
             shards: self.shards.iter().map(mv).collect(),
             opt: self.opt.iter().map(|o| State { m: mv(&o.m), v: mv(&o.v), step: o.step }).collect(),
+            device,
             last_grad_norm: self.last_grad_norm,
             skipped: self.skipped,
             arena: None,
@@ -289,6 +296,53 @@ pub struct StepStats {
     /// step's allocations are placed at the plan's offsets where they match a planned
     /// buffer; afterwards, what was placed.
     pub arena: Option<shim::ArenaStats>,
+    /// Under `--offload cpu` on the CPU runtime: the host's peak, measured apart from the
+    /// device's (the shards and optimizer state the step starts with + the peak of what the
+    /// step allocated on the host: gradients, the optimizer's temporaries), the quantity of
+    /// the plan's [`fsdp_planner::memory::HostMemory`].
+    pub host_peak_bytes: Option<u64>,
+}
+
+/// Where FSDP2's CPUOffloadPolicy keeps the sharded state: the host. On a GPU host tensors
+/// are the CPU's, which the CUDA allocator's counters leave out; on the CPU runtime they are
+/// the same memory as the "device"'s, charged to a tracker of their own while the step's is
+/// left (and made outside the plan's arena), so that the step counts the device's bytes.
+struct Host<'a> {
+    offload: bool,
+    /// (the step's tracker, re-entered after a host section; the host's)
+    trackers: Option<(&'a MemTracker, &'a MemTracker)>,
+    arena: Option<&'a shim::Arena>,
+}
+
+impl Host<'_> {
+    /// Runs `f` with its allocations on the host (as is, without offload).
+    fn run<T>(&self, f: impl FnOnce() -> T) -> T {
+        if !self.offload {
+            return f();
+        }
+        if let Some(a) = self.arena {
+            a.leave();
+        }
+        match self.trackers {
+            Some((_, h)) => h.enter(),
+            None => MemTracker::leave(),
+        }
+        let r = f();
+        match self.trackers {
+            Some((d, _)) => d.enter(),
+            None => MemTracker::leave(),
+        }
+        if let Some(a) = self.arena {
+            a.enter();
+        }
+        r
+    }
+}
+
+/// `t` copied to `device`: a new tensor even where it is there already (the CPU runtime's
+/// host and device are one memory, counted apart).
+fn copy_to(t: &Tensor, device: tch::Device) -> Tensor {
+    tch::no_grad(|| if t.device() == device { t.copy() } else { t.to_device(device) })
 }
 
 /// Counts the bytes a step allocates: libtorch's CPU allocations on this thread (the shim's
@@ -384,7 +438,8 @@ pub fn step_timed(
     mut spans: Option<&mut Vec<(f64, f64)>>,
     stats: Option<&mut StepStats>,
 ) -> Result<f64, RtError> {
-    let device = rank.shards.first().map(|s| s.device()).unwrap_or(tch::Device::Cpu);
+    let device = rank.device;
+    let offload = plan.options.offload == fsdp_planner::Offload::Cpu;
     // the arena lives with the rank (one block for the run); taken out for the step
     let mut arena = match (stats.as_ref().and_then(|s| s.arena), rank.arena.take()) {
         (Some(_), Some(a)) => Some(a),
@@ -413,11 +468,24 @@ pub fn step_timed(
     if let Some((a, _)) = &arena {
         a.enter();
     }
-    let persistent = held_bytes(rank.shards.iter().chain(rank.opt.iter().flat_map(|o| [&o.m, &o.v])).chain(batches.iter().flat_map(|b| b.values())));
+    let state = || rank.shards.iter().chain(rank.opt.iter().flat_map(|o| [&o.m, &o.v]));
+    let inputs = || batches.iter().flat_map(|b| b.values());
+    // (offloaded, the state is the host's)
+    let persistent = if offload { held_bytes(inputs()) } else { held_bytes(state().chain(inputs())) };
+    let host_persistent = held_bytes(state());
+    let host_tracker = (offload && matches!(tracker, Some(Probe::Cpu(_)))).then(MemTracker::new);
+    let host = Host {
+        offload,
+        trackers: match (&tracker, &host_tracker) {
+            (Some(Probe::Cpu(d)), Some(h)) => Some((d, h)),
+            _ => None,
+        },
+        arena: arena.as_ref().map(|a| &a.0),
+    };
     let mut per_op = vec![];
     let mut probe = tracker.as_ref().map(|t| (t, &mut per_op));
     let opt: Update = opt.into();
-    let r = run_step(plan, model, comm, rank, batches, cx, &opt, &mut spans, &mut probe, arena.as_ref().map(|a| &a.0));
+    let r = run_step(plan, model, comm, rank, batches, cx, &opt, &mut spans, &mut probe, arena.as_ref().map(|a| &a.0), &host);
     let arena_stats = arena.as_ref().map(|a| a.0.stats());
     if let Some((a, map)) = &mut arena {
         a.leave();
@@ -434,6 +502,7 @@ pub fn step_timed(
         if let Some(st) = stats {
             st.arena = arena_stats;
             st.persistent_bytes = persistent;
+            st.host_peak_bytes = host_tracker.as_ref().map(|h| host_persistent + h.stats(false).1);
             // per_op covers the whole step (its last entry closes the last op)
             st.peak_bytes = persistent + per_op.iter().map(|x| x.1).max().unwrap_or(0);
             st.per_op = per_op.into_iter().map(|(c, p)| (c + persistent, p + persistent)).collect();
@@ -454,6 +523,7 @@ fn run_step(
     spans: &mut Option<&mut Vec<(f64, f64)>>,
     probe: &mut Option<(&Probe, &mut Vec<(u64, u64)>)>,
     arena: Option<&shim::Arena>,
+    host: &Host,
 ) -> Result<f64, RtError> {
     let t0 = std::time::Instant::now();
     let nu = plan.units.len();
@@ -558,8 +628,8 @@ fn run_step(
     // the gradient reduction in flight (unit, result), FSDP2's reduce_scatter_state
     let mut rs_flight: Option<(usize, crate::comm::Pending)> = None;
     // a GPU step's timeline is read from the device (see DeviceClock)
-    let mut clock = match (spans.is_some(), rank.shards.first().map(|s| s.device())) {
-        (true, Some(tch::Device::Cuda(i))) => Some(DeviceClock::new(i)?),
+    let mut clock = match (spans.is_some(), rank.device) {
+        (true, tch::Device::Cuda(i)) => Some(DeviceClock::new(i)?),
         _ => None,
     };
     let mut env: HashMap<String, Tensor> = HashMap::new();
@@ -634,7 +704,7 @@ fn run_step(
             // that may need the reduced gradient (the replicas' all-reduce, the optimizer) or
             // ends the backward: the reduction in flight is finished first
             if let Some((v, p)) = rs_flight.take() {
-                finish_reduction(v, p.wait()?, hybrid, &mut pending, &mut sgrads, &rank.shards)?;
+                finish_reduction(v, p.wait()?, hybrid, &mut pending, &mut sgrads, &rank.shards, host)?;
             }
         }
         match &sop.kind {
@@ -673,9 +743,32 @@ fn run_step(
             OpKind::AllGather { unit, .. } => {
                 // mixed precision: the shard is cast to param_dtype, then gathered
                 let u = unit.index();
-                let s = match param_kind {
-                    Some(k) => rank.shards[u].to_kind(k),
-                    None => rank.shards[u].shallow_clone(),
+                let s = if host.offload {
+                    // CPUOffloadPolicy: each param's padded host shard copied to the device in
+                    // its own dtype, then cast to the param dtype (the copy dropped at once),
+                    // then put together as the all-gather's input (FSDP2 copies them into the
+                    // output's slot: these go once it is made)
+                    let shard = &rank.shards[u];
+                    let pieces: Vec<Tensor> = plan.units[u]
+                        .params
+                        .iter()
+                        .map(|p| {
+                            let d = copy_to(&shard.narrow(0, p.offset as i64, p.shard_numel as i64), rank.device);
+                            match param_kind {
+                                Some(k) if k != d.kind() => tch::no_grad(|| d.to_kind(k)),
+                                _ => d,
+                            }
+                        })
+                        .collect();
+                    match pieces.is_empty() {
+                        true => copy_to(shard, rank.device),
+                        false => tch::no_grad(|| Tensor::cat(&pieces, 0)),
+                    }
+                } else {
+                    match param_kind {
+                        Some(k) => rank.shards[u].to_kind(k),
+                        None => rank.shards[u].shallow_clone(),
+                    }
                 };
                 if plan.options.layout == Layout::Flat {
                     // FSDP1: gathered straight into the unit's padded flat parameter, whose
@@ -958,7 +1051,7 @@ fn run_step(
                     drop(input);
                 }
                 if started.is_ready() {
-                    finish_reduction(u, started.wait()?, hybrid, &mut pending, &mut sgrads, &rank.shards)?;
+                    finish_reduction(u, started.wait()?, hybrid, &mut pending, &mut sgrads, &rank.shards, host)?;
                 } else {
                     // in flight (NCCL) while the next unit's backward runs; finished at the
                     // next reduction or where its result is needed
@@ -969,52 +1062,63 @@ fn run_step(
                 // hybrid sharding: this rank's reduce-scattered shard, averaged across replicas
                 let u = unit.index();
                 let part = pending[u].take().ok_or_else(|| err(format!("{}: all-reduce without a reduce-scatter", sop.id)))?;
-                finish_reduction(u, comm.replicate.all_reduce_avg(&part)?, false, &mut pending, &mut sgrads, &rank.shards)?;
+                finish_reduction(u, comm.replicate.all_reduce_avg(&part)?, false, &mut pending, &mut sgrads, &rank.shards, host)?;
                 drop(part);
             }
             OpKind::OptimizerStep { unit } => {
                 let u = unit.index();
-                if !normed {
-                    // before the first unit's step: the norm of all of them (clip_grad_norm_)
-                    normed = true;
-                    rank.skipped = false;
-                    let local = tch::no_grad(|| -> Result<f64, RtError> {
-                        let mut sq = 0.0f64;
-                        for g in sgrads.iter().flatten() {
-                            sq += g.f_to_kind(Kind::Double)?.f_square()?.f_sum(Kind::Double)?.double_value(&[]);
-                        }
-                        Ok(sq)
-                    })?;
-                    let n = comm.shard.size() as f64;
-                    let dev = rank.shards.first().map(|s| s.device()).unwrap_or(tch::Device::Cpu);
-                    let total = comm.shard.all_reduce_avg(&Tensor::from(local).to_device(dev))?.double_value(&[]) * n;
-                    let norm = total.sqrt();
-                    rank.last_grad_norm = Some(norm);
-                    if !norm.is_finite() {
-                        if !update.skip_nonfinite {
-                            return Err(RtError::NonFinite(format!("the gradient norm is {norm}")));
-                        }
-                        rank.skipped = true;
-                    } else if let Some(max) = update.clip {
-                        let coef = (max / (norm + 1e-6)).min(1.0);
-                        for g in sgrads.iter_mut().flatten() {
-                            let _ = tch::no_grad(|| g.f_mul_scalar_(coef))?;
+                // (offloaded: on the host, as torch.optim steps FSDP2's CPU shards)
+                host.run(|| -> Result<(), RtError> {
+                    if !normed {
+                        // before the first unit's step: the norm of all of them (clip_grad_norm_)
+                        normed = true;
+                        rank.skipped = false;
+                        let local = tch::no_grad(|| -> Result<f64, RtError> {
+                            let mut sq = 0.0f64;
+                            for g in sgrads.iter().flatten() {
+                                // each gradient's 2-norm, as torch's clip_grad_norm_ takes it: a
+                                // reduction that makes no copy of the gradient (reduced-precision
+                                // ones accumulated in float32), squared and summed here in double
+                                let n = match g.kind() {
+                                    Kind::Float | Kind::Double => g.f_norm()?,
+                                    _ => g.f_norm_scalaropt_dtype(2, Kind::Float)?,
+                                };
+                                let n = n.double_value(&[]);
+                                sq += n * n;
+                            }
+                            Ok(sq)
+                        })?;
+                        let n = comm.shard.size() as f64;
+                        let total = comm.shard.all_reduce_avg(&Tensor::from(local).to_device(rank.device))?.double_value(&[]) * n;
+                        let norm = total.sqrt();
+                        rank.last_grad_norm = Some(norm);
+                        if !norm.is_finite() {
+                            if !update.skip_nonfinite {
+                                return Err(RtError::NonFinite(format!("the gradient norm is {norm}")));
+                            }
+                            rank.skipped = true;
+                        } else if let Some(max) = update.clip {
+                            let coef = (max / (norm + 1e-6)).min(1.0);
+                            for g in sgrads.iter_mut().flatten() {
+                                let _ = tch::no_grad(|| g.f_mul_scalar_(coef))?;
+                            }
                         }
                     }
-                }
-                if rank.skipped {
-                    continue;
-                }
-                let opt = &update.opt;
-                if let Some(g) = &sgrads[u] {
-                    // FSDP2's optimizer steps one sharded param at a time; FSDP1's flat
-                    // parameter is one tensor
-                    let pieces: Vec<(i64, i64)> = match plan.options.layout {
-                        Layout::Fsdp2 => plan.units[u].params.iter().map(|p| (p.offset as i64, p.shard_numel as i64)).collect(),
-                        Layout::Flat => vec![(0, rank.shards[u].numel() as i64)],
-                    };
-                    opt.step_pieces(&rank.shards[u], g, &mut rank.opt[u], &pieces)?;
-                }
+                    if rank.skipped {
+                        return Ok(());
+                    }
+                    let opt = &update.opt;
+                    if let Some(g) = &sgrads[u] {
+                        // FSDP2's optimizer steps one sharded param at a time; FSDP1's flat
+                        // parameter is one tensor
+                        let pieces: Vec<(i64, i64)> = match plan.options.layout {
+                            Layout::Fsdp2 => plan.units[u].params.iter().map(|p| (p.offset as i64, p.shard_numel as i64)).collect(),
+                            Layout::Flat => vec![(0, rank.shards[u].numel() as i64)],
+                        };
+                        opt.step_pieces(&rank.shards[u], g, &mut rank.opt[u], &pieces)?;
+                    }
+                    Ok(())
+                })?;
             }
             OpKind::ZeroGrad => {
                 for g in sgrads.iter_mut() {
@@ -1038,7 +1142,7 @@ fn run_step(
     }
     if let Some((v, p)) = rs_flight.take() {
         // (a schedule that ends with its last reduction)
-        finish_reduction(v, p.wait()?, hybrid, &mut pending, &mut sgrads, &rank.shards)?;
+        finish_reduction(v, p.wait()?, hybrid, &mut pending, &mut sgrads, &rank.shards, host)?;
     }
     if let Some(sp) = spans.as_deref_mut() {
         if let Some(last) = sp.last_mut() {
@@ -1106,12 +1210,26 @@ impl DeviceClock {
 /// A unit's reduced gradient, once its reduction is done: hybrid sharding's waits for the
 /// all-reduce across replicas that follows; otherwise it is cast to the shard's (master)
 /// dtype and accumulated into the unit's sharded gradient.
-fn finish_reduction(u: usize, out: Tensor, hybrid: bool, pending: &mut [Option<Tensor>], sgrads: &mut [Option<Tensor>], shards: &[Tensor]) -> Result<(), RtError> {
+fn finish_reduction(u: usize, out: Tensor, hybrid: bool, pending: &mut [Option<Tensor>], sgrads: &mut [Option<Tensor>], shards: &[Tensor], host: &Host) -> Result<(), RtError> {
     if hybrid {
         pending[u] = Some(out);
         return Ok(());
     }
     let out = tch::no_grad(|| out.to_kind(shards[u].kind()));
+    if host.offload {
+        // CPUOffloadPolicy: the reduced shard goes to the host and accumulates there; the
+        // device's copy is dropped
+        return host.run(|| {
+            let h = copy_to(&out, tch::Device::Cpu);
+            match &mut sgrads[u] {
+                Some(acc) => tch::no_grad(|| acc.f_add_(&h)).map(|_| ()).map_err(|e| err(format!("accumulating unit {u}'s host gradient: {e}"))),
+                None => {
+                    sgrads[u] = Some(h);
+                    Ok(())
+                }
+            }
+        });
+    }
     sgrads[u] = Some(match sgrads[u].take() {
         Some(acc) => tch::no_grad(|| acc + out),
         None => out,

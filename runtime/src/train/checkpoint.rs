@@ -170,7 +170,7 @@ pub fn load_rank(ckpt: &Path, plan: &Plan, rank_idx: usize) -> Result<(Rank, usi
         });
         shards.push(s);
     }
-    Ok((Rank { shards, opt, arena: None, last_grad_norm: None, skipped: false }, meta.step))
+    Ok((Rank { shards, opt, device: tch::Device::Cpu, arena: None, last_grad_norm: None, skipped: false }, meta.step))
 }
 
 /// Removes all but the newest `keep` step directories (0: keeps all); returns their names.

@@ -143,6 +143,10 @@ pub struct StepReport {
     pub tokens_per_s: f64,
     /// Rank 0's measured peak ([`crate::exec::StepStats`]: persistent state + counted allocations).
     pub peak_bytes: u64,
+    /// Under `--offload cpu` on the CPU: rank 0's measured host peak (the shards, grads and
+    /// optimizer state FSDP2's CPUOffloadPolicy keeps there), beside the plan's `host`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_peak_bytes: Option<u64>,
     /// Rank 0's memory by schedule op, on the last step's report only (for
     /// [`crate::exec::memory_report`]).
     #[serde(skip)]
@@ -232,10 +236,11 @@ fn rank_batches(plan: &Plan, data: &crate::data::Data, step: u64, r: usize) -> R
 /// forward run without gradients (in the plan's compute dtype), the loss averaged over ranks
 /// and windows.
 fn evaluate(plan: &Plan, model: &Model, mesh: &crate::comm::Groups, rank: &Rank, eval: &crate::data::Data, n: usize, cx: &OpCx) -> Result<f64, RtError> {
-    let device = rank.shards.first().map(|s| s.device()).unwrap_or(tch::Device::Cpu);
+    let device = rank.device;
     let mut full = HashMap::new();
     for (u, shard) in rank.shards.iter().enumerate() {
-        let gathered = mesh.shard.all_gather(shard)?;
+        // (an offloaded shard is gathered from a device copy)
+        let gathered = mesh.shard.all_gather(&shard.to_device(device))?;
         for (name, t) in crate::exec::copy_out(plan, u, &gathered) {
             full.insert(name, t.to_kind(cx.kind));
         }
@@ -351,7 +356,7 @@ fn rank_loop(
         // (every rank read the same step)
         return Err(RtError::Plan(format!("the checkpoint is at step {done}, and --steps {} counts from the start: nothing left to run (give more steps)", cfg.steps)));
     }
-    let mut rank = rank.to_device(device);
+    let mut rank = rank.to_device(device, plan.options.offload == fsdp_planner::Offload::Cpu);
     let cx0 = OpCx {
         attn: if plan.attn_implementation == "eager" { Attn::Eager } else { Attn::Sdpa },
         kind: plan.options.param_dtype.or(plan.options.master_dtype).map(crate::exec::kind_of).unwrap_or(Kind::Float),
@@ -399,6 +404,11 @@ fn rank_loop(
             e => e,
         })?;
         let peak = world_avg(g, if g.rank() == 0 { stats.peak_bytes as f64 * g.size() as f64 } else { 0.0 }, device)? as u64;
+        // (the host's is only measured on the CPU; every rank knows whether it was)
+        let host_peak = match stats.host_peak_bytes {
+            Some(h) => Some(world_avg(g, if g.rank() == 0 { h as f64 * g.size() as f64 } else { 0.0 }, device)? as u64),
+            None => None,
+        };
         if g.rank() == 0 {
             *last.lock().unwrap_or_else(|e| e.into_inner()) = LastStep { spans, mem: Some(stats) };
         }
@@ -435,6 +445,7 @@ fn rank_loop(
             loss: avg,
             tokens_per_s: tokens_per_step(plan) / (now - prev).max(1e-9),
             peak_bytes: peak,
+            host_peak_bytes: host_peak,
             memory: None,
         };
         prev = now;
