@@ -18,6 +18,9 @@ use fsdp_runtime::train::{run_cpu, RunConfig};
 use std::path::{Path, PathBuf};
 
 const TOL: f64 = 0.02;
+/// Offloaded: an all-gather's in-op peak (the bf16 cases' gathers stand 2.6% from the plan's,
+/// without offload 6%: a cast the runtime holds differently, not at the step's peak).
+const GATHER_TOL: f64 = 0.03;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -300,9 +303,21 @@ fn measured_peak_is_within_two_percent_of_the_plan() {
         };
         // the run is in the plan's arena (the default): the share of the last step's bytes placed there
         let placed = reports.last().and_then(|r| r.memory.as_ref()).and_then(|m| m.arena).map_or(0.0, |a| a.placed_bytes as f64 / (a.placed_bytes + a.heap_bytes).max(1) as f64);
+        // offloaded: every all-gather's in-op peak as the plan's too (each parameter's shard
+        // copied in, cast, then gathered: without the copies the f32 cases are 6% under)
+        let mut gathers = String::new();
+        if let (Some(_), Some(st)) = (plan.memory.host.as_ref(), reports.last().and_then(|r| r.memory.as_ref())) {
+            let planned = fsdp_planner::memory::per_op(&plan.schedule, &plan.buffers);
+            for ((op, &(_, pp)), &(_, mp)) in plan.schedule.iter().zip(&planned).zip(&st.per_op) {
+                let e = mp as f64 / pp as f64 - 1.0;
+                if matches!(op.kind, fsdp_planner::OpKind::AllGather { .. }) && e.abs() > GATHER_TOL {
+                    gathers += &format!("  {} peak planned {pp} B measured {mp} B {:+.2}%", op.id, 100.0 * e);
+                }
+            }
+        }
         let row = format!("{:<16} {:<30} predicted {:>9} B  measured {:>9} B  {:+.2}%  (in the arena: {:.1}% of bytes){host}", c.name, c.what, predicted, measured, 100.0 * (measured as f64 / predicted as f64 - 1.0), 100.0 * placed);
-        if err.abs() > c.tol {
-            bad.push(row.clone());
+        if err.abs() > c.tol || !gathers.is_empty() {
+            bad.push(row.clone() + &gathers);
         }
         if err.abs() > c.tol || std::env::var_os("FSDP_MEMORY_REPORT").is_some() {
             // where the run departs from the plan, op by op
