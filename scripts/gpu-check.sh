@@ -22,7 +22,8 @@
 #         10 steps and writes the initial weights and tokens;
 #      b. fsdp-plan run --backend cuda on the same weights, tokens, optimizer, batch, seq: in
 #         the plan's arena (the default), then with --no-arena (libtorch's caching allocator);
-#      c. the CUDA run's losses against the CPU runtime's (a short run, same weights/tokens);
+#      c. the CUDA run's losses against the CPU runtime's (a short run, same weights/tokens),
+#         and against the same run under --offload cpu (its device peak against the plan's);
 #      d. fsdp-plan's prediction (plan --hardware h100-sxm);
 #      e. scripts/gpu_report.py: tokens/s and peak memory of both, the predicted peak, the
 #         loss checks -> RESULTS-gpu.md (rows for bench/RESULTS.md);
@@ -136,6 +137,21 @@ json.dump(d, open(sys.argv[2], "w"), indent=1)' "models/$M.config.json" "$W/mode
   # losses: CUDA vs the CPU runtime on a short run of the same weights and tokens
   json "$LOG/$M-cuda-short.json" "$B" run "${COMMON[@]}" --batch "${SHORT[0]}" --seq "${SHORT[1]}" --steps 3 --backend "$DEV"
   json "$LOG/$M-cpu-short.json" "$B" run "${COMMON[@]}" --batch "${SHORT[0]}" --seq "${SHORT[1]}" --steps 3 --backend cpu
+  # --offload cpu (FSDP2's CPUOffloadPolicy): shards, grads and AdamW on the host; the losses
+  # of the run without (within RTOL: the optimizer's kernels are the CPU's), the device's
+  # measured peak within 2% of the plan's
+  json "$LOG/$M-offload-short.json" "$B" run "${COMMON[@]}" --batch "${SHORT[0]}" --seq "${SHORT[1]}" --steps 3 --backend "$DEV" --offload cpu
+  step "$M-offload" "$PY" - "$LOG/$M-cuda-short.json" "$LOG/$M-offload-short.json" "$RTOL" <<'PYEOF'
+import json, sys
+rows = lambda p: [json.loads(l) for l in open(p) if l.strip()]
+a, b, rtol = rows(sys.argv[1]), rows(sys.argv[2]), float(sys.argv[3])
+la, lb = [r["loss"] for r in a if "step" in r], [r["loss"] for r in b if "step" in r]
+assert len(la) == len(lb) == 3 and all(abs(x - y) <= rtol * abs(x) for x, y in zip(la, lb)), (la, lb)
+s = b[-1]["summary"]
+m, p = s["measured_peak_bytes"], s["predicted_peak_bytes"]
+assert abs(m / p - 1) < 0.02, f"device peak {m} B measured, {p} B planned"
+print(f"offload: losses {lb} (without: {la}); device peak {m} B measured vs {p} B planned")
+PYEOF
   json "$LOG/$M-plan.json" "$B" plan "$W/model.ron" --world-size 1 --policy auto --optimizer adamw --batch "$BS" --seq "$SEQ" --hardware h100-sxm --device "$DEV" --format json
   step "$M-report" "$PY" scripts/gpu_report.py --name "$M" --ours-cuda "$LOG/$M-cuda.json" --ours-heap "$LOG/$M-cuda-heap.json" --loss-cuda "$LOG/$M-cuda-short.json" \
     --ours-cpu "$LOG/$M-cpu-short.json" --fsdp2 "$LOG/$M-fsdp2.json" --plan "$LOG/$M-plan.json" --rtol "$RTOL" --fsdp2-rtol "$F2RTOL" --out "$LOG/RESULTS-gpu.md"
