@@ -268,6 +268,17 @@ fn offload_keeps_the_state_on_the_host_and_trains_alike() {
     let without = off.last().unwrap()["summary"]["measured_peak_bytes"].as_f64().unwrap();
     assert!(without - device > 0.5 * host, "device {device} B, without offload {without} B, host {host} B");
     assert!(off.last().unwrap()["summary"]["measured_host_peak_bytes"].is_null());
+    // a checkpoint of the host's shards and AdamW state resumes the run exactly
+    let ck = d.join("ck");
+    let c = ck.to_str().unwrap();
+    let part = |steps: &str, extra: &[&str]| {
+        let (code, out, err) = run(&with(&[&["--data", t, "--steps", steps, "--grad-accum", "2", "--offload", "cpu", "--format", "json"][..], extra].concat()));
+        assert_eq!(code, 0, "{err}");
+        out.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()).filter(|l| l.get("step").is_some()).map(|l| l["loss"].clone()).collect::<Vec<_>>()
+    };
+    let whole = part("4", &[]);
+    assert_eq!(part("2", &["--save", c]), whole[..2]);
+    assert_eq!(part("4", &["--resume", c]), whole[2..]);
 }
 
 /// `--eval-data`: the held-out loss of the model as it stands. With one window of data the
