@@ -257,6 +257,8 @@ fn offload_keeps_the_state_on_the_host_and_trains_alike() {
     for k in ["loss", "grad_norm", "eval_loss"] {
         assert_eq!(series(&on, k), series(&off, k), "{k}");
     }
+    let evals = series(&on, "eval_loss");
+    assert!(series(&on, "grad_norm").iter().all(|g| g.is_f64()) && evals[1].is_f64() && evals[3].is_f64(), "{on:?}");
     let sum = &on.last().unwrap()["summary"];
     let near = |m: &str, p: &str| {
         let (m, p) = (sum[m].as_f64().unwrap(), sum[p].as_f64().unwrap());

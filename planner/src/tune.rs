@@ -22,7 +22,7 @@
 //!   the root's, where they are untied;
 //! - CPU offload (FSDP2's `CPUOffloadPolicy`, `--offload cpu`) or not, under FSDP with a
 //!   block per unit (`plan` also plans it under HSDP; the CLI leaves it out on a profile with
-//!   no host behind the device);
+//!   no host behind the device, and the space on a CPU, which has no device memory to relieve);
 //! - activation checkpointing per unit: the first `full` units' blocks fully checkpointed,
 //!   the next `sac` under op-level selective AC, the rest not checkpointed (a unit group's
 //!   blocks alike: FSDP2's group hooks need it).

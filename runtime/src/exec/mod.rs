@@ -137,13 +137,24 @@ impl Rank {
         }
         // the state of the optimizer the plan names (none for SGD: the plan has none)
         let opt = shards.iter().map(|s| State::for_optim(plan.options.optimizer, s)).collect();
-        Ok(Rank { shards, opt, device: tch::Device::Cpu, arena: None, last_grad_norm: None, skipped: false })
+        let device = shards.first().map_or(tch::Device::Cpu, |s| s.device());
+        Ok(Rank { shards, opt, device, arena: None, last_grad_norm: None, skipped: false })
     }
 
     /// The same state on `device` (shards, optimizer state), for a rank that runs on a GPU;
     /// `offloaded` (FSDP2's CPUOffloadPolicy) leaves the state on the host; the steps compute
     /// on `device` all the same.
     pub fn to_device(self, device: tch::Device, offloaded: bool) -> Rank {
+        if offloaded && device.is_cuda() {
+            // (pinned, as CPUOffloadPolicy's `pin_memory=True` keeps them: the copies to the
+            // device before each all-gather are DMA, as the plan's PCIe time assumes)
+            // (where pinning fails the shards stay pageable: slower copies, the same values)
+            let pin = |t: &Tensor| match t.f_is_pinned(device) {
+                Ok(false) => t.f_pin_memory(device).unwrap_or_else(|_| t.shallow_clone()),
+                _ => t.shallow_clone(),
+            };
+            return Rank { shards: self.shards.iter().map(pin).collect(), device, ..self };
+        }
         if offloaded || self.shards.iter().all(|s| s.device() == device) {
             return Rank { device, ..self };
         }
@@ -280,7 +291,7 @@ pub fn step(plan: &Plan, model: &Model, comm: &dyn Collective, rank: &mut Rank, 
 }
 
 /// Measured memory of one step on this rank: bytes of the persistent state it starts with
-/// (shards, optimizer state, the batch) plus the peak of what libtorch allocated on this
+/// (shards, optimizer state, the batch; offloaded, the batch alone) plus the peak of what libtorch allocated on this
 /// rank's thread during the step (gathered buffers, unsharded params, activations and all
 /// autograd saves, gradients, collective buffers, temporaries), from the counting allocator.
 #[derive(Debug, Clone, Default)]
@@ -323,19 +334,26 @@ impl Host<'_> {
         if let Some(a) = self.arena {
             a.leave();
         }
-        match self.trackers {
-            Some((_, h)) => h.enter(),
-            None => MemTracker::leave(),
+        if let Some((_, h)) = self.trackers {
+            h.enter();
         }
-        let r = f();
-        match self.trackers {
-            Some((d, _)) => d.enter(),
-            None => MemTracker::leave(),
+        // (the step's tracker and arena back however `f` ends)
+        let _back = Back(self);
+        f()
+    }
+}
+
+/// Re-enters the step's tracker and arena when a [`Host::run`] section ends.
+struct Back<'a, 'b>(&'a Host<'b>);
+
+impl Drop for Back<'_, '_> {
+    fn drop(&mut self) {
+        if let Some((d, _)) = self.0.trackers {
+            d.enter();
         }
-        if let Some(a) = self.arena {
+        if let Some(a) = self.0.arena {
             a.enter();
         }
-        r
     }
 }
 
@@ -1067,6 +1085,14 @@ fn run_step(
             }
             OpKind::OptimizerStep { unit } => {
                 let u = unit.index();
+                // a unit's parameters in its shard (and gradient): FSDP2's optimizer steps one
+                // sharded param at a time; FSDP1's flat parameter is one tensor
+                let pieces = |v: usize| -> Vec<(i64, i64)> {
+                    match plan.options.layout {
+                        Layout::Fsdp2 => plan.units[v].params.iter().map(|p| (p.offset as i64, p.shard_numel as i64)).filter(|x| x.1 > 0).collect(),
+                        Layout::Flat => vec![(0, rank.shards[v].numel() as i64)],
+                    }
+                };
                 // (offloaded: on the host, as torch.optim steps FSDP2's CPU shards)
                 host.run(|| -> Result<(), RtError> {
                     if !normed {
@@ -1075,16 +1101,23 @@ fn run_step(
                         rank.skipped = false;
                         let local = tch::no_grad(|| -> Result<f64, RtError> {
                             let mut sq = 0.0f64;
-                            for g in sgrads.iter().flatten() {
-                                // each gradient's 2-norm, as torch's clip_grad_norm_ takes it: a
-                                // reduction that makes no copy of the gradient (reduced-precision
-                                // ones accumulated in float32), squared and summed here in double
-                                let n = match g.kind() {
-                                    Kind::Float | Kind::Double => g.f_norm()?,
-                                    _ => g.f_norm_scalaropt_dtype(2, Kind::Float)?,
-                                };
-                                let n = n.double_value(&[]);
-                                sq += n * n;
+                            for (v, g) in sgrads.iter().enumerate() {
+                                let Some(g) = g else { continue };
+                                let g = g.f_reshape([-1])?;
+                                // each parameter's 2-norm, as torch's clip_grad_norm_ takes
+                                // FSDP2's (float32 and float64 ones a reduction that copies
+                                // nothing; reduced-precision ones a float32 copy of one
+                                // parameter at a time, no more than the optimizer's own
+                                // temporaries), squared and summed here in double
+                                for (o, n) in pieces(v) {
+                                    let p = g.f_narrow(0, o, n)?;
+                                    let n = match p.kind() {
+                                        Kind::Float | Kind::Double => p.f_norm()?,
+                                        _ => p.f_norm_scalaropt_dtype(2, Kind::Float)?,
+                                    };
+                                    let n = n.double_value(&[]);
+                                    sq += n * n;
+                                }
                             }
                             Ok(sq)
                         })?;
@@ -1109,13 +1142,7 @@ fn run_step(
                     }
                     let opt = &update.opt;
                     if let Some(g) = &sgrads[u] {
-                        // FSDP2's optimizer steps one sharded param at a time; FSDP1's flat
-                        // parameter is one tensor
-                        let pieces: Vec<(i64, i64)> = match plan.options.layout {
-                            Layout::Fsdp2 => plan.units[u].params.iter().map(|p| (p.offset as i64, p.shard_numel as i64)).collect(),
-                            Layout::Flat => vec![(0, rank.shards[u].numel() as i64)],
-                        };
-                        opt.step_pieces(&rank.shards[u], g, &mut rank.opt[u], &pieces)?;
+                        opt.step_pieces(&rank.shards[u], g, &mut rank.opt[u], &pieces(u))?;
                     }
                     Ok(())
                 })?;
