@@ -37,6 +37,9 @@ pub(crate) fn run(a: PlanArgs, hw: HwOpt) -> Result<()> {
     let t = timeline::predict(&plan, &model, &hw);
     let reserved = fsdp_planner::reserved::predict(&plan, &hw);
     let need = reserved.needed_bytes(&plan);
+    // --offload cpu: every rank of the node keeps its state on the node's host
+    let ranks = plan.options.world_size.min(hw.gpus_per_node.max(1));
+    let host = plan.memory.host.as_ref().zip(hw.host.as_ref().and_then(|h| h.memory_bytes)).map(|(h, has)| (h.peak_bytes.saturating_mul(ranks), has));
     if a.format == "json" {
         let mut v = print::json(&plan);
         v["time"] = timeline::json(&t);
@@ -45,8 +48,10 @@ pub(crate) fn run(a: PlanArgs, hw: HwOpt) -> Result<()> {
             "memory_limit_bytes": limit,
             "limit_of": of,
             "needed_bytes": need,
-            "fits": need <= limit,
+            "fits": need <= limit && host.is_none_or(|(n, has)| n <= has),
             "headroom_bytes": limit as i128 - need as i128,
+            "host_needed_bytes": host.map(|h| h.0),
+            "host_memory_bytes": host.map(|h| h.1),
         });
         outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -60,7 +65,11 @@ pub(crate) fn run(a: PlanArgs, hw: HwOpt) -> Result<()> {
     }
     let res = reserved.render(&plan);
     let res = if res.is_empty() { res } else { format!("  {res}\n") };
-    out(format_args!("{body}{res}  {}\n{}", print::verdict(need, limit, &of), timeline::render(&t)));
+    let host = match host {
+        Some((n, has)) => format!("  host: {} per rank × {ranks} ranks: {}\n", print::bytes(n / ranks.max(1)), print::verdict(n, has, &format!("the node's host memory, {}", hw.name))),
+        None => String::new(),
+    };
+    out(format_args!("{body}{res}  {}\n{host}{}", print::verdict(need, limit, &of), timeline::render(&t)));
     Ok(())
 }
 

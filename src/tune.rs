@@ -216,6 +216,7 @@ fn predicted(e: &Eval) -> serde_json::Value {
     serde_json::json!({
         "peak_bytes": e.peak_bytes,
         "needed_bytes": e.needed_bytes,
+        "host_bytes": e.host_bytes,
         "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
         "step_time_s": e.step_time_s,
         "mfu": e.mfu,
@@ -254,7 +255,25 @@ fn suggestions(model: &fsdp_ir::Model, base: &Options, hw: &Hardware, space: &Sp
         seq /= 2;
     }
     out.push(if space.offload.contains(&true) {
-        "CPU offload (FSDP2's CPUOffloadPolicy, in the space searched) does not fit either: the activations and the gathered params stay on the device".into()
+        // the least-memory configuration under offload: the node's host may be what it is over
+        let ws = base.world_size;
+        let s = Space { shards: vec![ws], ..space.clone() };
+        let c = Config { outer: tune::Outer { shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All, group: 1, edges: searched_edges, offload: true }, full: l, sac: 0 };
+        let e = fsdp_planner::plan_unchecked(model, &tune::options(base, &s, &c)).ok().map(|p| tune::evaluate(&p, model, hw, limit, c));
+        match (e, hw.host.as_ref().and_then(|h| h.memory_bytes)) {
+            (Some(e), Some(has)) if e.host_over => {
+                let per = e.host_bytes.unwrap_or(0);
+                let ranks = ws.min(hw.gpus_per_node.max(1));
+                let device = if e.needed_bytes.is_some_and(|n| n <= limit.bytes) { "fits the device but not" } else { "fits neither the device nor" };
+                format!(
+                    "CPU offload (FSDP2's CPUOffloadPolicy, in the space searched) {device} the node's host: {} per rank × {ranks} ranks = {} of its {} (shards, grads and optimizer state; more GPUs shard them thinner)",
+                    bytes(per),
+                    bytes(per.saturating_mul(ranks)),
+                    bytes(has)
+                )
+            }
+            _ => "CPU offload (FSDP2's CPUOffloadPolicy, in the space searched) does not fit either: the activations and the gathered params stay on the device".into(),
+        }
     } else {
         "CPU offload (FSDP2's CPUOffloadPolicy) is not searched with these options (it needs the FSDP2 layout on a GPU, without float8)".into()
     });
@@ -381,7 +400,7 @@ pub(crate) fn run(a: TuneArgs) -> Result<()> {
             timeline::thousands(e.tokens_per_s_per_gpu),
             format!("{:+.1}%", 100.0 * (e.tokens_per_s_per_gpu / b.tokens_per_s_per_gpu - 1.0)),
             e.needed_bytes.map(bytes).unwrap_or_else(|| "-".into()),
-            if e.fits { "yes".into() } else { "no".into() },
+            if e.fits { "yes".into() } else if e.host_over { "no (host)".into() } else { "no".into() },
             describe(&space, a.world_size, &e.config),
         ]
     };

@@ -126,6 +126,30 @@ fn tune_says_what_would_fit() {
     assert!(out.contains("does not fit") && out.contains("units of their own fit"), "{out}");
 }
 
+/// CPU offload must fit the node's host too: Llama-3.1-405B with f32 masters and AdamW keeps
+/// at least 405.8e9 × (4 + 4 + 8) B / 8 = 812 GB per rank on the host (shards, grads,
+/// moments), 6.5 TB for a node's 8 ranks, over an H100 node's 2 TiB: the device alone would
+/// fit it, the node cannot. Where the profile does not know its host's memory, offload fits.
+#[test]
+fn offload_fits_only_what_the_nodes_host_holds() {
+    let base = ["models/llama-3.1-405b.ron", "--world-size", "8", "--seq", "4096", "--param-dtype", "bf16", "--reduce-dtype", "f32", "--master-dtype", "f32"];
+    let (code, out, err) = run(&[&["tune"][..], &base, &["--global-batch", "8", "--hardware", "h100-sxm"]].concat());
+    assert!(code == 0 && out.contains("does not fit: no configuration in the space fits the limit"), "{out}{err}");
+    assert!(out.contains("CPU offload (FSDP2's CPUOffloadPolicy, in the space searched) fits the device but not the node's host") && out.contains("× 8 ranks") && out.contains("of its 2.00 TiB"), "{out}");
+    // `plan` says the same of the offloaded configuration
+    let v = json(&[&["plan"][..], &base, &["--batch", "1", "--offload", "cpu", "--checkpoint", "LlamaDecoderLayer", "--hardware", "h100-sxm", "--format", "json"]].concat());
+    let per_rank = v["memory"]["host"]["peak_bytes"].as_u64().unwrap();
+    assert!(per_rank as f64 > 405.8e9 * 16.0 / 8.0, "{per_rank}");
+    assert_eq!(v["fits"]["host_needed_bytes"].as_u64(), Some(8 * per_rank));
+    assert_eq!(v["fits"]["host_memory_bytes"].as_u64(), Some(2 << 40));
+    assert!(v["fits"]["needed_bytes"].as_u64().unwrap() <= v["fits"]["memory_limit_bytes"].as_u64().unwrap() && v["fits"]["fits"] == false, "{}", v["fits"]);
+    let (_, out, _) = run(&[&["plan"][..], &base, &["--batch", "1", "--offload", "cpu", "--checkpoint", "LlamaDecoderLayer", "--hardware", "h100-sxm", "--summary"]].concat());
+    assert!(out.contains("host: ") && out.contains("per rank × 8 ranks: does not fit in 2.00 TiB (the node's host memory, h100-sxm)"), "{out}");
+    // torchtitan's H100 96 GB nodes: their host's memory is not published, nothing is checked
+    let v = json(&[&["tune"][..], &base, &["--global-batch", "8", "--hardware", "h100-96gb-500w", "--format", "json"]].concat());
+    assert!(v["best"]["flags"].as_array().unwrap().iter().any(|f| f == "--offload"), "{}", v["best"]);
+}
+
 #[test]
 fn tune_searches_unit_groups_by_default() {
     // GPT-2 on 64 GPUs: a block's all-gather is small, the collectives' latency dominates —

@@ -203,6 +203,12 @@ pub struct Eval {
     /// is over the limit, not measured to the end: the peak alone already was (the allocator
     /// was not replayed), or the replay passed a limit below the device's memory and stopped.
     pub needed_bytes: Option<u64>,
+    /// Under CPU offload: what each rank keeps on the host
+    /// ([`crate::memory::HostMemory::peak_bytes`]), and whether the node's ranks together
+    /// are over the host's memory ([`crate::hardware::Host::fits`]; such a configuration does
+    /// not fit whatever the device needs).
+    pub host_bytes: Option<u64>,
+    pub host_over: bool,
     pub fits: bool,
     /// Where the peak is reached.
     pub peak_at: String,
@@ -410,7 +416,18 @@ struct Known {
     memory: Option<(u64, Option<u64>, String)>,
     /// The tensor peak alone and where it is (known whenever the configuration was planned).
     peak: Option<(u64, String)>,
+    /// What each rank keeps on the host under CPU offload (known with `peak`).
+    host: Option<u64>,
     refused: bool,
+}
+
+/// Whether the node's host holds `host` bytes (per rank, under CPU offload) for each of the
+/// node's ranks.
+fn host_fits(hw: &Hardware, world_size: u64, host: Option<u64>) -> bool {
+    match (host, &hw.host) {
+        (Some(h), Some(node)) => node.fits(h, world_size.min(hw.gpus_per_node.max(1))).is_ok(),
+        _ => true,
+    }
 }
 
 /// Plans, times and checks configurations lazily — the time (plan + timeline) and the fit
@@ -487,7 +504,9 @@ impl<'a> Evaluator<'a> {
                         if self.recent.len() == RECENT {
                             self.recent.remove(0);
                         }
-                        self.entry(c).peak = Some((p.memory.peak_bytes, p.memory.peak_at.clone()));
+                        let k = self.entry(c);
+                        k.peak = Some((p.memory.peak_bytes, p.memory.peak_at.clone()));
+                        k.host = p.memory.host.as_ref().map(|h| h.peak_bytes);
                         self.recent.push((c, p));
                     }
                     None => {
@@ -548,10 +567,19 @@ impl<'a> Evaluator<'a> {
         Some(t.step_time_s)
     }
 
-    /// Whether it fits the limit.
+    /// Whether it fits the limit (and under CPU offload, the node's host).
     pub fn fits(&mut self, c: Config) -> bool {
+        let ws = self.base.world_size;
         if let Some(k) = self.known.get(&c) {
             if k.refused {
+                return false;
+            }
+            if !host_fits(self.hw, ws, k.host) {
+                // (no device need makes up for it: the allocator is not replayed)
+                if k.memory.is_none() {
+                    let (peak, at) = k.peak.clone().unwrap_or_default();
+                    self.entry(c).memory = Some((peak, None, at));
+                }
                 return false;
             }
             if let Some((_, needed, _)) = &k.memory {
@@ -569,6 +597,11 @@ impl<'a> Evaluator<'a> {
         }
         let (hw, limit) = (self.hw, self.limit);
         let Some(plan) = self.plan(c) else { return false };
+        if !host_fits(hw, ws, plan.memory.host.as_ref().map(|h| h.peak_bytes)) {
+            let m = (plan.memory.peak_bytes, None, plan.memory.peak_at.clone());
+            self.entry(c).memory = Some(m);
+            return false;
+        }
         // (what passes a limit below the device's memory is not replayed to the end: `None`,
         // as for a peak over it)
         let needed = needed_by_peak(plan.memory.peak_bytes, plan.options.device, limit).unwrap_or_else(|| crate::reserved::needed_within(plan, hw, limit.bytes));
@@ -623,7 +656,9 @@ impl<'a> Evaluator<'a> {
         let k = self.known.get(&c)?;
         let (step_time_s, tokens_per_s_per_gpu, mfu, exposed_comm_s) = k.time?;
         let (peak_bytes, needed_bytes, peak_at) = k.memory.clone()?;
-        Some(Eval { config: c, step_time_s, tokens_per_s_per_gpu, mfu, exposed_comm_s, peak_bytes, needed_bytes, fits: needed_bytes.is_some_and(|n| n <= self.limit.bytes), peak_at })
+        let host_over = !host_fits(self.hw, self.base.world_size, k.host);
+        let fits = needed_bytes.is_some_and(|n| n <= self.limit.bytes) && !host_over;
+        Some(Eval { config: c, step_time_s, tokens_per_s_per_gpu, mfu, exposed_comm_s, peak_bytes, needed_bytes, host_bytes: k.host, host_over, fits, peak_at })
     }
 
     /// Every configuration both timed and checked.
@@ -664,6 +699,8 @@ fn floor_bytes(peak: u64, device: crate::options::Device, limit: Limit) -> u64 {
 pub fn evaluate(plan: &Plan, model: &Model, hw: &Hardware, limit: Limit, config: Config) -> Eval {
     let t = timeline::predict(plan, model, hw);
     let needed = needed_bytes(plan, hw, limit);
+    let host_bytes = plan.memory.host.as_ref().map(|h| h.peak_bytes);
+    let host_over = !host_fits(hw, plan.options.world_size, host_bytes);
     Eval {
         config,
         step_time_s: t.step_time_s,
@@ -672,7 +709,9 @@ pub fn evaluate(plan: &Plan, model: &Model, hw: &Hardware, limit: Limit, config:
         exposed_comm_s: t.exposed_comm_s,
         peak_bytes: plan.memory.peak_bytes,
         needed_bytes: needed,
-        fits: needed.is_some_and(|n| n <= limit.bytes),
+        host_bytes,
+        host_over,
+        fits: needed.is_some_and(|n| n <= limit.bytes) && !host_over,
         peak_at: plan.memory.peak_at.clone(),
     }
 }
