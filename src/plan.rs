@@ -38,8 +38,8 @@ pub(crate) fn run(a: PlanArgs, hw: HwOpt) -> Result<()> {
     let reserved = fsdp_planner::reserved::predict(&plan, &hw);
     let need = reserved.needed_bytes(&plan);
     // --offload cpu: every rank of the node keeps its state on the node's host
-    let ranks = plan.options.world_size.min(hw.gpus_per_node.max(1));
-    let host = plan.memory.host.as_ref().zip(hw.host.as_ref().and_then(|h| h.memory_bytes)).map(|(h, has)| (h.peak_bytes.saturating_mul(ranks), has));
+    let ranks = fsdp_planner::memory::ranks_per_node(plan.options.world_size, &hw);
+    let host = fsdp_planner::memory::host_need(&plan, &hw);
     if a.format == "json" {
         let mut v = print::json(&plan);
         v["time"] = timeline::json(&t);

@@ -70,6 +70,8 @@ struct Row {
     peak: u64,
     /// What the device needs: reserved + CUDA context + NCCL (the peak on the CPU).
     need: u64,
+    /// Offloaded, and the node's host cannot hold its ranks' share.
+    host_over: bool,
     reserved: u64,
     t: TimeReport,
 }
@@ -149,7 +151,9 @@ pub(crate) fn sweep(a: &SweepArgs) -> Result<()> {
                 let t = timeline::predict(&plan, &model, &hw);
                 let r = fsdp_planner::reserved::predict(&plan, &hw);
                 let need = r.needed_bytes(&plan);
-                rows.push(Row { ws, policy: plan.policy.clone(), each: each.clone(), seq: opts.seq, peak: plan.memory.peak_bytes, need, reserved: r.max_reserved_bytes, t });
+                // (offloaded: the node's host must hold its ranks' share too)
+                let host_over = fsdp_planner::memory::host_need(&plan, &hw).is_some_and(|(n, has)| n > has);
+                rows.push(Row { ws, policy: plan.policy.clone(), each: each.clone(), seq: opts.seq, peak: plan.memory.peak_bytes, need, host_over, reserved: r.max_reserved_bytes, t });
             }
         }
     }
@@ -169,7 +173,7 @@ pub(crate) fn sweep(a: &SweepArgs) -> Result<()> {
                     "param_dtype": r.each.precision.param_dtype,
                     "reduce_dtype": r.each.precision.reduce_dtype,
                     "master_dtype": r.each.precision.master_dtype,
-                    "fits": r.need <= limit,
+                    "fits": r.need <= limit && !r.host_over,
                     "peak_bytes": r.peak,
                     "max_reserved_bytes": r.reserved,
                     "needed_bytes": r.need,
@@ -210,7 +214,7 @@ pub(crate) fn sweep(a: &SweepArgs) -> Result<()> {
             cols.push(c);
         }
     }
-    cols.push(("fits?", Box::new(move |r: &Row| if r.need <= limit { "yes".into() } else { "no".into() })));
+    cols.push(("fits?", Box::new(move |r: &Row| if r.host_over { "no (host)".into() } else if r.need <= limit { "yes".into() } else { "no".into() })));
     cols.push(("peak", Box::new(|r: &Row| fsdp_planner::print::bytes(r.peak))));
     if rows.iter().any(|r| r.need != r.peak) {
         cols.push(("on device", Box::new(|r: &Row| fsdp_planner::print::bytes(r.need))));

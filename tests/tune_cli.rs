@@ -145,6 +145,10 @@ fn offload_fits_only_what_the_nodes_host_holds() {
     assert!(v["fits"]["needed_bytes"].as_u64().unwrap() <= v["fits"]["memory_limit_bytes"].as_u64().unwrap() && v["fits"]["fits"] == false, "{}", v["fits"]);
     let (_, out, _) = run(&[&["plan"][..], &base, &["--batch", "1", "--offload", "cpu", "--checkpoint", "LlamaDecoderLayer", "--hardware", "h100-sxm", "--summary"]].concat());
     assert!(out.contains("host: ") && out.contains("per rank × 8 ranks: does not fit in 2.00 TiB (the node's host memory, h100-sxm)"), "{out}");
+    // `sweep` too: on 64 GPUs each rank keeps an eighth as much, a node's 8 ranks fit
+    let (code, out, err) = run(&[&["sweep"][..], &base, &["--world-size", "64", "--batch", "1", "--offload", "cpu", "--checkpoint", "LlamaDecoderLayer", "--hardware", "h100-sxm"]].concat());
+    let rows: Vec<&str> = out.lines().filter(|l| l.contains("transformer:LlamaDecoderLayer")).collect();
+    assert!(code == 0 && rows.len() == 2 && rows[0].contains(" no (host) ") && rows[1].contains(" yes "), "{out}{err}");
     // torchtitan's H100 96 GB nodes: their host's memory is not published, nothing is checked
     let v = json(&[&["tune"][..], &base, &["--global-batch", "8", "--hardware", "h100-96gb-500w", "--format", "json"]].concat());
     assert!(v["best"]["flags"].as_array().unwrap().iter().any(|f| f == "--offload"), "{}", v["best"]);

@@ -93,6 +93,19 @@ pub fn host(units: &[Unit], opts: &crate::options::Options) -> Option<HostMemory
     Some(HostMemory { peak_bytes: sharded_param + sharded_grad + optstate + optimizer_temp, sharded_param, sharded_grad, optstate, optimizer_temp })
 }
 
+/// Under `--offload cpu` on a profile that knows its node's host memory: (what the node's
+/// ranks keep on it together, that memory) — [`crate::hardware::Host::fits`]'s terms.
+pub fn host_need(plan: &crate::plan::Plan, hw: &crate::hardware::Hardware) -> Option<(u64, u64)> {
+    let per_rank = plan.memory.host.as_ref()?.peak_bytes;
+    let has = hw.host.as_ref()?.memory_bytes?;
+    Some((per_rank.saturating_mul(ranks_per_node(plan.options.world_size, hw)), has))
+}
+
+/// The ranks of a job on one node: a node's GPUs, or the whole job where it is smaller.
+pub fn ranks_per_node(world_size: u64, hw: &crate::hardware::Hardware) -> u64 {
+    world_size.min(hw.gpus_per_node.max(1))
+}
+
 /// Per schedule op: (bytes live after it, peak bytes while it ran), replayed like
 /// [`simulate`]; what a runtime compares its measured memory with, op by op.
 pub fn per_op(ops: &[ScheduleOp], buffers: &[BufferInfo]) -> Vec<(u64, u64)> {

@@ -425,7 +425,7 @@ struct Known {
 /// node's ranks.
 fn host_fits(hw: &Hardware, world_size: u64, host: Option<u64>) -> bool {
     match (host, &hw.host) {
-        (Some(h), Some(node)) => node.fits(h, world_size.min(hw.gpus_per_node.max(1))).is_ok(),
+        (Some(h), Some(node)) => node.fits(h, crate::memory::ranks_per_node(world_size, hw)).is_ok(),
         _ => true,
     }
 }
