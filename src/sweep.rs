@@ -177,6 +177,7 @@ pub(crate) fn sweep(a: &SweepArgs) -> Result<()> {
                     "peak_bytes": r.peak,
                     "max_reserved_bytes": r.reserved,
                     "needed_bytes": r.need,
+                    "host_over": r.host_over,
                     "step_time_s": r.t.step_time_s,
                     "exposed_comm_s": r.t.exposed_comm_s,
                     "mfu": r.t.mfu,

@@ -263,7 +263,7 @@ fn suggestions(model: &fsdp_ir::Model, base: &Options, hw: &Hardware, space: &Sp
         match (e, hw.host.as_ref().and_then(|h| h.memory_bytes)) {
             (Some(e), Some(has)) if e.host_over => {
                 let per = e.host_bytes.unwrap_or(0);
-                let ranks = ws.min(hw.gpus_per_node.max(1));
+                let ranks = fsdp_planner::memory::ranks_per_node(ws, hw);
                 let device = if e.needed_bytes.is_some_and(|n| n <= limit.bytes) { "fits the device but not" } else { "fits neither the device nor" };
                 format!(
                     "CPU offload (FSDP2's CPUOffloadPolicy, in the space searched) {device} the node's host: {} per rank × {ranks} ranks = {} of its {} (shards, grads and optimizer state; more GPUs shard them thinner)",
@@ -400,7 +400,7 @@ pub(crate) fn run(a: TuneArgs) -> Result<()> {
             timeline::thousands(e.tokens_per_s_per_gpu),
             format!("{:+.1}%", 100.0 * (e.tokens_per_s_per_gpu / b.tokens_per_s_per_gpu - 1.0)),
             e.needed_bytes.map(bytes).unwrap_or_else(|| "-".into()),
-            if e.fits { "yes".into() } else if e.host_over { "no (host)".into() } else { "no".into() },
+            if e.fits { "yes".into() } else { "no".into() },
             describe(&space, a.world_size, &e.config),
         ]
     };
@@ -456,6 +456,18 @@ pub(crate) fn fit(a: FitArgs) -> Result<()> {
     // does not fit
     fsdp_planner::plan_unchecked(&model, &opts_at(unit)).map_err(user)?;
     if !fits(unit) {
+        if let Some(e) = try_n(unit).filter(|e| e.host_over) {
+            let ranks = fsdp_planner::memory::ranks_per_node(opts_at(unit).world_size, &hw);
+            let has = hw.host.as_ref().and_then(|h| h.memory_bytes).unwrap_or(0);
+            bail!(UserError(format!(
+                "{}: under --offload cpu the node's host cannot hold its ranks' share: {} per rank × {ranks} = {} of its {} ({}): more GPUs shard it thinner",
+                model.name,
+                bytes(e.host_bytes.unwrap_or(0)),
+                bytes(e.host_bytes.unwrap_or(0).saturating_mul(ranks)),
+                bytes(has),
+                hw.name
+            )));
+        }
         bail!(UserError(format!("{}: not even {what} {unit} fits in {} ({how}): see `fsdp-plan tune` for checkpointing, HSDP and more GPUs", model.name, bytes(limit.bytes))));
     }
     // grow by doubling, then bisect

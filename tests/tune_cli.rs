@@ -149,6 +149,9 @@ fn offload_fits_only_what_the_nodes_host_holds() {
     let (code, out, err) = run(&[&["sweep"][..], &base, &["--world-size", "64", "--batch", "1", "--offload", "cpu", "--checkpoint", "LlamaDecoderLayer", "--hardware", "h100-sxm"]].concat());
     let rows: Vec<&str> = out.lines().filter(|l| l.contains("transformer:LlamaDecoderLayer")).collect();
     assert!(code == 0 && rows.len() == 2 && rows[0].contains(" no (host) ") && rows[1].contains(" yes "), "{out}{err}");
+    // `fit` names the host as what does not fit
+    let (code, _, err) = run(&[&["fit"][..], &base, &["--offload", "cpu", "--checkpoint", "LlamaDecoderLayer", "--hardware", "h100-sxm"]].concat());
+    assert!(code == 2 && err.contains("under --offload cpu the node's host cannot hold its ranks' share") && err.contains("of its 2.00 TiB (h100-sxm)"), "{err}");
     // torchtitan's H100 96 GB nodes: their host's memory is not published, nothing is checked
     let v = json(&[&["tune"][..], &base, &["--global-batch", "8", "--hardware", "h100-96gb-500w", "--format", "json"]].concat());
     assert!(v["best"]["flags"].as_array().unwrap().iter().any(|f| f == "--offload"), "{}", v["best"]);

@@ -157,7 +157,7 @@ pub struct Host {
 
 impl Host {
     /// Whether the node's host holds what `--offload cpu` keeps there for every rank of the
-    /// node (`per_rank` each: [`crate::memory::HostMemory::peak_bytes`], the shards, grads,
+    /// node (`per_rank` each: [`crate::plan::HostMemory::peak_bytes`], the shards, grads,
     /// optimizer state and the step's temporaries; the OS, the data loader and CUDA's own
     /// pinned buffers take more): `(needed, has)` when it does not.
     pub fn fits(&self, per_rank: u64, ranks_per_node: u64) -> Result<(), (u64, u64)> {

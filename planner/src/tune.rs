@@ -30,7 +30,11 @@
 //! **Cost**: the step time the timeline predicts for the planned schedule (tokens/s/GPU is
 //! its inverse); **constraint**: the memory the device needs — the caching allocator's
 //! predicted reserved peak plus the CUDA context and NCCL buffers ([`crate::reserved`]) —
-//! or, with a stated reserve, the tensor peak plus that reserve, within the limit.
+//! or, with a stated reserve, the tensor peak plus that reserve, within the limit; and under
+//! CPU offload, the node's ranks' host share within the node's host memory
+//! ([`crate::hardware::Host::fits`]), which no checkpointing, micro-batch or kept-unit choice
+//! changes (it is the shards, grads and optimizer state): an outer point fits it whole or not
+//! at all, so the properties below hold as they are.
 //!
 //! **Search** (exact over the space under two monotonicity properties of the model that
 //! the tests check by brute force, the kept-unit counts within [`KEEP_TOLERANCE`]):
@@ -201,10 +205,12 @@ pub struct Eval {
     pub peak_bytes: u64,
     /// What the device needs (reserved + context + NCCL, or peak + reserve); `None` when it
     /// is over the limit, not measured to the end: the peak alone already was (the allocator
-    /// was not replayed), or the replay passed a limit below the device's memory and stopped.
+    /// was not replayed), or the replay passed a limit below the device's memory and stopped;
+    /// in a search, also where the node's host cannot hold an offloaded configuration (the
+    /// device is then not replayed: `host_over`).
     pub needed_bytes: Option<u64>,
     /// Under CPU offload: what each rank keeps on the host
-    /// ([`crate::memory::HostMemory::peak_bytes`]), and whether the node's ranks together
+    /// ([`crate::plan::HostMemory::peak_bytes`]), and whether the node's ranks together
     /// are over the host's memory ([`crate::hardware::Host::fits`]; such a configuration does
     /// not fit whatever the device needs).
     pub host_bytes: Option<u64>,

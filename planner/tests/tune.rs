@@ -423,3 +423,30 @@ fn plans_from_prepared_units_equal_plans_from_scratch() {
     }
     assert!(compared > 150, "{compared}");
 }
+
+/// CPU offload fits only where the node's host holds every rank's share of it: at a limit
+/// where the fastest configuration is offloaded (the 4-block Llama on 4 ranks, 700 KiB),
+/// a host one byte short of the node's 4 ranks' share answers as the search without offload
+/// in its space; a host of exactly that share, as the search with it.
+#[test]
+fn offload_fits_only_where_the_nodes_host_holds_every_ranks_share() {
+    let m = model("tiny-llama-4l");
+    let bf16 = fsdp_ir::DType::parse("bf16");
+    let base = Options { world_size: 4, seq: 64, param_dtype: bf16, reduce_dtype: fsdp_ir::DType::parse("f32"), ..Options::default() };
+    let h = hw("h100-sxm");
+    let space = tune::space(&m, &base, 4, 8, h.gpus_per_node).unwrap();
+    let limit = tune::Limit { bytes: 700 << 10, reserve: Some(0) };
+    let answer = |h: &Hardware, space: &tune::Space| tune::search(&m, &base, h, space, limit, 2, &|_, _, _| {}).best.map(|e| (e.config, e.host_bytes));
+    let (offloaded, host) = answer(&h, &space).expect("an answer at 600 KiB");
+    assert!(offloaded.outer.offload, "{offloaded:?}");
+    let share = 4 * host.unwrap();
+    let without = answer(&h, &tune::Space { offload: vec![false], ..space.clone() }).map(|a| a.0);
+    assert!(without.is_some_and(|c| c != offloaded), "{without:?}");
+    let with_host = |bytes: u64| {
+        let mut h = h.clone();
+        h.host.as_mut().unwrap().memory_bytes = Some(bytes);
+        answer(&h, &space).map(|a| a.0)
+    };
+    assert_eq!(with_host(share - 1), without);
+    assert_eq!(with_host(share), Some(offloaded));
+}
