@@ -351,6 +351,25 @@ pub(crate) struct HwOpt {
     /// prefix such as `h100` will do) or a .ron FILE.
     #[arg(long, default_value = "h100-sxm")]
     pub(crate) hardware: String,
+    /// The node's host memory that `--offload cpu` keeps every rank's shards, grads and
+    /// optimizer state in (80GiB, 1TiB, 2e12; default: the profile's, 2 TiB for an H100 node).
+    #[arg(long, value_name = "SIZE")]
+    pub(crate) host_memory: Option<String>,
+}
+
+impl HwOpt {
+    /// The profile, with `--host-memory` in place of its node's host memory.
+    pub(crate) fn load(&self) -> anyhow::Result<fsdp_planner::hardware::Hardware> {
+        let mut hw = crate::io::load_hardware(&self.hardware)?;
+        if let Some(s) = &self.host_memory {
+            let bytes = crate::io::parse_size("--host-memory", s)?;
+            match hw.host.as_mut() {
+                Some(h) => h.memory_bytes = Some(bytes),
+                None => anyhow::bail!(crate::io::UserError(format!("--host-memory: the profile `{}` has no host behind a device to offload to", hw.name))),
+            }
+        }
+        Ok(hw)
+    }
 }
 
 pub(crate) fn options(o: &PlanOpts, policy: &str, model: &Model) -> Result<Options, PlanError> {

@@ -29,7 +29,7 @@ pub(crate) struct DiffArgs {
 }
 
 pub(crate) fn run(d: DiffArgs) -> Result<()> {
-    let hw = load_hardware(&d.hw.hardware)?;
+    let hw = d.hw.load()?;
     let (a, an, b, bn, ma, mb) = match (d.files.as_slice(), d.policies.as_slice()) {
         ([model], [pa, pb]) => {
             let model = load_model(model)?;

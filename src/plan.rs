@@ -28,7 +28,9 @@ pub(crate) fn run(a: PlanArgs, hw: HwOpt) -> Result<()> {
         outln!("{}", plan_ron(&plan)?);
         return Ok(());
     }
-    let hw = load_hardware(&hw.hardware)?;
+    // (whose host memory the verdict names)
+    let host_of = hw.host_memory.as_ref().map(|_| "--host-memory".to_string());
+    let hw = hw.load()?;
     crate::io::check_float8(&hw, opts.float8.is_some())?;
     let (limit, of) = match &a.memory_limit {
         Some(s) => (parse_size("--memory-limit", s)?, "--memory-limit".to_string()),
@@ -66,7 +68,7 @@ pub(crate) fn run(a: PlanArgs, hw: HwOpt) -> Result<()> {
     let res = reserved.render(&plan);
     let res = if res.is_empty() { res } else { format!("  {res}\n") };
     let host = match host {
-        Some((n, has)) => format!("  host: {} per rank × {ranks} ranks: {}\n", print::bytes(n / ranks.max(1)), print::verdict(n, has, &format!("the node's host memory, {}", hw.name))),
+        Some((n, has)) => format!("  host: {} per rank × {ranks} ranks: {}\n", print::bytes(n / ranks.max(1)), print::verdict(n, has, &format!("the node's host memory, {}", host_of.as_deref().unwrap_or(&hw.name)))),
         None => String::new(),
     };
     out(format_args!("{body}{res}  {}\n{host}{}", print::verdict(need, limit, &of), timeline::render(&t)));

@@ -116,7 +116,7 @@ fn combinations(a: &SweepArgs) -> Vec<Each> {
 
 pub(crate) fn sweep(a: &SweepArgs) -> Result<()> {
     let model = load_model(&a.model)?;
-    let hw = load_hardware(&a.hw.hardware)?;
+    let hw = a.hw.load()?;
     let limit = match &a.memory_limit {
         Some(s) => parse_size("--memory-limit", s)?,
         None => hw.memory_bytes,

@@ -27,7 +27,7 @@ pub(crate) struct ViewArgs {
 
 /// The plan, hardware and predicted time of `trace` / `plot`.
 pub(crate) fn view(v: &ViewArgs) -> Result<(Plan, Hardware, TimeReport)> {
-    let hw = load_hardware(&v.hw.hardware)?;
+    let hw = v.hw.load()?;
     let (plan, model) = if is_plan_file(&v.input) {
         load_plan_and_model(&v.input, v.model.as_deref())?
     } else {

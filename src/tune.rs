@@ -283,7 +283,7 @@ fn suggestions(model: &fsdp_ir::Model, base: &Options, hw: &Hardware, space: &Sp
 pub(crate) fn run(a: TuneArgs) -> Result<()> {
     let t0 = Instant::now();
     let model = load_model(&a.model)?;
-    let hw = load_hardware(&a.hw.hardware)?;
+    let hw = a.hw.load()?;
     let (base, fixed) = base_options(&a, &model)?;
     crate::io::check_float8(&hw, base.float8.is_some())?;
     let (limit, how) = a.limit.of(&hw)?;
@@ -437,7 +437,7 @@ pub(crate) struct FitArgs {
 /// both), and the global batches gradient accumulation makes of it.
 pub(crate) fn fit(a: FitArgs) -> Result<()> {
     let model = load_model(&a.model)?;
-    let hw = load_hardware(&a.hw.hardware)?;
+    let hw = a.hw.load()?;
     let base = options(&a.o, &a.o.policy, &model).map_err(user)?;
     let (limit, how) = a.limit.of(&hw)?;
     let what = if a.seq_len { "sequence length" } else { "micro-batch" };

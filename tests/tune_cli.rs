@@ -152,6 +152,13 @@ fn offload_fits_only_what_the_nodes_host_holds() {
     // `fit` names the host as what does not fit
     let (code, _, err) = run(&[&["fit"][..], &base, &["--offload", "cpu", "--checkpoint", "LlamaDecoderLayer", "--hardware", "h100-sxm"]].concat());
     assert!(code == 2 && err.contains("under --offload cpu the node's host cannot hold its ranks' share") && err.contains("of its 2.00 TiB (h100-sxm)"), "{err}");
+    // a node with more host memory (--host-memory): offload is the answer again
+    let v = json(&[&["tune"][..], &base, &["--global-batch", "8", "--hardware", "h100-sxm", "--host-memory", "8TiB", "--format", "json"]].concat());
+    assert!(v["best"]["flags"].as_array().unwrap().iter().any(|f| f == "--offload"), "{}", v["best"]);
+    for (extra, why) in [(&["--host-memory", "1x"][..], "--host-memory `1x`: unknown unit"), (&["--hardware", "cpu", "--host-memory", "1TiB"][..], "--host-memory: the profile `cpu` has no host")] {
+        let (code, _, err) = run(&[&["plan", "models/tiny-llama.ron", "--world-size", "2"][..], extra].concat());
+        assert!(code == 2 && err.contains(why), "{extra:?}: {err}");
+    }
     // torchtitan's H100 96 GB nodes: their host's memory is not published, nothing is checked
     let v = json(&[&["tune"][..], &base, &["--global-batch", "8", "--hardware", "h100-96gb-500w", "--format", "json"]].concat());
     assert!(v["best"]["flags"].as_array().unwrap().iter().any(|f| f == "--offload"), "{}", v["best"]);
