@@ -123,6 +123,9 @@ fn base_options(a: &TuneArgs, model: &fsdp_ir::Model) -> Result<(Options, Vec<St
     }
     flags.extend(a.float8.flags());
     flags.extend(["--hardware".into(), a.hw.hardware.clone()]);
+    if let Some(h) = &a.hw.host_memory {
+        flags.extend(["--host-memory".into(), h.clone()]);
+    }
     let o = Options {
         world_size: a.world_size,
         param_dtype,
@@ -394,6 +397,12 @@ pub(crate) fn run(a: TuneArgs) -> Result<()> {
     );
     if let Some(p) = &best_plan {
         s += &format!("  binding: memory peaks at {}; exposed communication {}\n", p.memory.peak_at, timeline::secs(b.exposed_comm_s));
+        // offloaded: what the node's host holds for it
+        if let Some(per) = b.host_bytes {
+            let ranks = fsdp_planner::memory::ranks_per_node(a.world_size, &hw);
+            let of = fsdp_planner::memory::host_need(p, &hw).map_or(String::new(), |(_, has)| format!(" of the node's {}", bytes(has)));
+            s += &format!("  host (CPU offload): {} per rank, {} for a node's {ranks} ranks{of}\n", bytes(per), bytes(per.saturating_mul(ranks)));
+        }
     }
     let row = |e: &Eval| {
         vec![

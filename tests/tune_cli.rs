@@ -154,7 +154,11 @@ fn offload_fits_only_what_the_nodes_host_holds() {
     assert!(code == 2 && err.contains("under --offload cpu the node's host cannot hold its ranks' share") && err.contains("of its 2.00 TiB (h100-sxm)"), "{err}");
     // a node with more host memory (--host-memory): offload is the answer again
     let v = json(&[&["tune"][..], &base, &["--global-batch", "8", "--hardware", "h100-sxm", "--host-memory", "8TiB", "--format", "json"]].concat());
-    assert!(v["best"]["flags"].as_array().unwrap().iter().any(|f| f == "--offload"), "{}", v["best"]);
+    let flags: Vec<String> = v["best"]["flags"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()).collect();
+    assert!(flags.iter().any(|f| f == "--offload") && flags.windows(2).any(|w| w == ["--host-memory", "8TiB"]), "{flags:?}");
+    // its flags re-plan to a plan that fits, the host's 8 TiB included
+    let (fits, _, _, _) = replan("models/llama-3.1-405b.ron", &flags, "79.65GiB");
+    assert!(fits);
     for (extra, why) in [(&["--host-memory", "1x"][..], "--host-memory `1x`: unknown unit"), (&["--hardware", "cpu", "--host-memory", "1TiB"][..], "--host-memory: the profile `cpu` has no host")] {
         let (code, _, err) = run(&[&["plan", "models/tiny-llama.ron", "--world-size", "2"][..], extra].concat());
         assert!(code == 2 && err.contains(why), "{extra:?}: {err}");

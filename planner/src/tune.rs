@@ -616,6 +616,11 @@ impl<'a> Evaluator<'a> {
         needed.is_some_and(|n| n <= limit.bytes)
     }
 
+    /// Whether `c` (planned) is offloaded past what the node's host holds.
+    fn host_over(&self, c: Config) -> bool {
+        self.known.get(&c).is_some_and(|k| !host_fits(self.hw, self.base.world_size, k.host))
+    }
+
     /// The tensor peak (a plan, no allocator replay; `None`: refused).
     pub fn peak(&mut self, c: Config) -> Option<u64> {
         if let Some(k) = self.known.get(&c) {
@@ -1273,7 +1278,9 @@ fn search_kept(ev: &mut Evaluator, o: Outer, (t0, tn, b0): (f64, f64, f64), boun
         // kept), the next count may fit
         let least = Config { outer: keep(r), full: space.blocks.len() as u32, sac: 0 };
         let Some(floor) = ev.floor(least) else { return };
-        if floor > ev.limit.bytes.saturating_add(ev.unit_bytes(least)) {
+        // (offloaded past the node's host memory: so is every count, whose host share is the
+        // same shards, grads and optimizer state)
+        if floor > ev.limit.bytes.saturating_add(ev.unit_bytes(least)) || ev.host_over(least) {
             return;
         }
         if floor > ev.limit.bytes || !ev.fits(least) {
