@@ -39,9 +39,9 @@ pub(crate) fn run(a: PlanArgs, hw: HwOpt) -> Result<()> {
     let t = timeline::predict(&plan, &model, &hw);
     let reserved = fsdp_planner::reserved::predict(&plan, &hw);
     let need = reserved.needed_bytes(&plan);
-    // --offload cpu: every rank of the node keeps its state on the node's host
-    let ranks = fsdp_planner::memory::ranks_per_node(plan.options.world_size, &hw);
-    let host = fsdp_planner::memory::host_need(&plan, &hw);
+    // --offload cpu: every rank of the node keeps its state on the node's host (checked where
+    // the node's host memory is known)
+    let host = fsdp_planner::memory::host_need(&plan, &hw).filter(|h| h.has.is_some());
     if a.format == "json" {
         let mut v = print::json(&plan);
         v["time"] = timeline::json(&t);
@@ -50,10 +50,10 @@ pub(crate) fn run(a: PlanArgs, hw: HwOpt) -> Result<()> {
             "memory_limit_bytes": limit,
             "limit_of": of,
             "needed_bytes": need,
-            "fits": need <= limit && host.is_none_or(|(n, has)| n <= has),
+            "fits": need <= limit && host.is_none_or(|h| h.fits()),
             "headroom_bytes": limit as i128 - need as i128,
-            "host_needed_bytes": host.map(|h| h.0),
-            "host_memory_bytes": host.map(|h| h.1),
+            "host_needed_bytes": host.map(|h| h.bytes()),
+            "host_memory_bytes": host.and_then(|h| h.has),
         });
         outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -68,8 +68,8 @@ pub(crate) fn run(a: PlanArgs, hw: HwOpt) -> Result<()> {
     let res = reserved.render(&plan);
     let res = if res.is_empty() { res } else { format!("  {res}\n") };
     let host = match host {
-        Some((n, has)) => format!("  host: {} per rank × {ranks} ranks: {}\n", print::bytes(n / ranks.max(1)), print::verdict(n, has, &format!("the node's host memory, {}", host_of.as_deref().unwrap_or(&hw.name)))),
-        None => String::new(),
+        Some(h @ fsdp_planner::memory::HostNeed { has: Some(has), .. }) => format!("  host: {} per rank × {} ranks: {}\n", print::bytes(h.per_rank), h.ranks, print::verdict(h.bytes(), has, &format!("the node's host memory, {}", host_of.as_deref().unwrap_or(&hw.name)))),
+        _ => String::new(),
     };
     out(format_args!("{body}{res}  {}\n{host}{}", print::verdict(need, limit, &of), timeline::render(&t)));
     Ok(())

@@ -152,7 +152,7 @@ pub(crate) fn sweep(a: &SweepArgs) -> Result<()> {
                 let r = fsdp_planner::reserved::predict(&plan, &hw);
                 let need = r.needed_bytes(&plan);
                 // (offloaded: the node's host must hold its ranks' share too)
-                let host_over = fsdp_planner::memory::host_need(&plan, &hw).is_some_and(|(n, has)| n > has);
+                let host_over = fsdp_planner::memory::host_need(&plan, &hw).is_some_and(|h| !h.fits());
                 rows.push(Row { ws, policy: plan.policy.clone(), each: each.clone(), seq: opts.seq, peak: plan.memory.peak_bytes, need, host_over, reserved: r.max_reserved_bytes, t });
             }
         }

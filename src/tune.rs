@@ -263,15 +263,13 @@ fn suggestions(model: &fsdp_ir::Model, base: &Options, hw: &Hardware, space: &Sp
         let s = Space { shards: vec![ws], ..space.clone() };
         let c = Config { outer: tune::Outer { shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All, group: 1, edges: searched_edges, offload: true }, full: l, sac: 0 };
         let e = fsdp_planner::plan_unchecked(model, &tune::options(base, &s, &c)).ok().map(|p| tune::evaluate(&p, model, hw, limit, c));
-        match (e, hw.host.as_ref().and_then(|h| h.memory_bytes)) {
-            (Some(e), Some(has)) if e.host_over => {
-                let per = e.host_bytes.unwrap_or(0);
-                let ranks = fsdp_planner::memory::ranks_per_node(ws, hw);
-                let device = if e.needed_bytes.is_some_and(|n| n <= limit.bytes) { "fits the device but not" } else { "fits neither the device nor" };
+        let over = e.filter(|e| e.host_over).and_then(|e| Some((e.needed_bytes, fsdp_planner::memory::HostNeed::of(e.host_bytes?, ws, hw))));
+        match over {
+            Some((needed, h @ fsdp_planner::memory::HostNeed { has: Some(has), .. })) => {
+                let device = if needed.is_some_and(|n| n <= limit.bytes) { "fits the device but not" } else { "fits neither the device nor" };
                 format!(
-                    "CPU offload (FSDP2's CPUOffloadPolicy, in the space searched) {device} the node's host: {} per rank × {ranks} ranks = {} of its {} (shards, grads and optimizer state; more GPUs shard them thinner)",
-                    bytes(per),
-                    bytes(per.saturating_mul(ranks)),
+                    "CPU offload (FSDP2's CPUOffloadPolicy, in the space searched) {device} the node's host: {} of its {} (shards, grads and optimizer state; more GPUs shard them thinner)",
+                    h.describe(),
                     bytes(has)
                 )
             }
@@ -398,10 +396,9 @@ pub(crate) fn run(a: TuneArgs) -> Result<()> {
     if let Some(p) = &best_plan {
         s += &format!("  binding: memory peaks at {}; exposed communication {}\n", p.memory.peak_at, timeline::secs(b.exposed_comm_s));
         // offloaded: what the node's host holds for it
-        if let Some(per) = b.host_bytes {
-            let ranks = fsdp_planner::memory::ranks_per_node(a.world_size, &hw);
-            let of = fsdp_planner::memory::host_need(p, &hw).map_or(String::new(), |(_, has)| format!(" of the node's {}", bytes(has)));
-            s += &format!("  host (CPU offload): {} per rank, {} for a node's {ranks} ranks{of}\n", bytes(per), bytes(per.saturating_mul(ranks)));
+        if let Some(h) = fsdp_planner::memory::host_need(p, &hw) {
+            let of = h.has.map_or(String::new(), |has| format!(" of the node's {}", bytes(has)));
+            s += &format!("  host (CPU offload): {}{of}\n", h.describe());
         }
     }
     let row = |e: &Eval| {
@@ -465,17 +462,9 @@ pub(crate) fn fit(a: FitArgs) -> Result<()> {
     // does not fit
     fsdp_planner::plan_unchecked(&model, &opts_at(unit)).map_err(user)?;
     if !fits(unit) {
-        if let Some(e) = try_n(unit).filter(|e| e.host_over) {
-            let ranks = fsdp_planner::memory::ranks_per_node(opts_at(unit).world_size, &hw);
-            let has = hw.host.as_ref().and_then(|h| h.memory_bytes).unwrap_or(0);
-            bail!(UserError(format!(
-                "{}: under --offload cpu the node's host cannot hold its ranks' share: {} per rank × {ranks} = {} of its {} ({}): more GPUs shard it thinner",
-                model.name,
-                bytes(e.host_bytes.unwrap_or(0)),
-                bytes(e.host_bytes.unwrap_or(0).saturating_mul(ranks)),
-                bytes(has),
-                hw.name
-            )));
+        let over = try_n(unit).filter(|e| e.host_over).and_then(|e| e.host_bytes).map(|per| fsdp_planner::memory::HostNeed::of(per, opts_at(unit).world_size, &hw));
+        if let Some(h @ fsdp_planner::memory::HostNeed { has: Some(has), .. }) = over {
+            bail!(UserError(format!("{}: under --offload cpu the node's host cannot hold its ranks' share: {} of its {} ({}): more GPUs shard it thinner", model.name, h.describe(), bytes(has), hw.name)));
         }
         bail!(UserError(format!("{}: not even {what} {unit} fits in {} ({how}): see `fsdp-plan tune` for checkpointing, HSDP and more GPUs", model.name, bytes(limit.bytes))));
     }

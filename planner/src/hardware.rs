@@ -150,23 +150,10 @@ pub struct Host {
     #[serde(deserialize_with = "positive")]
     pub adam_params_per_s: f64,
     /// The node's host memory (its DRAM), bytes: what the offloaded state of all the node's
-    /// ranks must fit in ([`Host::fits`]); unknown where absent (nothing is checked).
+    /// ranks must fit in ([`crate::memory::HostNeed`]); unknown where absent (nothing is
+    /// checked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_bytes: Option<u64>,
-}
-
-impl Host {
-    /// Whether the node's host holds what `--offload cpu` keeps there for every rank of the
-    /// node (`per_rank` each: [`crate::plan::HostMemory::peak_bytes`], the shards, grads,
-    /// optimizer state and the step's temporaries; the OS, the data loader and CUDA's own
-    /// pinned buffers take more): `(needed, has)` when it does not.
-    pub fn fits(&self, per_rank: u64, ranks_per_node: u64) -> Result<(), (u64, u64)> {
-        let needed = per_rank.saturating_mul(ranks_per_node);
-        match self.memory_bytes {
-            Some(has) if needed > has => Err((needed, has)),
-            _ => Ok(()),
-        }
-    }
 }
 
 /// The GPU kernel models ([`crate::cost`] documents how each is used).

@@ -93,17 +93,44 @@ pub fn host(units: &[Unit], opts: &crate::options::Options) -> Option<HostMemory
     Some(HostMemory { peak_bytes: sharded_param + sharded_grad + optstate + optimizer_temp, sharded_param, sharded_grad, optstate, optimizer_temp })
 }
 
-/// Under `--offload cpu` on a profile that knows its node's host memory: (what the node's
-/// ranks keep on it together, that memory) — [`crate::hardware::Host::fits`]'s terms.
-pub fn host_need(plan: &crate::plan::Plan, hw: &crate::hardware::Hardware) -> Option<(u64, u64)> {
-    let per_rank = plan.memory.host.as_ref()?.peak_bytes;
-    let has = hw.host.as_ref()?.memory_bytes?;
-    Some((per_rank.saturating_mul(ranks_per_node(plan.options.world_size, hw)), has))
+/// What `--offload cpu` keeps on a node's host: every rank of the node its share
+/// ([`HostMemory::peak_bytes`]: shards, grads, optimizer state and the step's temporaries;
+/// the OS, the data loader and CUDA's own pinned buffers take more), against the node's host
+/// memory where the profile knows it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HostNeed {
+    pub per_rank: u64,
+    /// The job's ranks on one node: a node's GPUs, or the whole job where it is smaller.
+    pub ranks: u64,
+    /// The node's host memory ([`crate::hardware::Host::memory_bytes`]).
+    pub has: Option<u64>,
 }
 
-/// The ranks of a job on one node: a node's GPUs, or the whole job where it is smaller.
-pub fn ranks_per_node(world_size: u64, hw: &crate::hardware::Hardware) -> u64 {
-    world_size.min(hw.gpus_per_node.max(1))
+impl HostNeed {
+    /// `per_rank` bytes on each rank of a `world_size` job on `hw`.
+    pub fn of(per_rank: u64, world_size: u64, hw: &crate::hardware::Hardware) -> HostNeed {
+        HostNeed { per_rank, ranks: world_size.min(hw.gpus_per_node.max(1)), has: hw.host.as_ref().and_then(|h| h.memory_bytes) }
+    }
+
+    /// What the node's ranks keep on its host together.
+    pub fn bytes(&self) -> u64 {
+        self.per_rank.saturating_mul(self.ranks)
+    }
+
+    /// Whether the node's host holds it (an unknown memory is not checked).
+    pub fn fits(&self) -> bool {
+        self.has.is_none_or(|h| self.bytes() <= h)
+    }
+
+    /// `757.92 GiB per rank × 8 ranks = 5.92 TiB`.
+    pub fn describe(&self) -> String {
+        format!("{} per rank × {} ranks = {}", crate::print::bytes(self.per_rank), self.ranks, crate::print::bytes(self.bytes()))
+    }
+}
+
+/// [`HostNeed`] of an offloaded plan (`None` without offload).
+pub fn host_need(plan: &crate::plan::Plan, hw: &crate::hardware::Hardware) -> Option<HostNeed> {
+    plan.memory.host.as_ref().map(|h| HostNeed::of(h.peak_bytes, plan.options.world_size, hw))
 }
 
 /// Per schedule op: (bytes live after it, peak bytes while it ran), replayed like

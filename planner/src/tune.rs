@@ -32,7 +32,7 @@
 //! predicted reserved peak plus the CUDA context and NCCL buffers ([`crate::reserved`]) —
 //! or, with a stated reserve, the tensor peak plus that reserve, within the limit; and under
 //! CPU offload, the node's ranks' host share within the node's host memory
-//! ([`crate::hardware::Host::fits`]), which no checkpointing, micro-batch or kept-unit choice
+//! ([`crate::memory::HostNeed`]), which no checkpointing, micro-batch or kept-unit choice
 //! changes (it is the shards, grads and optimizer state): an outer point fits it whole or not
 //! at all, so the properties below hold as they are.
 //!
@@ -211,7 +211,7 @@ pub struct Eval {
     pub needed_bytes: Option<u64>,
     /// Under CPU offload: what each rank keeps on the host
     /// ([`crate::plan::HostMemory::peak_bytes`]), and whether the node's ranks together
-    /// are over the host's memory ([`crate::hardware::Host::fits`]; such a configuration does
+    /// are over the host's memory ([`crate::memory::HostNeed`]; such a configuration does
     /// not fit whatever the device needs).
     pub host_bytes: Option<u64>,
     pub host_over: bool,
@@ -430,10 +430,7 @@ struct Known {
 /// Whether the node's host holds `host` bytes (per rank, under CPU offload) for each of the
 /// node's ranks.
 fn host_fits(hw: &Hardware, world_size: u64, host: Option<u64>) -> bool {
-    match (host, &hw.host) {
-        (Some(h), Some(node)) => node.fits(h, crate::memory::ranks_per_node(world_size, hw)).is_ok(),
-        _ => true,
-    }
+    host.is_none_or(|h| crate::memory::HostNeed::of(h, world_size, hw).fits())
 }
 
 /// Plans, times and checks configurations lazily — the time (plan + timeline) and the fit
