@@ -291,9 +291,10 @@ pub fn step(plan: &Plan, model: &Model, comm: &dyn Collective, rank: &mut Rank, 
 }
 
 /// Measured memory of one step on this rank: bytes of the persistent state it starts with
-/// (shards, optimizer state, the batch; offloaded, the batch alone) plus the peak of what libtorch allocated on this
-/// rank's thread during the step (gathered buffers, unsharded params, activations and all
-/// autograd saves, gradients, collective buffers, temporaries), from the counting allocator.
+/// (shards, optimizer state, the batch; offloaded, the batch alone) plus the peak of what
+/// libtorch allocated on this rank's thread during the step (gathered buffers, unsharded
+/// params, activations and all autograd saves, gradients, collective buffers, temporaries),
+/// from the counting allocator.
 #[derive(Debug, Clone, Default)]
 pub struct StepStats {
     pub peak_bytes: u64,
@@ -1109,14 +1110,14 @@ fn run_step(
                                 // nothing; reduced-precision ones a float32 copy of one
                                 // parameter at a time, no more than the optimizer's own
                                 // temporaries), squared and summed here in double
-                                for (o, n) in pieces(v) {
-                                    let p = g.f_narrow(0, o, n)?;
-                                    let n = match p.kind() {
+                                for (o, len) in pieces(v) {
+                                    let p = g.f_narrow(0, o, len)?;
+                                    let norm = match p.kind() {
                                         Kind::Float | Kind::Double => p.f_norm()?,
                                         _ => p.f_norm_scalaropt_dtype(2, Kind::Float)?,
                                     };
-                                    let n = n.double_value(&[]);
-                                    sq += n * n;
+                                    let norm = norm.double_value(&[]);
+                                    sq += norm * norm;
                                 }
                             }
                             Ok(sq)
