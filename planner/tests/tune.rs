@@ -437,7 +437,7 @@ fn offload_fits_only_where_the_nodes_host_holds_every_ranks_share() {
     let space = tune::space(&m, &base, 4, 8, h.gpus_per_node).unwrap();
     let limit = tune::Limit { bytes: 700 << 10, reserve: Some(0) };
     let answer = |h: &Hardware, space: &tune::Space| tune::search(&m, &base, h, space, limit, 2, &|_, _, _| {}).best.map(|e| (e.config, e.host_bytes));
-    let (offloaded, host) = answer(&h, &space).expect("an answer at 600 KiB");
+    let (offloaded, host) = answer(&h, &space).expect("an answer at 700 KiB");
     assert!(offloaded.outer.offload, "{offloaded:?}");
     let share = 4 * host.unwrap();
     let without = answer(&h, &tune::Space { offload: vec![false], ..space.clone() }).map(|a| a.0);
