@@ -330,9 +330,12 @@ pub(crate) fn run(a: TuneArgs) -> Result<()> {
     // two threads (their lanes, `tune::LANES_PER_THREAD` each) whatever the machine: the
     // planned set (runner-ups, Pareto front) is the same everywhere
     let threads = 2;
-    let Tuned { best, per_outer, evaluated, plans_built } = tune::search(&model, &base, &hw, &space, limit, threads, &progress);
+    let Tuned { best, mut per_outer, evaluated, mut plans_built } = tune::search(&model, &base, &hw, &space, limit, threads, &progress);
+    // what is shown as `plan` predicts it (planned in full where a search planned fewer
+    // micro-batches for it: `tune::SHORT_ACCUM`)
+    let mut pareto = tune::pareto(&evaluated);
+    plans_built += tune::settle(&model, &base, &hw, &space, limit, per_outer.iter_mut().skip(1).take(a.top).chain(pareto.iter_mut()).collect());
     let elapsed = t0.elapsed().as_secs_f64();
-    let pareto = tune::pareto(&evaluated);
     let best_plan = match &best {
         Some(b) => Some(fsdp_planner::plan(&model, &tune::options(&base, &space, &b.config)).map_err(user)?),
         None => None,

@@ -278,6 +278,7 @@ fn plan_passes_with(model: &Model, opts: &Options, model_hash: Option<Box<dyn Fn
         collectives,
         memory,
         shared: vec![],
+        steady: sched.steady,
     };
     let host = memory::host(&units, opts);
     let Some(model_hash) = model_hash else {

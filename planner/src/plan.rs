@@ -230,6 +230,10 @@ pub struct Plan {
     pub memory: Memory,
     /// Tied parameters and the modules that share them.
     pub shared: Vec<SharedParam>,
+    /// The schedule's gradient accumulation repeats its second-to-last micro-batch
+    /// ([`crate::schedule::Schedule::steady`]): what `tune` plans a longer accumulation from.
+    #[serde(skip)]
+    pub steady: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

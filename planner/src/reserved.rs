@@ -56,7 +56,10 @@
 //! micro-batches are compared. Exact, not an approximation: a state that does not repeat is
 //! replayed in full (`tests/reserved.rs` holds the two equal for 1 to 16 micro-batches). A
 //! step of many micro-batches then costs about what the few do that it takes the state to
-//! repeat (5 to 11 on the test's cases).
+//! repeat (5 to 11 on the test's cases). A steady plan ([`Plan::steady`]: the plan of more
+//! micro-batches is it with its second-to-last repeated) is replayed so as the plan of more
+//! ([`needed_within_longer`]): the jump goes to the micro-batch that leaves as many before
+//! the last, modulo the period, as the longer plan's jump does.
 
 use crate::hardware::Hardware;
 use crate::options::{Device, Layout, Optimizer, Options, Strategy};
@@ -86,7 +89,7 @@ pub const CUDA_CONTEXT_BYTES: u64 = 512 * MIB;
 pub const NCCL_COMM_BYTES: u64 = 256 * MIB;
 
 /// What the allocator model predicts for one rank.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct Reserved {
     /// `torch.cuda.max_memory_reserved()`: the most the allocator held in segments.
     pub max_reserved_bytes: u64,
@@ -811,11 +814,23 @@ fn holds(held: &[Handle], taken: &[Vec<Handle>], at: &[usize], x: usize) -> bool
 /// micro-batch's start: every segment's blocks in address order, the reserved and active
 /// bytes, and each buffer allocated before it that holds blocks (by where they are; the
 /// micro-batches' own buffers by how far before `m`'s first they are) and the queued FSDP1
-/// frees the same way.
+/// frees the same way. Segments released (to serve a request near the device's capacity)
+/// are left out, and the others numbered in order: nothing reads a segment's index but to
+/// order blocks by address, and a released one holds nothing and is never used again — a
+/// state that releases and makes a segment per micro-batch repeats (only `MAX_SEGMENTS`
+/// counts them, far past what a plan's allocations make).
 fn state_at(a: &Allocator, held: &[Handle], taken: &[Vec<Handle>], at: &[usize], in_flight: &std::collections::VecDeque<BufferId>, p: &Periods, m: usize) -> Vec<u64> {
-    let mut v = vec![a.reserved, a.active, a.segments.len() as u64];
-    for s in &a.segments {
-        v.extend([u64::from(s.pool.0), u64::from(s.pool.1), s.mapped, u64::from(s.expandable), u64::from(s.released)]);
+    let mut ordinal = vec![u64::MAX; a.segments.len()];
+    let mut n = 0;
+    for (s, o) in a.segments.iter().zip(&mut ordinal) {
+        if !s.released {
+            *o = n;
+            n += 1;
+        }
+    }
+    let mut v = vec![a.reserved, a.active, n];
+    for s in a.segments.iter().filter(|s| !s.released) {
+        v.extend([u64::from(s.pool.0), u64::from(s.pool.1), s.mapped, u64::from(s.expandable)]);
         let mut i = s.first;
         while i != NONE {
             let b = &a.blocks[i as usize];
@@ -826,7 +841,7 @@ fn state_at(a: &Allocator, held: &[Handle], taken: &[Vec<Handle>], at: &[usize],
     }
     let (first, base) = (p.bufs[1], p.bufs[m]);
     let id = |x: usize| if x >= first { (1 << 63) | (base - x) as u64 } else { x as u64 };
-    let place = |h: Handle| a.blocks.get(h as usize).map_or(u64::MAX, |b| address(b.seg, b.off));
+    let place = |h: Handle| a.blocks.get(h as usize).map_or(u64::MAX, |b| address(ordinal.get(b.seg).map_or(b.seg, |&o| o as usize), b.off));
     for x in 0..base {
         if !holds(held, taken, at, x) {
             continue;
@@ -845,8 +860,44 @@ fn state_at(a: &Allocator, held: &[Handle], taken: &[Vec<Handle>], at: &[usize],
 /// The replay of `steps` steps, stopped (`true`) once the reserved peak with the context and
 /// NCCL is over `stop`.
 fn replay(plan: &Plan, hw: &Hardware, steps: usize, stop: Option<u64>) -> (Reserved, bool) {
-    let (r, stopped, _) = replay_with(plan, hw, steps, stop, true);
+    let (r, stopped, _, _) = replay_with(plan, hw, steps, stop, true, plan.options.grad_accum as usize);
     (r, stopped)
+}
+
+/// [`needed_within`] for the same plan with `n` micro-batches accumulated, from this plan of
+/// fewer whose builder reached a steady state ([`Plan::steady`]: the plan of `n` is this one
+/// with micro-batch `k − 2` repeated): `None` where this plan's replay does not show it.
+/// `Some(None)`: over the limit. The replay skips as for `n` (see the module doc): once the
+/// allocator's state repeats with a period of `p` micro-batches, it jumps to the micro-batch
+/// of this plan that leaves as many before the last, modulo `p`, as the plan of `n` leaves
+/// there, its held blocks passed to that micro-batch's buffers — each step must jump (`None`
+/// if one does not: the state did not repeat soon enough in this plan's micro-batches).
+/// Exact (`planner/tests/accum.rs` holds it to the plan of `n`).
+pub fn needed_within_longer(plan: &Plan, hw: &Hardware, limit: u64, n: u32) -> Option<Option<u64>> {
+    if !plan.steady || n <= plan.options.grad_accum {
+        return None;
+    }
+    if plan.options.device == Device::Cpu {
+        return Some(Some(plan.memory.peak_bytes));
+    }
+    match replay_with(plan, hw, STEPS, Some(limit), true, n as usize) {
+        (_, _, _, false) => None,
+        (_, true, _, _) => Some(None),
+        (r, false, _, true) => Some(Some(r.needed_bytes(plan))),
+    }
+}
+
+/// [`predict`] for the same plan with `n` micro-batches (see [`needed_within_longer`]):
+/// `None` where this plan's replay does not show it.
+#[doc(hidden)]
+pub fn predict_longer(plan: &Plan, hw: &Hardware, n: u32) -> Option<Reserved> {
+    if !plan.steady || n <= plan.options.grad_accum {
+        return None;
+    }
+    match replay_with(plan, hw, STEPS, None, true, n as usize) {
+        (r, _, _, true) => Some(r),
+        _ => None,
+    }
 }
 
 /// The replay of [`STEPS`] steps with every micro-batch replayed, and with those that
@@ -854,14 +905,16 @@ fn replay(plan: &Plan, hw: &Hardware, steps: usize, stop: Option<u64>) -> (Reser
 /// micro-batches the second skipped — what tests hold the skip to.
 #[doc(hidden)]
 pub fn predict_skipping(plan: &Plan, hw: &Hardware) -> (Reserved, Reserved, usize) {
-    let (full, _, _) = replay_with(plan, hw, STEPS, None, false);
-    let (skipping, _, skipped) = replay_with(plan, hw, STEPS, None, true);
+    let k = plan.options.grad_accum as usize;
+    let (full, _, _, _) = replay_with(plan, hw, STEPS, None, false, k);
+    let (skipping, _, skipped, _) = replay_with(plan, hw, STEPS, None, true, k);
     (full, skipping, skipped)
 }
 
 /// [`replay`], skipping the micro-batches that repeat one another where `skip` (see the
-/// module doc).
-fn replay_with(plan: &Plan, hw: &Hardware, steps: usize, stop: Option<u64>, skip: bool) -> (Reserved, bool, usize) {
+/// module doc), as the plan's replay with `accum` micro-batches where that is more than the
+/// plan's ([`needed_within_longer`]): also whether it is shown (every step jumped).
+fn replay_with(plan: &Plan, hw: &Hardware, steps: usize, stop: Option<u64>, skip: bool, accum: usize) -> (Reserved, bool, usize, bool) {
     let opts = &plan.options;
     let comms = communicators(opts);
     let (context, nccl) = match opts.device {
@@ -935,8 +988,19 @@ fn replay_with(plan: &Plan, hw: &Hardware, steps: usize, stop: Option<u64>, skip
     let mut stopped = false;
     let mut skipped = 0;
     let periods = if skip { periods(plan, &sizes, &at, &continued, &stream_of) } else { None };
+    let longer = accum > plan.options.grad_accum as usize;
+    if longer && periods.is_none() {
+        return (Reserved::default(), false, 0, false);
+    }
+    let mut jumps = 0;
+    let k_plan = plan.options.grad_accum as usize;
+    // (the replay stopped over the limit or out of memory where the plan of `accum` does)
+    let mut valid_end = false;
     'steps: for step in 0..steps {
         let mut state_made = step > 0;
+        // (replayed as more micro-batches: this step's jump; what happens before it, in the
+        // micro-batches before the last, happens in the plan of `accum` too)
+        let mut jumped = false;
         // (the states where the last micro-batches started, while looking for a period)
         let mut recent: Vec<(usize, Vec<u64>)> = vec![];
         let mut i = 0;
@@ -948,19 +1012,28 @@ fn replay_with(plan: &Plan, hw: &Hardware, steps: usize, stop: Option<u64>, skip
                 let m = op.micro_batch as usize;
                 // (and FSDP1's queued frees all of buffers made before m: one still queued from
                 // the step before, ids past m's, is not named relative to m)
-                if i - 1 == p.ops[m] && (2..=(k - 2).min(1 + PERIOD_TRIES)).contains(&m) && !a.oom && in_flight.iter().all(|b| b.index() < p.bufs[m]) {
+                if i - 1 == p.ops[m] && !(longer && jumped) && (2..=(k - 2).min(1 + PERIOD_TRIES)).contains(&m) && !a.oom && in_flight.iter().all(|b| b.index() < p.bufs[m]) {
                     let now = state_at(&a, &held, &taken, &at, &in_flight, p, m);
                     // micro-batches m − n, …, m − 1 left the state as they found it: so do the
                     // next n, and the next; on from the last start of such a period before
                     // the last micro-batch, each held block passed to the buffer of as many
                     // micro-batches later
                     let period = recent.iter().rev().find(|(r, st)| m - r <= MAX_PERIOD && *st == now).map(|(r, _)| m - r);
-                    let to = period.map_or(m, |n| m + (k - 1 - m) / n * n);
+                    // (replayed as `accum` micro-batches: to the one that leaves as many middle
+                    // ones before the last, modulo the period, as the plan of `accum` does at
+                    // its jump — the state names no micro-batch, only its phase in the period)
+                    let to = match period {
+                        Some(n) if longer => (k - 1).checked_sub((accum - 1 - m) % n).filter(|&to| to >= m).unwrap_or(m),
+                        Some(n) => m + (k - 1 - m) / n * n,
+                        None => m,
+                    };
                     let by = (to - m) * p.shift;
                     // (a buffer and the one it passes its blocks to have as many tensors: the
                     // live ones are of micro-batches 2 on, whose buffers `periods` compared)
                     let live: Vec<usize> = if to > m { (p.bufs[1]..p.bufs[m]).filter(|&x| holds(&held, &taken, &at, x)).collect() } else { vec![] };
-                    if to > m && live.iter().all(|&x| at[x + 1] - at[x] == at[x + by + 1] - at[x + by]) {
+                    // (as more micro-batches, a period found at the micro-batch to go to
+                    // jumps there too: nothing to pass on)
+                    if period.is_some() && (to > m || longer) && live.iter().all(|&x| at[x + 1] - at[x] == at[x + by + 1] - at[x + by]) {
                         for &x in live.iter().rev() {
                             let (src, dst) = (at[x]..at[x + 1], at[x + by]..at[x + by + 1]);
                             let hs: Vec<Handle> = held[src.clone()].to_vec();
@@ -974,7 +1047,9 @@ fn replay_with(plan: &Plan, hw: &Hardware, steps: usize, stop: Option<u64>, skip
                             }
                         }
                         recent.clear();
-                        skipped += to - m;
+                        skipped += if longer { accum - 1 - (k - 1 - to) - m } else { to - m };
+                        jumps += 1;
+                        jumped = true;
                         i = p.ops[to];
                         continue;
                     }
@@ -983,11 +1058,14 @@ fn replay_with(plan: &Plan, hw: &Hardware, steps: usize, stop: Option<u64>, skip
             }
             // a request the device could not serve: the run fails there (what it would have
             // reserved is kept); the rest of the replay measures nothing
+            let shared = jumped || (op.micro_batch as usize) < k_plan - 1;
             if a.oom {
+                valid_end = shared;
                 break 'steps;
             }
             if stop.is_some_and(|s| a.max_reserved + context + nccl > s) {
                 stopped = true;
+                valid_end = shared;
                 break 'steps;
             }
             if matches!(op.kind, OpKind::Setup) && step > 0 {
@@ -1053,7 +1131,9 @@ fn replay_with(plan: &Plan, hw: &Hardware, steps: usize, stop: Option<u64>, skip
         out_of_memory_need_bytes: if a.oom { a.oom_need + context + nccl } else { 0 },
         segments,
     };
-    (r, stopped, skipped)
+    // (replayed as more micro-batches: each step jumped, or stopped over the limit first)
+    let shown = !longer || jumps == steps || valid_end;
+    (r, stopped, skipped, shown)
 }
 
 impl Reserved {

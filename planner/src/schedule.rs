@@ -28,6 +28,11 @@ enum PState {
 pub struct Schedule {
     pub ops: Vec<ScheduleOp>,
     pub buffers: Vec<BufferInfo>,
+    /// Gradient accumulation of 6 or more micro-batches whose last three start in one state
+    /// (`B::snapshot`): with more micro-batches, every one between is built as these, and
+    /// the last as this last, each with its ops and buffers as many later — the plan of more
+    /// micro-batches is this one with micro-batch `k − 2` repeated.
+    pub steady: bool,
 }
 
 struct B<'a> {
@@ -130,6 +135,205 @@ struct B<'a> {
     /// CPUOffloadPolicy: the all-gather being issued's per-parameter device shards (H2D
     /// copies or their casts), freed once its output is allocated.
     offload_inputs: Vec<BufferId>,
+}
+
+/// The builder's state where a micro-batch starts, written out for comparing with another
+/// micro-batch's start ([`Schedule::steady`]): every field that carries from one micro-batch
+/// to the next (the destructuring names them all, so a new field must be placed here or
+/// among the constants), the buffers and ops it names — those made from micro-batch 1 on
+/// (`first`: its first buffer and op) by how far before this micro-batch's first they are,
+/// earlier ones (the setup's and micro-batch 0's) by id — with every such buffer's size,
+/// category, unit, whether it is freed and what it continues, and every buffer made from
+/// `first` on that is still live. Two micro-batches whose starts write out alike are built
+/// alike: the builder reads nothing else (`mb` only stamps the ops).
+struct Snapshot {
+    v: Vec<u64>,
+    named: Vec<usize>,
+}
+
+impl B<'_> {
+    fn snapshot(&self, first: (usize, usize)) -> Vec<u64> {
+        let B {
+            post_fwd,
+            f8_pending,
+            f8_held,
+            f8_old,
+            split_pieces,
+            through_post_backward,
+            grad_made_in,
+            f8_recomputed,
+            bwd_temp,
+            events,
+            phase,
+            state,
+            unsharded,
+            last_fwd_ag,
+            pending_rs,
+            post_forward_order,
+            grads,
+            grad_of_param,
+            split_grads,
+            split_dtype,
+            split_of_param,
+            sharded_grads,
+            last_ag_op,
+            entered,
+            sac,
+            sac_region,
+            sac_unread,
+            compiled_regions,
+            sac_kept,
+            held_loss,
+            held_logits,
+            accumulated,
+            all_reduce_held,
+            offload_inputs,
+            // what the micro-batches only add to (the output), stamp (`mb`) or never change
+            ops,
+            buffers,
+            mb: _,
+            unit_of_op: _,
+            model: _,
+            opts: _,
+            units: _,
+            chains: _,
+            unit_params: _,
+            op_params: _,
+            device: _,
+            f8_linear: _,
+            loss: _,
+        } = self;
+        let (fb, fo) = first;
+        let (base_b, base_o) = (buffers.len(), ops.len());
+        const REL: u64 = 1 << 63;
+        const NONE: u64 = u64::MAX;
+        let mut s = Snapshot { v: Vec::with_capacity(4096), named: vec![] };
+        let buf = |s: &mut Snapshot, x: BufferId| {
+            let i = x.index();
+            s.named.push(i);
+            s.v.push(if i >= fb { REL | (base_b - i) as u64 } else { i as u64 });
+        };
+        let op = |s: &mut Snapshot, x: OpId| {
+            let i = x.index();
+            s.v.push(if i >= fo { REL | (base_o - i) as u64 } else { i as u64 });
+        };
+        let bufs = |s: &mut Snapshot, xs: &[BufferId]| {
+            s.v.push(xs.len() as u64);
+            for &x in xs {
+                buf(s, x);
+            }
+        };
+        let opt = |s: &mut Snapshot, x: Option<BufferId>| match x {
+            Some(x) => buf(s, x),
+            None => s.v.push(NONE),
+        };
+        let text = |s: &mut Snapshot, t: &str| {
+            s.v.push(t.len() as u64);
+            s.v.extend(t.bytes().map(u64::from));
+        };
+        for v in [post_fwd, split_pieces, grads, split_grads, accumulated] {
+            s.v.push(v.len() as u64);
+            for xs in v {
+                bufs(&mut s, xs);
+            }
+        }
+        for v in [f8_pending, f8_held] {
+            for xs in v {
+                s.v.push(xs.len() as u64);
+                for (n, x) in xs {
+                    text(&mut s, n);
+                    buf(&mut s, *x);
+                }
+            }
+        }
+        let mut old: Vec<(&String, &BufferId)> = f8_old.iter().collect();
+        old.sort();
+        for (n, x) in old {
+            text(&mut s, n);
+            buf(&mut s, *x);
+        }
+        for xs in through_post_backward {
+            s.v.push(xs.len() as u64);
+            for &(t, x, c) in xs {
+                s.v.extend([t as u64, u64::from(c)]);
+                buf(&mut s, x);
+            }
+        }
+        let mut made: Vec<(usize, UnitId)> = grad_made_in.iter().map(|(&t, &u)| (t, u)).collect();
+        made.sort();
+        s.v.extend(made.iter().flat_map(|&(t, u)| [t as u64, u.index() as u64]));
+        let mut recomputed: Vec<&String> = f8_recomputed.iter().collect();
+        recomputed.sort();
+        for n in recomputed {
+            text(&mut s, n);
+        }
+        s.v.extend([*bwd_temp as u64, *phase as u64, u64::from(*compiled_regions), events.len() as u64]);
+        for e in events {
+            match *e {
+                Event::Alloc(x) => {
+                    s.v.push(0);
+                    buf(&mut s, x);
+                }
+                Event::Free(x) => {
+                    s.v.push(1);
+                    buf(&mut s, x);
+                }
+            }
+        }
+        for st in state {
+            match *st {
+                PState::Sharded => s.v.push(0),
+                PState::PostForward => s.v.push(1),
+                PState::Unsharded => s.v.push(2),
+                PState::Pending(x, o) => {
+                    s.v.push(3);
+                    buf(&mut s, x);
+                    op(&mut s, o);
+                }
+            }
+        }
+        for &x in unsharded.iter().chain(grad_of_param).chain(split_of_param).chain(all_reduce_held).chain([last_fwd_ag, pending_rs, held_loss, held_logits]) {
+            opt(&mut s, x);
+        }
+        s.v.extend(post_forward_order.iter().map(|u| u.index() as u64));
+        s.v.push(NONE);
+        s.v.extend(split_dtype.iter().map(|d| d.map_or(NONE, |d| d as u64)));
+        bufs(&mut s, sharded_grads);
+        bufs(&mut s, offload_inputs);
+        for o in last_ag_op {
+            match *o {
+                Some(o) => op(&mut s, o),
+                None => s.v.push(NONE),
+            }
+        }
+        s.v.extend(entered.iter().chain(sac).chain(sac_region).chain(sac_unread).map(|&x| u64::from(x)));
+        let mut kept: Vec<(&usize, &std::collections::VecDeque<BufferId>)> = sac_kept.iter().collect();
+        kept.sort_by_key(|x| *x.0);
+        for (i, xs) in kept {
+            s.v.extend([*i as u64, xs.len() as u64]);
+            for &x in xs {
+                buf(&mut s, x);
+            }
+        }
+        // (the last compute op, which a reduce-scatter waits for)
+        match ops.iter().rev().find(|o| o.stream == Stream::Compute) {
+            Some(o) => op(&mut s, o.id),
+            None => s.v.push(NONE),
+        }
+        // the buffers named, and every buffer made from `first` on that is live
+        s.v.push(NONE);
+        let mut named = std::mem::take(&mut s.named);
+        named.extend((fb..base_b).filter(|&i| buffers[i].free.is_none()));
+        for i in named {
+            let b = &buffers[i];
+            s.v.extend([if i >= fb { REL | (base_b - i) as u64 } else { i as u64 }, b.bytes, b.category as u64, b.unit.map_or(NONE, |u| u.index() as u64), u64::from(b.free.is_some())]);
+            for &c in &b.continues {
+                buf(&mut s, c);
+            }
+            s.v.push(NONE);
+        }
+        s.v
+    }
 }
 
 thread_local! {
@@ -1089,8 +1293,17 @@ pub fn build_with(pre: &Prelude, model: &Model, opts: &Options, units: &[Unit], 
     }
     setup(&mut b, &cx);
     let k = opts.grad_accum;
+    // (where micro-batch 1 starts; the states where the last three start)
+    let mut first = (0, 0);
+    let mut starts: Vec<Vec<u64>> = vec![];
     for mb in 0..k {
         b.mb = mb;
+        if mb == 1 {
+            first = (b.buffers.len(), b.ops.len());
+        }
+        if k >= 6 && mb + 3 >= k {
+            starts.push(b.snapshot(first));
+        }
         let fs = forward(&mut b, &cx, &mems, &tz, unit_of_op, &region);
         backward(&mut b, &cx, &mems, &tz, unit_of_op, &region, fs, mb + 1 == k);
     }
@@ -1157,6 +1370,7 @@ pub fn build_with(pre: &Prelude, model: &Model, opts: &Options, units: &[Unit], 
     Schedule {
         ops: b.ops,
         buffers: b.buffers,
+        steady: starts.len() == 3 && starts.windows(2).all(|w| w[0] == w[1]),
     }
 }
 

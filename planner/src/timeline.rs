@@ -386,6 +386,150 @@ pub fn predict_with(plan: &Plan, hw: &Hardware, cm: &CostModel) -> TimeReport {
     report(plan, hw, cm.model_flops * plan.options.grad_accum as f64, spans)
 }
 
+/// The step time [`predict_with`] gives the same plan with `n` micro-batches accumulated,
+/// from this plan of `k` (6 ≤ k < n) whose builder reached a steady state
+/// ([`Plan::steady`]: the plan of `n` is this one with micro-batch `k − 2` repeated `n − k`
+/// times, each copy's ops and buffers as many later): `None` where that cannot be shown
+/// from this plan's simulation (`tune` then plans the `n` micro-batches).
+///
+/// What is shown, in every round the simulation runs (one on a CPU profile; on a GPU the
+/// first and the three stretched ones of `gpu_spans`), with `Q`, `T` and `L` micro-batches
+/// `k − 3`, `k − 2` and the last (with the optimizer's ops after it):
+/// - `T` runs as `Q` did, every op `P` later (start and end), `P` the round's period;
+/// - nothing waits for an op of a later micro-batch, and no collective of `T` (of `L`) runs
+///   beside a compute op before `T` (before `L`): what runs before an op never depends on
+///   what comes after its micro-batch — the `k` plan's micro-batches before `L` are the `n`
+///   plan's first `k − 1`;
+/// - what an op of `T` waits for (its dependencies, the op before it on its stream) is in `Q`
+///   or `T`, or is of micro-batch 0 or the setup and ends before the op starts; an op of `L`
+///   the same with `L` too; where the CPU's launches do not keep the period `P`
+///   (GPU-bound: the CPU gets further ahead every micro-batch), no op of `T` or `L` waits
+///   for its launch;
+/// - a compute op of `T` runs beside collectives of `Q` and `T` only (in the round before:
+///   its stretch), of `L` beside those of `Q`, `T` and `L`.
+///
+/// Then by induction each copy runs as the one before, `P` later, and `L` as here,
+/// `(n − k) · P` later: the step takes that much longer (to float rounding, within 10⁻⁹ of
+/// the step; `planner/tests/accum.rs` holds it to the plan of `n`).
+pub fn predict_longer(plan: &Plan, hw: &Hardware, cm: &CostModel, n: u32) -> Option<f64> {
+    let k = plan.options.grad_accum as usize;
+    let ops = &plan.schedule;
+    if !plan.steady || k < 6 || n as usize <= k {
+        return None;
+    }
+    // each micro-batch's first op (the setup's ops are micro-batch 0's; the optimizer's the
+    // last's)
+    let mut first = vec![usize::MAX; k + 1];
+    let mut last = 0;
+    for (i, op) in ops.iter().enumerate() {
+        let m = op.micro_batch as usize;
+        if m < last || m >= k {
+            return None;
+        }
+        last = m;
+        if first[m] == usize::MAX {
+            first[m] = i;
+        }
+    }
+    first[k] = ops.len();
+    if first.contains(&usize::MAX) {
+        return None;
+    }
+    let block: Vec<usize> = ops.iter().map(|o| o.micro_batch as usize).collect();
+    let (q, t, l) = (first[k - 3], first[k - 2], first[k - 1]);
+    let w = t - q;
+    if l - t != w {
+        return None;
+    }
+    let times = cm.times(hw);
+    let (dur, kernels): (Vec<f64>, Vec<u32>) = ops.iter().map(|op| op_cost(plan, &times, hw, op)).unzip();
+    if hw.gpu.is_none() && hw.serial_streams {
+        // one thread, every op in order: each copy adds T's ops' time (T's ops as Q's)
+        if dur[t..l] != dur[q..t] {
+            return None;
+        }
+        let each: f64 = dur[t..l].iter().sum();
+        let total: f64 = dur.iter().sum();
+        return Some(total + (n as usize - k) as f64 * each);
+    }
+    let deps = Deps::new(ops, &implicit_deps(ops));
+    // nothing waits for a later micro-batch's op
+    if (0..ops.len()).any(|i| deps.of(i).iter().any(|&d| block[d] > block[i])) {
+        return None;
+    }
+    let (rounds, release) = match &hw.gpu {
+        Some(g) => gpu_rounds(plan, &kernels, g, &dur, &deps),
+        None => (vec![run_streams(ops, &deps, &dur, &[])], vec![]),
+    };
+    let fin = rounds.last()?;
+    let step = fin.iter().map(|s| s.end).fold(0.0, f64::max);
+    let tol = 1e-9 * step;
+    let fixed = first[1];
+    let comm_of = |s: &[OpSpan], r: std::ops::Range<usize>| union(s[r].iter().filter(|x| x.stream != Stream::Compute).map(|x| (x.start, x.end)).collect());
+    let mut period = 0.0;
+    for (r, s) in rounds.iter().enumerate() {
+        let p = s[t].start - s[q].start;
+        if p <= 0.0 || (t..l).any(|i| (s[i].start - s[i - w].start - p).abs() > tol || (s[i].end - s[i - w].end - p).abs() > tol) {
+            return None;
+        }
+        // no collective of T (of L) beside a compute op before it
+        for (from, to) in [(t, l), (l, ops.len())] {
+            let later = comm_of(s, from..to);
+            if (0..from).any(|i| s[i].stream == Stream::Compute && covered(s[i].start, s[i].end, &later) > tol) {
+                return None;
+            }
+        }
+        // the CPU's launches: a period of their own (the CPU's time per micro-batch)
+        let cpu = release.get(t).zip(release.get(q)).map(|(a, b)| a - b);
+        let launches_keep_up = cpu.is_none_or(|c| (c - p).abs() <= tol);
+        if cpu.is_some_and(|c| c > p + tol) {
+            return None;
+        }
+        let mut prev: [Option<usize>; 4] = [None; 4];
+        for i in 0..ops.len() {
+            let si = stream_index(ops[i].stream);
+            if i >= t {
+                let hi = if i < l { l } else { ops.len() };
+                let mut other = 0.0f64;
+                for d in deps.of(i).iter().copied().chain(prev[si]) {
+                    if (q..hi).contains(&d) {
+                        other = other.max(s[d].end);
+                    } else if d < fixed {
+                        if s[d].end + tol >= s[i].start {
+                            return None;
+                        }
+                    } else {
+                        return None;
+                    }
+                }
+                if !launches_keep_up && release.get(i).is_some_and(|&rel| rel > other + tol) {
+                    return None;
+                }
+            }
+            prev[si] = Some(i);
+        }
+        // the stretch of T's and L's compute ops came from the round before's collectives
+        if r > 0 {
+            let before = &rounds[r - 1];
+            let outside_t: Vec<(f64, f64)> = before.iter().enumerate().filter(|(j, x)| x.stream != Stream::Compute && !(q..l).contains(j)).map(|(_, x)| (x.start, x.end)).collect();
+            let outside_l: Vec<(f64, f64)> = before[..q].iter().filter(|x| x.stream != Stream::Compute).map(|x| (x.start, x.end)).collect();
+            let (outside_t, outside_l) = (union(outside_t), union(outside_l));
+            for (i, x) in before.iter().enumerate().skip(t) {
+                let outside = if i < l { &outside_t } else { &outside_l };
+                if x.stream == Stream::Compute && covered(x.start, x.end, outside) > tol {
+                    return None;
+                }
+            }
+        }
+        period = p;
+    }
+    // (the step ends in L)
+    if fin[..l].iter().any(|x| x.end > step - tol) && fin[l..].iter().all(|x| x.end < step) {
+        return None;
+    }
+    Some(step + (n as usize - k) as f64 * period)
+}
+
 /// The ops on a GPU: the streams as [`simulate`] runs them, with two costs a GPU adds.
 ///
 /// - **The CPU issues every kernel.** Eager PyTorch dispatches an op's kernels one after the
@@ -397,6 +541,13 @@ pub fn predict_with(plan: &Plan, hw: &Hardware, cm: &CostModel) -> TimeReport {
 ///   at `1 − comm_sm_share` of its speed. The streams are simulated again with the
 ///   stretched times until they settle (three rounds).
 fn gpu_spans(plan: &Plan, kernels: &[u32], g: &crate::hardware::Gpu, dur: &[f64]) -> Vec<OpSpan> {
+    let deps = Deps::new(&plan.schedule, &implicit_deps(&plan.schedule));
+    gpu_rounds(plan, kernels, g, dur, &deps).0.pop().unwrap_or_default()
+}
+
+/// [`gpu_spans`]' every round (the first unstretched, the last the prediction) and each op's
+/// release (its first kernel's launch).
+fn gpu_rounds(plan: &Plan, kernels: &[u32], g: &crate::hardware::Gpu, dur: &[f64], deps: &Deps) -> (Vec<Vec<OpSpan>>, Vec<f64>) {
     let ops = &plan.schedule;
     let mut clock = 0.0;
     let issue: Vec<(f64, f64)> = ops
@@ -410,13 +561,13 @@ fn gpu_spans(plan: &Plan, kernels: &[u32], g: &crate::hardware::Gpu, dur: &[f64]
             (first, clock)
         })
         .collect();
-    let deps = Deps::new(ops, &implicit_deps(ops));
     let release: Vec<f64> = issue.iter().map(|x| x.0).collect();
     // an op whose kernels take less GPU time than the CPU takes to launch them lasts that long
     let dur: Vec<f64> = dur.iter().zip(&issue).map(|(d, (first, last))| d.max(last - first)).collect();
     let mut stretched = dur.clone();
-    let mut spans = run_streams(ops, &deps, &stretched, &release);
+    let mut rounds = vec![run_streams(ops, deps, &stretched, &release)];
     for _ in 0..3 {
+        let Some(spans) = rounds.last() else { break };
         let comm = union(spans.iter().filter(|s| s.stream != Stream::Compute).map(|s| (s.start, s.end)).collect());
         let s = g.comm_sm_share;
         for (i, sp) in spans.iter().enumerate() {
@@ -428,9 +579,9 @@ fn gpu_spans(plan: &Plan, kernels: &[u32], g: &crate::hardware::Gpu, dur: &[f64]
                 stretched[i] = if done_slow >= dur[i] { dur[i] / (1.0 - s) } else { overlapped + (dur[i] - done_slow) };
             }
         }
-        spans = run_streams(ops, &deps, &stretched, &release);
+        rounds.push(run_streams(ops, deps, &stretched, &release));
     }
-    spans
+    (rounds, release)
 }
 
 /// Length of `[s, e]` covered by the sorted, disjoint intervals `v` (from the first

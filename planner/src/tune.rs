@@ -65,6 +65,13 @@
 //! that need none either (bisection) are no slower than any between (ARCHITECTURE.md,
 //! property 4).
 //!
+//! Long accumulations: a configuration of more than [`REPLAY_ACCUM`] micro-batches is timed
+//! from a plan of [`SHORT_ACCUM`] and checked against the limit from a plan of
+//! [`REPLAY_ACCUM`], where those plans show the long one's figures (exactly:
+//! [`crate::plan::Plan::steady`], [`timeline::predict_longer`],
+//! [`crate::reserved::needed_within_longer`]), else from its own; what a search shows is
+//! planned in full ([`settle`]).
+//!
 //! Unit groups are searched along each family of outer points (the same choices but the
 //! group) from one block per unit up, larger groups only while they make the step without
 //! checkpointing faster (a user's `--unit-groups` list: every one). What that takes: a larger
@@ -218,6 +225,10 @@ pub struct Eval {
     pub fits: bool,
     /// Where the peak is reached.
     pub peak_at: String,
+    /// Planned with fewer micro-batches ([`SHORT_ACCUM`]): the exposed communication is not
+    /// known (NaN), the op of the peak may be named another's; [`settle`] plans it in full.
+    #[serde(skip)]
+    pub proxied: bool,
 }
 
 /// The search's answer.
@@ -425,7 +436,27 @@ struct Known {
     /// What each rank keeps on the host under CPU offload (known with `peak`).
     host: Option<u64>,
     refused: bool,
+    /// Something known from a shorter accumulation's plan ([`SHORT_ACCUM`]): the same step
+    /// time and memory, but for the exposed communication (not known: NaN) and the op the
+    /// peak names ([`settle`] plans it in full).
+    proxied: bool,
 }
+
+/// A configuration accumulating more than [`REPLAY_ACCUM`] micro-batches is timed (and its
+/// tensor peak taken) from a plan of this many, where that plan shows what the longer one
+/// predicts — its builder's steady state ([`crate::plan::Plan::steady`]: the longer plan is
+/// it with its second-to-last micro-batch repeated; the fewest it is shown with: the last
+/// three micro-batches start alike), the same tensor peak (the live buffers where each
+/// repeated micro-batch starts are the same) and the step time
+/// ([`timeline::predict_longer`]) — and in full where it does not. A plan costs about its
+/// micro-batches.
+pub const SHORT_ACCUM: u32 = 6;
+
+/// A configuration accumulating more micro-batches than this is checked against the limit
+/// from a plan of this many, where it shows the longer one's caching-allocator need
+/// ([`crate::reserved::needed_within_longer`]; the replay's state must repeat within it: 12
+/// is what the tests' cases take at most, `planner/tests/accum.rs`), else in full.
+pub const REPLAY_ACCUM: u32 = 12;
 
 /// Whether the node's host holds `host` bytes (per rank, under CPU offload) for each of the
 /// node's ranks.
@@ -458,6 +489,10 @@ pub struct Evaluator<'a> {
     prepared: Option<(Outer, Option<crate::Prepared>)>,
     /// Units another evaluator prepared ([`Evaluator::seed`]), taken when their outer point is.
     given: HashMap<Outer, Option<crate::Prepared>>,
+    /// Every plan with its own accumulation (no [`SHORT_ACCUM`] plan): [`settle`]'s.
+    pub exact: bool,
+    /// Outer points where a shorter plan's allocator replay did not show a longer one's.
+    replay_longer_failed: std::collections::HashSet<Outer>,
 }
 
 /// Plans kept by an [`Evaluator`].
@@ -465,7 +500,7 @@ const RECENT: usize = 4;
 
 impl<'a> Evaluator<'a> {
     pub fn new(model: &'a Model, base: &'a Options, hw: &'a Hardware, space: &'a Space, limit: Limit) -> Self {
-        Evaluator { model, base, hw, space, limit, known: HashMap::new(), order: vec![], recent: vec![], planned: 0, costs: vec![], preludes: vec![], prepared: None, given: HashMap::new() }
+        Evaluator { model, base, hw, space, limit, known: HashMap::new(), order: vec![], recent: vec![], planned: 0, costs: vec![], preludes: vec![], prepared: None, given: HashMap::new(), exact: false, replay_longer_failed: Default::default() }
     }
 
     /// How many plans were built.
@@ -473,15 +508,33 @@ impl<'a> Evaluator<'a> {
         self.planned
     }
 
+    /// `c`'s plan, or where it accumulates more than [`SHORT_ACCUM`] micro-batches, maybe a
+    /// shorter accumulation's ([`Evaluator::plan_of`]).
     fn plan(&mut self, c: Config) -> Option<&Plan> {
-        match self.recent.iter().position(|(rc, _)| *rc == c) {
+        self.plan_of(c, SHORT_ACCUM)
+    }
+
+    /// Whether `plan` (of `c`) is a shorter accumulation's.
+    fn shorter(c: Config, plan: &Plan) -> bool {
+        plan.options.grad_accum < c.outer.accum
+    }
+
+    /// `c`'s plan, or one of at least `least` of its micro-batches (if fewer than `c`'s: one
+    /// whose builder reached a steady state, else `c`'s own): one planned already, or
+    /// `least`'s (`u32::MAX`: `c`'s own).
+    fn plan_of(&mut self, c: Config, least: u32) -> Option<&Plan> {
+        // (accumulations of up to REPLAY_ACCUM micro-batches are planned in full: a shorter
+        // plan for the time and the full one for the memory would cost more)
+        let least = if self.exact || c.outer.accum <= REPLAY_ACCUM { u32::MAX } else { least }.min(c.outer.accum);
+        match self.recent.iter().position(|(rc, p)| *rc == c && p.options.grad_accum >= least) {
             Some(i) => {
                 let hit = self.recent.remove(i);
                 self.recent.push(hit);
             }
             None => {
                 self.planned += 1;
-                let opts = options(self.base, self.space, &c);
+                let mut opts = options(self.base, self.space, &c);
+                opts.grad_accum = least;
                 if self.prepared.as_ref().is_none_or(|(o, _)| *o != c.outer) {
                     let prep = self.given.remove(&c.outer).unwrap_or_else(|| crate::prepare(self.model, &opts).ok());
                     self.prepared = Some((c.outer, prep));
@@ -498,7 +551,16 @@ impl<'a> Evaluator<'a> {
                                 self.preludes.len() - 1
                             }
                         };
-                        crate::plan_prepared_with(self.model, &opts, prep, &self.preludes[at].1).ok()
+                        let pre = &self.preludes[at].1;
+                        match crate::plan_prepared_with(self.model, &opts, prep, pre).ok() {
+                            // (a shorter plan that shows nothing of the longer: the longer)
+                            Some(p) if !p.steady && Self::shorter(c, &p) => {
+                                self.planned += 1;
+                                opts.grad_accum = c.outer.accum;
+                                crate::plan_prepared_with(self.model, &opts, prep, pre).ok()
+                            }
+                            p => p,
+                        }
                     }
                     _ => None,
                 };
@@ -507,8 +569,12 @@ impl<'a> Evaluator<'a> {
                         if self.recent.len() == RECENT {
                             self.recent.remove(0);
                         }
+                        let shorter = Self::shorter(c, &p);
                         let k = self.entry(c);
-                        k.peak = Some((p.memory.peak_bytes, p.memory.peak_at.clone()));
+                        if k.peak.is_none() || !shorter {
+                            k.peak = Some((p.memory.peak_bytes, p.memory.peak_at.clone()));
+                            k.proxied |= shorter;
+                        }
                         k.host = p.memory.host.as_ref().map(|h| h.peak_bytes);
                         self.recent.push((c, p));
                     }
@@ -556,18 +622,39 @@ impl<'a> Evaluator<'a> {
         let (model, hw) = (self.model, self.hw);
         let key = (c.outer.micro_batch, c.full + c.sac == 0);
         let mut costs = std::mem::take(&mut self.costs);
-        let plan = self.plan(c);
-        let t = plan.map(|plan| {
-            let at = costs.iter().position(|(k, _)| *k == key).unwrap_or_else(|| {
+        let cost_of = |costs: &mut Vec<((u64, bool), CostModel)>, plan: &Plan| match costs.iter().position(|(k, _)| *k == key) {
+            Some(at) => at,
+            None => {
                 costs.push((key, CostModel::new(plan, model)));
                 costs.len() - 1
+            }
+        };
+        let mut timed = None;
+        if let Some(plan) = self.plan(c).filter(|p| Self::shorter(c, p)) {
+            let at = cost_of(&mut costs, plan);
+            let cm = &costs[at].1;
+            timed = timeline::predict_longer(plan, hw, cm, c.outer.accum).map(|step| {
+                // (as the plan's own report: tokens and model FLOPs of every micro-batch)
+                let n = f64::from(c.outer.accum);
+                let tokens = (plan.options.batch * plan.options.seq) as f64 * n;
+                (step, tokens / step, cm.model_flops * n / (step * hw.peak_flops.bf16), f64::NAN)
             });
-            timeline::predict_with(plan, hw, &costs[at].1)
-        });
+        }
+        let t = match timed {
+            Some(t) => {
+                self.entry(c).proxied = true;
+                Some(t)
+            }
+            None => self.plan_of(c, u32::MAX).map(|plan| {
+                let at = cost_of(&mut costs, plan);
+                let t = timeline::predict_with(plan, hw, &costs[at].1);
+                (t.step_time_s, t.tokens_per_s_per_gpu, t.mfu, t.exposed_comm_s)
+            }),
+        };
         self.costs = costs;
         let t = t?;
-        self.entry(c).time = Some((t.step_time_s, t.tokens_per_s_per_gpu, t.mfu, t.exposed_comm_s));
-        Some(t.step_time_s)
+        self.entry(c).time = Some(t);
+        Some(t.0)
     }
 
     /// Whether it fits the limit (and under CPU offload, the node's host).
@@ -599,17 +686,37 @@ impl<'a> Evaluator<'a> {
             }
         }
         let (hw, limit) = (self.hw, self.limit);
-        let Some(plan) = self.plan(c) else { return false };
+        // (where a shorter plan's replay did not show the longer one's, it seldom does for the
+        // outer point's other configurations: the longer plan at once)
+        let full = self.replay_longer_failed.contains(&c.outer);
+        let Some(plan) = self.plan_of(c, if full { u32::MAX } else { REPLAY_ACCUM }) else { return false };
+        let shorter = Self::shorter(c, plan);
         if !host_fits(hw, ws, plan.memory.host.as_ref().map(|h| h.peak_bytes)) {
             let m = (plan.memory.peak_bytes, None, plan.memory.peak_at.clone());
-            self.entry(c).memory = Some(m);
+            let k = self.entry(c);
+            k.memory = Some(m);
+            k.proxied |= shorter;
             return false;
         }
         // (what passes a limit below the device's memory is not replayed to the end: `None`,
         // as for a peak over it)
-        let needed = needed_by_peak(plan.memory.peak_bytes, plan.options.device, limit).unwrap_or_else(|| crate::reserved::needed_within(plan, hw, limit.bytes));
-        let m = (plan.memory.peak_bytes, needed, plan.memory.peak_at.clone());
-        self.entry(c).memory = Some(m);
+        let by_peak = needed_by_peak(plan.memory.peak_bytes, plan.options.device, limit);
+        let known = match by_peak {
+            Some(n) => Some((n, plan)),
+            None if shorter => crate::reserved::needed_within_longer(plan, hw, limit.bytes, c.outer.accum).map(|n| (n, plan)),
+            None => Some((crate::reserved::needed_within(plan, hw, limit.bytes), plan)),
+        };
+        let (needed, peak, at, shorter) = match known {
+            Some((n, p)) => (n, p.memory.peak_bytes, p.memory.peak_at.clone(), shorter),
+            None => {
+                self.replay_longer_failed.insert(c.outer);
+                let Some(plan) = self.plan_of(c, u32::MAX) else { return false };
+                (crate::reserved::needed_within(plan, hw, limit.bytes), plan.memory.peak_bytes, plan.memory.peak_at.clone(), false)
+            }
+        };
+        let k = self.entry(c);
+        k.memory = Some((peak, needed, at));
+        k.proxied |= shorter;
         needed.is_some_and(|n| n <= limit.bytes)
     }
 
@@ -666,7 +773,7 @@ impl<'a> Evaluator<'a> {
         let (peak_bytes, needed_bytes, peak_at) = k.memory.clone()?;
         let host_over = !host_fits(self.hw, self.base.world_size, k.host);
         let fits = needed_bytes.is_some_and(|n| n <= self.limit.bytes) && !host_over;
-        Some(Eval { config: c, step_time_s, tokens_per_s_per_gpu, mfu, exposed_comm_s, peak_bytes, needed_bytes, host_bytes: k.host, host_over, fits, peak_at })
+        Some(Eval { config: c, step_time_s, tokens_per_s_per_gpu, mfu, exposed_comm_s, peak_bytes, needed_bytes, host_bytes: k.host, host_over, fits, peak_at, proxied: k.proxied })
     }
 
     /// Every configuration both timed and checked.
@@ -721,7 +828,36 @@ pub fn evaluate(plan: &Plan, model: &Model, hw: &Hardware, limit: Limit, config:
         host_over,
         fits: needed.is_some_and(|n| n <= limit.bytes) && !host_over,
         peak_at: plan.memory.peak_at.clone(),
+        proxied: false,
     }
+}
+
+/// Plans in full the evaluations planned with fewer micro-batches ([`SHORT_ACCUM`]), as a
+/// search evaluates a configuration (the same step time and memory, the exposed
+/// communication and the peak's op now known): what a search's answer shows. The plans
+/// built.
+pub fn settle(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit: Limit, evals: Vec<&mut Eval>) -> usize {
+    let recast = crate::recast(model, base);
+    let model = recast.as_ref().unwrap_or(model);
+    let mut todo: Vec<&mut Eval> = evals.into_iter().filter(|e| e.proxied).collect();
+    let half = todo.len().div_ceil(2);
+    let (a, b) = todo.split_at_mut(half);
+    std::thread::scope(|s| {
+        let run = |part: &mut [&mut Eval]| {
+            crate::schedule::without_names(|| {
+                let mut ev = Evaluator::new(model, base, hw, space, limit);
+                ev.exact = true;
+                for e in part.iter_mut() {
+                    if let Some(x) = ev.eval(e.config) {
+                        **e = x;
+                    }
+                }
+                ev.planned()
+            })
+        };
+        let other = s.spawn(move || run(b));
+        run(a) + other.join().unwrap_or(0)
+    })
 }
 
 /// Configurations in the space: per outer point, every (full, SAC) split of its units'
@@ -1218,8 +1354,14 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
     let mut evaluated: Vec<Eval> = results.into_iter().flat_map(|r| r.1).collect();
     evaluated.sort_by_key(|a| a.config);
     let by_config: HashMap<Config, Eval> = evaluated.iter().map(|e| (e.config, e.clone())).collect();
-    let per_outer: Vec<Eval> = per_outer.iter().filter_map(|(_, c)| by_config.get(c).cloned()).collect();
-    Tuned { best: per_outer.first().cloned(), per_outer, evaluated, plans_built: planned.into_inner() }
+    let mut per_outer: Vec<Eval> = per_outer.iter().filter_map(|(_, c)| by_config.get(c).cloned()).collect();
+    // (the answer as `plan` predicts it: in full where a shorter accumulation's plan stood
+    // for it)
+    let settled = settle(model, base, hw, space, limit, per_outer.iter_mut().take(1).collect());
+    if let Some((b, e)) = per_outer.first().zip(evaluated.iter_mut().find(|e| per_outer.first().is_some_and(|b| b.config == e.config))) {
+        *e = b.clone();
+    }
+    Tuned { best: per_outer.first().cloned(), per_outer, evaluated, plans_built: planned.into_inner() + settled }
 }
 
 /// The kept-unit counts of outer point `o` resharding all ([`Reshard::Keep`], the third pass

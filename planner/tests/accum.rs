@@ -1,0 +1,186 @@
+//! Planning a long gradient accumulation from a short one (`tune`'s plans of many
+//! micro-batches): the schedule builder's steady state (`Plan::steady`) and what the plan of
+//! `n` micro-batches is then — the plan of `k` with micro-batch `k − 2` repeated — held
+//! against the plans of `n` themselves: their schedules and buffers, tensor peak, step time
+//! (`timeline::predict_longer`) and the caching allocator's replay.
+
+use fsdp_planner::hardware::Hardware;
+use fsdp_planner::plan::{BufferInfo, Event, Plan, ScheduleOp};
+use fsdp_planner::Options;
+use fsdp_planner::ids::{BufferId, OpId};
+use std::path::Path;
+
+fn root() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+fn model(name: &str) -> fsdp_ir::Model {
+    let p = root().join(format!("models/{name}.ron"));
+    fsdp_ir::parse_model(&std::fs::read_to_string(&p).unwrap(), name).unwrap()
+}
+
+fn hw(name: &str) -> Hardware {
+    ron::from_str(&std::fs::read_to_string(root().join(format!("models/hardware/{name}.ron"))).unwrap()).unwrap()
+}
+
+/// The schedule and buffers of `n` micro-batches as `Plan::steady` says they are: `p`'s
+/// (of k) with micro-batch k − 2 repeated n − k times, each copy's ops and buffers — and what
+/// they name from micro-batch 1 on — as many later as the copy before's, and the last
+/// micro-batch and the optimizer as many later as all the copies. (Written here from the
+/// claim, independently of the planner's code.)
+fn expand(p: &Plan, n: u32) -> (Vec<ScheduleOp>, Vec<BufferInfo>) {
+    let k = p.options.grad_accum;
+    let op_start = |m: u32| p.schedule.iter().position(|o| o.micro_batch == m).unwrap();
+    let buf_start = |m: u32| p.buffers.iter().position(|b| p.schedule[b.alloc.index()].micro_batch >= m && !(b.alloc.index() == 0 && m > 0)).unwrap();
+    let (fo, fb) = (op_start(1), buf_start(1));
+    let (t, l) = (op_start(k - 2), op_start(k - 1));
+    let (bt, bl) = (buf_start(k - 2), buf_start(k - 1));
+    let (wo, wb) = (l - t, bl - bt);
+    let mo = |x: OpId, c: usize| if x.index() >= fo { OpId::new(x.index() + c * wo) } else { x };
+    let mb = |x: BufferId, c: usize| if x.index() >= fb { BufferId::new(x.index() + c * wb) } else { x };
+    let op = |o: &ScheduleOp, c: usize| ScheduleOp {
+        id: mo(o.id, c),
+        micro_batch: o.micro_batch + c as u32,
+        deps: o.deps.iter().map(|&d| mo(d, c)).collect(),
+        events: o
+            .events
+            .iter()
+            .map(|e| match *e {
+                Event::Alloc(b) => Event::Alloc(mb(b, c)),
+                Event::Free(b) => Event::Free(mb(b, c)),
+            })
+            .collect(),
+        ..o.clone()
+    };
+    let buf = |b: &BufferInfo, c: usize| BufferInfo { id: mb(b.id, c), alloc: mo(b.alloc, c), continues: b.continues.iter().map(|&x| mb(x, c)).collect(), ..b.clone() };
+    let extra = (n - k) as usize;
+    let mut ops: Vec<ScheduleOp> = p.schedule[..l].to_vec();
+    let mut bufs: Vec<BufferInfo> = p.buffers[..bl].to_vec();
+    for c in 1..=extra {
+        ops.extend(p.schedule[t..l].iter().map(|o| op(o, c)));
+        bufs.extend(p.buffers[bt..bl].iter().map(|b| buf(b, c)));
+    }
+    ops.extend(p.schedule[l..].iter().map(|o| op(o, extra)));
+    bufs.extend(p.buffers[bl..].iter().map(|b| buf(b, extra)));
+    // (where each buffer is freed: its Free event's op)
+    for b in &mut bufs {
+        b.free = None;
+    }
+    for o in &ops {
+        for e in &o.events {
+            if let Event::Free(b) = *e {
+                bufs[b.index()].free = Some(o.id);
+            }
+        }
+    }
+    (ops, bufs)
+}
+
+fn cases() -> Vec<(&'static str, &'static str, Options)> {
+    let bf16 = fsdp_ir::DType::parse("bf16");
+    let f32 = fsdp_ir::DType::parse("f32");
+    let mp = Options { param_dtype: bf16, reduce_dtype: f32, master_dtype: f32, ..Options::default() };
+    vec![
+        ("llama-3-8b", "h100-sxm", Options { world_size: 8, batch: 1, seq: 4096, ..mp.clone() }),
+        ("llama-2-7b", "h100-96gb-500w", Options { world_size: 8, batch: 2, seq: 2048, checkpoint: vec!["LlamaDecoderLayer".into()], layout: fsdp_planner::Layout::Flat, backward_prefetch: fsdp_planner::BackwardPrefetch::Pre, ..mp.clone() }),
+        ("llama-3.1-8b", "h100-sxm", Options { world_size: 16, batch: 1, seq: 8192, checkpoint: vec!["model.layers.{0..15}=full".into(), "model.layers.{16..31}=selective-op".into()], unit_reshard: vec![("last".into(), false)], expandable_segments: true, ..mp.clone() }),
+        ("llama-3-8b", "h100-sxm", Options { world_size: 16, batch: 2, seq: 4096, checkpoint: vec!["LlamaDecoderLayer".into()], strategy: fsdp_planner::Strategy::HybridShard { shard_size: 8 }, ..mp.clone() }),
+        ("llama-3-8b", "h100-sxm", Options { world_size: 8, batch: 1, seq: 2048, device: fsdp_planner::Device::Cuda, offload: fsdp_planner::Offload::Cpu, checkpoint: vec!["LlamaDecoderLayer".into()], ..mp.clone() }),
+        ("tiny-llama", "h100-sxm", Options { world_size: 2, batch: 2, seq: 32, ..Options::default() }),
+        ("tiny-llama", "cpu", Options { world_size: 2, batch: 2, seq: 32, device: fsdp_planner::Device::Cpu, ..Options::default() }),
+        ("tiny-mixtral", "a100-80gb", Options { world_size: 2, batch: 2, seq: 32, ..mp.clone() }),
+    ]
+}
+
+/// The plans of 6 micro-batches of eight configurations (FSDP2 and FSDP1, HSDP, CPU offload,
+/// full and op-level checkpointing, kept units, expandable segments, a CPU, Mixtral, bf16 and
+/// f32) are steady, and the plans of 7, 9 and 16 are theirs with micro-batch 4 repeated: the
+/// same ops (kinds, streams, phases, dependencies, events), the same buffers (but their
+/// names and arena offsets), the same tensor peak.
+#[test]
+fn a_steady_plan_is_the_longer_one_with_its_second_to_last_micro_batch_repeated() {
+    let mut checked = 0;
+    for (name, _, opts) in cases() {
+        let m = model(name);
+        let short = fsdp_planner::plan(&m, &Options { grad_accum: 6, ..opts.clone() }).unwrap();
+        assert!(short.steady, "{name}");
+        // (fewer than 6 micro-batches are never steady: the last three starts are compared
+        // from the fourth micro-batch on)
+        assert!(!fsdp_planner::plan(&m, &Options { grad_accum: 5, ..opts.clone() }).unwrap().steady, "{name}");
+        for n in [7u32, 9, 16] {
+            let long = fsdp_planner::plan(&m, &Options { grad_accum: n, ..opts.clone() }).unwrap();
+            let (ops, bufs) = expand(&short, n);
+            assert!(ops == long.schedule, "{name}, {n} micro-batches: ops differ");
+            let bare = |b: &BufferInfo| BufferInfo { name: String::new(), offset: 0, ..b.clone() };
+            assert_eq!(bufs.len(), long.buffers.len(), "{name}, {n}");
+            assert!(bufs.iter().zip(&long.buffers).all(|(a, b)| bare(a) == bare(b)), "{name}, {n} micro-batches: buffers differ");
+            assert_eq!(short.memory.peak_bytes, long.memory.peak_bytes, "{name}, {n}");
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 24);
+}
+
+/// `timeline::predict_longer` from the plan of 6 micro-batches is the step time of the plan
+/// of 7, 9 and 16 (to 10⁻⁹: float rounding) — GPU profiles (with the CPU's launches and the
+/// collectives' slowdown of compute) and the CPU's serial streams — and it says nothing from
+/// a plan whose second-to-last micro-batch does not run as the one before.
+#[test]
+fn the_step_time_of_a_longer_accumulation_is_the_steady_plans_with_its_period_repeated() {
+    let mut checked = 0;
+    for (name, hw_name, opts) in cases() {
+        let (m, h) = (model(name), hw(hw_name));
+        let short = fsdp_planner::plan(&m, &Options { grad_accum: 6, ..opts.clone() }).unwrap();
+        let cm = fsdp_planner::cost::CostModel::new(&short, &m);
+        for n in [7u32, 9, 16] {
+            let long = fsdp_planner::plan(&m, &Options { grad_accum: n, ..opts.clone() }).unwrap();
+            let t = fsdp_planner::timeline::predict(&long, &m, &h).step_time_s;
+            let p = fsdp_planner::timeline::predict_longer(&short, &h, &cm, n).unwrap_or_else(|| panic!("{name}, {n}: not shown"));
+            assert!((p / t - 1.0).abs() < 1e-9, "{name}, {n} micro-batches: {p} s predicted from 6, {t} s planned");
+            checked += 1;
+        }
+        // (no more than it has; and one whose micro-batch 4 runs unlike micro-batch 3: an op
+        // of it made another's, longer)
+        assert_eq!(fsdp_planner::timeline::predict_longer(&short, &h, &cm, 6), None);
+        let mut broken = short.clone();
+        let t = broken.schedule.iter().position(|o| o.micro_batch == 4).unwrap();
+        let (fwd, bwd) = (broken.schedule[t..].iter().position(|o| matches!(o.kind, fsdp_planner::plan::OpKind::Forward { .. })).unwrap() + t, broken.schedule.iter().rposition(|o| o.micro_batch == 4 && matches!(o.kind, fsdp_planner::plan::OpKind::Backward { .. })).unwrap());
+        broken.schedule[fwd].kind = broken.schedule[bwd].kind.clone();
+        assert_eq!(fsdp_planner::timeline::predict_longer(&broken, &h, &cm, 9), None, "{name}");
+    }
+    assert_eq!(checked, 24);
+}
+
+/// The caching allocator's replay of the plan of `n` from the plan of 12
+/// (`reserved::predict_longer`, `needed_within_longer`): where it is shown (the replay's state
+/// repeats within the 12 micro-batches, in each step), the replay of the plan of `n` itself,
+/// every figure; a search's stop over a limit where the plan of `n`'s is. Shown for 33 of
+/// the 40 here: not for the expandable segments' case (its second step never repeats within
+/// ten micro-batches, the plan of `n`'s replay neither), nor for Llama-3-8B's first at 13
+/// and 15 (its small pool's blocks drift through the second step).
+#[test]
+fn the_allocator_replay_of_a_longer_accumulation_is_the_steady_plans_where_its_state_repeats() {
+    let (mut shown, mut checked) = (0, 0);
+    for (name, hw_name, opts) in cases() {
+        let (m, h) = (model(name), hw(hw_name));
+        let short = fsdp_planner::plan(&m, &Options { grad_accum: 12, ..opts.clone() }).unwrap();
+        for n in [13u32, 14, 15, 16, 24] {
+            let long = fsdp_planner::plan(&m, &Options { grad_accum: n, ..opts.clone() }).unwrap();
+            let full = fsdp_planner::reserved::predict(&long, &h);
+            checked += 1;
+            let Some(r) = fsdp_planner::reserved::predict_longer(&short, &h, n) else {
+                assert!(fsdp_planner::reserved::needed_within_longer(&short, &h, full.device_bytes, n).is_none(), "{name}, {n}");
+                continue;
+            };
+            assert_eq!(r, full, "{name}, {n} micro-batches");
+            let need = full.needed_bytes(&long);
+            assert_eq!(fsdp_planner::reserved::needed_within_longer(&short, &h, full.device_bytes, n), Some(Some(need)), "{name}, {n}");
+            if h.gpu.is_some() {
+                assert_eq!(fsdp_planner::reserved::needed_within_longer(&short, &h, full.device_bytes - 1, n), Some(None), "{name}, {n}");
+            }
+            shown += 1;
+        }
+        assert_eq!(fsdp_planner::reserved::predict_longer(&short, &h, 12), None);
+    }
+    assert_eq!((shown, checked), (33, 40));
+}
