@@ -235,7 +235,9 @@ pub(crate) fn model_of_plan(plan: &Plan, explicit: Option<&Path>) -> Result<Mode
 /// refused at the first line that differs, rather than run or drawn.
 pub(crate) fn verify_plan(path: &Path, plan: &Plan, model: &Model) -> Result<()> {
     let file = path.display();
-    let fresh = fsdp_planner::plan(model, &plan.options).map_err(|e| user(format!("{file}: the plan's options: {e}")))?;
+    let mut fresh = fsdp_planner::plan(model, &plan.options).map_err(|e| user(format!("{file}: the plan's options: {e}")))?;
+    // (what a plan file does not hold: whether the builder reached a steady state)
+    fresh.steady = plan.steady;
     if fresh.plan_hash != plan.plan_hash {
         bail!(UserError(format!("{file}: plan_hash {} is not the hash of its model and options ({}): edited, or compiled by another version", plan.plan_hash, fresh.plan_hash)));
     }

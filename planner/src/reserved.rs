@@ -1022,18 +1022,22 @@ fn replay_with(plan: &Plan, hw: &Hardware, steps: usize, stop: Option<u64>, skip
                     // (replayed as `accum` micro-batches: to the one that leaves as many middle
                     // ones before the last, modulo the period, as the plan of `accum` does at
                     // its jump — the state names no micro-batch, only its phase in the period)
+                    // (`None`: no jump — as more micro-batches, where the micro-batches left
+                    // after `m` are fewer than the longer plan leaves after its jump)
                     let to = match period {
-                        Some(n) if longer => (k - 1).checked_sub((accum - 1 - m) % n).filter(|&to| to >= m).unwrap_or(m),
-                        Some(n) => m + (k - 1 - m) / n * n,
-                        None => m,
+                        Some(n) if longer => (k - 1).checked_sub((accum - 1 - m) % n).filter(|&to| to >= m),
+                        Some(n) => Some(m + (k - 1 - m) / n * n).filter(|&to| to > m),
+                        None => None,
                     };
+                    let to = to.unwrap_or(m);
                     let by = (to - m) * p.shift;
                     // (a buffer and the one it passes its blocks to have as many tensors: the
                     // live ones are of micro-batches 2 on, whose buffers `periods` compared)
                     let live: Vec<usize> = if to > m { (p.bufs[1]..p.bufs[m]).filter(|&x| holds(&held, &taken, &at, x)).collect() } else { vec![] };
                     // (as more micro-batches, a period found at the micro-batch to go to
                     // jumps there too: nothing to pass on)
-                    if period.is_some() && (to > m || longer) && live.iter().all(|&x| at[x + 1] - at[x] == at[x + by + 1] - at[x + by]) {
+                    let jump = period.is_some_and(|n| to > m || longer && (accum - 1 - m) % n == k - 1 - m);
+                    if jump && live.iter().all(|&x| at[x + 1] - at[x] == at[x + by + 1] - at[x + by]) {
                         for &x in live.iter().rev() {
                             let (src, dst) = (at[x]..at[x + 1], at[x + by]..at[x + by + 1]);
                             let hs: Vec<Handle> = held[src.clone()].to_vec();
@@ -1058,7 +1062,8 @@ fn replay_with(plan: &Plan, hw: &Hardware, steps: usize, stop: Option<u64>, skip
             }
             // a request the device could not serve: the run fails there (what it would have
             // reserved is kept); the rest of the replay measures nothing
-            let shared = jumped || (op.micro_batch as usize) < k_plan - 1;
+            // (every step before this one jumped: this one started as in the plan of `accum`)
+            let shared = jumps - usize::from(jumped) == step && (jumped || (op.micro_batch as usize) < k_plan - 1);
             if a.oom {
                 valid_end = shared;
                 break 'steps;

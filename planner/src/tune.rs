@@ -491,8 +491,6 @@ pub struct Evaluator<'a> {
     given: HashMap<Outer, Option<crate::Prepared>>,
     /// Every plan with its own accumulation (no [`SHORT_ACCUM`] plan): [`settle`]'s.
     pub exact: bool,
-    /// Outer points where a shorter plan's allocator replay did not show a longer one's.
-    replay_longer_failed: std::collections::HashSet<Outer>,
 }
 
 /// Plans kept by an [`Evaluator`].
@@ -500,7 +498,7 @@ const RECENT: usize = 4;
 
 impl<'a> Evaluator<'a> {
     pub fn new(model: &'a Model, base: &'a Options, hw: &'a Hardware, space: &'a Space, limit: Limit) -> Self {
-        Evaluator { model, base, hw, space, limit, known: HashMap::new(), order: vec![], recent: vec![], planned: 0, costs: vec![], preludes: vec![], prepared: None, given: HashMap::new(), exact: false, replay_longer_failed: Default::default() }
+        Evaluator { model, base, hw, space, limit, known: HashMap::new(), order: vec![], recent: vec![], planned: 0, costs: vec![], preludes: vec![], prepared: None, given: HashMap::new(), exact: false }
     }
 
     /// How many plans were built.
@@ -686,10 +684,7 @@ impl<'a> Evaluator<'a> {
             }
         }
         let (hw, limit) = (self.hw, self.limit);
-        // (where a shorter plan's replay did not show the longer one's, it seldom does for the
-        // outer point's other configurations: the longer plan at once)
-        let full = self.replay_longer_failed.contains(&c.outer);
-        let Some(plan) = self.plan_of(c, if full { u32::MAX } else { REPLAY_ACCUM }) else { return false };
+        let Some(plan) = self.plan_of(c, REPLAY_ACCUM) else { return false };
         let shorter = Self::shorter(c, plan);
         if !host_fits(hw, ws, plan.memory.host.as_ref().map(|h| h.peak_bytes)) {
             let m = (plan.memory.peak_bytes, None, plan.memory.peak_at.clone());
@@ -709,7 +704,6 @@ impl<'a> Evaluator<'a> {
         let (needed, peak, at, shorter) = match known {
             Some((n, p)) => (n, p.memory.peak_bytes, p.memory.peak_at.clone(), shorter),
             None => {
-                self.replay_longer_failed.insert(c.outer);
                 let Some(plan) = self.plan_of(c, u32::MAX) else { return false };
                 (crate::reserved::needed_within(plan, hw, limit.bytes), plan.memory.peak_bytes, plan.memory.peak_at.clone(), false)
             }
@@ -840,24 +834,32 @@ pub fn settle(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
     let recast = crate::recast(model, base);
     let model = recast.as_ref().unwrap_or(model);
     let mut todo: Vec<&mut Eval> = evals.into_iter().filter(|e| e.proxied).collect();
-    let half = todo.len().div_ceil(2);
-    let (a, b) = todo.split_at_mut(half);
-    std::thread::scope(|s| {
-        let run = |part: &mut [&mut Eval]| {
+    // (each configuration once, on two threads)
+    let mut configs: Vec<Config> = todo.iter().map(|e| e.config).collect();
+    configs.sort();
+    configs.dedup();
+    let (a, b) = configs.split_at(configs.len().div_ceil(2));
+    let (done, planned) = std::thread::scope(|s| {
+        let run = |part: &[Config]| {
             crate::schedule::without_names(|| {
                 let mut ev = Evaluator::new(model, base, hw, space, limit);
                 ev.exact = true;
-                for e in part.iter_mut() {
-                    if let Some(x) = ev.eval(e.config) {
-                        **e = x;
-                    }
-                }
-                ev.planned()
+                let done: Vec<Eval> = part.iter().filter_map(|&c| ev.eval(c)).collect();
+                (done, ev.planned())
             })
         };
         let other = s.spawn(move || run(b));
-        run(a) + other.join().unwrap_or(0)
-    })
+        let (mut done, planned) = run(a);
+        let (more, more_planned) = other.join().unwrap_or_default();
+        done.extend(more);
+        (done, planned + more_planned)
+    });
+    for e in todo.iter_mut() {
+        if let Some(x) = done.iter().find(|x| x.config == e.config) {
+            **e = x.clone();
+        }
+    }
+    planned
 }
 
 /// Configurations in the space: per outer point, every (full, SAC) split of its units'
