@@ -186,3 +186,52 @@ fn the_allocator_replay_of_a_longer_accumulation_is_the_steady_plans_where_its_s
     }
     assert_eq!((shown, checked), (64, 80));
 }
+
+/// Every tiny model on 1, 2 and 4 ranks under ten option sets (mixed precision, checkpointing,
+/// no reshard, FSDP1, HSDP, torchtitan's 2024 loop, CPU offload, the last unit kept, bf16
+/// masters): the plan of 6 micro-batches is steady and the plan of 9 is its expansion, with
+/// its tensor peak, and `timeline::predict_longer` shows the plan of 9's step on an H100
+/// (the CPU's launches and the collectives' slowdown of compute included).
+#[test]
+fn every_tiny_configuration_is_steady_and_planned_longer_exactly() {
+    let bf16 = fsdp_ir::DType::parse("bf16");
+    let f32 = fsdp_ir::DType::parse("f32");
+    let h = hw("h100-sxm");
+    let (mut planned, mut timed) = (0, 0);
+    for name in ["tiny-llama", "tiny-llama-4l", "tiny-qwen3", "tiny-mixtral", "tiny-gpt2", "tiny-gemma3", "tiny-llama-gqa", "tiny-deepseek-v3"] {
+        let m = model(name);
+        for ws in [1u64, 2, 4] {
+            for variant in 0..10 {
+                let mut o = Options { world_size: ws, batch: 2, seq: 32, grad_accum: 6, ..Options::default() };
+                match variant {
+                    1 => (o.param_dtype, o.reduce_dtype) = (bf16, f32),
+                    2 => o.checkpoint = vec!["auto".into()],
+                    3 => o.reshard_after_forward = Some(false),
+                    4 => o.layout = fsdp_planner::Layout::Flat,
+                    5 => (o.strategy, o.param_dtype, o.reduce_dtype) = (fsdp_planner::Strategy::HybridShard { shard_size: 2 }, bf16, f32),
+                    6 => o.train_loop = fsdp_planner::options::TrainLoop::Torchtitan2024,
+                    7 => (o.offload, o.device) = (fsdp_planner::Offload::Cpu, fsdp_planner::Device::Cpu),
+                    8 => o.unit_reshard = vec![("last".into(), false)],
+                    9 => (o.param_dtype, o.reduce_dtype, o.master_dtype) = (bf16, f32, bf16),
+                    _ => {}
+                }
+                // (what the planner refuses: HSDP on one rank, …)
+                let Ok(short) = fsdp_planner::plan(&m, &o) else { continue };
+                assert!(short.steady, "{name} ws {ws} variant {variant}");
+                let long = fsdp_planner::plan(&m, &Options { grad_accum: 9, ..o.clone() }).unwrap();
+                let (ops, bufs) = expand(&short, 9);
+                let bare = |b: &BufferInfo| BufferInfo { name: String::new(), offset: 0, ..b.clone() };
+                assert!(ops == long.schedule && bufs.len() == long.buffers.len() && bufs.iter().zip(&long.buffers).all(|(a, b)| bare(a) == bare(b)), "{name} ws {ws} variant {variant}");
+                assert_eq!(short.memory.peak_bytes, long.memory.peak_bytes, "{name} ws {ws} variant {variant}");
+                let cm = fsdp_planner::cost::CostModel::new(&short, &m);
+                if let Some(t) = fsdp_planner::timeline::predict_longer(&short, &h, &cm, 9) {
+                    let want = fsdp_planner::timeline::predict(&long, &m, &h).step_time_s;
+                    assert!((t / want - 1.0).abs() < 1e-9, "{name} ws {ws} variant {variant}: {t} vs {want}");
+                    timed += 1;
+                }
+                planned += 1;
+            }
+        }
+    }
+    assert_eq!((planned, timed), (208, 208));
+}
