@@ -85,9 +85,10 @@ fn fsdp1_flat_params_stay_active_until_the_rate_limiter_waits_for_their_free() {
 /// segments, op-level SAC, HSDP, CPU offload and units kept after forward — the 8B case's
 /// reserved peak is not monotone in the micro-batches (5 reserves 2 MiB more than 4 and 6),
 /// which a skip guessing from the count rather than the state would miss (its first step
-/// alternates between two states: a period of two micro-batches). The skip must happen too:
-/// from 12 micro-batches on, at least all but seven. And a search's replay, stopped once over
-/// its limit, stops where the full replay's need is passed.
+/// alternates between two states: a period of two micro-batches), and the last case's
+/// second step repeats only every five. The skip must happen too: from 12 micro-batches on,
+/// at least all but seven (and the five-micro-batch period's, exactly). And a search's
+/// replay, stopped once over its limit, stops where the full replay's need is passed.
 #[test]
 fn skipping_repeated_micro_batches_replays_every_one_exactly() {
     let bf16 = fsdp_ir::DType::parse("bf16");
@@ -100,7 +101,12 @@ fn skipping_repeated_micro_batches_replays_every_one_exactly() {
         ("llama-3-8b", "h100-sxm", Options { world_size: 16, batch: 2, seq: 4096, checkpoint: vec!["LlamaDecoderLayer".into()], strategy: fsdp_planner::Strategy::HybridShard { shard_size: 8 }, ..mp.clone() }),
         ("llama-3-8b", "h100-sxm", Options { world_size: 8, batch: 1, seq: 2048, device: fsdp_planner::Device::Cuda, offload: fsdp_planner::Offload::Cpu, checkpoint: vec!["LlamaDecoderLayer".into()], ..mp.clone() }),
         ("tiny-llama", "h100-sxm", Options { world_size: 2, batch: 2, seq: 32, ..Options::default() }),
+        // (its second step's state repeats every five micro-batches, from the eighth)
+        ("llama-3-8b", "h100-sxm", Options { world_size: 8, batch: 2, seq: 4096, checkpoint: vec!["model.layers.{0..11}=full".into(), "model.layers.{12..31}=selective-op".into()], reshard_after_forward: Some(false), policy: fsdp_planner::Policy::parse("modules:model.embed_tokens,model.layers.*,lm_head").unwrap(), forward_prefetch: 1, backward_prefetch: fsdp_planner::BackwardPrefetch::Depth(2), ..mp.clone() }),
     ];
+    // (the last case's second step repeats every five micro-batches from the eighth: of 16,
+    // it skips 15 in all; 10 with periods of up to three looked for)
+    let long_period = cases[cases.len() - 1].clone();
     let mut checked = 0;
     for (name, hw_name, opts) in cases {
         let (m, h) = (model(name), hw(hw_name));
@@ -124,5 +130,8 @@ fn skipping_repeated_micro_batches_replays_every_one_exactly() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 96);
+    assert_eq!(checked, 112);
+    let (name, hw_name, opts) = long_period;
+    let plan = fsdp_planner::plan(&model(name), &Options { grad_accum: 16, ..opts }).unwrap();
+    assert_eq!(fsdp_planner::reserved::predict_skipping(&plan, &hw(hw_name)).2, 15);
 }
