@@ -51,9 +51,9 @@
 //! its own buffers). Where the allocator comes back to a state it was in one to eight
 //! micro-batches before — the same segments and blocks, the same blocks held by the buffers
 //! that correspond — every later period repeats it, peaks included, so the replay jumps
-//! ahead by whole periods to the last micro-batch or just before it (the held blocks passed
-//! to the buffers of as many micro-batches later). The starts of the first ten middle
-//! micro-batches are compared. Exact, not an approximation: a state that does not repeat is
+//! ahead by whole periods to within one period of the last micro-batch (the held blocks
+//! passed to the buffers of as many micro-batches later). The starts of micro-batches 2 to
+//! 11 are compared. Exact, not an approximation: a state that does not repeat is
 //! replayed in full (`tests/reserved.rs` holds the two equal for 1 to 16 micro-batches). A
 //! step of many micro-batches then costs about what the few do that it takes the state to
 //! repeat (5 to 11 on the test's cases). A steady plan ([`Plan::steady`]: the plan of more
