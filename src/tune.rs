@@ -330,11 +330,12 @@ pub(crate) fn run(a: TuneArgs) -> Result<()> {
     // two threads (their lanes, `tune::LANES_PER_THREAD` each) whatever the machine: the
     // planned set (runner-ups, Pareto front) is the same everywhere
     let threads = 2;
-    let Tuned { best, mut per_outer, evaluated, mut plans_built } = tune::search(&model, &base, &hw, &space, limit, threads, &progress);
+    let Tuned { best, mut per_outer, mut evaluated, mut plans_built } = tune::search(&model, &base, &hw, &space, limit, threads, &progress);
     // what is shown as `plan` predicts it (planned in full where a search planned fewer
-    // micro-batches for it: `tune::SHORT_ACCUM`)
-    let mut pareto = tune::pareto(&evaluated);
-    plans_built += tune::settle(&model, &base, &hw, &space, limit, per_outer.iter_mut().skip(1).take(a.top).chain(pareto.iter_mut()).collect());
+    // micro-batches for it, `tune::SHORT_ACCUM`, and whatever ties with it)
+    plans_built += tune::settle_first(&model, &base, &hw, &space, limit, &mut per_outer, 1 + a.top);
+    let (pareto, settled) = tune::settled_pareto(&model, &base, &hw, &space, limit, &mut evaluated);
+    plans_built += settled;
     let elapsed = t0.elapsed().as_secs_f64();
     let best_plan = match &best {
         Some(b) => Some(fsdp_planner::plan(&model, &tune::options(&base, &space, &b.config)).map_err(user)?),

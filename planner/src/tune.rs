@@ -70,7 +70,8 @@
 //! [`REPLAY_ACCUM`], where those plans show the long one's figures (exactly:
 //! [`crate::plan::Plan::steady`], [`timeline::predict_longer`],
 //! [`crate::reserved::needed_within_longer`]), else from its own; what a search shows is
-//! planned in full ([`settle`]).
+//! planned in full ([`settle`]), with whatever ties with it to within float rounding
+//! ([`settle_first`], [`settled_pareto`]).
 //!
 //! Unit groups are searched along each family of outer points (the same choices but the
 //! group) from one block per unit up, larger groups only while they make the step without
@@ -1358,12 +1359,54 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
     let by_config: HashMap<Config, Eval> = evaluated.iter().map(|e| (e.config, e.clone())).collect();
     let mut per_outer: Vec<Eval> = per_outer.iter().filter_map(|(_, c)| by_config.get(c).cloned()).collect();
     // (the answer as `plan` predicts it: in full where a shorter accumulation's plan stood
-    // for it)
-    let settled = settle(model, base, hw, space, limit, per_outer.iter_mut().take(1).collect());
-    if let Some((b, e)) = per_outer.first().zip(evaluated.iter_mut().find(|e| per_outer.first().is_some_and(|b| b.config == e.config))) {
-        *e = b.clone();
+    // for it, and so whatever ties with it)
+    let settled = settle_first(model, base, hw, space, limit, &mut per_outer, 1);
+    for b in per_outer.iter().filter(|b| !b.proxied) {
+        if let Some(e) = evaluated.iter_mut().find(|e| e.proxied && e.config == b.config) {
+            *e = b.clone();
+        }
     }
     Tuned { best: per_outer.first().cloned(), per_outer, evaluated, plans_built: planned.into_inner() + settled }
+}
+
+/// Relative difference of step times within which a time from a shorter accumulation's plan
+/// ([`SHORT_ACCUM`]) may tie with another: float rounding (at most 10⁻¹² in the tests'
+/// cases).
+const TIE: f64 = 1e-9;
+
+fn ties(a: f64, b: f64) -> bool {
+    (a - b).abs() <= TIE * a.abs().max(b.abs())
+}
+
+/// Plans in full ([`settle`]) the first `n` of `per_outer` (fastest first, as a search
+/// returns it) and every configuration whose time ties with one of them, and sorts it again:
+/// the first `n` are then in the order, and of the configurations, that full plans give
+/// (configurations whose full plans tie exactly are taken in their order). The plans built.
+pub fn settle_first(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit: Limit, per_outer: &mut [Eval], n: usize) -> usize {
+    let firsts: Vec<f64> = per_outer.iter().take(n).map(|e| e.step_time_s).collect();
+    let near: Vec<&mut Eval> = per_outer.iter_mut().enumerate().filter(|(i, e)| *i < n || firsts.iter().any(|&t| ties(t, e.step_time_s))).map(|(_, e)| e).collect();
+    let planned = settle(model, base, hw, space, limit, near);
+    per_outer.sort_by(|a, b| a.step_time_s.total_cmp(&b.step_time_s).then(a.config.cmp(&b.config)));
+    planned
+}
+
+/// [`pareto`] of `evals` as full plans give it: its members, and every configuration whose
+/// tokens/s ties with one of them, planned in full ([`settle`]) before the front is taken
+/// again (a configuration that does not tie with the front cannot enter or leave it by float
+/// rounding). `evals` gets the full plans' figures. The front, and the plans built.
+pub fn settled_pareto(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit: Limit, evals: &mut [Eval]) -> (Vec<Eval>, usize) {
+    let mut planned = 0;
+    // (a front that settling changes is settled again; a configuration the planner refuses
+    // in full stays as it was: a few rounds)
+    for _ in 0..3 {
+        let front = pareto(evals);
+        let near: Vec<&mut Eval> = evals.iter_mut().filter(|e| e.proxied && (front.iter().any(|f| ties(f.tokens_per_s_per_gpu, e.tokens_per_s_per_gpu)))).collect();
+        if near.is_empty() {
+            break;
+        }
+        planned += settle(model, base, hw, space, limit, near);
+    }
+    (pareto(evals), planned)
 }
 
 /// The kept-unit counts of outer point `o` resharding all ([`Reshard::Keep`], the third pass

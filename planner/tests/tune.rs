@@ -190,6 +190,22 @@ fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator
     for bytes in limits {
         let limit = Limit { bytes, reserve: if allocator { None } else { Some(0) } };
         let tuned = tune::search(&m, &base, &h, &space, limit, 2, &|_, _, _| {});
+        // the Pareto front `tune` prints (what ties with it to float rounding planned in
+        // full) is the front of its evaluations as brute force planned them in full
+        let mut settled = tuned.evaluated.clone();
+        let (front, _) = tune::settled_pareto(&m, &base, &h, &space, limit, &mut settled);
+        let exact: Vec<tune::Eval> = tuned
+            .evaluated
+            .iter()
+            .map(|e| {
+                let (f, sc) = (e.config.full as usize, e.config.sac as usize);
+                let modes: Vec<u8> = (0..space.blocks.len()).map(|i| if i < f { 1 } else if i < f + sc { 2 } else { 0 }).collect();
+                let x = all.iter().find(|x| x.0 == e.config.outer && x.1 == modes).unwrap();
+                tune::Eval { step_time_s: x.4, tokens_per_s_per_gpu: e.tokens_per_s_per_gpu * e.step_time_s / x.4, ..e.clone() }
+            })
+            .collect();
+        let configs = |v: &[tune::Eval]| v.iter().map(|e| e.config).collect::<Vec<_>>();
+        assert_eq!(configs(&front), configs(&tune::pareto(&exact)), "{name} limit {bytes}");
         // every configuration tune evaluated — planned from units, schedule preludes and cost
         // models it made once for many — is what planning it from scratch gives
         for e in &tuned.evaluated {
