@@ -187,6 +187,12 @@ fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator
     // and held to the 0.5%)
     let tolerance = if keep { tune::KEEP_TOLERANCE + SAVING_SLACK } else { 0.005 };
     let (mut checked, mut kept_best, mut proxied) = (0, 0, 0);
+    // (brute force's point of a configuration tune evaluated)
+    let point = |c: &Config| {
+        let (f, sc) = (c.full as usize, c.sac as usize);
+        let modes: Vec<u8> = (0..space.blocks.len()).map(|i| if i < f { 1 } else if i < f + sc { 2 } else { 0 }).collect();
+        all.iter().find(|x| x.0 == c.outer && x.1 == modes).unwrap()
+    };
     for bytes in limits {
         let limit = Limit { bytes, reserve: if allocator { None } else { Some(0) } };
         let tuned = tune::search(&m, &base, &h, &space, limit, 2, &|_, _, _| {});
@@ -198,9 +204,7 @@ fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator
             .evaluated
             .iter()
             .map(|e| {
-                let (f, sc) = (e.config.full as usize, e.config.sac as usize);
-                let modes: Vec<u8> = (0..space.blocks.len()).map(|i| if i < f { 1 } else if i < f + sc { 2 } else { 0 }).collect();
-                let x = all.iter().find(|x| x.0 == e.config.outer && x.1 == modes).unwrap();
+                let x = point(&e.config);
                 tune::Eval { step_time_s: x.4, tokens_per_s_per_gpu: e.tokens_per_s_per_gpu * e.step_time_s / x.4, ..e.clone() }
             })
             .collect();
@@ -209,9 +213,7 @@ fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator
         // every configuration tune evaluated — planned from units, schedule preludes and cost
         // models it made once for many — is what planning it from scratch gives
         for e in &tuned.evaluated {
-            let (f, sc) = (e.config.full as usize, e.config.sac as usize);
-            let modes: Vec<u8> = (0..space.blocks.len()).map(|i| if i < f { 1 } else if i < f + sc { 2 } else { 0 }).collect();
-            let x = all.iter().find(|x| x.0 == e.config.outer && x.1 == modes).unwrap();
+            let x = point(&e.config);
             // (timed from a plan of fewer micro-batches: to float rounding, `tune::SHORT_ACCUM`)
             if e.proxied {
                 assert!(e.peak_bytes == x.2 && (e.step_time_s / x.4 - 1.0).abs() < 1e-9, "{name} {:?}: {} B, {} s vs {} B, {} s", e.config, e.peak_bytes, e.step_time_s, x.2, x.4);
