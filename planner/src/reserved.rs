@@ -1026,20 +1026,19 @@ fn replay_with(plan: &Plan, hw: &Hardware, steps: usize, stop: Option<u64>, skip
                     // its jump — the state names no micro-batch, only its phase in the period)
                     // (`None`: no jump — as more micro-batches, where the micro-batches left
                     // after `m` are fewer than the longer plan leaves after its jump)
-                    let to = match period {
+                    // (as more micro-batches, a period found at the micro-batch to go to
+                    // jumps there too: nothing to pass on)
+                    let target = match period {
                         Some(n) if longer => (k - 1).checked_sub((accum - 1 - m) % n).filter(|&to| to >= m),
                         Some(n) => Some(m + (k - 1 - m) / n * n).filter(|&to| to > m),
                         None => None,
                     };
-                    let to = to.unwrap_or(m);
+                    let to = target.unwrap_or(m);
                     let by = (to - m) * p.shift;
                     // (a buffer and the one it passes its blocks to have as many tensors: the
                     // live ones are of micro-batches 2 on, whose buffers `periods` compared)
                     let live: Vec<usize> = if to > m { (p.bufs[1]..p.bufs[m]).filter(|&x| holds(&held, &taken, &at, x)).collect() } else { vec![] };
-                    // (as more micro-batches, a period found at the micro-batch to go to
-                    // jumps there too: nothing to pass on)
-                    let jump = period.is_some_and(|n| to > m || longer && (accum - 1 - m) % n == k - 1 - m);
-                    if jump && live.iter().all(|&x| at[x + 1] - at[x] == at[x + by + 1] - at[x + by]) {
+                    if target.is_some() && live.iter().all(|&x| at[x + 1] - at[x] == at[x + by + 1] - at[x + by]) {
                         for &x in live.iter().rev() {
                             let (src, dst) = (at[x]..at[x + 1], at[x + by]..at[x + by + 1]);
                             let hs: Vec<Handle> = held[src.clone()].to_vec();
