@@ -9,11 +9,13 @@ use fsdp_planner::tune::{self, Limit};
 #[path = "scenario.rs"]
 mod scenario;
 
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+// (the binary's allocator and its options)
+#[path = "../src/allocator.rs"]
+mod allocator;
 use std::time::Instant;
 
 fn main() {
+    allocator::no_huge_pages();
     let hw = scenario::h100();
     // (Llama-3.1-405B at seq 4096, as the table's history has it: at 8192 nothing fit an 80 GB
     // H100 until the embeddings and the head were searched as units of their own; the last

@@ -20,13 +20,15 @@ use std::collections::BTreeSet;
 #[path = "scenario.rs"]
 mod scenario;
 
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+// (the binary's allocator and its options)
+#[path = "../src/allocator.rs"]
+mod allocator;
 
 /// What brute force learns of one configuration: (step time, tokens/s/GPU, fits).
 type Point = (Config, Option<(f64, f64, bool)>);
 
 fn main() {
+    allocator::no_huge_pages();
     let hw = scenario::h100();
     let full = std::env::args().any(|a| a == "--bench");
     // (model, world size, global batch, seq, the limit: the device's judged by the allocator

@@ -2,11 +2,7 @@
 //! (one per command); a user error exits with code 2, a training run stopped by a
 //! non-finite loss with 3, any other failure with 1.
 
-/// mimalloc: planning allocates and drops many small buffers (names, events); `tune`
-/// builds thousands of plans.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
+mod allocator;
 mod calibrate;
 mod cli;
 mod compile;

@@ -115,6 +115,7 @@ fn combinations(a: &SweepArgs) -> Vec<Each> {
 }
 
 pub(crate) fn sweep(a: &SweepArgs) -> Result<()> {
+    crate::allocator::no_huge_pages();
     let model = load_model(&a.model)?;
     let hw = a.hw.load()?;
     let limit = match &a.memory_limit {

@@ -282,6 +282,7 @@ fn suggestions(model: &fsdp_ir::Model, base: &Options, hw: &Hardware, space: &Sp
 }
 
 pub(crate) fn run(a: TuneArgs) -> Result<()> {
+    crate::allocator::no_huge_pages();
     let t0 = Instant::now();
     let model = load_model(&a.model)?;
     let hw = a.hw.load()?;
@@ -446,6 +447,7 @@ pub(crate) struct FitArgs {
 /// `fit`: the largest micro-batch (or sequence) that fits, by bisection (memory grows with
 /// both), and the global batches gradient accumulation makes of it.
 pub(crate) fn fit(a: FitArgs) -> Result<()> {
+    crate::allocator::no_huge_pages();
     let model = load_model(&a.model)?;
     let hw = a.hw.load()?;
     let base = options(&a.o, &a.o.policy, &model).map_err(user)?;
