@@ -68,7 +68,7 @@ fn compute_by_kind(plan: &fsdp_planner::Plan, model: &fsdp_ir::Model, t: &fsdp_p
     for span in t.ops.iter().filter(|s| s.stream == fsdp_planner::plan::Stream::Compute) {
         let Some(op) = plan.schedule.get(span.op.index()) else { continue };
         let slot = match &op.kind {
-            S::Forward { op, .. } | S::Recompute { op, .. } | S::Backward { op, .. } => match kinds.get(op.as_str()) {
+            S::Forward { op, .. } | S::Recompute { op, .. } | S::Backward { op, .. } => match kinds.get(&**op) {
                 Some(fsdp_ir::OpKind::Linear { .. } | fsdp_ir::OpKind::Experts { .. }) => 0,
                 Some(fsdp_ir::OpKind::Attention { .. }) => 1,
                 _ => 3,

@@ -37,7 +37,7 @@ fn classes(plan: &Plan, model: &Model) -> Vec<Class> {
     plan.schedule
         .iter()
         .map(|o| match &o.kind {
-            OpKind::Forward { op, .. } | OpKind::Backward { op, .. } | OpKind::Recompute { op, .. } if ops.contains(op.as_str()) => Class::Compute,
+            OpKind::Forward { op, .. } | OpKind::Backward { op, .. } | OpKind::Recompute { op, .. } if ops.contains(&**op) => Class::Compute,
             OpKind::AllGather { .. } | OpKind::ReduceScatter { .. } | OpKind::AllReduce { .. } => Class::Comm,
             // memory copies: the optimizer's element-wise kernels, FSDP2's copy-out
             OpKind::OptimizerStep { .. } | OpKind::CopyOut { .. } => Class::Compute,

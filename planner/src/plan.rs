@@ -91,6 +91,11 @@ pub enum Group {
     PostForward,
 }
 
+/// A model op's name in a schedule op: shared (an op of every micro-batch and its recompute
+/// name the same model op; a plan has tens of thousands of them, `tune` builds thousands of
+/// plans).
+pub type OpName = std::sync::Arc<str>;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum OpKind {
     /// Persistent state of the step: sharded params, optimizer state, buffers, inputs.
@@ -99,18 +104,18 @@ pub enum OpKind {
     AllGather { unit: UnitId, numel: u64, dtype: DType, group: Group, prefetch: bool },
     /// Wait for the all-gather and copy out into the unsharded params.
     CopyOut { unit: UnitId },
-    Forward { op: String, unit: UnitId },
+    Forward { op: OpName, unit: UnitId },
     /// An op of a checkpointed region run again before its backward. `cached`: FSDP2 does
     /// not run it (selective AC serves its kept output; the early stop ends the recompute
     /// before it): it takes no time and allocates nothing; it stands in the schedule for our
     /// runtime, which rebuilds the op's autograd node there.
     Recompute {
-        op: String,
+        op: OpName,
         unit: UnitId,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         cached: bool,
     },
-    Backward { op: String, unit: UnitId },
+    Backward { op: OpName, unit: UnitId },
     /// Free the unsharded params (reshard).
     Reshard { unit: UnitId },
     /// Reduce-scatter the unit's gradients (`numel` = the unsharded, padded input).

@@ -100,6 +100,8 @@ struct B<'a> {
     unit_params: &'a [Vec<usize>],
     /// Per model op, its params that have an owner: (primary param index, owning unit).
     op_params: &'a [Vec<(usize, UnitId)>],
+    /// Each model op's name ([`Prelude`]'s).
+    op_names: &'a [OpName],
     device: Device,
     /// Per model op: a checkpointed op whose outputs selective AC keeps from the forward
     /// (the recompute is served them from its cache, without running the op).
@@ -199,6 +201,7 @@ impl B<'_> {
             chains: _,
             unit_params: _,
             op_params: _,
+            op_names: _,
             device: _,
             f8_linear: _,
             loss: _,
@@ -1006,6 +1009,8 @@ pub struct Prelude {
     loss: Option<(usize, u64)>,
     /// Per op, the modules on its path (indices in the module list), innermost first.
     ancestors: Vec<Vec<usize>>,
+    /// Each op's name, shared by the schedule ops that run it.
+    op_names: Vec<OpName>,
 }
 
 impl Prelude {
@@ -1023,6 +1028,7 @@ impl Prelude {
         let owner: HashMap<&str, UnitId> = units.iter().flat_map(|u| u.params.iter().map(move |p| (p.name.as_str(), u.id))).collect();
         let ancestors = op_ancestors(model);
         Prelude {
+            op_names: model.ops.iter().map(|o| OpName::from(o.name.as_str())).collect(),
             unit_modules: std::mem::take(&mut cx.unit_modules),
             unit_params: units.iter().map(|u| u.params.iter().filter_map(|p| param_index.get(p.name.as_str()).copied()).collect()).collect(),
             op_params: model
@@ -1274,6 +1280,7 @@ pub fn build_with(pre: &Prelude, model: &Model, opts: &Options, units: &[Unit], 
         chains: &pre.chains,
         unit_params: &pre.unit_params,
         op_params: &pre.op_params,
+        op_names: &pre.op_names,
         device: opts.device,
         sac: sac_saved(model, opts, &region, &modes, attn),
         sac_region: region.iter().map(|r| r.is_some_and(|r| modes.get(&r) == Some(&crate::options::AcMode::SelectiveOp))).collect(),
@@ -1549,7 +1556,7 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
         let dep = b.last_ag_op[unit_of_op[i].index()].into_iter().collect();
         b.op(
             OpKind::Forward {
-                op: op.name.clone(),
+                op: b.op_names[i].clone(),
                 unit: unit_of_op[i],
             },
             Stream::Compute,
@@ -2266,7 +2273,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                     let inside = !un.is_root() && std::iter::once(&un.module).chain(&un.group).any(|umod| (own && umod == rpath) || umod.strip_prefix(rpath).is_some_and(|x| x.starts_with('.')));
                     let category = if inside { Category::Activation } else { Category::Temp };
                     if b.sac[j] || stops_before {
-                        b.op(OpKind::Recompute { op: oj.name.clone(), unit: u, cached: true }, Stream::Compute, vec![]);
+                        b.op(OpKind::Recompute { op: b.op_names[j].clone(), unit: u, cached: true }, Stream::Compute, vec![]);
                         // a float8 linear's casts run again (they are not GEMMs): only its
                         // `torch.mm` output, and the casts' abs and max, come from SAC's cache
                         if b.sac[j] && !stops_before && !mems[j].fwd_chain.is_empty() {
@@ -2290,7 +2297,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                         // reshard in backward
                         b.unshard(u, false);
                         b.wait(u);
-                        b.op(OpKind::Recompute { op: oj.name.clone(), unit: u, cached: false }, Stream::Compute, vec![]);
+                        b.op(OpKind::Recompute { op: b.op_names[j].clone(), unit: u, cached: false }, Stream::Compute, vec![]);
                         if !mems[j].fwd_chain.is_empty() && out_buf[j].is_none() {
                             out_buf[j] = forward_chain(b, j, &oj.name, &mems[j], " (recomputed)", category, ChainRun::Recompute { cached: false });
                         } else if let Some(o) = mems[j].out {
@@ -2360,7 +2367,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
             }
         }
         let dep = b.last_ag_op[unit_of_op[i].index()].into_iter().collect();
-        b.op(OpKind::Backward { op: op.name.clone(), unit: unit_of_op[i] }, Stream::Compute, dep);
+        b.op(OpKind::Backward { op: b.op_names[i].clone(), unit: unit_of_op[i] }, Stream::Compute, dep);
         join_split(b, tz, mems, &mut grad, &mut grad_refs, i);
         // inputs a composite op's node let go of before its end ([`Step::ReleaseInput`])
         let mut released_early: Vec<usize> = vec![];

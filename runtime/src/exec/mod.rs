@@ -556,7 +556,7 @@ fn run_step(
         .schedule
         .iter()
         .filter_map(|s| match &s.kind {
-            OpKind::Recompute { op, .. } => Some(op.as_str()),
+            OpKind::Recompute { op, .. } => Some(&**op),
             _ => None,
         })
         .collect();
@@ -911,14 +911,14 @@ fn run_step(
                 resident[u] = false;
             }
             OpKind::Forward { op, .. } | OpKind::Recompute { op, .. } => {
-                let Some(o) = ops.get(op.as_str()) else {
-                    if op == "post-forward" {
+                let Some(o) = ops.get(&**op) else {
+                    if &**op == "post-forward" {
                         last_fwd_ag = None;
                     }
                     continue;
                 };
                 let is_recompute = matches!(sop.kind, OpKind::Recompute { .. });
-                let grad_on = is_recompute || !recomputed.contains(op.as_str());
+                let grad_on = is_recompute || !recomputed.contains(&**op);
                 // inputs and params enter through boundaries, so this op's backward can run
                 // on its own piece of the graph (and a value a checkpointed forward computed
                 // without grad still collects the gradient for its producer's backward)
@@ -995,7 +995,7 @@ fn run_step(
                 }
             }
             OpKind::Backward { op, .. } => {
-                let Some(o) = ops.get(op.as_str()) else { continue };
+                let Some(o) = ops.get(&**op) else { continue };
                 let ins = in_edges.remove(&o.name).unwrap_or_default();
                 let pes = param_edges.remove(&o.name).unwrap_or_default();
                 let Some(root) = out_edge.remove(&o.name) else { continue };
