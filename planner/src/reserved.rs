@@ -53,7 +53,12 @@
 //! that correspond — every later period repeats it, peaks included, so the replay jumps
 //! ahead by whole periods to within one period of the last micro-batch (the held blocks
 //! passed to the buffers of as many micro-batches later). The starts of micro-batches 2 to
-//! 11 are compared. Exact, not an approximation: a state that does not repeat is
+//! 11 are compared. Where only the large pools' part repeats — the small pools' blocks
+//! drifting through the cache (a 512-byte activation placed 512 bytes lower at each
+//! micro-batch) — the jump replays the skipped micro-batches' small requests alone
+//! ([`small_jump`]; the two kinds of pool share nothing but the device's capacity, and the
+//! jump is taken only where no segment is made or released), itself jumping once the small
+//! pools' state repeats. Exact, not an approximation: a state that does not repeat is
 //! replayed in full (`tests/reserved.rs` holds the two equal for 1 to 16 micro-batches). A
 //! step of many micro-batches then costs about what the few do that it takes the state to
 //! repeat (5 to 11 on the test's cases). A steady plan ([`Plan::steady`]: the plan of more
@@ -156,6 +161,7 @@ struct Block {
 
 /// A segment: its first and last block. An expandable segment's `mapped` bytes grow in
 /// pages; a fixed one is `mapped` bytes from its creation.
+#[derive(Clone)]
 struct Segment {
     pool: PoolKey,
     first: u32,
@@ -170,6 +176,7 @@ struct Segment {
 /// A handed-out block: its index in [`Allocator::blocks`].
 type Handle = u32;
 
+#[derive(Clone)]
 struct Allocator {
     expandable: bool,
     capacity: u64,
@@ -190,6 +197,8 @@ struct Allocator {
     /// What the allocator would have reserved to serve the first request it could not (the
     /// cache released): more than the device has.
     oom_need: u64,
+    /// How many times it released what it had cached ([`Allocator::release_cached`]).
+    releases: u64,
 }
 
 /// The free blocks: per pool, in buckets by size (four per power of two of the size in
@@ -201,7 +210,7 @@ struct Allocator {
 /// ~9 sizes in its pool, ~3 in its bucket — up to ~280 blocks — on the README's 8B search;
 /// there the buckets took 11.5 G instructions, sorted per-size lists 13.0 G, one unsorted
 /// list per pool 15.1 G.)
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct FreeSet {
     pools: [FreePool; 16],
 }
@@ -209,7 +218,7 @@ struct FreeSet {
 /// Buckets: sizes of 0–3 units one each, then four per power of two up to 2³⁴ units.
 const BUCKETS: usize = 4 + 33 * 4;
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct FreePool {
     /// Empty until the pool's first free block.
     buckets: Vec<Vec<(u128, u32)>>,
@@ -331,6 +340,7 @@ impl Allocator {
             max_active: 0,
             oom: false,
             oom_need: 0,
+            releases: 0,
         }
     }
 
@@ -450,6 +460,7 @@ impl Allocator {
     /// Releases what is cached and unused: fixed segments that are one free block, and the
     /// free tails of expandable segments (unmapped page by page).
     fn release_cached(&mut self) {
+        self.releases += 1;
         for s in 0..self.segments.len() {
             let seg = &self.segments[s];
             if seg.released {
@@ -807,9 +818,237 @@ fn periods(plan: &Plan, sizes: &[u64], at: &[usize], continued: &[bool], stream_
     Some(Periods { ops, bufs, shift })
 }
 
+/// What the replay reads of a plan beside its schedule: [`Periods`], each buffer's tensors'
+/// sizes (`sizes[at[x]..at[x + 1]]`), whether another buffer continues it, the stream its
+/// blocks come from.
+struct Replayed<'a> {
+    plan: &'a Plan,
+    periods: &'a Periods,
+    sizes: &'a [u64],
+    continued: &'a [bool],
+    stream_of: &'a dyn Fn(&BufferInfo) -> u8,
+}
+
+/// The blocks the buffers hold in the replay: their tensors' (`held[at[x]..at[x + 1]]`), and
+/// those of the buffers they continue (`taken[x]`).
+#[derive(Clone, Copy)]
+struct Holding<'a> {
+    held: &'a [Handle],
+    taken: &'a [Vec<Handle>],
+    at: &'a [usize],
+}
+
 /// Whether buffer `x` holds blocks: its tensors' own, or those it continues.
 fn holds(held: &[Handle], taken: &[Vec<Handle>], at: &[usize], x: usize) -> bool {
     held[at[x]..at[x + 1]].iter().any(|&h| h != NONE) || !taken[x].is_empty()
+}
+
+/// A buffer in [`small_jump`]'s replay: by its distance from the first replayed micro-batch's
+/// first buffer, in the frame of the micro-batch replayed (`Err`: a persistent one, by id).
+type SmallKey = Result<i64, usize>;
+/// The small blocks a buffer holds: by slot (`NONE`: none or a large one), and those it holds
+/// for the buffers it continues.
+type SmallHeld = (Vec<Handle>, Vec<Handle>);
+type SmallLive = rustc_hash::FxHashMap<SmallKey, SmallHeld>;
+
+/// The small pools' state in [`small_jump`]'s replay, `frame` on (its micro-batch's buffers'
+/// keys are `frame` more than the first's): the active bytes, the small segments' blocks, and
+/// the small blocks each buffer holds (where), by its distance from the frame.
+fn small_state(b: &Allocator, live: &SmallLive, frame: i64) -> Vec<u64> {
+    let mut v = vec![b.active];
+    for (i, s) in b.segments.iter().enumerate().filter(|(_, s)| s.pool.1 && !s.released) {
+        v.extend([i as u64, u64::from(s.pool.0), s.mapped]);
+        let mut x = s.first;
+        while x != NONE {
+            let bl = &b.blocks[x as usize];
+            v.extend([bl.off, bl.size, u64::from(bl.free)]);
+            x = bl.next;
+        }
+    }
+    let place = |h: Handle| if h == NONE { u64::MAX } else { address(b.blocks[h as usize].seg, b.blocks[h as usize].off) };
+    let mut keys: Vec<(SmallKey, &SmallHeld)> = live.iter().map(|(k, e)| (k.map(|d| d - frame), e)).collect();
+    keys.sort_unstable_by_key(|&(k, _)| k);
+    for (k, (hs, ts)) in keys {
+        v.extend(match k {
+            Ok(d) => [0, d as u64],
+            Err(x) => [1, x as u64],
+        });
+        v.extend(hs.iter().map(|&h| place(h)));
+        v.push(ts.len() as u64);
+        v.extend(ts.iter().map(|&h| place(h)));
+    }
+    v
+}
+
+/// What a jump that replays the small pools leaves ([`small_jump`]): the allocator, and the
+/// small blocks held where the jump lands — per buffer, its tensors' (by slot) and those it
+/// holds for the buffers it continues.
+struct SmallJump {
+    alloc: Allocator,
+    held: Vec<(usize, Vec<Handle>, Vec<Handle>)>,
+    /// The buffers whose small blocks the jump replaced (those it holds come from `held`).
+    replaced: Vec<usize>,
+}
+
+/// A jump of `j` micro-batches from micro-batch `m` (to the plan's micro-batch `to`) where
+/// only the large pools' state repeated ([`state_at`]'s `large_only`): the small pools'
+/// requests of the `j` micro-batches replayed, each micro-batch `m`'s with its buffers as
+/// many micro-batches on — the small pools' blocks drift through the cache where the large
+/// ones repeat (a 512-byte activation of Llama-3-8B placed 512 bytes lower at each
+/// micro-batch).
+///
+/// The pools share nothing but the device's capacity (a request of one pool never takes a
+/// block of the other), and this holds only where that is not read: no segment made or cache
+/// released in the replayed requests, as none were between the two starts compared (the
+/// same reserved bytes and releases). Then the large pools go through the `j` micro-batches
+/// as they went through the last period, and the small ones hold as many bytes at each
+/// request as there (a small block is its request rounded: what is left of a free block is
+/// split off from 512 bytes on, and sizes are multiples of 512), so the reserved and active
+/// peaks are the period's, already counted. `None` where any of it fails.
+fn small_jump(a: &Allocator, rp: &Replayed, h: Holding, m: usize, to: usize, j: usize) -> Option<SmallJump> {
+    let (Replayed { plan, periods: p, sizes, continued, stream_of }, Holding { held, taken, at }) = (rp, h);
+    let small = |h: Handle| a.blocks.get(h as usize).is_some_and(|b| a.segments[b.seg].pool.1);
+    let (first, base, shift) = (p.bufs[1] as i64, p.bufs[m] as i64, p.shift as i64);
+    // a buffer by its distance from micro-batch m's first, in the frame of the r-th
+    // micro-batch replayed (persistent ones, before micro-batch 1's, by id: `Err`)
+    let key = |x: usize, r: usize| if (x as i64) < first { Err(x) } else { Ok(x as i64 - base + r as i64 * shift) };
+    // its small blocks: by slot, and those it holds for the buffers it continues
+    let load = |x: usize| (held[at[x]..at[x + 1]].iter().map(|&h| if h != NONE && small(h) { h } else { NONE }).collect::<Vec<_>>(), taken[x].iter().copied().filter(|&h| small(h)).collect::<Vec<_>>());
+    let mut live: SmallLive = Default::default();
+    let mut replaced = vec![];
+    for x in p.bufs[1]..p.bufs[m] {
+        if holds(held, taken, at, x) {
+            replaced.push(x);
+            let got = load(x);
+            if got.0.iter().any(|&h| h != NONE) || !got.1.is_empty() {
+                live.insert(key(x, 0), got);
+            }
+        }
+    }
+    // what the small pools see of the replayed micro-batch: a buffer's small tensors (by
+    // slot) allocated, the blocks of those a buffer continues taken, a buffer freed (one of
+    // the micro-batch's own only if it takes part)
+    enum Ev {
+        Alloc(usize, u8, Vec<(usize, u64)>),
+        Take(usize, Vec<usize>),
+        Free(usize),
+    }
+    let own = p.bufs[m]..p.bufs[m + 1];
+    let mut part = vec![false; own.len()];
+    let mut evs = vec![];
+    for op in &plan.schedule[p.ops[m]..p.ops[m + 1]] {
+        for e in &op.events {
+            match *e {
+                Event::Alloc(x) => {
+                    let (x, buf) = (x.index(), &plan.buffers[x.index()]);
+                    if !buf.continues.is_empty() {
+                        evs.push(Ev::Take(x, buf.continues.iter().map(|c| c.index()).collect()));
+                    } else {
+                        let slots: Vec<(usize, u64)> = sizes[at[x]..at[x + 1]].iter().enumerate().filter(|&(_, &t)| round_size(t) <= SMALL_SIZE).map(|(i, &t)| (i, t)).collect();
+                        if slots.is_empty() {
+                            continue;
+                        }
+                        evs.push(Ev::Alloc(x, stream_of(buf), slots));
+                    }
+                    if own.contains(&x) {
+                        part[x - own.start] = true;
+                    }
+                }
+                Event::Free(x) => {
+                    let x = x.index();
+                    // (a buffer continued into another is freed as that one)
+                    let nothing = continued[x] || (own.contains(&x) && !part[x - own.start]);
+                    if !nothing {
+                        evs.push(Ev::Free(x));
+                    }
+                }
+            }
+        }
+    }
+    let mut b = a.clone();
+    // (the small pools' states where the last replayed micro-batches ended: where one
+    // repeats, the replay jumps ahead by whole periods as [`replay_with`] does)
+    let mut seen: Vec<(usize, Vec<u64>)> = vec![];
+    let mut r = 0;
+    while r < j {
+        for e in &evs {
+            match *e {
+                Ev::Alloc(x, st, ref slots) => {
+                    let mut got = (vec![NONE; at[x + 1] - at[x]], vec![]);
+                    for &(i, t) in slots {
+                        got.0[i] = b.malloc(st, t)?.0;
+                    }
+                    live.insert(key(x, r), got);
+                }
+                Ev::Take(x, ref continues) => {
+                    let mut got = (vec![NONE; at[x + 1] - at[x]], vec![]);
+                    for &c in continues {
+                        if c < p.bufs[1] && !live.contains_key(&key(c, r)) {
+                            replaced.push(c);
+                            live.insert(key(c, r), load(c));
+                        }
+                        if let Some(e) = live.get_mut(&key(c, r)) {
+                            got.1.extend(e.0.iter().copied().filter(|&h| h != NONE));
+                            e.0.fill(NONE);
+                            got.1.append(&mut e.1);
+                        }
+                    }
+                    if !got.1.is_empty() {
+                        live.insert(key(x, r), got);
+                    }
+                }
+                Ev::Free(x) => {
+                    if x < p.bufs[1] && !live.contains_key(&key(x, r)) {
+                        replaced.push(x);
+                        live.insert(key(x, r), load(x));
+                    }
+                    if let Some((hs, ts)) = live.remove(&key(x, r)) {
+                        for h in hs.into_iter().chain(ts).filter(|&h| h != NONE) {
+                            b.release(h);
+                        }
+                    }
+                }
+            }
+        }
+        r += 1;
+        if r < j {
+            let now = small_state(&b, &live, r as i64 * shift);
+            if let Some(q) = seen.iter().rev().find(|(t, st)| r - t <= MAX_PERIOD && *st == now).map(|(t, _)| r - t) {
+                let by = (j - r) / q * q;
+                if by > 0 {
+                    live = live.into_iter().map(|(k, v)| (k.map(|d| d + (by as i64) * shift), v)).collect();
+                    r += by;
+                    seen.clear();
+                    continue;
+                }
+            }
+            seen.push((r, now));
+        }
+    }
+    if b.oom || b.reserved != a.reserved || b.releases != a.releases || b.active != a.active {
+        return None;
+    }
+    (b.max_reserved, b.max_active) = (a.max_reserved, a.max_active);
+    // where the jump lands, each buffer as far before micro-batch `to`'s first as it is
+    // before the last replayed micro-batch's end
+    let mut out = vec![];
+    for (k, (hs, ts)) in live {
+        if hs.iter().all(|&h| h == NONE) && ts.is_empty() && k.is_ok() {
+            continue;
+        }
+        let x = match k {
+            Err(x) => x,
+            Ok(d) => {
+                let x = p.bufs[to] as i64 + d - j as i64 * shift;
+                if x < first || x >= p.bufs[to] as i64 || at[x as usize + 1] - at[x as usize] != hs.len() {
+                    return None;
+                }
+                x as usize
+            }
+        };
+        out.push((x, hs, ts));
+    }
+    Some(SmallJump { alloc: b, held: out, replaced })
 }
 
 /// The replay's state where micro-batch `m` starts, for comparing with another
@@ -821,17 +1060,26 @@ fn holds(held: &[Handle], taken: &[Vec<Handle>], at: &[usize], x: usize) -> bool
 /// order blocks by address, and a released one holds nothing and is never used again — a
 /// state that releases and makes a segment per micro-batch repeats (only `MAX_SEGMENTS`
 /// counts them, far past what a plan's allocations make).
-fn state_at(a: &Allocator, held: &[Handle], taken: &[Vec<Handle>], at: &[usize], in_flight: &std::collections::VecDeque<BufferId>, p: &Periods, m: usize) -> Vec<u64> {
+///
+/// `large_only`: the large pools' part (see [`small_jump`]): their segments and blocks, which
+/// buffers hold large blocks where, which hold small ones (not where), the reserved and
+/// active bytes and how many times the cache was released.
+fn state_at(a: &Allocator, h: Holding, in_flight: &std::collections::VecDeque<BufferId>, p: &Periods, m: usize, large_only: bool) -> Vec<u64> {
+    let Holding { held, taken, at } = h;
+    let kept = |s: &Segment| !(s.released || (large_only && s.pool.1));
     let mut ordinal = vec![u64::MAX; a.segments.len()];
     let mut n = 0;
     for (s, o) in a.segments.iter().zip(&mut ordinal) {
-        if !s.released {
+        if kept(s) {
             *o = n;
             n += 1;
         }
     }
     let mut v = vec![a.reserved, a.active, n];
-    for s in a.segments.iter().filter(|s| !s.released) {
+    if large_only {
+        v.push(a.releases);
+    }
+    for s in a.segments.iter().filter(|s| kept(s)) {
         v.extend([u64::from(s.pool.0), u64::from(s.pool.1), s.mapped, u64::from(s.expandable)]);
         let mut i = s.first;
         while i != NONE {
@@ -843,7 +1091,11 @@ fn state_at(a: &Allocator, held: &[Handle], taken: &[Vec<Handle>], at: &[usize],
     }
     let (first, base) = (p.bufs[1], p.bufs[m]);
     let id = |x: usize| if x >= first { (1 << 63) | (base - x) as u64 } else { x as u64 };
-    let place = |h: Handle| a.blocks.get(h as usize).map_or(u64::MAX, |b| address(ordinal.get(b.seg).map_or(b.seg, |&o| o as usize), b.off));
+    let place = |h: Handle| match a.blocks.get(h as usize) {
+        None => u64::MAX,
+        Some(b) if large_only && a.segments[b.seg].pool.1 => u64::MAX - 2,
+        Some(b) => address(ordinal.get(b.seg).map_or(b.seg, |&o| o as usize), b.off),
+    };
     for x in 0..base {
         if !holds(held, taken, at, x) {
             continue;
@@ -1004,7 +1256,7 @@ fn replay_with(plan: &Plan, hw: &Hardware, steps: usize, stop: Option<u64>, skip
         // micro-batches before the last, happens in the plan of `accum` too)
         let mut jumped = false;
         // (the states where the last micro-batches started, while looking for a period)
-        let mut recent: Vec<(usize, Vec<u64>)> = vec![];
+        let mut recent: Vec<(usize, Vec<u64>, Option<Vec<u64>>)> = vec![];
         let mut i = 0;
         while let Some(op) = plan.schedule.get(i) {
             i += 1;
@@ -1015,12 +1267,18 @@ fn replay_with(plan: &Plan, hw: &Hardware, steps: usize, stop: Option<u64>, skip
                 // (and FSDP1's queued frees all of buffers made before m: one still queued from
                 // the step before, ids past m's, is not named relative to m)
                 if i - 1 == p.ops[m] && !(longer && jumped) && (2..=(k - 2).min(1 + PERIOD_TRIES)).contains(&m) && !a.oom && in_flight.iter().all(|b| b.index() < p.bufs[m]) {
-                    let now = state_at(&a, &held, &taken, &at, &in_flight, p, m);
+                    let hold = Holding { held: &held, taken: &taken, at: &at };
+                    let now = state_at(&a, hold, &in_flight, p, m, false);
+                    // (FSDP1's queued frees are not replayed by `small_jump`)
+                    let large = (!fsdp1_gpu).then(|| state_at(&a, hold, &in_flight, p, m, true));
                     // micro-batches m − n, …, m − 1 left the state as they found it: so do the
                     // next n, and the next; on from the last start of such a period before
                     // the last micro-batch, each held block passed to the buffer of as many
                     // micro-batches later
-                    let period = recent.iter().rev().find(|(r, st)| m - r <= MAX_PERIOD && *st == now).map(|(r, _)| m - r);
+                    let period = recent.iter().rev().find(|(r, st, _)| m - r <= MAX_PERIOD && *st == now).map(|(r, _, _)| m - r);
+                    // (else where the large pools' state repeats, the small ones replayed)
+                    let split = period.is_none() && large.as_ref().is_some_and(|l| recent.iter().any(|(r, _, st)| m - r <= MAX_PERIOD && st.as_ref() == Some(l)));
+                    let period = period.or_else(|| recent.iter().rev().find(|(r, _, st)| split && m - r <= MAX_PERIOD && st == &large).map(|(r, _, _)| m - r));
                     // (replayed as `accum` micro-batches: to the one that leaves as many middle
                     // ones before the last, modulo the period, as the plan of `accum` does at
                     // its jump — the state names no micro-batch, only its phase in the period)
@@ -1038,7 +1296,30 @@ fn replay_with(plan: &Plan, hw: &Hardware, steps: usize, stop: Option<u64>, skip
                     // (a buffer and the one it passes its blocks to have as many tensors: the
                     // live ones are of micro-batches 2 on, whose buffers `periods` compared)
                     let live: Vec<usize> = if to > m { (p.bufs[1]..p.bufs[m]).filter(|&x| holds(&held, &taken, &at, x)).collect() } else { vec![] };
-                    if target.is_some() && live.iter().all(|&x| at[x + 1] - at[x] == at[x + by + 1] - at[x + by]) {
+                    let same = live.iter().all(|&x| at[x + 1] - at[x] == at[x + by + 1] - at[x + by]);
+                    let j = if longer { accum - 1 - (k - 1 - to) - m } else { to - m };
+                    let small = if split && target.is_some() && same {
+                        let r = Replayed { plan, periods: p, sizes: &sizes, continued: &continued, stream_of: &stream_of };
+                        small_jump(&a, &r, Holding { held: &held, taken: &taken, at: &at }, m, to, j)
+                    } else {
+                        None
+                    };
+                    if target.is_some() && same && (!split || small.is_some()) {
+                        // (the small blocks from the replay of the small pools, the large ones
+                        // passed on as below)
+                        let small_held = small.map(|sj| {
+                            let is_small = |h: Handle| h != NONE && a.segments[a.blocks[h as usize].seg].pool.1;
+                            for &x in &sj.replaced {
+                                for h in &mut held[at[x]..at[x + 1]] {
+                                    if is_small(*h) {
+                                        *h = NONE;
+                                    }
+                                }
+                                taken[x].retain(|&h| !is_small(h));
+                            }
+                            a = sj.alloc;
+                            sj.held
+                        });
                         for &x in live.iter().rev() {
                             let (src, dst) = (at[x]..at[x + 1], at[x + by]..at[x + by + 1]);
                             let hs: Vec<Handle> = held[src.clone()].to_vec();
@@ -1051,6 +1332,14 @@ fn replay_with(plan: &Plan, hw: &Hardware, steps: usize, stop: Option<u64>, skip
                                 *b = BufferId::new(b.index() + by);
                             }
                         }
+                        for (x, hs, ts) in small_held.into_iter().flatten() {
+                            for (h, &s) in held[at[x]..at[x + 1]].iter_mut().zip(&hs) {
+                                if s != NONE {
+                                    *h = s;
+                                }
+                            }
+                            taken[x].extend(ts);
+                        }
                         recent.clear();
                         skipped += if longer { accum - 1 - (k - 1 - to) - m } else { to - m };
                         jumps += 1;
@@ -1058,7 +1347,7 @@ fn replay_with(plan: &Plan, hw: &Hardware, steps: usize, stop: Option<u64>, skip
                         i = p.ops[to];
                         continue;
                     }
-                    recent.push((m, now));
+                    recent.push((m, now, large));
                 }
             }
             // a request the device could not serve: the run fails there (what it would have

@@ -155,12 +155,13 @@ fn the_step_time_of_a_longer_accumulation_is_the_steady_plans_with_its_period_re
 /// repeats within the shorter plan's micro-batches, in each step, at a micro-batch that
 /// leaves as many before the last, modulo its period, as the plan of `n` leaves), the replay
 /// of the plan of `n` itself, every figure; a search's stop over a limit where the plan of
-/// `n`'s is. Shown for 71 of the 90 here (1 to 4 micro-batches more, and 24; the last case's
-/// second step with a period of five micro-batches): not for the expandable segments' case
-/// (its second step never repeats within ten micro-batches; the plan of `n`'s replay
-/// neither), nor where the state repeats too late in the shorter plan to leave the longer
-/// one's count before the last (the plan of 8 more often), nor for Llama-3-8B's first at 13
-/// and 15 (its small pool's blocks drift through the second step).
+/// `n`'s is. Shown for 87 of the 90 here (1 to 4 micro-batches more, and 24; the last case's
+/// second step with a period of five micro-batches), the states of the expandable segments'
+/// case and of Llama-3-8B's first at 13 and 15 by their large pools (their small pools'
+/// blocks drift through the second step: replayed, `reserved::small_jump`); not for the last
+/// case from the plan of 8 at 10, 12 and 24 (its state repeats too late in the plan of 8 to
+/// leave the longer one's count before the last). (71 of 90 before the small pools were
+/// replayed.)
 #[test]
 fn the_allocator_replay_of_a_longer_accumulation_is_the_steady_plans_where_its_state_repeats() {
     let (mut shown, mut checked) = (0, 0);
@@ -187,7 +188,7 @@ fn the_allocator_replay_of_a_longer_accumulation_is_the_steady_plans_where_its_s
             assert_eq!(fsdp_planner::reserved::predict_longer(&short, &h, k), None);
         }
     }
-    assert_eq!((shown, checked), (71, 90));
+    assert_eq!((shown, checked), (87, 90));
 }
 
 /// Every tiny model on 1, 2 and 4 ranks under ten option sets (mixed precision, checkpointing,
@@ -196,6 +197,32 @@ fn the_allocator_replay_of_a_longer_accumulation_is_the_steady_plans_where_its_s
 /// steady and the plan of 9 is its expansion, with its tensor peak, and
 /// `timeline::predict_longer` shows the plan of 9's step on an H100 (the CPU's launches and
 /// the collectives' slowdown of compute included).
+/// A replay whose small pools never repeat within the plan of 12 (`tune`'s Llama-3-8B on 8
+/// GPUs at 4 × 4096, 22 blocks fully and 10 SAC checkpointed: a 512-byte activation is placed
+/// 512 bytes lower at each micro-batch of the second step) while its large pools do: shown by
+/// the large pools' state, the small pools' requests replayed (`reserved::small_jump`), for 32
+/// and 128 micro-batches, every figure the replay of the plan of 32 itself (planning 128 here
+/// would cost more than the rest of the file), and the search's stop a byte under its need.
+#[test]
+fn a_replay_whose_small_blocks_drift_is_shown_by_its_large_pools() {
+    let bf16 = fsdp_ir::DType::parse("bf16");
+    let f32 = fsdp_ir::DType::parse("f32");
+    let opts = Options { world_size: 8, batch: 4, seq: 4096, param_dtype: bf16, reduce_dtype: f32, checkpoint: vec!["model.layers.{0..21}=full".into(), "model.layers.{22..31}=selective-op".into()], ..Options::default() };
+    let (m, h) = (model("llama-3-8b"), hw("h100-sxm"));
+    let short = fsdp_planner::plan(&m, &Options { grad_accum: 12, ..opts.clone() }).unwrap();
+    let long = fsdp_planner::plan(&m, &Options { grad_accum: 32, ..opts }).unwrap();
+    let full = fsdp_planner::reserved::predict(&long, &h);
+    assert_eq!(fsdp_planner::reserved::predict_longer(&short, &h, 32), Some(full.clone()));
+    let need = full.needed_bytes(&long);
+    assert_eq!(fsdp_planner::reserved::needed_within_longer(&short, &h, full.device_bytes, 32), Some(Some(need)));
+    assert_eq!(fsdp_planner::reserved::needed_within_longer(&short, &h, full.device_bytes - 1, 32), Some(None));
+    // (the plan of 32's own replay skips too: most of its micro-batches)
+    let (every, skipping, skipped) = fsdp_planner::reserved::predict_skipping(&long, &h);
+    assert_eq!(every, skipping);
+    assert!(skipped >= 40, "{skipped} skipped");
+    assert!(fsdp_planner::reserved::predict_longer(&short, &h, 128).is_some());
+}
+
 #[test]
 fn every_tiny_configuration_is_steady_and_planned_longer_exactly() {
     let bf16 = fsdp_ir::DType::parse("bf16");

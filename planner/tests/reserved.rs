@@ -105,7 +105,8 @@ fn skipping_repeated_micro_batches_replays_every_one_exactly() {
         ("llama-3-8b", "h100-sxm", Options { world_size: 8, batch: 2, seq: 4096, checkpoint: vec!["model.layers.{0..11}=full".into(), "model.layers.{12..31}=selective-op".into()], reshard_after_forward: Some(false), policy: fsdp_planner::Policy::parse("modules:model.embed_tokens,model.layers.*,lm_head").unwrap(), forward_prefetch: 1, backward_prefetch: fsdp_planner::BackwardPrefetch::Depth(2), ..mp.clone() }),
     ];
     // (the last case's second step repeats every five micro-batches from the eighth: of 16,
-    // it skips 15 in all; 10 with periods of up to three looked for)
+    // it skips 15 in all, 10 with periods of up to three looked for; its large pools repeat
+    // sooner, the small ones replayed (`small_jump`): 17)
     let long_period = cases[cases.len() - 1].clone();
     let mut checked = 0;
     for (name, hw_name, opts) in cases {
@@ -133,5 +134,5 @@ fn skipping_repeated_micro_batches_replays_every_one_exactly() {
     assert_eq!(checked, 112);
     let (name, hw_name, opts) = long_period;
     let plan = fsdp_planner::plan(&model(name), &Options { grad_accum: 16, ..opts }).unwrap();
-    assert_eq!(fsdp_planner::reserved::predict_skipping(&plan, &hw(hw_name)).2, 15);
+    assert_eq!(fsdp_planner::reserved::predict_skipping(&plan, &hw(hw_name)).2, 17);
 }
