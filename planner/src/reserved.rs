@@ -903,8 +903,11 @@ struct SmallJump {
 /// same reserved bytes and releases). Then the large pools go through the `j` micro-batches
 /// as they went through the last period, and the small ones hold as many bytes at each
 /// request as there (a small block is its request rounded: what is left of a free block is
-/// split off from 512 bytes on, and sizes are multiples of 512), so the reserved and active
-/// peaks are the period's, already counted. `None` where any of it fails.
+/// split off from 512 bytes on, and sizes are multiples of 512; the buffers held where the
+/// two compared micro-batches start hold small blocks of the same sizes, [`state_at`]), so
+/// the reserved and active peaks are the period's, already counted. `None` where any of it
+/// fails. A buffer is keyed by its id in the micro-batches replayed (as if the plan had them
+/// all) less micro-batch `m`'s first.
 fn small_jump(a: &Allocator, rp: &Replayed, h: Holding, m: usize, to: usize, j: usize) -> Option<SmallJump> {
     let (Replayed { plan, periods: p, sizes, continued, stream_of }, Holding { held, taken, at }) = (rp, h);
     let small = |h: Handle| a.blocks.get(h as usize).is_some_and(|b| a.segments[b.seg].pool.1);
@@ -991,6 +994,8 @@ fn small_jump(a: &Allocator, rp: &Replayed, h: Holding, m: usize, to: usize, j: 
                             got.1.extend(e.0.iter().copied().filter(|&h| h != NONE));
                             e.0.fill(NONE);
                             got.1.append(&mut e.1);
+                            // (a continued buffer is freed as the one continuing it)
+                            live.remove(&key(c, r));
                         }
                     }
                     if !got.1.is_empty() {
@@ -1021,6 +1026,9 @@ fn small_jump(a: &Allocator, rp: &Replayed, h: Holding, m: usize, to: usize, j: 
                     seen.clear();
                     continue;
                 }
+            }
+            if seen.len() == MAX_PERIOD {
+                seen.remove(0);
             }
             seen.push((r, now));
         }
@@ -1062,8 +1070,8 @@ fn small_jump(a: &Allocator, rp: &Replayed, h: Holding, m: usize, to: usize, j: 
 /// counts them, far past what a plan's allocations make).
 ///
 /// `large_only`: the large pools' part (see [`small_jump`]): their segments and blocks, which
-/// buffers hold large blocks where, which hold small ones (not where), the reserved and
-/// active bytes and how many times the cache was released.
+/// buffers hold large blocks where, which hold small ones of what size (not where), the
+/// reserved and active bytes and how many times the cache was released.
 fn state_at(a: &Allocator, h: Holding, in_flight: &std::collections::VecDeque<BufferId>, p: &Periods, m: usize, large_only: bool) -> Vec<u64> {
     let Holding { held, taken, at } = h;
     let kept = |s: &Segment| !(s.released || (large_only && s.pool.1));
@@ -1093,7 +1101,8 @@ fn state_at(a: &Allocator, h: Holding, in_flight: &std::collections::VecDeque<Bu
     let id = |x: usize| if x >= first { (1 << 63) | (base - x) as u64 } else { x as u64 };
     let place = |h: Handle| match a.blocks.get(h as usize) {
         None => u64::MAX,
-        Some(b) if large_only && a.segments[b.seg].pool.1 => u64::MAX - 2,
+        // (a small block by its size: where it is, the small pools' replay finds)
+        Some(b) if large_only && a.segments[b.seg].pool.1 => (1 << 62) | (b.size / MIN_BLOCK),
         Some(b) => address(ordinal.get(b.seg).map_or(b.seg, |&o| o as usize), b.off),
     };
     for x in 0..base {
@@ -1341,7 +1350,7 @@ fn replay_with(plan: &Plan, hw: &Hardware, steps: usize, stop: Option<u64>, skip
                             taken[x].extend(ts);
                         }
                         recent.clear();
-                        skipped += if longer { accum - 1 - (k - 1 - to) - m } else { to - m };
+                        skipped += j;
                         jumps += 1;
                         jumped = true;
                         i = p.ops[to];

@@ -191,12 +191,6 @@ fn the_allocator_replay_of_a_longer_accumulation_is_the_steady_plans_where_its_s
     assert_eq!((shown, checked), (87, 90));
 }
 
-/// Every tiny model on 1, 2 and 4 ranks under ten option sets (mixed precision, checkpointing,
-/// no reshard, FSDP1, HSDP, torchtitan's 2024 loop, CPU offload (on a GPU), the last unit
-/// kept, bf16 masters; HSDP over 2 ranks refused on 1): the plan of 6 micro-batches is
-/// steady and the plan of 9 is its expansion, with its tensor peak, and
-/// `timeline::predict_longer` shows the plan of 9's step on an H100 (the CPU's launches and
-/// the collectives' slowdown of compute included).
 /// A replay whose small pools never repeat within the plan of 12 (`tune`'s Llama-3-8B on 8
 /// GPUs at 4 × 4096, 22 blocks fully and 10 SAC checkpointed: a 512-byte activation is placed
 /// 512 bytes lower at each micro-batch of the second step) while its large pools do: shown by
@@ -223,6 +217,12 @@ fn a_replay_whose_small_blocks_drift_is_shown_by_its_large_pools() {
     assert!(fsdp_planner::reserved::predict_longer(&short, &h, 128).is_some());
 }
 
+/// Every tiny model on 1, 2 and 4 ranks under ten option sets (mixed precision, checkpointing,
+/// no reshard, FSDP1, HSDP, torchtitan's 2024 loop, CPU offload (on a GPU), the last unit
+/// kept, bf16 masters; HSDP over 2 ranks refused on 1): the plan of 6 micro-batches is
+/// steady and the plan of 9 is its expansion, with its tensor peak, and
+/// `timeline::predict_longer` shows the plan of 9's step on an H100 (the CPU's launches and
+/// the collectives' slowdown of compute included).
 #[test]
 fn every_tiny_configuration_is_steady_and_planned_longer_exactly() {
     let bf16 = fsdp_ir::DType::parse("bf16");
