@@ -495,6 +495,11 @@ impl Allocator {
         }
     }
 
+    /// Whether `h` is a block of a small pool.
+    fn is_small(&self, h: Handle) -> bool {
+        self.blocks.get(h as usize).is_some_and(|b| self.segments[b.seg].pool.1)
+    }
+
     fn fits(&self, more: u64) -> bool {
         self.reserved + more <= self.capacity
     }
@@ -910,13 +915,12 @@ struct SmallJump {
 /// all) less micro-batch `m`'s first.
 fn small_jump(a: &Allocator, rp: &Replayed, h: Holding, m: usize, to: usize, j: usize) -> Option<SmallJump> {
     let (Replayed { plan, periods: p, sizes, continued, stream_of }, Holding { held, taken, at }) = (rp, h);
-    let small = |h: Handle| a.blocks.get(h as usize).is_some_and(|b| a.segments[b.seg].pool.1);
     let (first, base, shift) = (p.bufs[1] as i64, p.bufs[m] as i64, p.shift as i64);
     // a buffer by its distance from micro-batch m's first, in the frame of the r-th
     // micro-batch replayed (persistent ones, before micro-batch 1's, by id: `Err`)
     let key = |x: usize, r: usize| if (x as i64) < first { Err(x) } else { Ok(x as i64 - base + r as i64 * shift) };
     // its small blocks: by slot, and those it holds for the buffers it continues
-    let load = |x: usize| (held[at[x]..at[x + 1]].iter().map(|&h| if h != NONE && small(h) { h } else { NONE }).collect::<Vec<_>>(), taken[x].iter().copied().filter(|&h| small(h)).collect::<Vec<_>>());
+    let load = |x: usize| (held[at[x]..at[x + 1]].iter().map(|&h| if a.is_small(h) { h } else { NONE }).collect::<Vec<_>>(), taken[x].iter().copied().filter(|&h| a.is_small(h)).collect::<Vec<_>>());
     let mut live: SmallLive = Default::default();
     let mut replaced = vec![];
     for x in p.bufs[1]..p.bufs[m] {
@@ -968,6 +972,19 @@ fn small_jump(a: &Allocator, rp: &Replayed, h: Holding, m: usize, to: usize, j: 
             }
         }
     }
+    // the small blocks buffer `x` holds, as the r-th micro-batch replayed sees it, taken out
+    // of it (freed, or passed to the buffer continuing it); a persistent one's read from the
+    // replay's blocks the first time, and left empty (none of its blocks held twice)
+    let take_out = |live: &mut SmallLive, replaced: &mut Vec<usize>, x: usize, r: usize| -> Vec<Handle> {
+        let (hs, ts) = match key(x, r) {
+            k @ Ok(_) => live.remove(&k).unwrap_or_default(),
+            k @ Err(_) => std::mem::take(live.entry(k).or_insert_with(|| {
+                replaced.push(x);
+                load(x)
+            })),
+        };
+        hs.into_iter().filter(|&h| h != NONE).chain(ts).collect()
+    };
     let mut b = a.clone();
     // (the small pools' states where the last replayed micro-batches ended: where one
     // repeats, the replay jumps ahead by whole periods as [`replay_with`] does)
@@ -986,31 +1003,15 @@ fn small_jump(a: &Allocator, rp: &Replayed, h: Holding, m: usize, to: usize, j: 
                 Ev::Take(x, ref continues) => {
                     let mut got = (vec![NONE; at[x + 1] - at[x]], vec![]);
                     for &c in continues {
-                        if c < p.bufs[1] && !live.contains_key(&key(c, r)) {
-                            replaced.push(c);
-                            live.insert(key(c, r), load(c));
-                        }
-                        if let Some(e) = live.get_mut(&key(c, r)) {
-                            got.1.extend(e.0.iter().copied().filter(|&h| h != NONE));
-                            e.0.fill(NONE);
-                            got.1.append(&mut e.1);
-                            // (a continued buffer is freed as the one continuing it)
-                            live.remove(&key(c, r));
-                        }
+                        got.1.extend(take_out(&mut live, &mut replaced, c, r));
                     }
                     if !got.1.is_empty() {
                         live.insert(key(x, r), got);
                     }
                 }
                 Ev::Free(x) => {
-                    if x < p.bufs[1] && !live.contains_key(&key(x, r)) {
-                        replaced.push(x);
-                        live.insert(key(x, r), load(x));
-                    }
-                    if let Some((hs, ts)) = live.remove(&key(x, r)) {
-                        for h in hs.into_iter().chain(ts).filter(|&h| h != NONE) {
-                            b.release(h);
-                        }
+                    for h in take_out(&mut live, &mut replaced, x, r) {
+                        b.release(h);
                     }
                 }
             }
@@ -1102,7 +1103,7 @@ fn state_at(a: &Allocator, h: Holding, in_flight: &std::collections::VecDeque<Bu
     let place = |h: Handle| match a.blocks.get(h as usize) {
         None => u64::MAX,
         // (a small block by its size: where it is, the small pools' replay finds)
-        Some(b) if large_only && a.segments[b.seg].pool.1 => (1 << 62) | (b.size / MIN_BLOCK),
+        Some(b) if large_only && a.is_small(h) => (1 << 62) | (b.size / MIN_BLOCK),
         Some(b) => address(ordinal.get(b.seg).map_or(b.seg, |&o| o as usize), b.off),
     };
     for x in 0..base {
@@ -1286,8 +1287,12 @@ fn replay_with(plan: &Plan, hw: &Hardware, steps: usize, stop: Option<u64>, skip
                     // micro-batches later
                     let period = recent.iter().rev().find(|(r, st, _)| m - r <= MAX_PERIOD && *st == now).map(|(r, _, _)| m - r);
                     // (else where the large pools' state repeats, the small ones replayed)
-                    let split = period.is_none() && large.as_ref().is_some_and(|l| recent.iter().any(|(r, _, st)| m - r <= MAX_PERIOD && st.as_ref() == Some(l)));
-                    let period = period.or_else(|| recent.iter().rev().find(|(r, _, st)| split && m - r <= MAX_PERIOD && st == &large).map(|(r, _, _)| m - r));
+                    let large_period = match (period, &large) {
+                        (None, Some(l)) => recent.iter().rev().find(|(r, _, st)| m - r <= MAX_PERIOD && st.as_ref() == Some(l)).map(|(r, _, _)| m - r),
+                        _ => None,
+                    };
+                    let split = large_period.is_some();
+                    let period = period.or(large_period);
                     // (replayed as `accum` micro-batches: to the one that leaves as many middle
                     // ones before the last, modulo the period, as the plan of `accum` does at
                     // its jump — the state names no micro-batch, only its phase in the period)
@@ -1317,14 +1322,13 @@ fn replay_with(plan: &Plan, hw: &Hardware, steps: usize, stop: Option<u64>, skip
                         // (the small blocks from the replay of the small pools, the large ones
                         // passed on as below)
                         let small_held = small.map(|sj| {
-                            let is_small = |h: Handle| h != NONE && a.segments[a.blocks[h as usize].seg].pool.1;
                             for &x in &sj.replaced {
                                 for h in &mut held[at[x]..at[x + 1]] {
-                                    if is_small(*h) {
+                                    if a.is_small(*h) {
                                         *h = NONE;
                                     }
                                 }
-                                taken[x].retain(|&h| !is_small(h));
+                                taken[x].retain(|&h| !a.is_small(h));
                             }
                             a = sj.alloc;
                             sj.held
