@@ -133,6 +133,12 @@ pub enum OpKind {
     PhaseEnd,
 }
 
+/// An op's cross-stream dependencies: none or one in every schedule the planner builds, kept
+/// inline (a plan has thousands of ops and `tune` builds thousands of plans).
+pub type OpDeps = smallvec::SmallVec<[OpId; 2]>;
+/// An op's allocations and frees, in order: up to four inline (about three ops in four).
+pub type OpEvents = smallvec::SmallVec<[Event; 4]>;
+
 /// One event of an op, in order; the peak is checked after every allocation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Event {
@@ -148,10 +154,10 @@ pub struct ScheduleOp {
     pub phase: Phase,
     pub micro_batch: u32,
     /// Ops that must complete before this one starts (cross-stream dependencies).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub deps: Vec<OpId>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub events: Vec<Event>,
+    #[serde(default, skip_serializing_if = "smallvec::SmallVec::is_empty")]
+    pub deps: OpDeps,
+    #[serde(default, skip_serializing_if = "smallvec::SmallVec::is_empty")]
+    pub events: OpEvents,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

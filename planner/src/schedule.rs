@@ -13,6 +13,7 @@ use crate::plan::*;
 use crate::units::Unit;
 use fsdp_ir::{DType, Model};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use smallvec::smallvec;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum PState {
@@ -380,7 +381,7 @@ fn cat(parts: &[&str]) -> String {
 }
 
 impl B<'_> {
-    fn op(&mut self, kind: OpKind, stream: Stream, deps: Vec<OpId>) -> OpId {
+    fn op(&mut self, kind: OpKind, stream: Stream, deps: OpDeps) -> OpId {
         self.flush();
         let id = OpId::new(self.ops.len());
         self.ops.push(ScheduleOp {
@@ -390,7 +391,7 @@ impl B<'_> {
             phase: self.phase,
             micro_batch: self.mb,
             deps,
-            events: Vec::new(),
+            events: OpEvents::new(),
         });
         id
     }
@@ -592,7 +593,7 @@ impl B<'_> {
         };
         let unit = &self.units[u.index()];
         let label = unit.label().to_string();
-        self.op(OpKind::CopyOut { unit: u }, Stream::Compute, vec![ag]);
+        self.op(OpKind::CopyOut { unit: u }, Stream::Compute, smallvec![ag]);
         // torchao's fsdp_post_all_gather: the unsharded float8 params take the new scales
         // (`out._scale = scale`). FSDPMemTracker counts a scale made in forward as unsharded
         // param (the pre-forward hook registers the unsharded params), one made in backward as
@@ -644,7 +645,7 @@ impl B<'_> {
         if self.state[u.index()] != PState::Unsharded || self.no_shard() {
             return;
         }
-        self.op(OpKind::Reshard { unit: u }, Stream::Compute, vec![]);
+        self.op(OpKind::Reshard { unit: u }, Stream::Compute, smallvec![]);
         // reshard_after_forward=int: each param's 1/N slice of its gathered tensor is cloned
         // (FSDPParam.to_sharded_post_forward) before the unsharded params go
         let to = self.units[u.index()].reshard_to.filter(|_| self.phase == Phase::Forward);
@@ -694,7 +695,7 @@ impl B<'_> {
         let upcast = self.opts.layout == Layout::Fsdp2 && rd != self.param_dtype(unit);
         let accumulated = std::mem::take(&mut self.accumulated[u.index()]);
         if upcast && !accumulated.is_empty() {
-            self.op(OpKind::AccumulateGrads { unit: u }, Stream::Compute, vec![]);
+            self.op(OpKind::AccumulateGrads { unit: u }, Stream::Compute, smallvec![]);
             for g in &grads {
                 self.free(*g);
             }
@@ -713,7 +714,7 @@ impl B<'_> {
         }
         if !sync && upcast {
             if accumulated.is_empty() {
-                self.op(OpKind::KeepGrads { unit: u }, Stream::Compute, vec![]);
+                self.op(OpKind::KeepGrads { unit: u }, Stream::Compute, smallvec![]);
                 for g in grads {
                     let name = name!("{} (accumulated, {rd})", self.buffers[g.index()].name);
                     // (from the param's numel: a buffer's bytes are rounded to the allocator's blocks)
@@ -730,7 +731,7 @@ impl B<'_> {
             return;
         }
         if !sync {
-            self.op(OpKind::KeepGrads { unit: u }, Stream::Compute, vec![]);
+            self.op(OpKind::KeepGrads { unit: u }, Stream::Compute, smallvec![]);
             for g in grads {
                 let name = self.buffers[g.index()].name.clone();
                 let k = self.relabel(vec![g], name, Category::UnshardedGrad, Some(u));
@@ -758,7 +759,7 @@ impl B<'_> {
         };
         let stream = if kind == "all_reduce" { Stream::AllReduce } else { Stream::ReduceScatter };
         let bwd_dep = self.last_compute();
-        self.op(op_kind, stream, vec![bwd_dep]);
+        self.op(op_kind, stream, smallvec![bwd_dep]);
         // FSDPMemTracker relabels param grads as "Unsharded Grad" at post-backward entry: the
         // unit's grads become one buffer of the same bytes. (Accumulated ones are no param's
         // grad: they stay temp, and this backward's grads were freed into them above.)
@@ -834,7 +835,7 @@ impl B<'_> {
                         group: Group::Replicate,
                     },
                     Stream::AllReduce,
-                    vec![bwd_dep],
+                    smallvec![bwd_dep],
                 );
             }
         }
@@ -1340,7 +1341,7 @@ pub fn build_with(pre: &Prelude, model: &Model, opts: &Options, units: &[Unit], 
         if u.params.is_empty() || opts.optimizer == Optimizer::None {
             continue;
         }
-        b.op(OpKind::OptimizerStep { unit: u.id }, Stream::Compute, vec![]);
+        b.op(OpKind::OptimizerStep { unit: u.id }, Stream::Compute, smallvec![]);
         if foreach {
             for bytes in sqrt_sizes.take().into_iter().flatten() {
                 sqrt_all.push(b.alloc("adam foreach sqrt (an exp_avg_sq's copy)".into(), Category::Optstate, bytes, None));
@@ -1357,7 +1358,7 @@ pub fn build_with(pre: &Prelude, model: &Model, opts: &Options, units: &[Unit], 
     for t in sqrt_all {
         b.free(t);
     }
-    b.op(OpKind::ZeroGrad, Stream::Compute, vec![]);
+    b.op(OpKind::ZeroGrad, Stream::Compute, smallvec![]);
     for g in std::mem::take(&mut b.sharded_grads) {
         b.free(g);
     }
@@ -1383,7 +1384,7 @@ pub fn build_with(pre: &Prelude, model: &Model, opts: &Options, units: &[Unit], 
 
 fn setup(b: &mut B, cx: &Ctx) {
     let opts = b.opts;
-    b.op(OpKind::Setup, Stream::Compute, vec![]);
+    b.op(OpKind::Setup, Stream::Compute, smallvec![]);
     // the previous step's loss, still held by the training loop until this step's forward
     // returns (FSDPMemTracker counts it as activation)
     if let Some((ce, bytes)) = b.loss {
@@ -1724,7 +1725,7 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
         if units[top.index()].is_root() {
             for (kind, m) in masks.drain(..) {
                 let what = if kind.is_some() { "free sliding-window mask" } else { "free causal mask" };
-                b.op(OpKind::Forward { op: what.into(), unit: top }, Stream::Compute, vec![]);
+                b.op(OpKind::Forward { op: what.into(), unit: top }, Stream::Compute, smallvec![]);
                 b.free(m);
             }
         }
@@ -1751,7 +1752,7 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
 fn post_forward(b: &mut B, u: UnitId) {
     let unit = &b.units[u.index()];
     if unit.is_root() {
-        b.op(OpKind::Forward { op: "post-forward".into(), unit: u }, Stream::Compute, vec![]);
+        b.op(OpKind::Forward { op: "post-forward".into(), unit: u }, Stream::Compute, smallvec![]);
         if let Some(ag) = b.last_fwd_ag.take() {
             b.free(ag);
         }
@@ -2273,7 +2274,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                     let inside = !un.is_root() && std::iter::once(&un.module).chain(&un.group).any(|umod| (own && umod == rpath) || umod.strip_prefix(rpath).is_some_and(|x| x.starts_with('.')));
                     let category = if inside { Category::Activation } else { Category::Temp };
                     if b.sac[j] || stops_before {
-                        b.op(OpKind::Recompute { op: b.op_names[j].clone(), unit: u, cached: true }, Stream::Compute, vec![]);
+                        b.op(OpKind::Recompute { op: b.op_names[j].clone(), unit: u, cached: true }, Stream::Compute, smallvec![]);
                         // a float8 linear's casts run again (they are not GEMMs): only its
                         // `torch.mm` output, and the casts' abs and max, come from SAC's cache
                         if b.sac[j] && !stops_before && !mems[j].fwd_chain.is_empty() {
@@ -2297,7 +2298,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                         // reshard in backward
                         b.unshard(u, false);
                         b.wait(u);
-                        b.op(OpKind::Recompute { op: b.op_names[j].clone(), unit: u, cached: false }, Stream::Compute, vec![]);
+                        b.op(OpKind::Recompute { op: b.op_names[j].clone(), unit: u, cached: false }, Stream::Compute, smallvec![]);
                         if !mems[j].fwd_chain.is_empty() && out_buf[j].is_none() {
                             out_buf[j] = forward_chain(b, j, &oj.name, &mems[j], " (recomputed)", category, ChainRun::Recompute { cached: false });
                         } else if let Some(o) = mems[j].out {
@@ -2551,7 +2552,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
     }
     // final callback: per FSDP state in module pre-order (root first), its deferred
     // post-backward, then its `finalize_backward` (what it held for the all-reduce goes)
-    b.op(OpKind::PhaseEnd, Stream::Compute, vec![]);
+    b.op(OpKind::PhaseEnd, Stream::Compute, smallvec![]);
     let mut is_deferred = vec![false; units.len()];
     for u in &deferred {
         is_deferred[u.index()] = true;
@@ -2571,7 +2572,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
             b.free(*g);
         }
     }
-    b.op(OpKind::PhaseEnd, Stream::Compute, vec![]);
+    b.op(OpKind::PhaseEnd, Stream::Compute, smallvec![]);
     for buf in out_buf.into_iter().flatten() {
         if b.buffers[buf.index()].free.is_none() {
             b.free(buf);

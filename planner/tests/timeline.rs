@@ -98,7 +98,7 @@ fn plan_with(m: &Model, ops: Vec<(OpKind, Stream, Phase, Vec<u32>)>) -> Plan {
             phase,
             micro_batch: 0,
             deps: deps.into_iter().map(OpId).collect(),
-            events: vec![],
+            events: Default::default(),
         })
         .collect();
     plan
