@@ -456,12 +456,13 @@ pub(crate) fn fit(a: FitArgs) -> Result<()> {
     let opts_at = |n: u64| if a.seq_len { Options { seq: n, ..base.clone() } } else { Options { batch: n, ..base.clone() } };
     // (past the first size, what the planner refuses — a sequence past the model's positions,
     // more tokens than it plans — bounds the search as what does not fit does)
-    let try_n = |n: u64| -> Option<Eval> {
-        let opts = opts_at(n);
+    let try_nk = |n: u64, accum: u32| -> Option<Eval> {
+        let opts = Options { grad_accum: accum, ..opts_at(n) };
         let plan = fsdp_planner::plan_unchecked(&model, &opts).ok()?;
         let c = Config { outer: tune::Outer { shard: opts.world_size, micro_batch: opts.batch, accum: opts.grad_accum, prefetch: 0, reshard: tune::Reshard::All, group: opts.unit_group, edges: false, offload: opts.offload == fsdp_planner::Offload::Cpu }, full: 0, sac: 0 };
         Some(tune::evaluate(&plan, &model, &hw, limit, c))
     };
+    let try_n = |n: u64| try_nk(n, base.grad_accum);
     let fits = |n: u64| try_n(n).is_some_and(|e| e.fits);
     let unit = if a.seq_len { 128 } else { 1 };
     // options the planner refuses at the first size are the user's to mend, not a size that
@@ -501,6 +502,21 @@ pub(crate) fn fit(a: FitArgs) -> Result<()> {
         sizes.push(lo);
     }
     let rows: Vec<(u64, Eval)> = sizes.iter().filter_map(|&n| try_n(n).map(|e| (n, e))).collect();
+    // The global batches accumulation makes of each size, each planned: a micro-batch without
+    // gradient sync keeps its unsharded gradients until the last one's reduce-scatter
+    // (FSDP2's `set_requires_gradient_sync(False)`), so a size that fits at one accumulation
+    // may not at another.
+    let mut accums = vec![1, 2, 4, 8];
+    if !accums.contains(&base.grad_accum) {
+        accums.push(base.grad_accum);
+        accums.sort_unstable();
+    }
+    let ws = base.world_size;
+    let global = |n: u64, k: u32| if a.seq_len { base.batch } else { n } * u64::from(k) * ws;
+    let at_accum: Vec<Vec<(u32, Option<Eval>)>> = rows
+        .iter()
+        .map(|(n, e)| accums.iter().map(|&k| (k, if k == base.grad_accum { Some(e.clone()) } else { try_nk(*n, k) })).collect())
+        .collect();
     if a.format == "json" {
         let doc = serde_json::json!({
             "model": model.name,
@@ -509,28 +525,50 @@ pub(crate) fn fit(a: FitArgs) -> Result<()> {
             "fit_judged_by": how,
             "largest": lo,
             "of": if a.seq_len { "seq" } else { "batch" },
+            "grad_accum": base.grad_accum,
             "predicted": best.as_ref().map(predicted),
-            "table": rows.iter().map(|(n, e)| serde_json::json!({"value": n, "predicted": predicted(e)})).collect::<Vec<_>>(),
+            "table": rows.iter().zip(&at_accum).map(|((n, e), ks)| serde_json::json!({
+                "value": n,
+                "predicted": predicted(e),
+                "accumulation": ks.iter().map(|(k, e)| serde_json::json!({
+                    "grad_accum": k,
+                    "global_batch": global(*n, *k),
+                    "fits": e.as_ref().is_some_and(|e| e.fits),
+                    "predicted": e.as_ref().map(predicted),
+                })).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
         });
         outln!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
-    let ws = base.world_size;
-    let mut s = format!("fit {} on {} × {} · limit {} ({how})\nlargest {what} that fits: {lo}", model.name, ws, hw.name, bytes(limit.bytes));
+    let at = if base.grad_accum > 1 { format!(" at gradient accumulation {}", base.grad_accum) } else { String::new() };
+    let mut s = format!("fit {} on {} × {} · limit {} ({how})\nlargest {what} that fits{at}: {lo}", model.name, ws, hw.name, bytes(limit.bytes));
     if let Some(e) = &best {
         s += &format!(" (needs {}, {} tokens/s/GPU)\n\n", e.needed_bytes.map(bytes).unwrap_or_default(), timeline::thousands(e.tokens_per_s_per_gpu));
     }
-    let heads: Vec<String> = [what, "needs", "tokens/s/GPU", "global batch at accum 1", "2", "4", "8"].iter().map(|x| x.to_string()).collect();
+    let mut heads: Vec<String> = vec![what.to_string(), "needs".into(), "tokens/s/GPU".into()];
+    heads.extend(accums.iter().enumerate().map(|(i, k)| if i == 0 { format!("global batch at accum {k}") } else { k.to_string() }));
+    let mut over = false;
     let cells: Vec<Vec<String>> = rows
         .iter()
-        .map(|(n, e)| {
-            let per_rank = if a.seq_len { base.batch } else { *n };
+        .zip(&at_accum)
+        .map(|((n, e), ks)| {
             let mut r = vec![n.to_string(), e.needed_bytes.map(bytes).unwrap_or_default(), timeline::thousands(e.tokens_per_s_per_gpu)];
-            r.extend([1, 2, 4, 8].iter().map(|k| (per_rank * k * ws).to_string()));
+            r.extend(ks.iter().map(|(k, e)| {
+                if e.as_ref().is_some_and(|e| e.fits) {
+                    global(*n, *k).to_string()
+                } else {
+                    over = true;
+                    "-".to_string()
+                }
+            }));
             r
         })
         .collect();
     s += &table(&heads, &cells);
+    if over {
+        s += "\n\n-: does not fit at that accumulation (the micro-batches before the last keep their unsharded gradients: no gradient sync until the last)";
+    }
     outln!("{s}");
     Ok(())
 }

@@ -228,6 +228,21 @@ fn fit_finds_the_largest_micro_batch() {
     assert!(n >= 2, "{v}");
     let peak = |b: u64| json(&["plan", model, "--world-size", "2", "--seq", "64", "--batch", &b.to_string(), "--format", "json"])["memory"]["peak_bytes"].as_u64().unwrap();
     assert!(peak(n) <= 6 << 20 && peak(n + 1) > 6 << 20, "{n}");
+    // every cell of the accumulation table is planned: a micro-batch that fits alone may not
+    // once the micro-batches before the last keep their unsharded gradients
+    let peak_at = |b: u64, k: u64| json(&["plan", model, "--world-size", "2", "--seq", "64", "--batch", &b.to_string(), "--grad-accum", &k.to_string(), "--format", "json"])["memory"]["peak_bytes"].as_u64().unwrap();
+    let mut seen = (0, 0);
+    for row in v["table"].as_array().unwrap() {
+        let b = row["value"].as_u64().unwrap();
+        for cell in row["accumulation"].as_array().unwrap() {
+            let k = cell["grad_accum"].as_u64().unwrap();
+            assert_eq!(cell["global_batch"].as_u64(), Some(b * k * 2), "{cell}");
+            let fits = cell["fits"].as_bool().unwrap();
+            assert_eq!(fits, peak_at(b, k) <= 6 << 20, "micro-batch {b} at accumulation {k}: {cell}");
+            if fits { seen.0 += 1 } else { seen.1 += 1 }
+        }
+    }
+    assert!(seen.0 > 0 && seen.1 > 0, "both kinds of cell: {seen:?}");
     let (code, _, err) = run(&["fit", model, "--memory-limit", "1KiB", "--reserve", "0"]);
     assert_eq!(code, 2);
     assert!(err.contains("not even"), "{err}");
