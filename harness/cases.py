@@ -14,6 +14,8 @@ DEFAULTS = {
     "backward_prefetch": None,        # n: units[i].set_modules_to_backward_prefetch(units[i-1..=i-n])
                                       # (units: the non-root FSDP units in forward order)
     "grad_accum": 1,                  # micro-batches per step; grad sync only on the last
+    "grad_sync": "last",              # "each": every micro-batch reduce-scatters (torchtitan's
+                                      # loop: no set_requires_gradient_sync(False); --grad-sync)
     "strategy": "full-shard",         # or "hybrid-shard": 2-D mesh (replicate, shard)
     "shard_group_size": None,         # hybrid-shard: size of the shard mesh dim
     "checkpoint": None,               # module classes or paths under HF gradient checkpointing
@@ -123,6 +125,14 @@ BASE_CASES = {
     "llama_tied_ac_ws2": {"model": "tiny-llama-tied", "world_size": 2, "checkpoint": ["LlamaDecoderLayer"]},
     "llama_bf16_ga2_ws2": {"model": "tiny-llama", "world_size": 2, "grad_accum": 2,
                            "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    # every micro-batch reduce-scatters, adding into the sharded grads (f32, and a bf16 master's
+    # cast of the f32 reduction; HSDP's all-reduce input kept to the end of the backward)
+    "llama_sync_each_ga3_ws2": {"model": "tiny-llama", "world_size": 2, "grad_accum": 3, "grad_sync": "each"},
+    "llama_bf16_sync_each_ga2_ws2": {"model": "tiny-llama", "world_size": 2, "grad_accum": 2, "grad_sync": "each",
+                                     "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    "llama_bf16_hsdp_sync_each_ga2_ws4": {"model": "tiny-llama", "world_size": 4, "grad_accum": 2, "grad_sync": "each",
+                                          "strategy": "hybrid-shard", "shard_group_size": 2,
+                                          "param_dtype": "bfloat16", "reduce_dtype": "float32"},
     "llama_bf16_hsdp_ga2_ws4": {"model": "tiny-llama", "world_size": 4, "grad_accum": 2,
                                 "strategy": "hybrid-shard", "shard_group_size": 2,
                                 "param_dtype": "bfloat16", "reduce_dtype": "float32"},
@@ -509,6 +519,32 @@ FAKE_CASES = {
     # gradient accumulation under mixed precision: unsynced grads kept upcast to f32
     "llama3_8b_bf16_ga2_ws8": {"model": "llama-3-8b", "world_size": 8, "batch": 1, "seq": 4096,
                                "grad_accum": 2, "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    # torchtitan's accumulation: every micro-batch reduce-scatters into the sharded grads
+    # (bf16 masters: each f32 reduction cast, then added), and with f32 masters
+    "llama3_8b_bf16_sync_each_ga3_ws8": {"model": "llama-3-8b", "world_size": 8, "batch": 1, "seq": 4096,
+                                         "grad_accum": 3, "grad_sync": "each",
+                                         "checkpoint": ["LlamaDecoderLayer"],
+                                         "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    "llama3_8b_f32master_sync_each_ga2_ws8": {"model": "llama-3-8b", "world_size": 8, "batch": 1, "seq": 4096,
+                                              "grad_accum": 2, "grad_sync": "each", "model_dtype": "float32",
+                                              "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    # params far over the activations (batch 1 × seq 8): the peak at a later micro-batch's
+    # reduction, beside the sharded grads it adds into (its f32 output; the cast of it for bf16
+    # masters; under HSDP the all-reduce's input held)
+    "llama_wide_sync_each_ga2_ws2": {"model": "tiny-llama-wide", "world_size": 2, "batch": 1, "seq": 8,
+                                     "model_dtype": "float32", "grad_accum": 2, "grad_sync": "each"},
+    "llama_wide_bf16master_sync_each_ga2_ws2": {"model": "tiny-llama-wide", "world_size": 2, "batch": 1, "seq": 8,
+                                                "model_dtype": "bfloat16", "grad_accum": 2, "grad_sync": "each",
+                                                "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    "llama_wide_bf16master_hsdp_sync_each_ga2_ws4": {"model": "tiny-llama-wide", "world_size": 4, "batch": 1, "seq": 8,
+                                                     "model_dtype": "bfloat16", "grad_accum": 2, "grad_sync": "each",
+                                                     "strategy": "hybrid-shard", "shard_group_size": 2,
+                                                     "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    # the same, tiny, under HSDP with bf16 masters (the all-reduce's input held, the cast added)
+    "llama_bf16master_hsdp_sync_each_ga2_ws4": {"model": "tiny-llama", "world_size": 4, "grad_accum": 2,
+                                                "grad_sync": "each", "model_dtype": "bfloat16",
+                                                "strategy": "hybrid-shard", "shard_group_size": 2,
+                                                "param_dtype": "bfloat16", "reduce_dtype": "float32"},
     # HSDP: 4 replicas of 8-way sharding, with the replicas' all-reduces
     "llama3_70b_hsdp_ws32": {"model": "llama-3-70b", "world_size": 32, "batch": 1, "seq": 4096,
                              "strategy": "hybrid-shard", "shard_group_size": 8,
@@ -950,6 +986,7 @@ FAKE_CASES["llama31_8b_compile_sac_tt_ws128"] = dict(FAKE_CASES["llama31_8b_comp
 # SAC, MoE, HSDP, gradient accumulation, torchtitan's mixed AC with the last block kept
 for _name in ("llama3_8b_bf16_ac_ws8", "qwen3_8b_sac_op_ws8", "mixtral_8x7b_bf16_ac_ws8",
               "llama3_70b_hsdp_ws32", "llama3_8b_bf16_ga2_ws8", "llama31_8b_tt_mixed_ac_ws8",
+              "llama3_8b_bf16_sync_each_ga3_ws8",
               "llama31_8b_f8ag_sac_tt_bf16_ws8", "llama31_8b_f8row_bf16_ws8",
               "deepseek_v2_lite_bf16_ws8", "deepseek_v2_lite_bf16_ac_ws8",
               "qwen3_8b_bf16_ws8", "qwen3_30b_a3b_bf16_ws8", "llama3_70b_eager_ws16"):

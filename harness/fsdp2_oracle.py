@@ -742,9 +742,10 @@ def train_two_steps(model, opt, case, input_ids, labels, tracker, record_losses)
                 _Log.recording = True
                 tracker.count_comms = True
             # grad_accum > 1: the same batch per micro-batch, loss not rescaled, gradient
-            # sync (reduce-scatter) only in the last micro-batch's backward.
+            # sync (reduce-scatter) only in the last micro-batch's backward (grad_sync
+            # "each": in every one, FSDP2's default).
             for mb in range(ga):
-                if ga > 1:
+                if ga > 1 and case.get("grad_sync", "last") == "last":
                     model.set_requires_gradient_sync(mb == ga - 1)
                 if mb > 0:
                     # FSDPMemTracker refuses a second root forward while it holds the
@@ -852,6 +853,8 @@ def _extra_options(case):
         out["backward_prefetch"] = case["backward_prefetch"]
     if case["grad_accum"] != d["grad_accum"]:
         out["grad_accum"] = case["grad_accum"]
+    if case.get("grad_sync", "last") != "last":
+        out["grad_sync"] = case["grad_sync"]
     if case["strategy"] != d["strategy"]:
         out["strategy"] = case["strategy"]
         out["shard_group_size"] = case["shard_group_size"]

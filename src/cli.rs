@@ -172,6 +172,13 @@ pub(crate) struct Fixed {
     /// logits out of the model kept by the loop until the next step's forward).
     #[arg(long, default_value = "hf", value_parser = ["hf", "torchtitan-2024"])]
     pub(crate) train_loop: String,
+    /// Which micro-batches of --grad-accum reduce their gradients: `last` (FSDP2's
+    /// `set_requires_gradient_sync(False)` on the others, accelerate's `no_sync`: one
+    /// reduce-scatter per step, the unsharded gradients kept between micro-batches) or `each`
+    /// (torchtitan's loop: every backward reduce-scatters and adds into the sharded gradients;
+    /// more collectives, no unsharded gradient kept). FSDP2 layout, without offload
+    #[arg(long, default_value = "last", value_parser = ["last", "each"])]
+    pub(crate) grad_sync: String,
     /// FSDP2's offload policy: `cpu` is `CPUOffloadPolicy()` on every unit (sharded params,
     /// grads and the optimizer on the host; each all-gather copies the shards to the device,
     /// each reduce-scatter's output goes back), `none` keeps them on the device.
@@ -300,7 +307,8 @@ pub(crate) struct Each {
     pub(crate) reshard_after_forward: Option<Raf>,
     #[command(flatten)]
     pub(crate) precision: Precision,
-    /// Micro-batches per optimizer step (gradient accumulation; the gradient sync runs in the last).
+    /// Micro-batches per optimizer step (gradient accumulation; the gradient sync runs in the
+    /// last, or in each with --grad-sync each).
     #[arg(long, default_value_t = 1)]
     pub(crate) grad_accum: u32,
     /// Activation checkpointing of a module class (every instance) or of one module by its
@@ -438,6 +446,7 @@ pub(crate) fn options_for(k: &Knobs, world_size: u64, policy: &str, model: &Mode
         forward_prefetch: o.forward_prefetch,
         backward_prefetch,
         grad_accum: e.grad_accum,
+        grad_sync: fsdp_planner::GradSync::parse(&o.grad_sync).unwrap_or_default(),
         checkpoint: e.checkpoint.clone(),
         ac_mode: fsdp_planner::AcMode::parse(&e.ac_mode).unwrap_or_default(),
         ac_wrapper: fsdp_planner::AcWrapper::parse(&o.ac_wrapper).unwrap_or_default(),

@@ -136,6 +136,8 @@ fn options_of(row: &Value, model: &fsdp_ir::Model) -> std::result::Result<Option
         forward_prefetch: 0,
         backward_prefetch: if fsdp1 { BackwardPrefetch::Pre } else { BackwardPrefetch::Implicit },
         grad_accum: row["grad_accum"].as_u64().unwrap_or(1) as u32,
+        // (every row is of one micro-batch per step)
+        grad_sync: fsdp_planner::GradSync::Last,
         checkpoint,
         ac_mode,
         // torchtitan wraps each block with checkpoint_wrapper before sharding it (for rows

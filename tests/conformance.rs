@@ -91,6 +91,7 @@ pub fn options_of(f: &Value) -> Options {
         forward_prefetch: o["forward_prefetch"].as_u64().unwrap_or(0) as u32,
         backward_prefetch,
         grad_accum: o["grad_accum"].as_u64().unwrap_or(1) as u32,
+        grad_sync: o["grad_sync"].as_str().map(|w| fsdp_planner::GradSync::parse(w).unwrap()).unwrap_or_default(),
         checkpoint: o["checkpoint"]
             .as_array()
             .map(|v| v.iter().map(|c| c.as_str().unwrap().to_string()).collect())

@@ -85,6 +85,14 @@ pub enum Step {
     /// The op's node that saved its input at position `k` (as a view) has run: the op no
     /// longer holds that input (freed when nobody else does).
     ReleaseInput(usize),
+    /// `made[k]` is one of the grads of the op's input at position `p`, passed on now if that
+    /// input already has a grad (autograd's input buffer adds it in: `old + new`, out of
+    /// place), else kept for [`Step::SumInto`].
+    Deliver(usize, usize),
+    /// The input at position `p`'s grads `made[a]` and `made[b]` end: where `a` was delivered,
+    /// `b` is added into the input's grad; otherwise they are summed into a new tensor (`T`),
+    /// which becomes the input's grad.
+    SumInto(usize, usize, usize, T),
     /// (forward chains) A tensor made by an op torchtitan's op-level SAC keeps (`abs`, `max`:
     /// a float8 cast's amax): in a selective-op region it stays from the forward until the
     /// recompute, which takes it instead of making it again. Elsewhere a plain `Make`.
@@ -498,6 +506,9 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             c.drop(a3);
             let a6 = c.make(t(rows, f, "rms_norm rsqrt grad"));
             c.drop(a5);
+            if !upcast {
+                c.steps.push(Step::Deliver(0, a4));
+            }
             // RsqrtBackward0 (saves its result), AddBackward0 (eps)
             let a7 = c.make(t(rows, f, "rms_norm variance grad"));
             c.drop(a6);
@@ -516,16 +527,18 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
                 c.release(0);
             }
             // x32's two grads add up (out of place under a dispatch mode: the tracker's)
-            let a12 = c.make(t(n, f, "rms_norm input grad (f32)"));
-            c.drop(a4);
-            c.drop(a11);
-            // ToCopyBackward (x.to(f32)): the input's grad in its dtype (f32: the sum is it)
             if upcast {
+                let a12 = c.make(t(n, f, "rms_norm input grad (f32)"));
+                c.drop(a4);
+                c.drop(a11);
+                // ToCopyBackward (x.to(f32)): the input's grad in its dtype
                 c.input_grad(0);
                 c.drop(a12);
             } else {
-                c.drop(a12);
-                c.input_grad(0);
+                // (f32: x32 is the input itself, whose grads autograd adds up as they come —
+                // into the residual stream's grad where the block's skip connection gave one
+                // first: measured on harness/fsdp2_fake.py's per-op trace, tiny-llama-wide)
+                c.steps.push(Step::SumInto(0, a4, a11, t(n, f, "rms_norm input grad (f32)")));
             }
             m.bwd_chain = c.steps;
         }

@@ -104,6 +104,13 @@
 //! - *Micro-batch × accumulation*: every micro-batch runs the forward and backward (GEMM
 //!   efficiency falls with fewer rows); FSDP2 without gradient sync keeps each unit's
 //!   unsharded gradients (in the reduce dtype) across micro-batches and reduce-scatters once.
+//! - *Gradient sync per micro-batch* (`--grad-sync each`, torchtitan's loop): every
+//!   micro-batch's backward reduce-scatters each unit (as the last one does, and under HSDP
+//!   all-reduces it over the replicas), k times the reduction bytes of a step, on their
+//!   streams beside the backward's compute — exposed only where a unit's backward is
+//!   shorter than its reduction, and slowing compute by `comm_sm_share` while they run —
+//!   against no unsharded gradient kept from one micro-batch to the next (each reduced shard
+//!   added into the sharded gradient; memory exact against FSDP2).
 //! - *`reshard_after_forward=N`* (an int): the backward all-gather runs over N consecutive
 //!   ranks (NVLink inside a node when N ≤ its GPUs) instead of the whole shard group, at
 //!   the memory of a 1/N slice of each unit's params held from forward to backward.

@@ -61,6 +61,7 @@ pub fn option_values(o: &Options) -> Vec<(&'static str, String)> {
             BackwardPrefetch::Depth(d) => d.to_string(),
         }),
         ("--grad-accum", o.grad_accum.to_string()),
+        ("--grad-sync", o.grad_sync.name().to_string()),
         ("--checkpoint", if o.checkpoint.is_empty() { "-".into() } else { o.checkpoint.join(",") }),
         ("--ac-mode", o.ac_mode.name().to_string()),
         ("--ac-wrapper", o.ac_wrapper.name().to_string()),

@@ -207,6 +207,42 @@ impl TrainLoop {
     }
 }
 
+/// Which micro-batches of a gradient-accumulation step reduce their gradients
+/// (`--grad-sync`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum GradSync {
+    /// The last only: the others run under `set_requires_gradient_sync(False)` (FSDP2;
+    /// accelerate's and FSDP1's `no_sync`) and keep their unsharded gradients for the next
+    /// micro-batch's to add into: one reduce-scatter per step, a step's unsharded gradients
+    /// held from the first micro-batch's backward to the last's.
+    #[default]
+    Last,
+    /// Every one (torchtitan's loop, FSDP2's default): each backward reduce-scatters and adds
+    /// its reduced shard into the sharded gradient (`foreach_reduce`: `grad += new`), so no
+    /// unsharded gradient outlives its backward; a reduce-scatter per micro-batch.
+    Each,
+}
+
+impl GradSync {
+    pub fn parse(s: &str) -> Option<GradSync> {
+        match s {
+            "last" => Some(GradSync::Last),
+            "each" => Some(GradSync::Each),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            GradSync::Last => "last",
+            GradSync::Each => "each",
+        }
+    }
+    fn is_last(&self) -> bool {
+        *self == GradSync::Last
+    }
+}
+
 /// Where the sharded state lives (`--offload`): FSDP2's `offload_policy`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -443,6 +479,9 @@ pub struct Options {
     pub forward_prefetch: u32,
     pub backward_prefetch: BackwardPrefetch,
     pub grad_accum: u32,
+    /// Which micro-batches reduce their gradients under accumulation.
+    #[serde(default, skip_serializing_if = "GradSync::is_last")]
+    pub grad_sync: GradSync,
     /// Module classes (or module paths) run under activation checkpointing.
     pub checkpoint: Vec<String>,
     /// What those regions keep from the forward.
@@ -562,6 +601,7 @@ impl Default for Options {
             forward_prefetch: 0,
             backward_prefetch: BackwardPrefetch::Implicit,
             grad_accum: 1,
+            grad_sync: GradSync::Last,
             checkpoint: vec![],
             ac_mode: AcMode::Full,
             ac_wrapper: AcWrapper::Hf,
@@ -646,6 +686,22 @@ impl Options {
         }
         if self.batch.checked_mul(self.seq).is_none_or(|t| t > MAX_TOKENS) {
             return Err(opt_err("--batch", format!("batch {} × seq {} is more than {MAX_TOKENS} tokens per micro-batch", self.batch, self.seq)));
+        }
+        if self.grad_sync == GradSync::Each {
+            // (what FSDP1's flat gradient, NO_SHARD's all-reduce and the offloaded host
+            // gradients do on each micro-batch is not modelled)
+            let why = if self.layout == Layout::Flat {
+                Some("FSDP1's (--layout flat) per-micro-batch reduction is not modelled: FSDP2 only")
+            } else if matches!(self.strategy, Strategy::NoShard) {
+                Some("not modelled under no-shard")
+            } else if self.offload == Offload::Cpu {
+                Some("not modelled with --offload cpu (the host adds each micro-batch's gradients)")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(opt_err("--grad-sync", format!("each: {why}")));
+            }
         }
         if self.grad_accum > MAX_GRAD_ACCUM {
             return Err(opt_err("--grad-accum", format!("{} is more than {MAX_GRAD_ACCUM} micro-batches", self.grad_accum)));

@@ -8,7 +8,7 @@
 
 use crate::activation::{op_mem, Ctx, OpMem, Step};
 use crate::ids::{BufferId, OpId, UnitId};
-use crate::options::{AttnImpl, BackwardPrefetch, Device, Layout, Offload, Optimizer, Options, Strategy};
+use crate::options::{AttnImpl, BackwardPrefetch, Device, GradSync, Layout, Offload, Optimizer, Options, Strategy};
 use crate::plan::*;
 use crate::units::Unit;
 use fsdp_ir::{DType, Model};
@@ -92,6 +92,8 @@ struct B<'a> {
     split_dtype: Vec<Option<DType>>,
     split_of_param: Vec<Option<BufferId>>,
     sharded_grads: Vec<BufferId>,
+    /// Per unit: its sharded grads exist this step (`--grad-sync each` adds into them).
+    has_sharded_grads: Vec<bool>,
     last_ag_op: Vec<Option<OpId>>,
     /// Units whose pre-backward ran in this micro-batch (FSDP1 `_needs_pre_backward_unshard`).
     entered: Vec<bool>,
@@ -179,6 +181,7 @@ impl B<'_> {
             split_dtype,
             split_of_param,
             sharded_grads,
+            has_sharded_grads,
             last_ag_op,
             entered,
             sac,
@@ -310,7 +313,7 @@ impl B<'_> {
                 None => s.v.push(NONE),
             }
         }
-        s.v.extend(entered.iter().chain(sac).chain(sac_region).chain(sac_unread).map(|&x| u64::from(x)));
+        s.v.extend(entered.iter().chain(sac).chain(sac_region).chain(sac_unread).chain(has_sharded_grads).map(|&x| u64::from(x)));
         let mut kept: Vec<(&usize, &std::collections::VecDeque<BufferId>)> = sac_kept.iter().collect();
         kept.sort_by_key(|x| *x.0);
         for (i, xs) in kept {
@@ -819,7 +822,7 @@ impl B<'_> {
         // views of it, or (orig dtype differs) copies made from it after the all-reduce
         let converted = rd != orig && !flat;
         // (offloaded: the grads are the host's copies; the device's output is temp)
-        let out_category = if converted || self.opts.offload == Offload::Cpu { Category::Temp } else { Category::ShardedGrad };
+        let out_category = if converted || self.opts.offload == Offload::Cpu || self.has_sharded_grads[u.index()] { Category::Temp } else { Category::ShardedGrad };
         let out = self.alloc(name!("{label} sharded grads"), out_category, numel / ws * rd.size(), Some(u));
         let rs_in = copy_in.map(|t| self.relabel(vec![t], name!("{label} reduce-scatter input"), Category::ReduceScatter, Some(u)));
         let mut all_reduced = false;
@@ -860,6 +863,27 @@ impl B<'_> {
             }
             return;
         }
+        // --grad-sync each, past the step's first micro-batch: foreach_reduce adds the new
+        // shard into the sharded grads (`grad._local_tensor += new_sharded_grad`, in place);
+        // the new one (a view of the reduce output, or its cast) goes when it returns, the
+        // all-reduce's input kept as FSDP2 keeps it
+        if self.has_sharded_grads[u.index()] {
+            let g = converted.then(|| self.alloc(name!("{label} reduced grads ({orig})"), Category::Temp, local * orig.size(), Some(u)));
+            if all_reduced {
+                self.all_reduce_held[u.index()] = Some(out);
+            } else {
+                self.free(out);
+            }
+            if let Some(g) = g {
+                self.free(g);
+            }
+            self.pending_rs = rs_in;
+            if let Some(l) = last {
+                self.free(l);
+            }
+            return;
+        }
+        self.has_sharded_grads[u.index()] = true;
         if converted {
             let g = self.alloc(name!("{label} sharded grads ({orig})"), Category::ShardedGrad, local * orig.size(), Some(u));
             if all_reduced {
@@ -1276,6 +1300,7 @@ pub fn build_with(pre: &Prelude, model: &Model, opts: &Options, units: &[Unit], 
         split_dtype: vec![None; units.len()],
         split_of_param: vec![None; model.params.len()],
         sharded_grads: vec![],
+        has_sharded_grads: vec![false; units.len()],
         last_ag_op: vec![None; units.len()],
         entered: vec![false; units.len()],
         chains: &pre.chains,
@@ -1313,7 +1338,8 @@ pub fn build_with(pre: &Prelude, model: &Model, opts: &Options, units: &[Unit], 
             starts.push(b.snapshot(first));
         }
         let fs = forward(&mut b, &cx, &mems, &tz, unit_of_op, &region);
-        backward(&mut b, &cx, &mems, &tz, unit_of_op, &region, fs, mb + 1 == k);
+        let sync = mb + 1 == k || opts.grad_sync == GradSync::Each;
+        backward(&mut b, &cx, &mems, &tz, unit_of_op, &region, fs, sync);
     }
     b.phase = Phase::Optimizer;
     // On a GPU torch.optim's Adam takes its foreach path (every parameter of the device and
@@ -1362,6 +1388,7 @@ pub fn build_with(pre: &Prelude, model: &Model, opts: &Options, units: &[Unit], 
     for g in std::mem::take(&mut b.sharded_grads) {
         b.free(g);
     }
+    b.has_sharded_grads.fill(false);
     // (the step's loss goes once the next step's forward returns: the setup's buffer; so do
     // the logits a torchtitan-2024 loop keeps)
     if let Some(l) = b.held_loss.take() {
@@ -1962,6 +1989,13 @@ fn join_split(b: &mut B, tz: &Tensors, mems: &[OpMem], grad: &mut [Option<Buffer
 /// ([`after_post_backward`]) — measured: DeepSeek-V3 with its experts as units, whose input's
 /// grad from the shared experts is made first. Returns false where nothing waits (the first
 /// grad of an uncast input is the tensor's grad itself).
+/// Whether tensor `j`'s grad, as op `i` (a reader of it) would pass it on, already has a part:
+/// the grad an earlier reader gave, or one held for the post-backward hook of `i`'s unit where
+/// the grad crosses into it ([`crossing_grad`]).
+fn has_grad_now(b: &B, grad: &[Option<BufferId>], i: usize, j: usize) -> bool {
+    grad[j].is_some() || b.through_post_backward[b.unit_of_op[i].index()].iter().any(|x| x.0 == j)
+}
+
 fn crossing_grad(b: &mut B, mems: &[OpMem], grad: &[Option<BufferId>], i: usize, j: usize) -> bool {
     let u = b.unit_of_op[i];
     // (FSDP2's hook; FSDP1 runs its post-backward from its params' grad hooks)
@@ -2400,11 +2434,14 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
             for x in saved[i].drain(..first_node) {
                 b.free(x);
             }
-            for &(pos, j) in &tz.inputs[i] {
-                input_grad(b, tz, mems, &mut grad, &mut grad_refs, i, pos, j);
-            }
+            // (a linear's node makes its weight's grad, then its input's: measured per op on
+            // harness/fsdp2_fake.py, tiny-llama-wide — where the input's grad is added into an
+            // earlier one, the weight's grad is beside the sum)
             for &(k, owner) in &b.op_params[i] {
                 param_grad(b, cx.cd, k, owner);
+            }
+            for &(pos, j) in &tz.inputs[i] {
+                input_grad(b, tz, mems, &mut grad, &mut grad_refs, i, pos, j);
             }
             for s in scratch {
                 b.free(s);
@@ -2456,6 +2493,40 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                             if pos == p {
                                 input_grad(b, tz, mems, &mut grad, &mut grad_refs, i, pos, j);
                             }
+                        }
+                    }
+                    Step::Deliver(p, k) => {
+                        let ready = tz.inputs[i].iter().any(|&(pos, j)| pos == p && has_grad_now(b, &grad, i, tz.alias[j]));
+                        if ready {
+                            for &(pos, j) in &tz.inputs[i] {
+                                if pos == p {
+                                    input_grad(b, tz, mems, &mut grad, &mut grad_refs, i, pos, j);
+                                }
+                            }
+                            if let Some(x) = made.get_mut(k).and_then(Option::take) {
+                                b.free(x);
+                            }
+                        }
+                    }
+                    Step::SumInto(p, x, y, t) => {
+                        let delivered = made.get(x).is_some_and(Option::is_none);
+                        if !delivered {
+                            let sum = b.alloc(cat(&[&op.name, " ", t.what]), b.bwd_temp, t.bytes(), None);
+                            if let Some(x) = made.get_mut(x).and_then(Option::take) {
+                                b.free(x);
+                            }
+                            if let Some(y) = made.get_mut(y).and_then(Option::take) {
+                                b.free(y);
+                            }
+                            b.free(sum);
+                        }
+                        for &(pos, j) in &tz.inputs[i] {
+                            if pos == p {
+                                input_grad(b, tz, mems, &mut grad, &mut grad_refs, i, pos, j);
+                            }
+                        }
+                        if let Some(y) = made.get_mut(y).and_then(Option::take) {
+                            b.free(y);
                         }
                     }
                     Step::ParamGrad(p) => {

@@ -89,14 +89,18 @@ fn cases() -> Vec<(&'static str, &'static str, Options)> {
         ("tiny-llama", "h100-sxm", Options { world_size: 2, batch: 2, seq: 32, ..Options::default() }),
         ("tiny-llama", "cpu", Options { world_size: 2, batch: 2, seq: 32, device: fsdp_planner::Device::Cpu, ..Options::default() }),
         ("tiny-mixtral", "a100-80gb", Options { world_size: 2, batch: 2, seq: 32, ..mp.clone() }),
+        // (every micro-batch reduce-scattered, added into the sharded grads: f32 masters, and
+        // bf16 ones under HSDP, each reduction cast, the all-reduce's input held)
+        ("llama-3-8b", "h100-sxm", Options { world_size: 8, batch: 2, seq: 4096, checkpoint: vec!["LlamaDecoderLayer".into()], grad_sync: fsdp_planner::GradSync::Each, ..mp.clone() }),
+        ("tiny-llama", "h100-sxm", Options { world_size: 4, batch: 2, seq: 32, strategy: fsdp_planner::Strategy::HybridShard { shard_size: 2 }, grad_sync: fsdp_planner::GradSync::Each, master_dtype: bf16, ..mp.clone() }),
         // (the allocator's state in its second step repeats every five micro-batches)
         ("llama-3-8b", "h100-sxm", Options { world_size: 8, batch: 2, seq: 4096, checkpoint: vec!["model.layers.{0..11}=full".into(), "model.layers.{12..31}=selective-op".into()], reshard_after_forward: Some(false), policy: fsdp_planner::Policy::parse("modules:model.embed_tokens,model.layers.*,lm_head").unwrap(), forward_prefetch: 1, backward_prefetch: fsdp_planner::BackwardPrefetch::Depth(2), ..mp.clone() }),
     ]
 }
 
-/// The plans of 6 micro-batches of nine configurations (FSDP2 and FSDP1, HSDP, CPU offload,
+/// The plans of 6 micro-batches of eleven configurations (FSDP2 and FSDP1, HSDP, CPU offload,
 /// full and op-level checkpointing, kept units, edge units, expandable segments, a CPU,
-/// Mixtral, bf16 and f32) are steady, and the plans of 7, 9 and 16 are theirs with micro-batch 4 repeated: the
+/// Mixtral, bf16 and f32, a reduce-scatter in every micro-batch) are steady, and the plans of 7, 9 and 16 are theirs with micro-batch 4 repeated: the
 /// same ops (kinds, streams, phases, dependencies, events), the same buffers (but their
 /// names and arena offsets), the same tensor peak.
 #[test]
@@ -117,7 +121,7 @@ fn a_steady_plan_is_the_longer_one_with_its_second_to_last_micro_batch_repeated(
             checked += 1;
         }
     }
-    assert_eq!(checked, 27);
+    assert_eq!(checked, 33);
 }
 
 /// `timeline::predict_longer` from the plan of 6 micro-batches is the step time of the plan
@@ -147,7 +151,7 @@ fn the_step_time_of_a_longer_accumulation_is_the_steady_plans_with_its_period_re
         broken.schedule[fwd].kind = broken.schedule[bwd].kind.clone();
         assert_eq!(fsdp_planner::timeline::predict_longer(&broken, &h, &cm, 9), None, "{name}");
     }
-    assert_eq!(checked, 27);
+    assert_eq!(checked, 33);
 }
 
 /// The caching allocator's replay of the plan of `n` from the plans of 8 and 12
@@ -155,13 +159,13 @@ fn the_step_time_of_a_longer_accumulation_is_the_steady_plans_with_its_period_re
 /// repeats within the shorter plan's micro-batches, in each step, at a micro-batch that
 /// leaves as many before the last, modulo its period, as the plan of `n` leaves), the replay
 /// of the plan of `n` itself, every figure; a search's stop over a limit where the plan of
-/// `n`'s is. Shown for 87 of the 90 here (1 to 4 micro-batches more, and 24; the last case's
+/// `n`'s is. Shown for 107 of the 110 here (1 to 4 micro-batches more, and 24; the last case's
 /// second step with a period of five micro-batches), the states of the expandable segments'
 /// case and of Llama-3-8B's first at 13 and 15 by their large pools (their small pools'
 /// blocks drift through the second step: replayed, `reserved::small_jump`); not for the last
 /// case from the plan of 8 at 10, 12 and 24 (its state repeats too late in the plan of 8 to
 /// leave the longer one's count before the last). (71 of 90 before the small pools were
-/// replayed.)
+/// replayed; the two `--grad-sync each` cases, 20 of 20.)
 #[test]
 fn the_allocator_replay_of_a_longer_accumulation_is_the_steady_plans_where_its_state_repeats() {
     let (mut shown, mut checked) = (0, 0);
@@ -188,12 +192,13 @@ fn the_allocator_replay_of_a_longer_accumulation_is_the_steady_plans_where_its_s
             assert_eq!(fsdp_planner::reserved::predict_longer(&short, &h, k), None);
         }
     }
-    assert_eq!((shown, checked), (87, 90));
+    assert_eq!((shown, checked), (107, 110));
 }
 
-/// A replay whose small pools never repeat within the plan of 12 (`tune`'s Llama-3-8B on 8
-/// GPUs at 4 × 4096, 22 blocks fully and 10 SAC checkpointed: a 512-byte activation is placed
-/// 512 bytes lower at each micro-batch of the second step) while its large pools do: shown by
+/// A replay whose small pools never repeat within the plan of 12 (Llama-3-8B on 8 GPUs at
+/// 1 × 4096, 26 blocks fully and 6 SAC checkpointed: small blocks drift through the cache from
+/// one micro-batch to the next; with the large pools' period alone, the plan of 12 shows
+/// nothing — checked by turning it off) while its large pools do: shown by
 /// the large pools' state, the small pools' requests replayed (`reserved::small_jump`), for 32
 /// and 128 micro-batches, every figure the replay of the plan of 32 itself (planning 128 here
 /// would cost more than the rest of the file), and the search's stop a byte under its need.
@@ -201,7 +206,7 @@ fn the_allocator_replay_of_a_longer_accumulation_is_the_steady_plans_where_its_s
 fn a_replay_whose_small_blocks_drift_is_shown_by_its_large_pools() {
     let bf16 = fsdp_ir::DType::parse("bf16");
     let f32 = fsdp_ir::DType::parse("f32");
-    let opts = Options { world_size: 8, batch: 4, seq: 4096, param_dtype: bf16, reduce_dtype: f32, checkpoint: vec!["model.layers.{0..21}=full".into(), "model.layers.{22..31}=selective-op".into()], ..Options::default() };
+    let opts = Options { world_size: 8, batch: 1, seq: 4096, param_dtype: bf16, reduce_dtype: f32, checkpoint: vec!["model.layers.{0..25}=full".into(), "model.layers.{26..31}=selective-op".into()], ..Options::default() };
     let (m, h) = (model("llama-3-8b"), hw("h100-sxm"));
     let short = fsdp_planner::plan(&m, &Options { grad_accum: 12, ..opts.clone() }).unwrap();
     let long = fsdp_planner::plan(&m, &Options { grad_accum: 32, ..opts }).unwrap();
@@ -213,7 +218,7 @@ fn a_replay_whose_small_blocks_drift_is_shown_by_its_large_pools() {
     // (the plan of 32's own replay skips too: most of its micro-batches)
     let (every, skipping, skipped) = fsdp_planner::reserved::predict_skipping(&long, &h);
     assert_eq!(every, skipping);
-    assert!(skipped >= 40, "{skipped} skipped");
+    assert!(skipped >= 50, "{skipped} skipped");
     assert!(fsdp_planner::reserved::predict_longer(&short, &h, 128).is_some());
 }
 

@@ -226,6 +226,10 @@ fn sharded_training_equals_single_device() {
     check("tiny-qwen2", opts(3, Layout::Flat, Policy::Auto), &mut report);
     check("tiny-qwen3", opts(3, Layout::Fsdp2, Policy::Auto), &mut report);
     check("tiny-llama", Options { grad_accum: 2, ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);
+    // --grad-sync each: every micro-batch reduce-scatters, added into the sharded grads (and
+    // under HSDP all-reduced across the replicas each time)
+    check("tiny-llama", Options { grad_accum: 3, grad_sync: fsdp_planner::GradSync::Each, ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);
+    check("tiny-llama", Options { grad_accum: 2, grad_sync: fsdp_planner::GradSync::Each, strategy: Strategy::HybridShard { shard_size: 2 }, checkpoint: vec!["LlamaDecoderLayer".into()], ..opts(4, Layout::Fsdp2, Policy::Auto) }, &mut report);
     check("tiny-llama", Options { checkpoint: vec!["LlamaDecoderLayer".into()], ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);
     // one block checkpointed by path, the last unit kept after forward
     check("tiny-llama", Options { checkpoint: vec!["model.layers.1".into()], unit_reshard: vec![("last".into(), false)], ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);

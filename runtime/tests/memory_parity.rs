@@ -76,6 +76,18 @@ fn measured_peak_is_within_two_percent_of_the_plan() {
         }),
         case("tiny-llama", "flat (FSDP1) layout", |o| o.layout = Layout::Flat),
         case("tiny-llama", "grad accumulation 2", |o| o.grad_accum = 2),
+        // every micro-batch reduce-scattered and added into the sharded grads
+        case("tiny-llama", "grad accumulation 3, --grad-sync each", |o| {
+            o.grad_accum = 3;
+            o.grad_sync = fsdp_planner::GradSync::Each;
+        }),
+        case("tiny-llama", "bf16 params, f32 reduce, bf16 masters, grad accumulation 2, --grad-sync each", |o| {
+            o.param_dtype = fsdp_ir::DType::parse("bf16");
+            o.reduce_dtype = fsdp_ir::DType::parse("f32");
+            o.master_dtype = fsdp_ir::DType::parse("bf16");
+            o.grad_accum = 2;
+            o.grad_sync = fsdp_planner::GradSync::Each;
+        }),
         case("tiny-llama", "activation checkpointing", |o| o.checkpoint = vec!["LlamaDecoderLayer".into()]),
         case("tiny-llama", "reshard_after_forward false", |o| o.reshard_after_forward = Some(false)),
         case("tiny-llama", "hybrid shard 2 × 2 (HSDP)", |o| {

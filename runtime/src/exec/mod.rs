@@ -1258,11 +1258,15 @@ fn finish_reduction(u: usize, out: Tensor, hybrid: bool, pending: &mut [Option<T
             }
         });
     }
-    sgrads[u] = Some(match sgrads[u].take() {
-        Some(acc) => tch::no_grad(|| acc + out),
-        None => out,
-    });
-    Ok(())
+    // (a later micro-batch's under --grad-sync each: added in place, as FSDP2's
+    // `grad._local_tensor += new_sharded_grad`)
+    match &mut sgrads[u] {
+        Some(acc) => tch::no_grad(|| acc.f_add_(&out)).map(|_| ()).map_err(|e| err(format!("accumulating unit {u}'s gradient: {e}"))),
+        None => {
+            sgrads[u] = Some(out);
+            Ok(())
+        }
+    }
 }
 
 /// Where a measured step departs from its plan: the `n` schedule ops with the highest
