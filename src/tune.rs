@@ -82,6 +82,12 @@ pub(crate) struct TuneArgs {
     /// (The kept-unit counts' opt-in before they were searched by default: accepted, no effect.)
     #[arg(long, hide = true, conflicts_with = "no_keep_units")]
     pub(crate) keep_units: bool,
+    /// Under gradient accumulation, search only this gradient sync (`plan --grad-sync`):
+    /// `last` (the micro-batches before the last keep their unsharded gradients:
+    /// accelerate's `no_sync`, FSDP2's `set_requires_gradient_sync(False)`) or `each`
+    /// (torchtitan's loop: every micro-batch reduce-scatters). Default: both
+    #[arg(long, value_parser = ["last", "each"])]
+    pub(crate) grad_sync: Option<String>,
     /// Runner-ups to list.
     #[arg(long, default_value_t = 5)]
     pub(crate) top: usize,
@@ -125,6 +131,10 @@ fn base_options(a: &TuneArgs, model: &fsdp_ir::Model) -> Result<(Options, Vec<St
     flags.extend(["--hardware".into(), a.hw.hardware.clone()]);
     if let Some(h) = &a.hw.host_memory {
         flags.extend(["--host-memory".into(), h.clone()]);
+    }
+    // (so that `plan` judges the fit against the same limit; a `--reserve` it has no flag for)
+    if let Some(m) = &a.limit.memory_limit {
+        flags.extend(["--memory-limit".into(), m.clone()]);
     }
     let o = Options {
         world_size: a.world_size,
@@ -184,7 +194,7 @@ fn describe(space: &Space, world: u64, c: &Config) -> String {
     let l = space.blocks.len() as u32;
     let mut v = vec![];
     v.push(if o.shard == world { "FSDP".to_string() } else { format!("HSDP shard {}", o.shard) });
-    v.push(format!("micro-batch {} × {}", o.micro_batch, o.accum));
+    v.push(format!("micro-batch {} × {}{}", o.micro_batch, o.accum, if o.sync_each { " (sync each)" } else { "" }));
     v.push(format!("reshard {}", o.reshard.name()));
     if o.prefetch > 0 {
         v.push(format!("prefetch {}", o.prefetch));
@@ -236,7 +246,7 @@ fn suggestions(model: &fsdp_ir::Model, base: &Options, hw: &Hardware, space: &Sp
     let least_with = |ws: u64, seq: u64, edges: bool| -> Option<Eval> {
         let b = Options { world_size: ws, seq, ..base.clone() };
         let s = Space { shards: vec![ws], ..space.clone() };
-        let c = Config { outer: tune::Outer { shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All, group: 1, edges, offload: false }, full: l, sac: 0 };
+        let c = Config { outer: tune::Outer { shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All, group: 1, edges, offload: false, sync_each: false }, full: l, sac: 0 };
         let plan = fsdp_planner::plan_unchecked(model, &tune::options(&b, &s, &c)).ok()?;
         Some(tune::evaluate(&plan, model, hw, limit, c))
     };
@@ -261,7 +271,7 @@ fn suggestions(model: &fsdp_ir::Model, base: &Options, hw: &Hardware, space: &Sp
         // the least-memory configuration under offload: the node's host may be what it is over
         let ws = base.world_size;
         let s = Space { shards: vec![ws], ..space.clone() };
-        let c = Config { outer: tune::Outer { shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All, group: 1, edges: searched_edges, offload: true }, full: l, sac: 0 };
+        let c = Config { outer: tune::Outer { shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All, group: 1, edges: searched_edges, offload: true, sync_each: false }, full: l, sac: 0 };
         let e = fsdp_planner::plan_unchecked(model, &tune::options(base, &s, &c)).ok().map(|p| tune::evaluate(&p, model, hw, limit, c));
         let over = e.filter(|e| e.host_over).and_then(|e| Some((e.needed_bytes, fsdp_planner::memory::HostNeed::of(e.host_bytes?, ws, hw))));
         match over {
@@ -317,6 +327,15 @@ pub(crate) fn run(a: TuneArgs) -> Result<()> {
         space.edges = vec![false];
     }
     space.keep = !a.no_keep_units;
+    match a.grad_sync.as_deref() {
+        Some("last") => space.sync = vec![false],
+        Some(_) if !space.sync.contains(&true) => {
+            let why = Options { grad_sync: fsdp_planner::GradSync::Each, grad_accum: 2, ..base.clone() }.check().err().map_or(String::new(), |e| format!(": {e}"));
+            bail!(UserError(format!("--grad-sync each is not in this space{why}")));
+        }
+        Some(_) => space.sync = vec![true],
+        None => {}
+    }
     if space.blocks.is_empty() {
         bail!(UserError(format!("{}: no decoder blocks to tune (the transformer policy wraps none)", a.model.display())));
     }
@@ -459,7 +478,7 @@ pub(crate) fn fit(a: FitArgs) -> Result<()> {
     let try_nk = |n: u64, accum: u32| -> Option<Eval> {
         let opts = Options { grad_accum: accum, ..opts_at(n) };
         let plan = fsdp_planner::plan_unchecked(&model, &opts).ok()?;
-        let c = Config { outer: tune::Outer { shard: opts.world_size, micro_batch: opts.batch, accum: opts.grad_accum, prefetch: 0, reshard: tune::Reshard::All, group: opts.unit_group, edges: false, offload: opts.offload == fsdp_planner::Offload::Cpu }, full: 0, sac: 0 };
+        let c = Config { outer: tune::Outer { shard: opts.world_size, micro_batch: opts.batch, accum: opts.grad_accum, prefetch: 0, reshard: tune::Reshard::All, group: opts.unit_group, edges: false, offload: opts.offload == fsdp_planner::Offload::Cpu, sync_each: opts.grad_sync == fsdp_planner::GradSync::Each }, full: 0, sac: 0 };
         Some(tune::evaluate(&plan, &model, &hw, limit, c))
     };
     let try_n = |n: u64| try_nk(n, base.grad_accum);

@@ -16,11 +16,17 @@ fn json(args: &[&str]) -> serde_json::Value {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}\n{out}"))
 }
 
-/// `plan MODEL FLAGS --format json`: (fits, needed bytes, peak bytes, tokens/s/GPU).
+/// `plan MODEL FLAGS --format json`: (fits, needed bytes, peak bytes, tokens/s/GPU). The
+/// flags carry a `--memory-limit` given to tune (so that `plan` judges the fit against it
+/// too); else `limit` is the profile's, given here.
 fn replan(model: &str, flags: &[String], limit: &str) -> (bool, u64, u64, f64) {
     let mut a: Vec<&str> = vec!["plan", model];
     a.extend(flags.iter().map(String::as_str));
-    a.extend(["--memory-limit", limit, "--format", "json"]);
+    match flags.iter().position(|f| f == "--memory-limit") {
+        Some(at) => assert_eq!(flags[at + 1], limit, "{flags:?}"),
+        None => a.extend(["--memory-limit", limit]),
+    }
+    a.extend(["--format", "json"]);
     let v = json(&a);
     (
         v["fits"]["fits"].as_bool().unwrap(),

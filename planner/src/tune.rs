@@ -4,7 +4,10 @@
 //! **Space** ([`Space`], each point a [`Config`] that maps to `plan` flags):
 //! - the HSDP shard-group size (divisors of the world size; the world size is plain FSDP);
 //! - micro-batch × gradient accumulation for the global batch (sequences per optimizer step
-//!   over all ranks, so `micro_batch · accum · world_size = global_batch`);
+//!   over all ranks, so `micro_batch · accum · world_size = global_batch`), and under
+//!   accumulation which micro-batches reduce their gradients: the last only (FSDP2's
+//!   `set_requires_gradient_sync(False)` on the others, their unsharded gradients kept) or
+//!   each (`--grad-sync each`, torchtitan's loop: more reduce-scatters, no gradient kept);
 //! - prefetch: FSDP2's implicit one-ahead, or explicit (forward 1, backward 2); deeper is
 //!   left out: tune's answers in six scenarios (Llama-3-8B on 8, 256 and 512 GPUs, 70B on
 //!   64, 1B on 1,024, 405B on 2,048) re-planned with every depth up to forward 3, backward 4
@@ -145,6 +148,10 @@ pub struct Outer {
     pub edges: bool,
     /// FSDP2's CPUOffloadPolicy (`--offload cpu`): shards, grads and the optimizer on the host.
     pub offload: bool,
+    /// Under accumulation, every micro-batch reduce-scatters (`--grad-sync each`, torchtitan's
+    /// loop), not only the last (FSDP2's `set_requires_gradient_sync(False)` on the others:
+    /// their unsharded gradients kept between micro-batches).
+    pub sync_each: bool,
 }
 
 /// A point of the space.
@@ -191,6 +198,10 @@ pub struct Space {
     /// under HSDP; left out here: it would double the search), one block per unit and no
     /// post-forward groups (what `--offload cpu` plans: `Options::check`).
     pub offload: Vec<bool>,
+    /// The gradient-sync choices searched where a step accumulates ([`Outer::sync_each`]):
+    /// `[false, true]` where the options allow `--grad-sync each` (FSDP2 layout, not under
+    /// CPU offload: `Options::check`).
+    pub sync: Vec<bool>,
 }
 
 /// The memory a configuration must fit in.
@@ -274,7 +285,9 @@ pub fn space(model: &Model, base: &Options, world_size: u64, global_batch: u64, 
     // are untied: it frees memory for less checkpointing, 0.3–1.4% faster answers on Llama-3)
     let edges = if edge_policy.is_some() { vec![false, true] } else { vec![false] };
     let groups = group_ladder(blocks.len() as u32);
-    Ok(Space { shards, batches, prefetch: vec![0, 2], reshard, groups, every_group: false, node, blocks, sac, edges, edge_policy, keep: true, offload })
+    let sync_ok = Options { grad_sync: crate::options::GradSync::Each, world_size, batch: 1, grad_accum: 2, checkpoint: vec![], ..base.clone() }.check().is_ok();
+    let sync = if sync_ok { vec![false, true] } else { vec![false] };
+    Ok(Space { shards, batches, prefetch: vec![0, 2], reshard, groups, every_group: false, node, blocks, sac, edges, edge_policy, keep: true, offload, sync })
 }
 
 /// Whether the options allow op-level SAC on the blocks (`Options::check`: not float8
@@ -324,6 +337,7 @@ pub fn options(base: &Options, space: &Space, c: &Config) -> Options {
     opts.checkpoint = checkpoint_entries(&space.blocks, c.full as usize, c.sac as usize);
     opts.unit_group = o.group.max(1);
     opts.offload = if o.offload { crate::options::Offload::Cpu } else { crate::options::Offload::None };
+    opts.grad_sync = if o.sync_each { crate::options::GradSync::Each } else { crate::options::GradSync::Last };
     if let (true, Some(p)) = (o.edges, &space.edge_policy) {
         opts.policy = crate::options::Policy::Modules(p.clone());
     }
@@ -394,6 +408,9 @@ pub fn flags(space: &Space, base: &Options, c: &Config) -> Vec<String> {
     let mut f = vec!["--world-size".into(), base.world_size.to_string(), "--batch".into(), o.micro_batch.to_string()];
     if o.accum > 1 {
         f.extend(["--grad-accum".into(), o.accum.to_string()]);
+        if o.sync_each {
+            f.extend(["--grad-sync".into(), "each".into()]);
+        }
     }
     if o.shard != base.world_size {
         f.extend(["--strategy".into(), "hybrid-shard".into(), "--shard-group-size".into(), o.shard.to_string()]);
@@ -890,7 +907,12 @@ pub fn outers(space: &Space) -> Vec<Outer> {
                         for &edges in space.edges.iter().filter(|&&e| !e || space.edge_policy.is_some()) {
                             // (CPU offload: FSDP, a block per unit, no post-forward groups)
                             for &offload in space.offload.iter().filter(|&&x| !x || (fsdp && group == 1 && reshard != Reshard::ToNode)) {
-                                v.push(Outer { shard, micro_batch, accum, prefetch, reshard, group, edges, offload });
+                                // (a step of one micro-batch syncs it either way; offloaded
+                                // grads are the last's only)
+                                let syncs: Vec<bool> = if accum == 1 { vec![false] } else { space.sync.iter().copied().filter(|&x| !(x && offload)).collect() };
+                                for sync_each in syncs {
+                                    v.push(Outer { shard, micro_batch, accum, prefetch, reshard, group, edges, offload, sync_each });
+                                }
                             }
                         }
                     }
