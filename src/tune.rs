@@ -255,17 +255,24 @@ fn suggestions(model: &fsdp_ir::Model, base: &Options, hw: &Hardware, space: &Sp
     if !searched_edges && space.edge_policy.is_some() && least_with(base.world_size, base.seq, true).is_some_and(|e| e.fits) {
         out.push("the embeddings and the LM head as FSDP units of their own fit (micro-batch 1, every block checkpointed): leave out --no-embed-head-units".into());
     }
-    match (1..=6).map(|k| base.world_size << k).find(|&ws| least(ws, base.seq).is_some_and(|e| e.fits)) {
+    let more_gpus = (1..=6).map(|k| base.world_size << k).find(|&ws| least(ws, base.seq).is_some_and(|e| e.fits));
+    match more_gpus {
         Some(ws) => out.push(format!("{ws} GPUs (micro-batch 1, every block checkpointed) fit")),
         None => out.push(format!("even {} GPUs do not fit it", base.world_size << 6)),
     }
-    let mut seq = base.seq / 2;
-    while seq >= 128 {
-        if least(base.world_size, seq).is_some_and(|e| e.fits) {
-            out.push(format!("--seq {seq} fits on {} GPUs (micro-batch 1, every block checkpointed)", base.world_size));
-            break;
-        }
-        seq /= 2;
+    let halvings: Vec<u64> = std::iter::successors(Some(base.seq / 2), |&s| Some(s / 2)).take_while(|&s| s >= 128).collect();
+    let shorter = halvings.iter().copied().find(|&seq| least(base.world_size, seq).is_some_and(|e| e.fits));
+    if let Some(seq) = shorter {
+        out.push(format!("--seq {seq} fits on {} GPUs (micro-batch 1, every block checkpointed)", base.world_size));
+    }
+    if more_gpus.is_none() && shorter.is_none() {
+        // neither alone: both — the longest sequence that fits on the fewest more GPUs
+        // (the activations are a rank's, the shards the world's)
+        let both = halvings.iter().find_map(|&seq| (1..=6).map(|k| base.world_size << k).find(|&ws| least(ws, seq).is_some_and(|e| e.fits)).map(|ws| (seq, ws)));
+        out.push(match both {
+            Some((seq, ws)) => format!("--seq {seq} on {ws} GPUs (micro-batch 1, every block checkpointed) fits"),
+            None => format!("no sequence of 128 tokens or more fits on up to {} GPUs either", base.world_size << 6),
+        });
     }
     out.push(if space.offload.contains(&true) {
         // the least-memory configuration under offload: the node's host may be what it is over
@@ -586,7 +593,11 @@ pub(crate) fn fit(a: FitArgs) -> Result<()> {
         .collect();
     s += &table(&heads, &cells);
     if over {
-        s += "\n\n-: does not fit at that accumulation (the micro-batches before the last keep their unsharded gradients: no gradient sync until the last)";
+        s += if base.grad_sync == fsdp_planner::GradSync::Each {
+            "\n\n-: does not fit at that accumulation"
+        } else {
+            "\n\n-: does not fit at that accumulation (the micro-batches before the last keep their unsharded gradients: no gradient sync until the last; --grad-sync each reduces every one)"
+        };
     }
     outln!("{s}");
     Ok(())

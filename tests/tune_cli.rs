@@ -126,6 +126,17 @@ fn tune_says_what_would_fit() {
     let (code, out, _) = run(&["tune", "models/tiny-llama-4l.ron", "--world-size", "2", "--global-batch", "2", "--seq", "64", "--memory-limit", "600KiB", "--reserve", "0", "--hardware", "cpu", "--no-embed-head-units"]);
     assert_eq!(code, 0);
     assert!(out.contains("does not fit") && out.contains("- 8 GPUs") && !out.contains("units of their own fit"), "{out}");
+    // neither more GPUs nor a shorter sequence alone, both: seq 128 on 4 GPUs (the
+    // embeddings and the head units of their own, every block checkpointed: 765,952 B, where
+    // 2 GPUs need 961,024 B at seq 128), and nothing under 600 KiB
+    let (code, out, _) = run(&["tune", "models/tiny-llama-4l.ron", "--world-size", "2", "--global-batch", "2", "--seq", "1024", "--memory-limit", "900KiB", "--reserve", "0", "--hardware", "cpu"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("even 128 GPUs do not fit") && out.contains("--seq 128 on 4 GPUs (micro-batch 1, every block checkpointed) fits"), "{out}");
+    let peak = |ws: &str| json(&["plan", "models/tiny-llama-4l.ron", "--world-size", ws, "--seq", "128", "--policy", "modules:model.embed_tokens,model.layers.*,lm_head", "--checkpoint", "model.layers.{0..3}=full", "--hardware", "cpu", "--format", "json"])["memory"]["peak_bytes"].as_u64().unwrap();
+    assert!(peak("4") <= 900 << 10 && peak("2") > 900 << 10);
+    let (code, out, _) = run(&["tune", "models/tiny-llama-4l.ron", "--world-size", "2", "--global-batch", "2", "--seq", "1024", "--memory-limit", "600KiB", "--reserve", "0", "--hardware", "cpu"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("no sequence of 128 tokens or more fits on up to 128 GPUs either"), "{out}");
     // left to the root where units of their own would fit: said
     let (code, out, _) = run(&["tune", "models/tiny-llama-4l.ron", "--world-size", "4", "--global-batch", "4", "--seq", "64", "--memory-limit", "600KiB", "--reserve", "0", "--hardware", "cpu", "--no-embed-head-units"]);
     assert_eq!(code, 0);
