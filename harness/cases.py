@@ -70,6 +70,13 @@ BASE_CASES = {
     # mesh: groups of 2 consecutive ranks), gathered over that group in backward; fp32 and
     # bf16 params (the slices in the param dtype), and under checkpointing
     "llama_raf2_ws4": {"model": "tiny-llama-4l", "world_size": 4, "reshard_after_forward": 2},
+    # reshard_after_forward=2 on some units only (the first two blocks), the last kept, the
+    # others resharding fully (the planner's --unit-reshard UNIT=N)
+    "llama_unit_raf2_ws4": {"model": "tiny-llama-4l", "world_size": 4,
+                            "unit_reshard": {"model.layers.{0..1}": 2, "last": False}},
+    "llama_unit_raf2_bf16_ac_ws4": {"model": "tiny-llama-4l", "world_size": 4, "checkpoint": ["LlamaDecoderLayer"],
+                                    "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                    "unit_reshard": {"model.layers.{1..2}": 2}},
     "llama_raf2_bf16_ws4": {"model": "tiny-llama-4l", "world_size": 4, "reshard_after_forward": 2,
                             "param_dtype": "bfloat16", "reduce_dtype": "float32"},
     "llama_raf2_ac_ws4": {"model": "tiny-llama-4l", "world_size": 4, "reshard_after_forward": 2,
@@ -678,6 +685,10 @@ FAKE_CASES.update({
     "llama31_8b_raf8_bf16_ws16": {"model": "llama-3.1-8b", "world_size": 16, "batch": 1, "seq": 4096,
                                   "param_dtype": "bfloat16", "reduce_dtype": "float32",
                                   "reshard_after_forward": 8, "optimizer": "adamw"},
+    # the first half of the blocks to the node, the second half fully, the last kept
+    "llama31_8b_unit_raf8_bf16_ws16": {"model": "llama-3.1-8b", "world_size": 16, "batch": 1, "seq": 4096,
+                                       "param_dtype": "bfloat16", "reduce_dtype": "float32", "optimizer": "adamw",
+                                       "unit_reshard": {"model.layers.{0..15}": 8, "last": False}},
     # unit groups at real size: Llama-3.1-8B, two decoder layers per fully_shard call
     "llama31_8b_group2_bf16_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 1, "seq": 4096,
                                    "param_dtype": "bfloat16", "reduce_dtype": "float32",

@@ -135,11 +135,13 @@ pub(crate) struct Fixed {
     /// The root unit's `reshard_after_forward` (default: false, FSDP2's).
     #[arg(long)]
     pub(crate) root_reshard_after_forward: Option<bool>,
-    /// One unit's `reshard_after_forward`: UNIT=true|false, UNIT a module path (or a pattern
-    /// of them: `model.layers.{24..31}`, `*` within a component — every unit it matches),
-    /// `root` or `last` (the last unit in forward order: torchtitan's `--unit-reshard
-    /// last=false`). Repeatable.
-    #[arg(long, value_name = "UNIT=BOOL")]
+    /// One unit's `reshard_after_forward`: UNIT=true|false|N, UNIT a module path (or a
+    /// pattern of them: `model.layers.{24..31}`, `*` within a component — every unit it
+    /// matches), `root` or `last` (the last unit in forward order: torchtitan's
+    /// `--unit-reshard last=false`). N (FSDP2's int: a 1/N slice kept after forward, gathered
+    /// back over N consecutive ranks in backward) on non-root units, one N per plan, applied
+    /// over the true/false ones. Repeatable.
+    #[arg(long, value_name = "UNIT=BOOL|N")]
     pub(crate) unit_reshard: Vec<String>,
     /// Explicit forward prefetch depth (0: FSDP2's implicit behaviour; flat: 1 = forward_prefetch=True).
     #[arg(long, default_value_t = 0)]
@@ -421,6 +423,14 @@ pub(crate) fn options_for(k: &Knobs, world_size: u64, policy: &str, model: &Mode
             fsdp_planner::error::opt_err("--attn-implementation", format!("`{s}`: expected sdpa, eager or flash_attention_2"))
         })?),
     };
+    let unit_reshards: Vec<(String, Raf)> = o
+        .unit_reshard
+        .iter()
+        .map(|s| match s.rsplit_once('=').map(|(u, v)| (u.trim(), parse_raf(v.trim()))) {
+            Some((u, Ok(v))) if !u.is_empty() => Ok((u.to_string(), v)),
+            _ => Err(fsdp_planner::error::opt_err("--unit-reshard", format!("`{s}`: expected UNIT=true, UNIT=false or UNIT=N (UNIT a module path or pattern, root or last)"))),
+        })
+        .collect::<Result<_, _>>()?;
     let opts = Options {
         world_size,
         policy: Policy::parse(policy)?,
@@ -432,14 +442,14 @@ pub(crate) fn options_for(k: &Knobs, world_size: u64, policy: &str, model: &Mode
             _ => None,
         },
         root_reshard_after_forward: o.root_reshard_after_forward,
-        unit_reshard: o
-            .unit_reshard
-            .iter()
-            .map(|s| match s.rsplit_once('=').map(|(u, v)| (u.trim(), v.trim().parse::<bool>())) {
-                Some((u, Ok(v))) if !u.is_empty() => Ok((u.to_string(), v)),
-                _ => Err(fsdp_planner::error::opt_err("--unit-reshard", format!("`{s}`: expected UNIT=true or UNIT=false (UNIT a module path or pattern, root or last)"))),
-            })
-            .collect::<Result<_, _>>()?,
+        unit_reshard: unit_reshards.iter().filter_map(|(u, v)| match v {
+            Raf::Bool(b) => Some((u.clone(), *b)),
+            Raf::To(_) => None,
+        }).collect(),
+        unit_reshard_to: unit_reshards.iter().filter_map(|(u, v)| match v {
+            Raf::To(n) => Some((u.clone(), *n)),
+            Raf::Bool(_) => None,
+        }).collect(),
         param_dtype,
         reduce_dtype,
         master_dtype,

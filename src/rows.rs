@@ -130,6 +130,7 @@ fn options_of(row: &Value, model: &fsdp_ir::Model) -> std::result::Result<Option
         root_reshard_after_forward: None,
         // torchtitan's FSDP2 keeps its last block unsharded after forward
         unit_reshard: if fsdp1 { vec![] } else { vec![("last".into(), false)] },
+        unit_reshard_to: vec![],
         param_dtype: dt("param"),
         reduce_dtype: dt("reduce"),
         master_dtype: dt("master"),

@@ -84,7 +84,9 @@ pub fn options_of(f: &Value) -> Options {
         strategy,
         reshard_after_forward: o["reshard_after_forward"].as_bool(),
         root_reshard_after_forward: o["root_reshard_after_forward"].as_bool(),
-        unit_reshard: o["unit_reshard"].as_object().map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_bool().unwrap())).collect()).unwrap_or_default(),
+        unit_reshard: o["unit_reshard"].as_object().map(|m| m.iter().filter_map(|(k, v)| v.as_bool().map(|b| (k.clone(), b))).collect()).unwrap_or_default(),
+        // (an int: FSDP2's reshard_after_forward=N on those units)
+        unit_reshard_to: o["unit_reshard"].as_object().map(|m| m.iter().filter_map(|(k, v)| v.as_u64().map(|n| (k.clone(), n))).collect()).unwrap_or_default(),
         param_dtype: dt("param_dtype"),
         reduce_dtype: dt("reduce_dtype"),
         master_dtype: None,

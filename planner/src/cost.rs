@@ -452,7 +452,7 @@ pub fn group_shape(opts: &Options, group: Group, gpus_per_node: u64) -> (u64, u6
         }
         // N consecutive ranks: inside a node when N is at most a node's GPUs
         Group::PostForward => {
-            let n = opts.reshard_to.unwrap_or(1).max(1);
+            let n = opts.post_forward_size().unwrap_or(1).max(1);
             (n, n.min(gpn))
         }
     }

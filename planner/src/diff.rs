@@ -48,7 +48,7 @@ pub fn option_values(o: &Options) -> Vec<(&'static str, String)> {
         }),
         ("--reshard-after-forward", o.reshard_to.map_or_else(|| b(o.reshard_after_forward), |n| n.to_string())),
         ("--root-reshard-after-forward", b(o.root_reshard_after_forward)),
-        ("--unit-reshard", if o.unit_reshard.is_empty() { "-".into() } else { o.unit_reshard.iter().map(|(u, v)| format!("{u}={v}")).collect::<Vec<_>>().join(",") }),
+        ("--unit-reshard", if o.unit_reshard.is_empty() && o.unit_reshard_to.is_empty() { "-".into() } else { o.unit_reshard.iter().map(|(u, v)| format!("{u}={v}")).chain(o.unit_reshard_to.iter().map(|(u, n)| format!("{u}={n}"))).collect::<Vec<_>>().join(",") }),
         ("--param-dtype", opt(o.param_dtype)),
         ("--reduce-dtype", opt(o.reduce_dtype)),
         ("--master-dtype", opt(o.master_dtype)),

@@ -69,25 +69,32 @@ pub const MAX_PLAN_BYTES: u64 = 1 << 62;
 /// last non-root unit, units being in forward pre-order) gets that `reshard_after_forward`.
 fn apply_unit_reshard(units: &mut [units::Unit], overrides: &[(String, bool)]) -> Result<(), PlanError> {
     for (name, value) in overrides {
-        let at: Vec<usize> = match name.as_str() {
-            "last" => units.iter().rposition(|u| !u.is_root()).into_iter().collect(),
-            "root" => units.iter().position(|u| u.is_root()).into_iter().collect(),
-            n if n.contains(['*', '{']) => (0..units.len()).filter(|&i| !units[i].is_root() && (wrap::glob_match(n, &units[i].module) || units[i].group.iter().any(|g| wrap::glob_match(n, g)))).collect(),
-            n => units.iter().position(|u| u.module == n || u.group.iter().any(|g| g == n)).into_iter().collect(),
-        };
-        if at.is_empty() {
-            let known: Vec<&str> = units.iter().filter(|u| !u.is_root()).map(|u| u.label()).take(6).collect();
-            if known.is_empty() {
-                // (a wrap policy that wraps nothing: `last` and every path name nothing)
-                return Err(error::opt_err("--unit-reshard", format!("`{name}`: this plan has no FSDP unit but the root (its wrap policy wraps no module): only `root` can be set")));
-            }
-            return Err(error::opt_err("--unit-reshard", format!("`{name}` is not an FSDP unit of this plan (units: root, {}{}; or `last`)", known.join(", "), if units.len() > 7 { ", …" } else { "" })));
-        }
-        for i in at {
+        for i in units_named(units, name)? {
             units[i].reshard_after_forward = *value;
         }
     }
     Ok(())
+}
+
+/// The units `--unit-reshard` names by `name`: a module path (or a unit group's member), a
+/// pattern of paths (every non-root unit it matches), `root` or `last` (the last non-root
+/// unit in forward order).
+fn units_named(units: &[units::Unit], name: &str) -> Result<Vec<usize>, PlanError> {
+    let at: Vec<usize> = match name {
+        "last" => units.iter().rposition(|u| !u.is_root()).into_iter().collect(),
+        "root" => units.iter().position(|u| u.is_root()).into_iter().collect(),
+        n if n.contains(['*', '{']) => (0..units.len()).filter(|&i| !units[i].is_root() && (wrap::glob_match(n, &units[i].module) || units[i].group.iter().any(|g| wrap::glob_match(n, g)))).collect(),
+        n => units.iter().position(|u| u.module == n || u.group.iter().any(|g| g == n)).into_iter().collect(),
+    };
+    if at.is_empty() {
+        let known: Vec<&str> = units.iter().filter(|u| !u.is_root()).map(|u| u.label()).take(6).collect();
+        if known.is_empty() {
+            // (a wrap policy that wraps nothing: `last` and every path name nothing)
+            return Err(error::opt_err("--unit-reshard", format!("`{name}`: this plan has no FSDP unit but the root (its wrap policy wraps no module): only `root` can be set")));
+        }
+        return Err(error::opt_err("--unit-reshard", format!("`{name}` is not an FSDP unit of this plan (units: root, {}{}; or `last`)", known.join(", "), if units.len() > 7 { ", …" } else { "" })));
+    }
+    Ok(at)
 }
 
 /// Runs every pass and the checker.
@@ -171,6 +178,16 @@ fn prepare_passes(model: &Model, opts: &Options) -> Result<Prepared, PlanError> 
     apply_unit_reshard(&mut units, &opts.unit_reshard)?;
     for u in units.iter_mut().filter(|u| !u.is_root() && u.reshard_after_forward) {
         u.reshard_to = opts.reshard_to;
+    }
+    // per-unit ints, over the rest (FSDP2's `fully_shard(unit, reshard_after_forward=N)`)
+    for (name, n) in &opts.unit_reshard_to {
+        for i in units_named(&units, name)? {
+            if units[i].is_root() {
+                return Err(error::opt_err("--unit-reshard", format!("{name}={n}: the root's reshard_after_forward is true or false")));
+            }
+            units[i].reshard_after_forward = true;
+            units[i].reshard_to = Some(*n);
+        }
     }
     verify::verify_units(model, &units, opts.shard_size(), opts.layout)?;
     let unit_of_op = verify::unit_of_ops(model, &units);

@@ -468,6 +468,11 @@ pub struct Options {
     /// leaves its last block unsharded: FSDP2 would prefetch it right away).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unit_reshard: Vec<(String, bool)>,
+    /// Per-unit `reshard_after_forward=N` (FSDP2's int, on those units only): `(unit, N)`,
+    /// units named as in `unit_reshard` (not the root), applied after it. One post-forward
+    /// group size per plan: every N the same, and `reshard_to`'s where that is given.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unit_reshard_to: Vec<(String, u64)>,
     pub param_dtype: Option<DType>,
     pub reduce_dtype: Option<DType>,
     /// The dtype of the sharded (master) parameters — and so of their gradients and the
@@ -595,6 +600,7 @@ impl Default for Options {
             reshard_after_forward: None,
             root_reshard_after_forward: None,
             unit_reshard: vec![],
+            unit_reshard_to: vec![],
             param_dtype: None,
             reduce_dtype: None,
             master_dtype: None,
@@ -622,6 +628,12 @@ impl Default for Options {
 }
 
 impl Options {
+    /// The post-forward group size of the units resharding to an int (`reshard_to`, or the
+    /// per-unit ints: one size per plan, [`Options::check`]).
+    pub fn post_forward_size(&self) -> Option<u64> {
+        self.reshard_to.or(self.unit_reshard_to.first().map(|&(_, n)| n))
+    }
+
     /// Checks every option alone and against the others (not against a model).
     pub fn check(&self) -> Result<(), PlanError> {
         if self.world_size == 0 {
@@ -642,7 +654,13 @@ impl Options {
         if self.unit_group == 0 || self.unit_group > 1024 {
             return Err(opt_err("--unit-group", format!("{}: blocks per unit, 1 to 1024", self.unit_group)));
         }
-        if let Some(n) = self.reshard_to {
+        if let Some((u, n)) = self.unit_reshard_to.iter().find(|(_, n)| self.reshard_to.is_some_and(|m| m != *n) || self.unit_reshard_to.first().is_some_and(|(_, m)| m != n)) {
+            return Err(opt_err("--unit-reshard", format!("{u}={n}: one post-forward group size per plan (every unit's int the same, and --reshard-after-forward's where it is an int)")));
+        }
+        if let Some((u, _)) = self.unit_reshard_to.iter().find(|(u, _)| u == "root") {
+            return Err(opt_err("--unit-reshard", format!("{u}=N: the root's reshard_after_forward is true or false")));
+        }
+        if let Some(n) = self.post_forward_size() {
             let s = self.shard_size();
             if !matches!(self.strategy, Strategy::FullShard) || self.layout == Layout::Flat || n < 2 || n >= s || !s.is_multiple_of(n) {
                 return Err(opt_err("--reshard-after-forward", format!("{n}: an int reshards to groups of that many ranks: FSDP2 full-shard only, a divisor of the world size ({s}) other than 1 and itself")));
@@ -654,7 +672,7 @@ impl Options {
         if self.float8.is_some_and(|f| f.all_gather && f.recipe != Float8Recipe::Tensorwise) {
             return Err(opt_err("--float8-all-gather", "torchao all-gathers float8 weights under tensorwise scaling only (its rowwise recipe gathers them in the param dtype)"));
         }
-        if self.float8.is_some_and(|f| f.all_gather) && self.reshard_to.is_some() {
+        if self.float8.is_some_and(|f| f.all_gather) && self.post_forward_size().is_some() {
             return Err(opt_err("--float8-all-gather", "not with --reshard-after-forward N (the post-forward shards of float8 weights are not modelled)"));
         }
         if self.float8.is_some_and(|f| f.all_gather) && self.layout == Layout::Flat {
@@ -669,7 +687,7 @@ impl Options {
             if !matches!(self.strategy, Strategy::FullShard | Strategy::HybridShard { .. }) {
                 return refuse("full-shard or hybrid-shard only (shard-grad-op and no-shard with offload are not modelled)");
             }
-            if self.float8.is_some() || self.reshard_to.is_some() || self.unit_group > 1 {
+            if self.float8.is_some() || self.post_forward_size().is_some() || self.unit_group > 1 {
                 return refuse("not with --float8, --reshard-after-forward N or --unit-group yet (not modelled)");
             }
         }

@@ -15,7 +15,11 @@
 //! - `reshard_after_forward` of the blocks: all (FSDP2's default), all but the last
 //!   (torchtitan's), none (ZeRO-2-like: no backward all-gathers); and (the space's `keep`,
 //!   unless `--no-keep-units`) all but the last r units for every r between
-//!   ([`Reshard::Keep`]);
+//!   ([`Reshard::Keep`]); on more than one node, to the node (FSDP2's int), with or without
+//!   the last kept ([`Reshard::ToNode`], [`Reshard::ToNodeButLast`]). The root's
+//!   `reshard_after_forward` stays FSDP2's false: true frees its params after the forward
+//!   only to gather them again as the backward starts, nothing made in between — another
+//!   all-gather, exposed, and no lower peak — so it is never the better choice;
 //! - unit groups: k decoder blocks per FSDP unit (`--unit-group k`, FSDP2's
 //!   `fully_shard([block_i, …, block_i+k-1])`: 1/k of the collectives, each k times the
 //!   size), k a divisor of the number of blocks ([`group_ladder`]; equal units: a shorter
@@ -111,6 +115,9 @@ pub enum Reshard {
     /// slice kept after forward, the backward all-gather inside the node (FSDP only, more than
     /// one node).
     ToNode,
+    /// Every block to a node's GPUs but the last, kept (torchtitan's `last=false` with the
+    /// others' `reshard_after_forward=<GPUs per node>`; FSDP only, more than one node).
+    ToNodeButLast,
     /// Every unit but the last `r` in forward order (2 ≤ r, fewer than all the units): per
     /// unit `reshard_after_forward=False` from the end, torchtitan's last block taken further
     /// — each kept unit's backward all-gather saved, its params held from forward to backward
@@ -126,6 +133,7 @@ impl Reshard {
             Reshard::AllButLast => "all but last".into(),
             Reshard::None => "none".into(),
             Reshard::ToNode => "to the node".into(),
+            Reshard::ToNodeButLast => "to the node but last".into(),
             Reshard::Keep(r) => format!("all but the last {r}"),
         }
     }
@@ -274,7 +282,7 @@ pub fn space(model: &Model, base: &Options, world_size: u64, global_batch: u64, 
     let blocks: Vec<String> = probe.units.iter().filter(|u| !u.is_root()).map(|u| u.module.clone()).collect();
     let mut reshard = Reshard::ALL.to_vec();
     if world_size > node && world_size.is_multiple_of(node) && node > 1 {
-        reshard.push(Reshard::ToNode);
+        reshard.extend([Reshard::ToNode, Reshard::ToNodeButLast]);
     }
     let edge_policy = edge_policy(model, &blocks);
     let sac = sac_allowed(base, &blocks);
@@ -328,11 +336,11 @@ pub fn options(base: &Options, space: &Space, c: &Config) -> Options {
     };
     opts.reshard_after_forward = Some(o.reshard != Reshard::None);
     opts.unit_reshard = match o.reshard {
-        Reshard::AllButLast => vec![("last".into(), false)],
+        Reshard::AllButLast | Reshard::ToNodeButLast => vec![("last".into(), false)],
         Reshard::Keep(r) => kept_units(space, o, r).into_iter().map(|n| (n, false)).collect(),
         _ => vec![],
     };
-    opts.reshard_to = (o.reshard == Reshard::ToNode).then_some(space.node);
+    opts.reshard_to = matches!(o.reshard, Reshard::ToNode | Reshard::ToNodeButLast).then_some(space.node);
     opts.ac_mode = AcMode::Full;
     opts.checkpoint = checkpoint_entries(&space.blocks, c.full as usize, c.sac as usize);
     opts.unit_group = o.group.max(1);
@@ -423,6 +431,7 @@ pub fn flags(space: &Space, base: &Options, c: &Config) -> Vec<String> {
         Reshard::AllButLast => f.extend(["--unit-reshard".into(), "last=false".into()]),
         Reshard::None => f.extend(["--reshard-after-forward".into(), "false".into()]),
         Reshard::ToNode => f.extend(["--reshard-after-forward".into(), space.node.to_string()]),
+        Reshard::ToNodeButLast => f.extend(["--reshard-after-forward".into(), space.node.to_string(), "--unit-reshard".into(), "last=false".into()]),
         Reshard::Keep(r) => {
             for n in kept_units(space, o, r) {
                 f.extend(["--unit-reshard".into(), format!("{n}=false")]);
@@ -902,11 +911,12 @@ pub fn outers(space: &Space) -> Vec<Outer> {
             for &prefetch in &space.prefetch {
                 // (a post-forward group is FSDP2 full-shard's: not under HSDP)
                 let fsdp = space.shards.iter().max() == Some(&shard);
-                for &reshard in space.reshard.iter().filter(|&&r| r != Reshard::ToNode || fsdp) {
+                let to_node = |r: Reshard| matches!(r, Reshard::ToNode | Reshard::ToNodeButLast);
+                for &reshard in space.reshard.iter().filter(|&&r| !to_node(r) || fsdp) {
                     for &group in &space.groups {
                         for &edges in space.edges.iter().filter(|&&e| !e || space.edge_policy.is_some()) {
                             // (CPU offload: FSDP, a block per unit, no post-forward groups)
-                            for &offload in space.offload.iter().filter(|&&x| !x || (fsdp && group == 1 && reshard != Reshard::ToNode)) {
+                            for &offload in space.offload.iter().filter(|&&x| !x || (fsdp && group == 1 && !to_node(reshard))) {
                                 // (a step of one micro-batch syncs it either way; offloaded
                                 // grads are the last's only)
                                 let syncs: Vec<bool> = if accum == 1 { vec![false] } else { space.sync.iter().copied().filter(|&x| !(x && offload)).collect() };

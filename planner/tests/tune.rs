@@ -98,7 +98,7 @@ fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator
     }
     if ws == 4 {
         space.node = 2;
-        space.reshard.push(tune::Reshard::ToNode);
+        space.reshard.extend([tune::Reshard::ToNode, tune::Reshard::ToNodeButLast]);
     }
     // the embeddings and the head as units of their own, where they are untied
     if space.edge_policy.is_some() {
@@ -127,7 +127,7 @@ fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator
             tune::Reshard::AllButLast => Some(1),
             tune::Reshard::Keep(r) => Some(r),
             tune::Reshard::None => Some(tune::units_of(&space, o)),
-            tune::Reshard::ToNode => None,
+            tune::Reshard::ToNode | tune::Reshard::ToNodeButLast => None,
         };
         // (the unit one more kept keeps is a block group: the head is kept first, the
         // embeddings never)

@@ -76,6 +76,12 @@ fn measured_peak_is_within_two_percent_of_the_plan() {
         }),
         case("tiny-llama", "flat (FSDP1) layout", |o| o.layout = Layout::Flat),
         case("tiny-llama", "grad accumulation 2", |o| o.grad_accum = 2),
+        // reshard_after_forward=2 on one unit, the other kept after forward
+        case("tiny-llama", "ws 4, model.layers.0 resharded to 2, the last kept", |o| {
+            o.world_size = 4;
+            o.unit_reshard_to = vec![("model.layers.0".into(), 2)];
+            o.unit_reshard = vec![("last".into(), false)];
+        }),
         // every micro-batch reduce-scattered and added into the sharded grads
         case("tiny-llama", "grad accumulation 3, --grad-sync each", |o| {
             o.grad_accum = 3;
