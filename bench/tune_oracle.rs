@@ -75,10 +75,13 @@ fn main() {
             outers.extend(near.into_iter().map(|reshard| Outer { reshard, ..o }).filter(|o| valid.contains(o)));
         }
         let l = space.blocks.len() as u32;
-        let configs: Vec<Config> = outers
+        // (counted from the front and from the back: what reads the same both ways once)
+        let mut configs: Vec<Config> = outers
             .iter()
-            .flat_map(|&o| (0..=l).flat_map(move |f| (0..=if sp.sac { l - f } else { 0 }).map(move |s| Config { outer: o, full: f, sac: s })))
+            .flat_map(|&o| (0..=l).flat_map(move |f| (0..=if sp.sac { l - f } else { 0 }).flat_map(move |s| [false, true].map(|back| Config::new(o, f, s, back, l)))))
             .collect();
+        configs.sort();
+        configs.dedup();
         let mut points: Vec<Point> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..2)
                 .map(|t| {

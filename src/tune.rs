@@ -213,6 +213,8 @@ fn describe(space: &Space, world: u64, c: &Config) -> String {
         (0, 0, _) => "no AC".into(),
         (f, 0, 0) if f == l => "full AC".into(),
         (0, s, 0) if s == l => "op-SAC".into(),
+        // (in block order: counted from the back, the last blocks fully checkpointed)
+        (f, s, n) if c.back => format!("AC {n} none / {s} SAC / {f} full"),
         (f, s, n) => format!("AC {f} full / {s} SAC / {n} none"),
     });
     v.join(" · ")
@@ -246,7 +248,7 @@ fn suggestions(model: &fsdp_ir::Model, base: &Options, hw: &Hardware, space: &Sp
     let least_with = |ws: u64, seq: u64, edges: bool| -> Option<Eval> {
         let b = Options { world_size: ws, seq, ..base.clone() };
         let s = Space { shards: vec![ws], ..space.clone() };
-        let c = Config { outer: tune::Outer { shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All, group: 1, edges, offload: false, sync_each: false }, full: l, sac: 0 };
+        let c = Config { outer: tune::Outer { shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All, group: 1, edges, offload: false, sync_each: false }, full: l, sac: 0, back: false };
         let plan = fsdp_planner::plan_unchecked(model, &tune::options(&b, &s, &c)).ok()?;
         Some(tune::evaluate(&plan, model, hw, limit, c))
     };
@@ -278,7 +280,7 @@ fn suggestions(model: &fsdp_ir::Model, base: &Options, hw: &Hardware, space: &Sp
         // the least-memory configuration under offload: the node's host may be what it is over
         let ws = base.world_size;
         let s = Space { shards: vec![ws], ..space.clone() };
-        let c = Config { outer: tune::Outer { shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All, group: 1, edges: searched_edges, offload: true, sync_each: false }, full: l, sac: 0 };
+        let c = Config { outer: tune::Outer { shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All, group: 1, edges: searched_edges, offload: true, sync_each: false }, full: l, sac: 0, back: false };
         let e = fsdp_planner::plan_unchecked(model, &tune::options(base, &s, &c)).ok().map(|p| tune::evaluate(&p, model, hw, limit, c));
         let over = e.filter(|e| e.host_over).and_then(|e| Some((e.needed_bytes, fsdp_planner::memory::HostNeed::of(e.host_bytes?, ws, hw))));
         match over {
@@ -485,7 +487,7 @@ pub(crate) fn fit(a: FitArgs) -> Result<()> {
     let try_nk = |n: u64, accum: u32| -> Option<Eval> {
         let opts = Options { grad_accum: accum, ..opts_at(n) };
         let plan = fsdp_planner::plan_unchecked(&model, &opts).ok()?;
-        let c = Config { outer: tune::Outer { shard: opts.world_size, micro_batch: opts.batch, accum: opts.grad_accum, prefetch: 0, reshard: tune::Reshard::All, group: opts.unit_group, edges: false, offload: opts.offload == fsdp_planner::Offload::Cpu, sync_each: opts.grad_sync == fsdp_planner::GradSync::Each }, full: 0, sac: 0 };
+        let c = Config { outer: tune::Outer { shard: opts.world_size, micro_batch: opts.batch, accum: opts.grad_accum, prefetch: 0, reshard: tune::Reshard::All, group: opts.unit_group, edges: false, offload: opts.offload == fsdp_planner::Offload::Cpu, sync_each: opts.grad_sync == fsdp_planner::GradSync::Each }, full: 0, sac: 0, back: false };
         Some(tune::evaluate(&plan, &model, &hw, limit, c))
     };
     let try_n = |n: u64| try_nk(n, base.grad_accum);

@@ -59,9 +59,17 @@
 //! on peaks, the rest replayed in order; the outer point dropped there if `lowest` of it
 //! cannot beat the best), and for each `full` from there the least `sac` that fits is found
 //! by bisection, and the loop stops once `lowest` of `full` cannot beat the best. Which
-//! blocks: with identical blocks the recompute does not depend on which ones, and
-//! checkpointing the first ones frees their activations' recompute earliest in the backward
-//! (the least memory; checked by brute force over every assignment on a 4-block model).
+//! blocks: identical blocks recompute the same wherever they are, and checkpointing the
+//! first ones frees their activations' recompute earliest in the backward (the least
+//! memory; checked by brute force over every assignment on 4- and 2-block models) — but the
+//! recompute's *time* can depend on where: a block whose backward runs beside an all-gather
+//! still in flight hides it (2 Llama-3.2-1B blocks on 4 H100s two to a node, the last kept
+//! after forward: checkpointing the last is free, the first costs 0.9% of the step;
+//! Llama-3-8B on 256 H100s under HSDP 64 × 4: the last block's recompute 0.6% cheaper than
+//! the first's). So where one unit checkpointed at the back is faster than at the front,
+//! the same walk runs again counted from the back ([`Config::back`]: the last `full` units
+//! fully, the `sac` before them under SAC), under the best of both; the oracle test that
+//! writes `plan`'s options out by hand finds the 0.9% without it.
 //!
 //! Kept units (`keep`): after the two passes, a third searches the kept counts of each
 //! outer point resharding all. A count's best is at least a floor: the floor of a count with
@@ -170,6 +178,23 @@ pub struct Config {
     pub full: u32,
     /// … the next `sac` under op-level selective AC.
     pub sac: u32,
+    /// Counted from the last block instead: the last `full` fully checkpointed, the `sac`
+    /// before them under SAC. Identical blocks recompute the same wherever they are, but
+    /// not always in the same time: a block whose backward runs while an all-gather it does
+    /// not wait for is still in flight hides its recompute (2 blocks on 4 GPUs two to a node,
+    /// the last kept after forward: checkpointing it is free, the first is not) — see
+    /// [`search`]'s module doc. (False wherever the blocks are all alike: nothing or every one
+    /// checkpointed, one way.)
+    pub back: bool,
+}
+
+impl Config {
+    /// The configuration `full` / `sac` counted from the front (`back` false) or the back,
+    /// `back` cleared where both read the same.
+    pub fn new(outer: Outer, full: u32, sac: u32, back: bool, blocks: u32) -> Config {
+        let alike = full + sac == 0 || full >= blocks || (full == 0 && sac >= blocks);
+        Config { outer, full, sac, back: back && !alike }
+    }
 }
 
 /// What is searched.
@@ -197,6 +222,10 @@ pub struct Space {
     /// The `modules:` policy that makes the embeddings and the head units of their own
     /// (embeddings, a pattern of the blocks, head), when the model has them untied.
     pub edge_policy: Option<Vec<String>>,
+    /// Whether checkpointing is also counted from the last block ([`Config::back`]) where one
+    /// unit checkpointed there is faster than at the front (by default; tests turn it off
+    /// to check that it is what finds such answers).
+    pub from_back: bool,
     /// Whether the kept-unit counts ([`Reshard::Keep`]) are searched (the third pass of
     /// [`search`]) beside `reshard`, whose `All` and `None` bracket them (by default; `tune
     /// --no-keep-units` leaves them out).
@@ -295,7 +324,7 @@ pub fn space(model: &Model, base: &Options, world_size: u64, global_batch: u64, 
     let groups = group_ladder(blocks.len() as u32);
     let sync_ok = Options { grad_sync: crate::options::GradSync::Each, world_size, batch: 1, grad_accum: 2, checkpoint: vec![], ..base.clone() }.check().is_ok();
     let sync = if sync_ok { vec![false, true] } else { vec![false] };
-    Ok(Space { shards, batches, prefetch: vec![0, 2], reshard, groups, every_group: false, node, blocks, sac, edges, edge_policy, keep: true, offload, sync })
+    Ok(Space { shards, batches, prefetch: vec![0, 2], reshard, groups, every_group: false, node, blocks, sac, edges, edge_policy, keep: true, offload, sync, from_back: true })
 }
 
 /// Whether the options allow op-level SAC on the blocks (`Options::check`: not float8
@@ -342,7 +371,7 @@ pub fn options(base: &Options, space: &Space, c: &Config) -> Options {
     };
     opts.reshard_to = matches!(o.reshard, Reshard::ToNode | Reshard::ToNodeButLast).then_some(space.node);
     opts.ac_mode = AcMode::Full;
-    opts.checkpoint = checkpoint_entries(&space.blocks, c.full as usize, c.sac as usize);
+    opts.checkpoint = checkpoint_entries(&space.blocks, c.full as usize, c.sac as usize, c.back);
     opts.unit_group = o.group.max(1);
     opts.offload = if o.offload { crate::options::Offload::Cpu } else { crate::options::Offload::None };
     opts.grad_sync = if o.sync_each { crate::options::GradSync::Each } else { crate::options::GradSync::Last };
@@ -353,13 +382,18 @@ pub fn options(base: &Options, space: &Space, c: &Config) -> Options {
 }
 
 /// `--checkpoint` entries for the first `full` blocks (full) and the next `sac` (op-level
-/// SAC), runs of numbered paths written as ranges (`model.layers.{0..7}=full`).
-pub fn checkpoint_entries(blocks: &[String], full: usize, sac: usize) -> Vec<String> {
-    let full = full.min(blocks.len());
-    let sac = sac.min(blocks.len() - full);
-    let mut out: Vec<String> = ranges(&blocks[..full]).into_iter().map(|r| format!("{r}=full")).collect();
-    out.extend(ranges(&blocks[full..full + sac]).into_iter().map(|r| format!("{r}=selective-op")));
-    out
+/// SAC) — or, `back`, the last `full` and the `sac` before them — runs of numbered paths
+/// written as ranges (`model.layers.{0..7}=full`), in forward order.
+pub fn checkpoint_entries(blocks: &[String], full: usize, sac: usize, back: bool) -> Vec<String> {
+    let n = blocks.len();
+    let full = full.min(n);
+    let sac = sac.min(n - full);
+    let entries = |range: std::ops::Range<usize>, mode: &'static str| ranges(&blocks[range]).into_iter().map(move |r| format!("{r}={mode}"));
+    if back {
+        entries(n - full - sac..n - full, "selective-op").chain(entries(n - full..n, "full")).collect()
+    } else {
+        entries(0..full, "full").chain(entries(full..full + sac, "selective-op")).collect()
+    }
 }
 
 /// Module paths with runs of numbered ones written as ranges (`model.layers.{0..7}`).
@@ -447,7 +481,7 @@ pub fn flags(space: &Space, base: &Options, c: &Config) -> Vec<String> {
     if o.offload {
         f.extend(["--offload".into(), "cpu".into()]);
     }
-    for e in checkpoint_entries(&space.blocks, c.full as usize, c.sac as usize) {
+    for e in checkpoint_entries(&space.blocks, c.full as usize, c.sac as usize, c.back) {
         f.extend(["--checkpoint".into(), e]);
     }
     f
@@ -890,7 +924,8 @@ pub fn settle(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
 }
 
 /// Configurations in the space: per outer point, every (full, SAC) split of its units'
-/// blocks (groups of `group` blocks checkpointed alike).
+/// blocks (groups of `group` blocks checkpointed alike), counted from the front and, where
+/// the space has it, from the back.
 pub fn size(space: &Space) -> u64 {
     let blocks = space.blocks.len() as u64;
     outers(space)
@@ -898,7 +933,11 @@ pub fn size(space: &Space) -> u64 {
         .chain(keep_outers(space).iter())
         .map(|o| {
             let l = blocks.div_ceil(o.group.max(1) as u64);
-            if space.sac { (l + 1) * (l + 2) / 2 } else { l + 1 }
+            let front = if space.sac { (l + 1) * (l + 2) / 2 } else { l + 1 };
+            // (counted from the back too: all but nothing, every unit full and every unit
+            // under SAC, which read the same both ways)
+            let alike = if space.sac { 3 } else { 2 };
+            front + if space.from_back && l >= 2 { front - alike } else { 0 }
         })
         .sum()
 }
@@ -993,6 +1032,38 @@ fn faster(a: (f64, Config), b: Option<(f64, Config)>) -> bool {
 /// where nothing fits) — under the search's own terms (a replay monotone in SAC, the walk's
 /// patience), as the best it finds is.
 fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> (Option<(f64, Config)>, f64) {
+    let front = walk(ev, o, bound, false);
+    // Counted from the back too where one unit checkpointed there is faster than at the
+    // front (its recompute hidden behind communication the front's is not: the blocks'
+    // position matters only through overlap; at real sizes the front is never slower —
+    // Llama-3-8B on 8, 64 and 256 H100s, one, four and sixteen blocks — and the probe costs
+    // two plans per outer point walked). The same walk, under the best of both so far.
+    let blocks = ev.space.blocks.len() as u32;
+    let k = o.group.max(1);
+    if !ev.space.from_back || blocks.div_ceil(k) < 2 || front.1.is_infinite() || !faster((front.1, Config::new(o, 0, 0, false, blocks)), bound) {
+        return front;
+    }
+    let unit = k.min(blocks);
+    let (Some(tf), Some(tb)) = (ev.time(Config::new(o, unit, 0, false, blocks)), ev.time(Config::new(o, unit, 0, true, blocks))) else { return front };
+    // (to float rounding: summed in another order, the same time differs in its last bits)
+    if tb >= tf * (1.0 - 1e-9) {
+        return front;
+    }
+    let bound = match (front.0, bound) {
+        (Some(f), Some(b)) => Some(if faster(f, Some(b)) { f } else { b }),
+        (f, b) => f.or(b),
+    };
+    let back = walk(ev, o, bound, true);
+    let best = match (front.0, back.0) {
+        (Some(f), Some(b)) => Some(if faster(b, Some(f)) { b } else { f }),
+        (f, b) => f.or(b),
+    };
+    (best, front.1.min(back.1))
+}
+
+/// [`search_outer`]'s walk with checkpointing counted from the front or the back
+/// ([`Config::back`]).
+fn walk(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>, back: bool) -> (Option<(f64, Config)>, f64) {
     // checkpointing goes by units: with unit groups of k blocks, `full` and `sac` count
     // groups (a group's blocks are checkpointed alike; k divides the blocks, so the units are
     // identical, as counting them from the front takes)
@@ -1002,7 +1073,7 @@ fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> (
     let sac_max = |full: u32| if ev.space.sac { l - full } else { 0 };
     let cfg = |full: u32, sac: u32| {
         let f = (full * k).min(blocks);
-        Config { outer: o, full: f, sac: (sac * k).min(blocks - f) }
+        Config::new(o, f, (sac * k).min(blocks - f), back, blocks)
     };
     const NONE: (Option<(f64, Config)>, f64) = (None, f64::INFINITY);
     let c00 = cfg(0, 0);
@@ -1272,7 +1343,7 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
                     for family in mine {
                         let mut last: Option<f64> = None;
                         for &o in family {
-                            let c = Config { outer: o, full: 0, sac: 0 };
+                            let c = Config { outer: o, full: 0, sac: 0, back: false };
                             let Some(t) = ev.time(c) else { break };
                             if !space.every_group && last.is_some_and(|l| t >= l) {
                                 break;
@@ -1322,7 +1393,7 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
                         let Some(mine) = lanes.get(li).and_then(|l| l.lock().ok().and_then(|mut g| g.take())) else { break };
                         let outers: Vec<Outer> = mine.iter().map(|(o, _, _)| *o).collect();
                         for (o, k, p) in mine {
-                            ev.seed(Config { outer: o, full: 0, sac: 0 }, k, p);
+                            ev.seed(Config { outer: o, full: 0, sac: 0, back: false }, k, p);
                         }
                         let mut best: Option<(f64, Config)> = None;
                         for o in outers {
@@ -1367,7 +1438,7 @@ pub fn search(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
                                 // `None` keeps every unit: no r does better without
                                 // checkpointing (timed here where the first pass did not)
                                 let on = Outer { reshard: Reshard::None, ..o };
-                                let tn = first_time.get(&on).copied().or_else(|| ev.time(Config { outer: on, full: 0, sac: 0 }));
+                                let tn = first_time.get(&on).copied().or_else(|| ev.time(Config { outer: on, full: 0, sac: 0, back: false }));
                                 let b0 = floor.get(&o).copied().unwrap_or(f64::INFINITY);
                                 if let Some(tn) = tn {
                                     search_kept(&mut ev, o, (t0, tn, b0), &mut bound, &mut found);
@@ -1460,7 +1531,7 @@ fn search_kept(ev: &mut Evaluator, o: Outer, (t0, tn, b0): (f64, f64, f64), boun
     let keep = |r: u32| Outer { reshard: Reshard::Keep(r), ..o };
     // (a refused count is never searched: the planner refuses none by the count, which only
     // sets per-unit reshard flags)
-    let t = |ev: &mut Evaluator, r: u32| ev.time(Config { outer: keep(r), full: 0, sac: 0 }).unwrap_or(f64::INFINITY);
+    let t = |ev: &mut Evaluator, r: u32| ev.time(Config { outer: keep(r), full: 0, sac: 0, back: false }).unwrap_or(f64::INFINITY);
     let mut off = (b0 - t0).max(0.0);
     let mut lo = 2;
     // (the last count was passed by)
@@ -1492,7 +1563,7 @@ fn search_kept(ev: &mut Evaluator, o: Outer, (t0, tn, b0): (f64, f64, f64), boun
         // beside its params, a kept one does not); nearer the limit, or where only the
         // allocator replay finds it over (its fragmentation need not grow with the units
         // kept), the next count may fit
-        let least = Config { outer: keep(r), full: space.blocks.len() as u32, sac: 0 };
+        let least = Config { outer: keep(r), full: space.blocks.len() as u32, sac: 0, back: false };
         let Some(floor) = ev.floor(least) else { return };
         // (offloaded past the node's host memory: so is every count, whose host share is the
         // same shards, grads and optimizer state)
@@ -1514,7 +1585,7 @@ fn search_kept(ev: &mut Evaluator, o: Outer, (t0, tn, b0): (f64, f64, f64), boun
             let (mut a, mut b) = (r, u - 1);
             while a < b {
                 let mid = a + (b - a).div_ceil(2);
-                if ev.fits(Config { outer: keep(mid), full: 0, sac: 0 }) {
+                if ev.fits(Config { outer: keep(mid), full: 0, sac: 0, back: false }) {
                     a = mid;
                 } else {
                     b = mid - 1;
