@@ -350,6 +350,11 @@ pub(crate) struct PlanArgs {
     /// 75GB, 8e10.
     #[arg(long)]
     pub(crate) memory_limit: Option<String>,
+    /// Judge the fit by the tensor peak plus this reserve (e.g. 4GiB, 0) instead of the
+    /// caching allocator model's reserved memory plus the CUDA context and NCCL buffers
+    /// (`tune --reserve`).
+    #[arg(long)]
+    pub(crate) reserve: Option<String>,
     /// List every buffer live at the peak (largest first): what binds memory.
     #[arg(long)]
     pub(crate) peak_buffers: bool,

@@ -36,9 +36,14 @@ pub(crate) fn run(a: PlanArgs, hw: HwOpt) -> Result<()> {
         Some(s) => (parse_size("--memory-limit", s)?, "--memory-limit".to_string()),
         None => (hw.memory_bytes, hw.name.clone()),
     };
+    let reserve = a.reserve.as_deref().map(|s| crate::io::parse_size_or_zero("--reserve", s)).transpose()?;
     let t = timeline::predict(&plan, &model, &hw);
     let reserved = fsdp_planner::reserved::predict(&plan, &hw);
-    let need = reserved.needed_bytes(&plan);
+    // (with --reserve, as tune judges it: the tensor peak plus the reserve)
+    let (need, of) = match reserve {
+        Some(r) => (plan.memory.peak_bytes.saturating_add(r), format!("{of}, the tensor peak + {} reserve", fsdp_planner::print::bytes(r))),
+        None => (reserved.needed_bytes(&plan), of),
+    };
     // --offload cpu: every rank of the node keeps its state on the node's host (checked where
     // the node's host memory is known)
     let host = fsdp_planner::memory::host_need(&plan, &hw).filter(|h| h.has.is_some());

@@ -132,9 +132,12 @@ fn base_options(a: &TuneArgs, model: &fsdp_ir::Model) -> Result<(Options, Vec<St
     if let Some(h) = &a.hw.host_memory {
         flags.extend(["--host-memory".into(), h.clone()]);
     }
-    // (so that `plan` judges the fit against the same limit; a `--reserve` it has no flag for)
+    // (so that `plan` judges the fit against the same limit, the same way)
     if let Some(m) = &a.limit.memory_limit {
         flags.extend(["--memory-limit".into(), m.clone()]);
+    }
+    if let Some(r) = &a.limit.reserve {
+        flags.extend(["--reserve".into(), r.clone()]);
     }
     let o = Options {
         world_size: a.world_size,

@@ -276,3 +276,48 @@ fn fit_finds_the_largest_micro_batch() {
     assert_eq!(code, 2);
     assert!(err.contains("--checkpoint") && err.contains("NoSuchLayer") && !err.contains("not even"), "{err}");
 }
+
+#[test]
+fn tune_checkpoints_the_last_blocks_where_their_recompute_is_hidden() {
+    // 4 Llama-3.2-1B blocks (the head untied) on 4 H100s two to a node: the last two blocks'
+    // recompute runs beside the first ones' all-gather across nodes, prefetched — free —
+    // where the first two's is not (a profile as a .ron file, the model from its config)
+    let tmp = tempfile::Builder::new().prefix("fsdp-tune-back-").tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cfg = std::fs::read_to_string(root.join("models/llama-1b.config.json")).unwrap();
+    let cfg = cfg.replace("\"num_hidden_layers\": 16", "\"num_hidden_layers\": 4").replace("\"tie_word_embeddings\": true", "\"tie_word_embeddings\": false");
+    let hw = std::fs::read_to_string(root.join("models/hardware/h100-sxm.ron")).unwrap().replace("gpus_per_node: 8,", "gpus_per_node: 2,");
+    assert!(cfg.contains("\"num_hidden_layers\": 4") && hw.contains("gpus_per_node: 2,"));
+    let (cfg_path, model, hw_path) = (tmp.path().join("l1b4.config.json"), tmp.path().join("l1b4.ron"), tmp.path().join("h100x2.ron"));
+    std::fs::write(&cfg_path, cfg).unwrap();
+    std::fs::write(&hw_path, hw).unwrap();
+    let (code, _, err) = run(&["import", "hf", cfg_path.to_str().unwrap(), "-o", model.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let (model, hw) = (model.to_str().unwrap(), hw_path.to_str().unwrap());
+    // judged by the tensor peak (--reserve 0): the flags carry it, and plan judges so too
+    let v = json(&["tune", model, "--world-size", "4", "--global-batch", "8", "--seq", "1024", "--param-dtype", "bf16", "--reduce-dtype", "f32", "--hardware", hw, "--memory-limit", "6.1GiB", "--reserve", "0", "--format", "json"]);
+    let flags: Vec<String> = v["best"]["flags"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()).collect();
+    assert!(flags.windows(2).any(|w| w == ["--reserve", "0"]), "{flags:?}");
+    // (the last block checkpointed, not the first; described in block order)
+    let n = |c: &str| -> Vec<u32> { c.split(['{', '}', '.', '=']).filter_map(|x| x.parse().ok()).collect() };
+    let ck: Vec<u32> = flags.windows(2).filter(|w| w[0] == "--checkpoint").flat_map(|w| n(&w[1])).collect();
+    assert!(ck.contains(&3) && !ck.contains(&0), "{flags:?}");
+    assert!(v["best"]["config"].as_str().unwrap().contains(" none / "), "{}", v["best"]["config"]);
+    let (fits, needed, peak, tps) = replan(model, &flags, "6.1GiB");
+    assert!(fits && needed == peak && Some(peak) == v["best"]["predicted"]["peak_bytes"].as_u64() && Some(tps) == v["best"]["predicted"]["tokens_per_s_per_gpu"].as_f64(), "{flags:?}");
+    // the same modes on the first blocks: a slower step
+    let mirrored: Vec<String> = flags
+        .iter()
+        .map(|f| match f.split_once('=') {
+            Some((blocks, mode)) if blocks.starts_with("model.layers.") => {
+                let b = n(blocks);
+                let (lo, hi) = (3 - b[b.len() - 1], 3 - b[0]);
+                if lo == hi { format!("model.layers.{lo}={mode}") } else { format!("model.layers.{{{lo}..{hi}}}={mode}") }
+            }
+            _ => f.clone(),
+        })
+        .collect();
+    assert_ne!(mirrored, flags);
+    let (_, _, _, front) = replan(model, &mirrored, "6.1GiB");
+    assert!(front < tps * 0.99, "{mirrored:?}: {front} tokens/s against {tps}");
+}
