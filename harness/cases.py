@@ -308,6 +308,13 @@ BASE_CASES = {
     # keeps only the final norm
     "llama_embed_head_units_ws2": {"model": "tiny-llama", "world_size": 2,
                                    "wrap": "modules:model.embed_tokens,model.layers.*,lm_head"},
+    # ... or either alone, the other left to the root (what tune also searches)
+    "llama_embed_unit_ws2": {"model": "tiny-llama", "world_size": 2,
+                             "wrap": "modules:model.embed_tokens,model.layers.*"},
+    "llama_head_unit_bf16_ac_ws2": {"model": "tiny-llama", "world_size": 2,
+                                    "wrap": "modules:model.layers.*,lm_head",
+                                    "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                    "checkpoint": ["LlamaDecoderLayer"], "unit_reshard": {"last": False}},
     "llama_embed_head_units_bf16_ac_ws2": {"model": "tiny-llama", "world_size": 2,
                                            "wrap": "modules:model.embed_tokens,model.layers.*,lm_head",
                                            "param_dtype": "bfloat16", "reduce_dtype": "float32",
@@ -699,6 +706,18 @@ FAKE_CASES.update({
                                   "unit_reshard": {"model.layers.{24..31}": False}, "optimizer": "adamw"},
     # ... with the embeddings and the head as units of their own and explicit prefetch (forward
     # 1, backward 2) through them: the combination tune searches
+    # the embeddings alone, or the head alone, a unit of their own (the other the root's)
+    "llama31_8b_embed_unit_bf16_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 1,
+                                       "seq": 4096, "param_dtype": "bfloat16",
+                                       "reduce_dtype": "float32",
+                                       "wrap": "modules:model.embed_tokens,model.layers.*",
+                                       "unit_reshard": {"last": False}, "optimizer": "adamw"},
+    "llama31_8b_head_unit_prefetch_bf16_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 1,
+                                               "seq": 4096, "param_dtype": "bfloat16",
+                                               "reduce_dtype": "float32",
+                                               "wrap": "modules:model.layers.*,lm_head",
+                                               "forward_prefetch": 1, "backward_prefetch": 2,
+                                               "unit_reshard": {"last": False}, "optimizer": "adamw"},
     "llama31_8b_group2_edges_prefetch_bf16_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 1,
                                                   "seq": 4096, "param_dtype": "bfloat16",
                                                   "reduce_dtype": "float32", "unit_group": 2,

@@ -92,6 +92,19 @@ fn tune_searches_embeddings_and_head_as_their_own_units() {
     let (code, _, err) = run(&["tune", "models/tiny-llama-tied.ron", "--world-size", "2", "--global-batch", "2", "--seq", "32", "--embed-head-units"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--embed-head-units") && err.contains("tied"), "{err}");
+    let (code, _, err) = run(&["tune", "models/tiny-llama-tied.ron", "--world-size", "2", "--global-batch", "2", "--seq", "32", "--separate-edge-units"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--separate-edge-units"), "{err}");
+    // either alone a unit of its own too: more configurations, each a policy plan accepts
+    let args = ["tune", "models/tiny-llama-4l.ron", "--world-size", "4", "--global-batch", "8", "--seq", "64", "--memory-limit", "900MiB", "--format", "json"];
+    let both = json(&args);
+    let apart = json(&[&args[..], &["--separate-edge-units"]].concat());
+    assert!(apart["searched"].as_u64().unwrap() > both["searched"].as_u64().unwrap() * 3 / 2);
+    for e in apart["pareto"].as_array().unwrap() {
+        let f: Vec<String> = e["flags"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()).collect();
+        let (_, _, _, t) = replan("models/tiny-llama-4l.ron", &f, "900MiB");
+        assert_eq!(Some(t), e["predicted"]["tokens_per_s_per_gpu"].as_f64(), "{f:?}");
+    }
 }
 
 #[test]

@@ -26,7 +26,8 @@
 //!   last group would break the position-free property below);
 //! - the embeddings and the LM head as FSDP units of their own (torchtitan's wrapping,
 //!   `--policy modules:<embeddings>,<blocks>,<head>`, with any unit group of the blocks) or
-//!   the root's, where they are untied;
+//!   the root's, where they are untied; with `--separate-edge-units` either alone too
+//!   ([`Edges`]);
 //! - CPU offload (FSDP2's `CPUOffloadPolicy`, `--offload cpu`) or not, under FSDP or HSDP
 //!   with a block per unit (the CLI leaves it out on a profile with no host behind the
 //!   device, and the space on a CPU, which has no device memory to relieve; HSDP's since
@@ -161,15 +162,60 @@ pub struct Outer {
     pub reshard: Reshard,
     /// Blocks per FSDP unit (`--unit-group`; 1: a unit per block).
     pub group: u32,
-    /// The embeddings and the LM head FSDP units of their own (torchtitan's wrapping), not
-    /// the root's (`--policy modules:<embeddings>,<blocks>,<head>`).
-    pub edges: bool,
+    /// Which of the embeddings and the LM head are FSDP units of their own (torchtitan's
+    /// wrapping: both, `--policy modules:<embeddings>,<blocks>,<head>`), the rest the root's.
+    pub edges: Edges,
     /// FSDP2's CPUOffloadPolicy (`--offload cpu`): shards, grads and the optimizer on the host.
     pub offload: bool,
     /// Under accumulation, every micro-batch reduce-scatters (`--grad-sync each`, torchtitan's
     /// loop), not only the last (FSDP2's `set_requires_gradient_sync(False)` on the others:
     /// their unsharded gradients kept between micro-batches).
     pub sync_each: bool,
+}
+
+/// The embeddings and the LM head: FSDP units of their own or the root's (with the final
+/// norm, which stays the root's). torchtitan wraps both; either alone is a Pareto point of
+/// its own — the embeddings alone need less memory than both where the head's gathered
+/// weight meets the peak (Llama-3-8B on 8 H100s, 1 × 8192 × 2 syncing each: 78.05 GiB
+/// against 78.60), the head alone gathers it apart from the root's — and on a 2-block
+/// Llama-3.2-1B on 4 H100s two to a node answers up to 1.3% faster than either extreme at
+/// the same limit (`planner/tests/tune.rs`); searched with `tune --separate-edge-units`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Edges {
+    /// Both the root's (FSDP2's `fully_shard(model)` over them: the transformer policy).
+    Root,
+    /// The embeddings a unit of their own, the head the root's.
+    Embeddings,
+    /// The head a unit of its own, the embeddings the root's.
+    Head,
+    /// Both units of their own (torchtitan's wrapping).
+    Both,
+}
+
+impl Edges {
+    pub const ALL: [Edges; 4] = [Edges::Root, Edges::Embeddings, Edges::Head, Edges::Both];
+    pub fn embeddings(self) -> bool {
+        matches!(self, Edges::Embeddings | Edges::Both)
+    }
+    pub fn head(self) -> bool {
+        matches!(self, Edges::Head | Edges::Both)
+    }
+    /// The `modules:` policy from the space's `[embeddings, blocks pattern, head]`
+    /// ([`Space::edge_policy`]), `None` for the root's (the default policy).
+    pub fn policy(self, edge_policy: &[String]) -> Option<Vec<String>> {
+        let [embed, blocks, head] = edge_policy else { return None };
+        match self {
+            Edges::Root => None,
+            Edges::Embeddings => Some(vec![embed.clone(), blocks.clone()]),
+            Edges::Head => Some(vec![blocks.clone(), head.clone()]),
+            Edges::Both => Some(vec![embed.clone(), blocks.clone(), head.clone()]),
+        }
+    }
+    /// Units of their own this makes of them.
+    pub fn units(self) -> u32 {
+        self.embeddings() as u32 + self.head() as u32
+    }
 }
 
 /// A point of the space.
@@ -218,9 +264,12 @@ pub struct Space {
     pub blocks: Vec<String>,
     /// Whether op-level SAC is a choice (else only full checkpointing).
     pub sac: bool,
-    /// The edge-unit choices searched ([`Outer::edges`]): both where the model's embeddings
-    /// and head are untied ([`Space::edge_policy`]), else `[false]`.
-    pub edges: Vec<bool>,
+    /// The edge-unit choices searched ([`Outer::edges`]): the root's and both units of their
+    /// own where the model's embeddings and head are untied ([`Space::edge_policy`]), else the
+    /// root's only; all four with `tune --separate-edge-units` (twice the plans — Llama-3-8B
+    /// on 8 GPUs at 16 × 8192: 1,035 → 2,061; Llama-3.1-405B on 16,384: 2,166 → 4,247, past
+    /// its 10 s — for the same answers in the benchmark's seven scenarios, 2026-11-28).
+    pub edges: Vec<Edges>,
     /// The `modules:` policy that makes the embeddings and the head units of their own
     /// (embeddings, a pattern of the blocks, head), when the model has them untied.
     pub edge_policy: Option<Vec<String>>,
@@ -321,7 +370,7 @@ pub fn space(model: &Model, base: &Options, world_size: u64, global_batch: u64, 
     let offload = if offload_ok { vec![false, true] } else { vec![false] };
     // (the embeddings and the head as units of their own, torchtitan's wrapping, where they
     // are untied: it frees memory for less checkpointing, 0.3–1.4% faster answers on Llama-3)
-    let edges = if edge_policy.is_some() { vec![false, true] } else { vec![false] };
+    let edges = if edge_policy.is_some() { vec![Edges::Root, Edges::Both] } else { vec![Edges::Root] };
     let groups = group_ladder(blocks.len() as u32);
     let sync_ok = Options { grad_sync: crate::options::GradSync::Each, world_size, batch: 1, grad_accum: 2, checkpoint: vec![], ..base.clone() }.check().is_ok();
     let sync = if sync_ok { vec![false, true] } else { vec![false] };
@@ -376,8 +425,8 @@ pub fn options(base: &Options, space: &Space, c: &Config) -> Options {
     opts.unit_group = o.group.max(1);
     opts.offload = if o.offload { crate::options::Offload::Cpu } else { crate::options::Offload::None };
     opts.grad_sync = if o.sync_each { crate::options::GradSync::Each } else { crate::options::GradSync::Last };
-    if let (true, Some(p)) = (o.edges, &space.edge_policy) {
-        opts.policy = crate::options::Policy::Modules(p.clone());
+    if let Some(p) = space.edge_policy.as_ref().and_then(|p| o.edges.policy(p)) {
+        opts.policy = crate::options::Policy::Modules(p);
     }
     opts
 }
@@ -425,7 +474,7 @@ fn ranges(paths: &[String]) -> Vec<String> {
 /// when they are units of their own, and the blocks' (`group` per unit).
 pub fn units_of(space: &Space, o: &Outer) -> u32 {
     let l = (space.blocks.len() as u32).div_ceil(o.group.max(1));
-    l + if o.edges && space.edge_policy.is_some() { 2 } else { 0 }
+    l + if space.edge_policy.is_some() { o.edges.units() } else { 0 }
 }
 
 /// The `--unit-reshard` names of the last `r` units in forward order (the head's, then the
@@ -433,7 +482,7 @@ pub fn units_of(space: &Space, o: &Outer) -> u32 {
 pub fn kept_units(space: &Space, o: &Outer, r: u32) -> Vec<String> {
     let mut out = vec![];
     let mut r = r as usize;
-    if let (true, Some(head)) = (o.edges, space.edge_policy.as_ref().and_then(|p| p.last())) {
+    if let (true, Some(head)) = (o.edges.head(), space.edge_policy.as_ref().and_then(|p| p.last())) {
         out.push(head.clone());
         r = r.saturating_sub(1);
     }
@@ -476,7 +525,7 @@ pub fn flags(space: &Space, base: &Options, c: &Config) -> Vec<String> {
     if o.group > 1 {
         f.extend(["--unit-group".into(), o.group.to_string()]);
     }
-    if let (true, Some(p)) = (o.edges, &space.edge_policy) {
+    if let Some(p) = space.edge_policy.as_ref().and_then(|p| o.edges.policy(p)) {
         f.extend(["--policy".into(), format!("modules:{}", p.join(","))]);
     }
     if o.offload {
@@ -545,7 +594,7 @@ pub struct Evaluator<'a> {
     /// The schedule preludes made ([`crate::schedule::Prelude`]), by micro-batch, the units
     /// (the embeddings and head their own, blocks per unit) and whether anything is
     /// checkpointed: what they read of a configuration.
-    preludes: Vec<((u64, bool, u32, bool), crate::schedule::Prelude)>,
+    preludes: Vec<((u64, Edges, u32, bool), crate::schedule::Prelude)>,
     /// The units of the last outer point planned ([`crate::prepare`]; `None`: refused): its
     /// configurations differ only in the blocks they checkpoint.
     prepared: Option<(Outer, Option<crate::Prepared>)>,
@@ -954,7 +1003,7 @@ pub fn outers(space: &Space) -> Vec<Outer> {
                 let to_node = |r: Reshard| matches!(r, Reshard::ToNode | Reshard::ToNodeButLast);
                 for &reshard in space.reshard.iter().filter(|&&r| !to_node(r) || fsdp) {
                     for &group in &space.groups {
-                        for &edges in space.edges.iter().filter(|&&e| !e || space.edge_policy.is_some()) {
+                        for &edges in space.edges.iter().filter(|&&e| e == Edges::Root || space.edge_policy.is_some()) {
                             // (CPU offload: a block per unit, no post-forward groups)
                             for &offload in space.offload.iter().filter(|&&x| !x || (group == 1 && !to_node(reshard))) {
                                 // (a step of one micro-batch syncs it either way; offloaded
@@ -1041,7 +1090,10 @@ fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> (
     // two plans per outer point walked). The same walk, under the best of both so far.
     let blocks = ev.space.blocks.len() as u32;
     let k = o.group.max(1);
-    if !ev.space.from_back || blocks.div_ceil(k) < 2 || front.1.is_infinite() || !faster((front.1, Config::new(o, 0, 0, false, blocks)), bound) {
+    // (the front's floor is not the back's: nothing checkpointed bounds both; nothing fits
+    // either way where every unit fully checkpointed, the same both ways, does not)
+    let c00 = Config::new(o, 0, 0, false, blocks);
+    if !ev.space.from_back || blocks.div_ceil(k) < 2 || front.1.is_infinite() || !ev.time(c00).is_some_and(|t00| faster((t00, c00), bound)) {
         return front;
     }
     let unit = k.min(blocks);

@@ -100,9 +100,10 @@ fn check_groups(name: &str, ws: u64, global_batch: u64, base: Options, allocator
         space.node = 2;
         space.reshard.extend([tune::Reshard::ToNode, tune::Reshard::ToNodeButLast]);
     }
-    // the embeddings and the head as units of their own, where they are untied
+    // the embeddings and the head as units of their own, where they are untied (either alone
+    // too: the hand-written enumerations below)
     if space.edge_policy.is_some() {
-        space.edges = vec![false, true];
+        space.edges = vec![tune::Edges::Root, tune::Edges::Both];
     }
     assert!(space.blocks.len() <= 4, "brute force is 3^blocks per outer point");
     let all = brute(&m, &base, &h, &space);
@@ -307,7 +308,7 @@ fn tune_over_kept_counts_of_8_blocks_is_within_tolerance_of_every_count() {
     let base = Options { world_size: 8, seq: 64, param_dtype: fsdp_ir::DType::parse("bf16"), reduce_dtype: fsdp_ir::DType::parse("f32"), ..Options::default() };
     let mut space = tune::space(&m, &base, 8, 16, h.gpus_per_node).unwrap();
     space.keep = true;
-    (space.groups, space.every_group, space.edges, space.offload) = (vec![1], true, vec![true], vec![false]);
+    (space.groups, space.every_group, space.edges, space.offload) = (vec![1], true, vec![tune::Edges::Both], vec![false]);
     let l = space.blocks.len() as u32;
     assert_eq!(l, 8);
     let mut all: Vec<(Config, u64, f64)> = vec![];
@@ -445,7 +446,7 @@ fn plans_from_prepared_units_equal_plans_from_scratch() {
         let base = Options { compile, ..plain.clone() };
         let mut space = tune::space(&m, &base, 4, 8, 8).unwrap();
         space.groups = vec![1, 2];
-        space.edges = vec![false, true];
+        space.edges = tune::Edges::ALL.to_vec();
         for o in tune::outers(&space) {
             let prep = fsdp_planner::prepare(&m, &tune::options(&base, &space, &Config { outer: o, full: 0, sac: 0, back: false })).unwrap();
             for (full, sac) in [(1, 2), (0, 0), (2, 2), (4, 0), (0, 3)] {
@@ -586,9 +587,10 @@ fn enumerate(m: &fsdp_ir::Model, base: &Options, h: &Hardware, blocks: &[String]
 /// explicit (1, 2) prefetch; the blocks resharding all / all but the last / none / to the
 /// node (int 2) / to the node but the last; the root's reshard_after_forward false or true
 /// (which tune leaves out as never better); one or two blocks per unit; the embeddings and
-/// head the root's or their own units; CPU offload or not; each block none / full / op-SAC
+/// head the root's, or either or both units of their own; CPU offload or not; each block none / full / op-SAC
 /// in any order — every combination `plan` accepts. At every limit where the enumeration's
-/// fastest changes, tune's answer is the fastest within 0.5%; and without counting
+/// fastest changes, tune's answer (with `--separate-edge-units`) is the fastest within 0.5%;
+/// without the embeddings or the head alone a unit of its own it is not; and without counting
 /// checkpointing from the back ([`tune::Config::back`]) it is not: at seq 2048, the first
 /// block under SAC and the last fully checkpointed is 0.9% faster than the reverse (the
 /// last block's recompute hidden behind the first's all-gather across nodes, prefetched).
@@ -603,15 +605,19 @@ fn tune_equals_an_independent_enumeration_of_plan_options() {
     let h = Hardware { gpus_per_node: 2, ..hw("h100-sxm") };
     let (bf16, f32) = (fsdp_ir::DType::parse("bf16"), fsdp_ir::DType::parse("f32"));
     let blocks = ["model.layers.0".to_string(), "model.layers.1".to_string()];
-    let edges = Policy::Modules(vec!["model.embed_tokens".into(), "model.layers.*".into(), "lm_head".into()]);
+    // (the embeddings and the head: the root's, either a unit of its own, or both)
+    let (embed, layers, head) = ("model.embed_tokens".to_string(), "model.layers.*".to_string(), "lm_head".to_string());
+    let policies = [Policy::Auto, Policy::Modules(vec![embed.clone(), layers.clone()]), Policy::Modules(vec![layers.clone(), head.clone()]), Policy::Modules(vec![embed, layers, head])];
     let mut fronts: Vec<Options> = vec![];
     for seq in [512, 2048] {
         let base = Options { world_size: 4, seq, param_dtype: bf16, reduce_dtype: f32, master_dtype: f32, optimizer: fsdp_planner::Optimizer::AdamW, ..Options::default() };
-        let mut all = enumerate(&m, &base, &h, &blocks, &[Policy::Auto, edges.clone()], true);
+        let mut all = enumerate(&m, &base, &h, &blocks, &policies, true);
         // (every dimension plans somewhere)
         assert!(all.len() > 2000, "{} configurations plan", all.len());
         let mut space = tune::space(&m, &base, 4, 8, 2).unwrap();
-        assert_eq!((space.node, space.shards.as_slice(), space.edges.as_slice(), space.offload.as_slice(), space.sync.as_slice()), (2, &[2, 4][..], &[false, true][..], &[false, true][..], &[false, true][..]));
+        assert_eq!((space.node, space.shards.as_slice(), space.edges.as_slice(), space.offload.as_slice(), space.sync.as_slice()), (2, &[2, 4][..], &[tune::Edges::Root, tune::Edges::Both][..], &[false, true][..], &[false, true][..]));
+        // (either alone too: `tune --separate-edge-units`)
+        space.edges = tune::Edges::ALL.to_vec();
         assert!(space.reshard.contains(&tune::Reshard::ToNode) && space.reshard.contains(&tune::Reshard::ToNodeButLast) && space.from_back);
         let (beat, front) = beaten(&m, &base, &h, &space, &mut all);
         assert!(beat.is_empty(), "seq {seq}:\n{}", beat.join("\n"));
@@ -619,6 +625,10 @@ fn tune_equals_an_independent_enumeration_of_plan_options() {
         space.from_back = false;
         let (beat, _) = beaten(&m, &base, &h, &space, &mut all);
         assert_eq!(beat.is_empty(), seq != 2048, "seq {seq}: {beat:?}");
+        // (and without the embeddings or the head alone a unit of its own: up to 1.3% slower)
+        (space.from_back, space.edges) = (true, vec![tune::Edges::Root, tune::Edges::Both]);
+        let (beat, _) = beaten(&m, &base, &h, &space, &mut all);
+        assert!(!beat.is_empty(), "seq {seq}");
     }
     // (the fronts reach offload, syncing each micro-batch, resharding to the node and
     // checkpointing the last block only)
@@ -626,6 +636,7 @@ fn tune_equals_an_independent_enumeration_of_plan_options() {
     assert!(fronts.iter().any(|o| o.grad_sync == GradSync::Each), "{fronts:?}");
     assert!(fronts.iter().any(|o| o.reshard_to.is_some()), "{fronts:?}");
     assert!(fronts.iter().any(|o| o.checkpoint == ["model.layers.1=full"]), "{fronts:?}");
+    assert!(fronts.iter().any(|o| matches!(&o.policy, Policy::Modules(p) if p.len() == 2)), "{fronts:?}");
 }
 
 /// Where communication across nodes is exposed, the blocks' position matters (the last
@@ -642,7 +653,7 @@ fn tune_equals_brute_force_where_the_blocks_position_matters() {
     let h = Hardware { gpus_per_node: 2, ..hw("h100-sxm") };
     let base = Options { world_size: 4, seq: 1024, param_dtype: fsdp_ir::DType::parse("bf16"), reduce_dtype: fsdp_ir::DType::parse("f32"), ..Options::default() };
     let mut space = tune::space(&m, &base, 4, 8, 2).unwrap();
-    (space.shards, space.batches, space.groups, space.edges, space.offload, space.keep) = (vec![4], vec![(2, 1)], vec![1], vec![true], vec![false], false);
+    (space.shards, space.batches, space.groups, space.edges, space.offload, space.keep) = (vec![4], vec![(2, 1)], vec![1], vec![tune::Edges::Both], vec![false], false);
     assert_eq!(space.blocks.len(), 4);
     assert!(space.reshard.contains(&tune::Reshard::ToNodeButLast));
     let all = brute(&m, &base, &h, &space);
