@@ -246,6 +246,10 @@ fn sharded_training_equals_single_device() {
     // them (forward 1, backward 2) and the last unit (the head) kept after forward: what tune combines
     let edges = Policy::Modules(vec!["model.embed_tokens".into(), "model.layers.*".into(), "lm_head".into()]);
     check("tiny-llama", Options { unit_group: 2, forward_prefetch: 1, backward_prefetch: BackwardPrefetch::Depth(2), unit_reshard: vec![("last".into(), false)], ..opts(2, Layout::Fsdp2, edges) }, &mut report);
+    // the embeddings alone, or the head alone (kept after forward), a unit of their own, the
+    // other the root's (`tune --separate-edge-units`)
+    check("tiny-llama", opts(2, Layout::Fsdp2, Policy::Modules(vec!["model.embed_tokens".into(), "model.layers.*".into()])), &mut report);
+    check("tiny-llama", Options { checkpoint: vec!["model.layers.1=full".into()], unit_reshard: vec![("last".into(), false)], ..opts(3, Layout::Fsdp2, Policy::Modules(vec!["model.layers.*".into(), "lm_head".into()])) }, &mut report);
     // the last units kept after forward by a pattern (tune's kept-unit counts)
     let edges = Policy::Modules(vec!["model.embed_tokens".into(), "model.layers.*".into(), "lm_head".into()]);
     check("tiny-llama", Options { unit_reshard: vec![("lm_head".into(), false), ("model.layers.{1..1}".into(), false)], ..opts(2, Layout::Fsdp2, edges) }, &mut report);

@@ -239,6 +239,13 @@ fn measured_peak_is_within_two_percent_of_the_plan() {
             o.forward_prefetch = 1;
             o.backward_prefetch = fsdp_planner::BackwardPrefetch::Depth(2);
         }),
+        // the embeddings alone or the head alone a unit of its own (`tune --separate-edge-units`)
+        case("tiny-llama-4l", "embeddings alone a unit", |o| o.policy = Policy::Modules(vec!["model.embed_tokens".into(), "model.layers.*".into()])),
+        case("tiny-llama-4l", "head alone a unit, kept, the last block checkpointed", |o| {
+            o.policy = Policy::Modules(vec!["model.layers.*".into(), "lm_head".into()]);
+            o.unit_reshard = vec![("last".into(), false)];
+            o.checkpoint = vec!["model.layers.3".into()];
+        }),
         // torchtitan's wrapping: the last block kept after forward; a subset of the blocks checkpointed
         case("tiny-llama-4l", "last unit not resharded", |o| o.unit_reshard = vec![("last".into(), false)]),
         // the last units kept by a pattern (tune's kept-unit counts): the head and blocks 2 and 3
