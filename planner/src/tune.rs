@@ -1102,16 +1102,17 @@ fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> (
     if tb >= tf * (1.0 - 1e-9) {
         return front;
     }
-    let bound = match (front.0, bound) {
-        (Some(f), Some(b)) => Some(if faster(f, Some(b)) { f } else { b }),
-        (f, b) => f.or(b),
-    };
-    let back = walk(ev, o, bound, true);
-    let best = match (front.0, back.0) {
-        (Some(f), Some(b)) => Some(if faster(b, Some(f)) { b } else { f }),
-        (f, b) => f.or(b),
-    };
-    (best, front.1.min(back.1))
+    let back = walk(ev, o, fastest(front.0, bound), true);
+    (fastest(front.0, back.0), front.1.min(back.1))
+}
+
+/// The faster of two (either may be missing; [`faster`]'s order, ties to the smaller
+/// configuration, so the same whichever comes first).
+fn fastest(a: Option<(f64, Config)>, b: Option<(f64, Config)>) -> Option<(f64, Config)> {
+    match a {
+        Some(x) if faster(x, b) => Some(x),
+        _ => b.or(a),
+    }
 }
 
 /// [`search_outer`]'s walk with checkpointing counted from the front or the back
