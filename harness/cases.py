@@ -329,6 +329,24 @@ BASE_CASES = {
     "mixtral_expert_units_bf16_ws2": {"model": "tiny-mixtral", "world_size": 2,
                                       "wrap": "modules:model.layers.*.mlp.experts,model.layers.{0..1}",
                                       "param_dtype": "bfloat16", "reduce_dtype": "float32"},
+    # FSDP2's shard_placement_fn (`--shard-dim`): the experts (units of their own, as torchtitan
+    # wraps them) sharded on dim 1 — torchtitan's choice where the shard group outnumbers the
+    # experts; params on dims 1 and 2 of a block unit under checkpointing; and under
+    # accumulation in bf16 (the kept upcast grads are what foreach_reduce lays out)
+    "mixtral_experts_shard1_bf16_ws4": {"model": "tiny-mixtral", "world_size": 4,
+                                        "wrap": "modules:model.layers.*.mlp.experts,model.layers.*",
+                                        "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                        "shard_dim": [["model.layers.*.mlp.experts.*", 1]]},
+    "mixtral_shard_dims_ac_ws2": {"model": "tiny-mixtral", "world_size": 2,
+                                  "checkpoint": ["MixtralDecoderLayer"],
+                                  "shard_dim": [["model.layers.*.mlp.experts.*", 1],
+                                                ["model.layers.*.mlp.experts.down_proj", 2],
+                                                ["model.layers.*.self_attn.q_proj.weight", 1],
+                                                ["model.layers.1.post_attention_layernorm.weight", 0]]},
+    "mixtral_shard_dims_ga2_bf16_ws2": {"model": "tiny-mixtral", "world_size": 2, "grad_accum": 2,
+                                        "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                        "shard_dim": [["model.layers.*.mlp.experts.gate_up_proj", 1],
+                                                      ["model.layers.*.mlp.gate.weight", 1]]},
     "mixtral_expert_units_ac_ws3": {"model": "tiny-mixtral", "world_size": 3,
                                     "wrap": "modules:model.layers.*.mlp.experts,model.layers.*",
                                     "checkpoint": ["MixtralDecoderLayer"]},
@@ -637,6 +655,14 @@ FAKE_CASES = {
                                   "grad_accum": 4, "optimizer": "sgd", "param_dtype": "bfloat16",
                                   "reduce_dtype": "float32"},
     # MoE at real size: 8 experts, top-2, grouped_mm experts
+    # torchtitan's MoE sharding past the experts' count: Mixtral-8x7B on 64 ranks, the experts
+    # units of their own sharded on dim 1 (Shard(0) would leave each rank 1/8 of them)
+    "mixtral_8x7b_experts_shard1_bf16_ws64": {"model": "mixtral-8x7b", "world_size": 64, "batch": 1,
+                                              "seq": 4096, "model_dtype": "float32",
+                                              "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                              "optimizer": "adamw",
+                                              "wrap": "modules:model.layers.*.mlp.experts,model.layers.*",
+                                              "shard_dim": [["model.layers.*.mlp.experts.*", 1]]},
     "mixtral_8x7b_bf16_ws8": {"model": "mixtral-8x7b", "world_size": 8, "batch": 1, "seq": 4096,
                               "param_dtype": "bfloat16", "reduce_dtype": "float32"},
     # checkpointed layers whose MLPs are units of their own (the recompute re-gathers nothing:

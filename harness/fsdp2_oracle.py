@@ -650,6 +650,25 @@ def module_pattern(name):
     return re.compile(r"\.".join(parts))
 
 
+def shard_placement(model, rules):
+    """FSDP2's `shard_placement_fn` for the case's `shard_dim` ([[param pattern, dim], ...],
+    the planner's --shard-dim: the last matching entry wins; a param none matches keeps
+    FSDP2's default Shard(0)). Names are taken before any fully_shard (it swaps the params)."""
+    from torch.distributed.tensor import Shard
+    rules = [(module_pattern(p), d) for p, d in rules]
+    names = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(n)
+
+    def placement(param):
+        ns = names.get(id(param), [])
+        for pat, d in reversed(rules):
+            if any(pat.fullmatch(n) for n in ns):
+                return Shard(d)
+        return None
+    return placement
+
+
 def shard_model(model, case, mesh, cfg):
     """fully_shard on the case's modules (`wrap`; default every instance of
     model._no_split_modules, the decoder layers), children before parents, the case's explicit
@@ -665,6 +684,8 @@ def shard_model(model, case, mesh, cfg):
     if case["param_dtype"] or case["reduce_dtype"]:
         kw["mp_policy"] = MixedPrecisionPolicy(
             param_dtype=_dtype(case["param_dtype"]), reduce_dtype=_dtype(case["reduce_dtype"]))
+    if case.get("shard_dim"):
+        kw["shard_placement_fn"] = shard_placement(model, case["shard_dim"])
     policy = wrap_policy(model, case)
     if case.get("float8"):
         convert_float8(model, case)
@@ -870,6 +891,8 @@ def _extra_options(case):
         out["ac_wrapper"] = case["ac_wrapper"]
     if case.get("train_loop", "hf") != "hf":
         out["train_loop"] = case["train_loop"]
+    if case.get("shard_dim"):
+        out["shard_dim"] = [list(r) for r in case["shard_dim"]]
     if case.get("offload"):
         out["offload"] = "cpu"
     if case.get("compile"):

@@ -143,6 +143,13 @@ pub(crate) struct Fixed {
     /// over the true/false ones. Repeatable.
     #[arg(long, value_name = "UNIT=BOOL|N")]
     pub(crate) unit_reshard: Vec<String>,
+    /// FSDP2's `shard_placement_fn`: the params matching PARAM_PATTERN (`*` a component,
+    /// `{a..b}` a range: `model.layers.*.mlp.experts.*`) sharded on DIM (`Shard(DIM)`) instead
+    /// of dim 0 — torchtitan shards MoE experts on dim 1 where the shard group outnumbers the
+    /// experts. Dims other than 0 must divide evenly by the shard group. Repeatable; the last
+    /// matching entry wins.
+    #[arg(long, value_name = "PARAM_PATTERN=DIM")]
+    pub(crate) shard_dim: Vec<String>,
     /// Explicit forward prefetch depth (0: FSDP2's implicit behaviour; flat: 1 = forward_prefetch=True).
     #[arg(long, default_value_t = 0)]
     pub(crate) forward_prefetch: u32,
@@ -436,6 +443,14 @@ pub(crate) fn options_for(k: &Knobs, world_size: u64, policy: &str, model: &Mode
             _ => Err(fsdp_planner::error::opt_err("--unit-reshard", format!("`{s}`: expected UNIT=true, UNIT=false or UNIT=N (UNIT a module path or pattern, root or last)"))),
         })
         .collect::<Result<_, _>>()?;
+    let shard_dims: Vec<(String, u32)> = o
+        .shard_dim
+        .iter()
+        .map(|s| match s.rsplit_once('=').map(|(p, d)| (p.trim(), d.trim().parse::<u32>())) {
+            Some((p, Ok(d))) if !p.is_empty() => Ok((p.to_string(), d)),
+            _ => Err(fsdp_planner::error::opt_err("--shard-dim", format!("`{s}`: expected PARAM_PATTERN=DIM (e.g. model.layers.*.mlp.experts.*=1)"))),
+        })
+        .collect::<Result<_, _>>()?;
     let opts = Options {
         world_size,
         policy: Policy::parse(policy)?,
@@ -455,6 +470,7 @@ pub(crate) fn options_for(k: &Knobs, world_size: u64, policy: &str, model: &Mode
             Raf::To(n) => Some((u.clone(), *n)),
             Raf::Bool(_) => None,
         }).collect(),
+        shard_dims,
         param_dtype,
         reduce_dtype,
         master_dtype,

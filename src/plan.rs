@@ -94,10 +94,11 @@ fn short_dim0_note(plan: &fsdp_planner::Plan) {
     let n = plan.options.shard_size();
     let shown: Vec<String> = groups.iter().take(3).map(|g| format!("{} × {} {:?}", g.count, g.pattern, g.shape)).collect();
     eprintln!(
-        "note: FSDP2 shards parameters on dim 0 (Shard(0)): {} parameter(s) have dim 0 below the shard group of {n} ranks, so every rank holds whole rows of them ({} more per rank than an even 1/{n}): {}{}",
+        "note: FSDP2 shards parameters on dim 0 (Shard(0)): {} parameter(s) have dim 0 below the shard group of {n} ranks, so every rank holds whole rows of them ({} more per rank than an even 1/{n}): {}{} — `--shard-dim {}=1` shards them on dim 1 (FSDP2's shard_placement_fn, torchtitan's choice for experts) where the group divides it",
         groups.iter().map(|g| g.count).sum::<usize>(),
         print::bytes(extra),
         shown.join(", "),
-        if groups.len() > shown.len() { ", …" } else { "" }
+        if groups.len() > shown.len() { ", …" } else { "" },
+        groups.first().map_or("PATTERN", |g| g.pattern.as_str())
     );
 }

@@ -131,6 +131,7 @@ fn options_of(row: &Value, model: &fsdp_ir::Model) -> std::result::Result<Option
         // torchtitan's FSDP2 keeps its last block unsharded after forward
         unit_reshard: if fsdp1 { vec![] } else { vec![("last".into(), false)] },
         unit_reshard_to: vec![],
+        shard_dims: vec![],
         param_dtype: dt("param"),
         reduce_dtype: dt("reduce"),
         master_dtype: dt("master"),

@@ -220,6 +220,9 @@ fn describe(space: &Space, world: u64, c: &Config) -> String {
     if o.offload {
         v.push("CPU offload".into());
     }
+    if !tune::shard_dims(space, o).is_empty() {
+        v.push("short dim-0 params on dim 1".into());
+    }
     let none = l - c.full - c.sac;
     v.push(match (c.full, c.sac, none) {
         (0, 0, _) => "no AC".into(),
@@ -261,9 +264,20 @@ fn suggestions(model: &fsdp_ir::Model, base: &Options, hw: &Hardware, space: &Sp
     let least_with = |ws: u64, seq: u64, edges: tune::Edges| -> Option<Eval> {
         let b = Options { world_size: ws, seq, ..base.clone() };
         let s = Space { shards: vec![ws], ..space.clone() };
-        let c = Config { outer: tune::Outer { shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All, group: 1, edges, offload: false, sync_each: false }, full: l, sac: 0, back: false };
-        let plan = fsdp_planner::plan_unchecked(model, &tune::options(&b, &s, &c)).ok()?;
-        Some(tune::evaluate(&plan, model, hw, limit, c))
+        let eval = |dim1: bool| {
+            let c = Config { outer: tune::Outer { shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All, group: 1, edges, offload: false, sync_each: false, dim1 }, full: l, sac: 0, back: false };
+            let plan = fsdp_planner::plan_unchecked(model, &tune::options(&b, &s, &c)).ok()?;
+            Some(tune::evaluate(&plan, model, hw, limit, c))
+        };
+        // (with the params the group outnumbers on dim 0 sharded on dim 1 where that fits)
+        match eval(false) {
+            Some(e) if e.fits => Some(e),
+            e0 => {
+                let d1 = tune::Outer { dim1: true, shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All, group: 1, edges, offload: false, sync_each: false };
+                let e1 = if tune::shard_dims(&s, &d1).is_empty() { None } else { eval(true) };
+                e1.filter(|e| e.fits).or(e0)
+            }
+        }
     };
     let least = |ws: u64, seq: u64| least_with(ws, seq, searched_edges);
     let mut out = vec![];
@@ -293,7 +307,7 @@ fn suggestions(model: &fsdp_ir::Model, base: &Options, hw: &Hardware, space: &Sp
         // the least-memory configuration under offload: the node's host may be what it is over
         let ws = base.world_size;
         let s = Space { shards: vec![ws], ..space.clone() };
-        let c = Config { outer: tune::Outer { shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All, group: 1, edges: searched_edges, offload: true, sync_each: false }, full: l, sac: 0, back: false };
+        let c = Config { outer: tune::Outer { shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All, group: 1, edges: searched_edges, offload: true, sync_each: false, dim1: false }, full: l, sac: 0, back: false };
         let e = fsdp_planner::plan_unchecked(model, &tune::options(base, &s, &c)).ok().map(|p| tune::evaluate(&p, model, hw, limit, c));
         let over = e.filter(|e| e.host_over).and_then(|e| Some((e.needed_bytes, fsdp_planner::memory::HostNeed::of(e.host_bytes?, ws, hw))));
         match over {
@@ -506,7 +520,7 @@ pub(crate) fn fit(a: FitArgs) -> Result<()> {
     let try_nk = |n: u64, accum: u32| -> Option<Eval> {
         let opts = Options { grad_accum: accum, ..opts_at(n) };
         let plan = fsdp_planner::plan_unchecked(&model, &opts).ok()?;
-        let c = Config { outer: tune::Outer { shard: opts.world_size, micro_batch: opts.batch, accum: opts.grad_accum, prefetch: 0, reshard: tune::Reshard::All, group: opts.unit_group, edges: tune::Edges::Root, offload: opts.offload == fsdp_planner::Offload::Cpu, sync_each: opts.grad_sync == fsdp_planner::GradSync::Each }, full: 0, sac: 0, back: false };
+        let c = Config { outer: tune::Outer { shard: opts.world_size, micro_batch: opts.batch, accum: opts.grad_accum, prefetch: 0, reshard: tune::Reshard::All, group: opts.unit_group, edges: tune::Edges::Root, offload: opts.offload == fsdp_planner::Offload::Cpu, sync_each: opts.grad_sync == fsdp_planner::GradSync::Each, dim1: !opts.shard_dims.is_empty() }, full: 0, sac: 0, back: false };
         Some(tune::evaluate(&plan, &model, &hw, limit, c))
     };
     let try_n = |n: u64| try_nk(n, base.grad_accum);

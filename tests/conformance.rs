@@ -87,6 +87,8 @@ pub fn options_of(f: &Value) -> Options {
         unit_reshard: o["unit_reshard"].as_object().map(|m| m.iter().filter_map(|(k, v)| v.as_bool().map(|b| (k.clone(), b))).collect()).unwrap_or_default(),
         // (an int: FSDP2's reshard_after_forward=N on those units)
         unit_reshard_to: o["unit_reshard"].as_object().map(|m| m.iter().filter_map(|(k, v)| v.as_u64().map(|n| (k.clone(), n))).collect()).unwrap_or_default(),
+        // (FSDP2's shard_placement_fn: [[param pattern, dim], …])
+        shard_dims: o["shard_dim"].as_array().map(|v| v.iter().map(|r| (r[0].as_str().unwrap().to_string(), r[1].as_u64().unwrap() as u32)).collect()).unwrap_or_default(),
         param_dtype: dt("param_dtype"),
         reduce_dtype: dt("reduce_dtype"),
         master_dtype: None,

@@ -449,6 +449,11 @@ impl B<'_> {
         self.buffers[id.index()].continues = from;
         id
     }
+    /// The shard dim of model param `k` in unit `u` (`--shard-dim`; 0 by default).
+    fn shard_dim_of(&self, u: &Unit, k: usize) -> u32 {
+        let name = &self.model.params[k].name;
+        u.params.iter().find(|p| &p.name == name || p.aliases.contains(name)).map_or(0, |p| p.shard_dim)
+    }
     fn transient(&mut self, name: String, category: Category, bytes: u64) {
         let b = self.alloc(name, category, bytes, None);
         self.free(b);
@@ -632,6 +637,14 @@ impl B<'_> {
             let bytes = self.per_param(unit, |p| p.padded_numel * self.opts.gathered_dtype_of(p).size());
             let p = self.alloc(name!("{label} unsharded params"), Category::UnshardedParam, bytes, Some(u));
             self.unsharded[u.index()] = Some(p);
+            // Shard(dim > 0) params (`--shard-dim`): foreach_all_gather_copy_out copies each
+            // one's rows of the all-gather output into a temporary of its unsharded size, then
+            // chunk-cats that into the param along its dim; the temporaries go when it returns
+            let tmp = unit.params.iter().filter(|q| q.shard_dim > 0).map(|q| self.opts.device.allocated_bytes(q.padded_numel * self.opts.gathered_dtype_of(q).size())).sum::<u64>();
+            if tmp > 0 {
+                let category = if self.phase == Phase::Forward { Category::Activation } else { self.bwd_temp };
+                self.transient(name!("{label} Shard(dim) copy-out temporaries"), category, tmp);
+            }
             if self.phase == Phase::Forward {
                 // Sync forward all-gathers keep the previous flat buffer until this wait.
                 if let Some(prev) = self.last_fwd_ag.replace(buf) {
@@ -778,13 +791,49 @@ impl B<'_> {
             // (under accumulation the list walked is of the kept upcast grads: not modelled)
             None
         };
+        // Shard(dim > 0) params (`--shard-dim`): foreach_reduce first lays each one's grad out
+        // rank by rank (`torch.cat(torch.chunk(grad, ws, dim), dim=0)`, a new tensor: temp to
+        // FSDPMemTracker), the list's old grad going when the loop moves on (its variable holds
+        // it till then; the last param's till foreach_reduce returns, as above)
+        let shard_i: Vec<BufferId> = if self.opts.shard_dims.is_empty() || self.opts.shard_size() <= 1 || self.opts.layout != Layout::Fsdp2 {
+            vec![]
+        } else {
+            let list: Vec<BufferId> = if accumulated.is_empty() {
+                self.unit_params[u.index()].iter().filter_map(|&k| self.grad_of_param[k].filter(|b| grads.contains(b) || last == Some(*b)).map(|b| (k, b))).filter(|&(k, _)| self.shard_dim_of(unit, k) > 0).map(|(_, b)| b).collect()
+            } else {
+                // (the kept upcast grads, in the unit's param order)
+                let dims: Vec<u32> = unit.params.iter().filter(|p| p.requires_grad).map(|p| p.shard_dim).collect();
+                accumulated.iter().zip(dims).filter(|(_, d)| *d > 0).map(|(b, _)| *b).collect()
+            };
+            grads.retain(|g| !list.contains(g));
+            list
+        };
+        let (kept_upcast, kept_last) = (!accumulated.is_empty(), accumulated.last().copied());
         let relabeled = match (accumulated.is_empty(), grads.is_empty() && last.is_some()) {
             (true, false) => vec![self.relabel(grads, name!("{label} unsharded grads"), Category::UnshardedGrad, Some(u))],
             // (the unit's one grad is the one held)
             (true, true) => vec![],
             (false, _) => accumulated,
         };
+        let held = last;
         let last = last.map(|b| self.relabel(vec![b], name!("{label} last param's unsharded grad (held by foreach_reduce)"), Category::UnshardedGrad, Some(u)));
+        let mut relabeled = relabeled;
+        for g in shard_i {
+            let (bytes, name) = (self.buffers[g.index()].bytes, self.buffers[g.index()].name.clone());
+            // (the last param's old grad is the one held above; under accumulation the list's
+            // last stays to the copy-in's end with the rest)
+            let old = match (kept_upcast, held == Some(g)) {
+                (false, true) => None,
+                (false, false) => Some(self.relabel(vec![g], name.clone(), Category::UnshardedGrad, Some(u))),
+                (true, _) => (kept_last != Some(g)).then_some(g),
+            };
+            let cat = self.alloc(name!("{name} (chunk-cat for Shard(dim))"), self.bwd_temp, bytes, Some(u));
+            relabeled.push(cat);
+            if let Some(old) = old {
+                relabeled.retain(|x| *x != old);
+                self.free(old);
+            }
+        }
         self.rekey_grads(u);
         if let Some(p) = prev_rs {
             self.free(p);

@@ -3,7 +3,8 @@
 //!
 //! FSDP2: `fully_shard` runs bottom-up; each call collects its modules in post-order,
 //! stopping at nested units, and dedupes params by identity (a tied weight is owned once).
-//! Each param is sharded on dim 0 into `ceil(d0/ws)`-row chunks (padded per param).
+//! Each param is sharded on dim 0 into `ceil(d0/ws)`-row chunks (padded per param), or on
+//! the dim `--shard-dim` names (FSDP2's `shard_placement_fn`: `ceil(len/ws)` slices of it).
 //! FSDP1 (`flat`): pre-order concatenation into one FlatParameter padded to a multiple of ws.
 
 use crate::error::PlanError;
@@ -35,13 +36,25 @@ pub struct UnitParam {
     /// The weight of a float8 linear (`--float8`, [`crate::float8`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub float8: bool,
+    /// The dim it is sharded on (FSDP2's `Shard(dim)`, `--shard-dim`; 0 by default).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub shard_dim: u32,
+}
+
+fn is_zero(d: &u32) -> bool {
+    *d == 0
 }
 
 impl UnitParam {
-    /// Real (unpadded) elements rank `r` holds (fsdp2 dim-0 chunking).
+    /// The length of the dim it is sharded on and the elements of one slice of it (FSDP2
+    /// chunks that dim: `ceil(len/ws)` slices a rank; dim 0 by default).
+    pub fn shard_split(&self) -> (u64, u64) {
+        let d0 = self.shape.get(self.shard_dim as usize).copied().unwrap_or(1);
+        (d0, self.numel / d0.max(1))
+    }
+    /// Real (unpadded) elements rank `r` holds (fsdp2 chunking of its shard dim).
     pub fn local_numel(&self, ws: u64, r: u64) -> u64 {
-        let d0 = self.shape.first().copied().unwrap_or(1);
-        let rest = self.numel / d0.max(1);
+        let (d0, rest) = self.shard_split();
         let c = d0.div_ceil(ws);
         let rows = d0.saturating_sub(r * c).min(c);
         rows * rest
@@ -213,6 +226,7 @@ pub fn build_units(model: &Model, wrapped: &[Vec<String>], opts: &Options) -> Re
                     shard_numel: 0,
                     offset: 0,
                     float8: float8.contains(prim),
+                    shard_dim: 0,
                 };
                 if name != prim {
                     up.aliases.push(name.to_string());
@@ -242,10 +256,37 @@ pub fn build_units(model: &Model, wrapped: &[Vec<String>], opts: &Options) -> Re
             reshard_to: None,
             dtype: DType::Float32,
         };
+        shard_dims(&mut unit, opts)?;
         layout(&mut unit, ws, opts.layout);
         units.push(unit);
     }
+    if let Some((pat, d)) = opts.shard_dims.iter().find(|(pat, _)| !units.iter().flat_map(|u| &u.params).any(|p| std::iter::once(&p.name).chain(&p.aliases).any(|n| crate::wrap::glob_match(pat, n)))) {
+        return Err(crate::error::opt_err("--shard-dim", format!("{pat}={d}: the pattern names no parameter of {}", model.name)));
+    }
     Ok(units)
+}
+
+/// Each param's shard dim from `--shard-dim` (the last matching pattern's): a dim the param
+/// has, and one the shard group divides where the param takes a gradient — FSDP2's
+/// reduce-scatter raises "Shard(dim) requires even sharding" otherwise.
+fn shard_dims(u: &mut Unit, opts: &Options) -> Result<(), PlanError> {
+    if opts.shard_dims.is_empty() {
+        return Ok(());
+    }
+    let ws = opts.shard_size();
+    for p in &mut u.params {
+        let names: Vec<&String> = std::iter::once(&p.name).chain(&p.aliases).collect();
+        let Some((pat, d)) = opts.shard_dims.iter().rev().find(|(pat, _)| names.iter().any(|n| crate::wrap::glob_match(pat, n))) else { continue };
+        let err = |why: String| Err(crate::error::opt_err("--shard-dim", format!("{pat}={d}: `{}` {why}", p.name)));
+        let Some(&len) = p.shape.get(*d as usize) else {
+            return err(format!("has {} dims ({:?}): no dim {d}", p.shape.len(), p.shape));
+        };
+        if *d > 0 && p.requires_grad && ws > 1 && len % ws != 0 {
+            return err(format!("is {len} long on dim {d}, which the shard group of {ws} does not divide: FSDP2 shards dims other than 0 evenly only (its reduce-scatter raises \"Shard({d}) requires even sharding\")"));
+        }
+        p.shard_dim = *d;
+    }
+    Ok(())
 }
 
 fn collect(tree: &Tree, m: usize, unit: usize, unit_at: &[Option<usize>], layout: Layout, out: &mut Vec<usize>) {
@@ -278,8 +319,7 @@ fn layout(u: &mut Unit, ws: u64, layout: Layout) {
         Layout::Fsdp2 => {
             let mut off = 0;
             for p in &mut u.params {
-                let d0 = p.shape.first().copied().unwrap_or(1);
-                let rest = p.numel / d0.max(1);
+                let (d0, rest) = p.shard_split();
                 let c = d0.div_ceil(ws);
                 p.shard_numel = c * rest;
                 p.padded_numel = c * ws * rest;
@@ -329,7 +369,7 @@ pub fn short_dim0(units: &[Unit], opts: &Options) -> Vec<ShortDim0> {
     let mut groups: Vec<ShortDim0> = vec![];
     for p in units.iter().flat_map(|u| &u.params) {
         let d0 = p.shape.first().copied().unwrap_or(1);
-        if d0 >= n {
+        if d0 >= n || p.shard_dim != 0 {
             continue;
         }
         let extra = (p.shard_numel * n).saturating_sub(p.numel) / n * p.dtype.size();

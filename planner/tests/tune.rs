@@ -399,6 +399,38 @@ fn tune_equals_brute_force_on_a_2_block_mixtral() {
     check_kept("tiny-mixtral", 2, 4, Options { seq: 32, ..Options::default() }, false);
 }
 
+/// MoE experts stacked on dim 0 over more ranks than experts: where the shard group outnumbers
+/// them the space has them (and their router) sharded on dim 1 too (`--shard-dim`,
+/// torchtitan's rule) — brute force over a tiny Mixtral's space at 8 ranks (4 experts: its
+/// groups of 8 both ways, of 2 and 4 on dim 0 only); and on Mixtral-8x7B at 64 ranks, Shard(1)
+/// is both the faster and the smaller for the same options.
+#[test]
+fn experts_outnumbered_by_the_shard_group_are_sharded_on_dim_1() {
+    let (bf16, f32) = (fsdp_ir::DType::parse("bf16"), fsdp_ir::DType::parse("f32"));
+    let base = Options { seq: 32, param_dtype: bf16, reduce_dtype: f32, ..Options::default() };
+    check("tiny-mixtral", 8, 8, base, false);
+    let m = model("tiny-mixtral");
+    let space = tune::space(&m, &Options { world_size: 8, ..Options::default() }, 8, 8, 8).unwrap();
+    let pats: Vec<&str> = space.short_dim0.iter().map(|(p, _, _)| p.as_str()).collect();
+    assert_eq!(pats, ["model.layers.*.mlp.gate.weight", "model.layers.*.mlp.experts.gate_up_proj", "model.layers.*.mlp.experts.down_proj"]);
+    let outer = |shard| tune::outers(&space).into_iter().find(|o| o.shard == shard && !o.offload).map(|o| Outer { dim1: true, ..o }).unwrap();
+    assert_eq!(tune::shard_dims(&space, &outer(8)).len(), 3);
+    assert!(tune::shard_dims(&space, &outer(4)).is_empty());
+    // (both ways where it applies, once elsewhere)
+    assert!(tune::outers(&space).contains(&outer(8)) && tune::outers(&space).contains(&Outer { dim1: false, ..outer(8) }));
+    assert!(!tune::outers(&space).contains(&outer(4)));
+    let f = tune::flags(&space, &Options { world_size: 8, ..Options::default() }, &Config { outer: outer(8), full: 0, sac: 0, back: false });
+    assert!(f.windows(2).any(|w| w[0] == "--shard-dim" && w[1] == "model.layers.*.mlp.experts.gate_up_proj=1"), "{f:?}");
+    // (real size: the experts Shard(0) over 64 ranks hold and gather 1/8 each)
+    let m = model("mixtral-8x7b");
+    let base = Options { world_size: 64, batch: 1, seq: 4096, param_dtype: bf16, reduce_dtype: f32, ..Options::default() };
+    let dim1 = Options { shard_dims: vec![("model.layers.*.mlp.experts.*".into(), 1)], ..base.clone() };
+    let (p0, p1) = (fsdp_planner::plan(&m, &base).unwrap(), fsdp_planner::plan(&m, &dim1).unwrap());
+    let h = hw("h100-sxm");
+    let (t0, t1) = (fsdp_planner::timeline::predict(&p0, &m, &h).step_time_s, fsdp_planner::timeline::predict(&p1, &m, &h).step_time_s);
+    assert!(t1 < t0 / 3.0 && p1.memory.peak_bytes < p0.memory.peak_bytes, "{t1} vs {t0}, {} vs {}", p1.memory.peak_bytes, p0.memory.peak_bytes);
+}
+
 #[test]
 fn an_evaluator_shares_schedule_preludes_only_between_configurations_that_agree() {
     // tune's evaluator makes a schedule prelude once per micro-batch, units and checkpointing

@@ -89,6 +89,10 @@ impl Rank {
     /// Cuts this rank's shards out of full (HF-named, primary) weights.
     /// `rank` is the world rank; its shards are those of its index in its shard group.
     pub fn from_full(plan: &Plan, full: &HashMap<String, Tensor>, rank: usize) -> Result<Rank, RtError> {
+        // (the shards, copy-out and reduce-scatter here cut dim 0 only)
+        if let Some(p) = plan.units.iter().flat_map(|u| &u.params).find(|p| p.shard_dim != 0) {
+            return Err(err(format!("`{}` is sharded on dim {} (--shard-dim): the CPU runtime shards dim 0 only, so far (plan it, run it without --shard-dim)", p.name, p.shard_dim)));
+        }
         let ws = plan.options.shard_size() as i64;
         let r = rank as i64 % ws.max(1);
         let mut shards = vec![];
