@@ -205,6 +205,10 @@ fn sharded_training_equals_single_device() {
     check("tiny-mixtral", opts(2, Layout::Fsdp2, Policy::Auto), &mut report);
     // the experts as units of their own inside their layers' (a `modules:` pattern)
     check("tiny-mixtral", opts(2, Layout::Fsdp2, Policy::Modules(vec!["model.layers.*.mlp.experts".into(), "model.layers.*".into()])), &mut report);
+    // params sharded on dims 1 and 2 (`--shard-dim`, FSDP2's shard_placement_fn): the experts
+    // as units of their own at 4 ranks, block params under checkpointing and accumulation at 2
+    check("tiny-mixtral", Options { shard_dims: vec![("model.layers.*.mlp.experts.*".into(), 1)], ..opts(4, Layout::Fsdp2, Policy::Modules(vec!["model.layers.*.mlp.experts".into(), "model.layers.*".into()])) }, &mut report);
+    check("tiny-mixtral", Options { shard_dims: vec![("model.layers.*.mlp.experts.*".into(), 1), ("model.layers.*.mlp.experts.down_proj".into(), 2), ("model.layers.*.self_attn.q_proj.weight".into(), 1), ("lm_head.weight".into(), 1)], checkpoint: vec!["MixtralDecoderLayer".into()], grad_accum: 2, ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);
     check("tiny-qwen3-moe", opts(3, Layout::Fsdp2, Policy::Auto), &mut report);
     check("tiny-olmo2", opts(3, Layout::Fsdp2, Policy::Auto), &mut report);
     check("tiny-olmo2", Options { checkpoint: vec!["Olmo2DecoderLayer".into()], ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);

@@ -140,6 +140,12 @@ fn measured_peak_is_within_two_percent_of_the_plan() {
         }),
         // the peak is inside the experts' backward (the plan's node-by-node chain)
         case("tiny-mixtral", "MoE, checkpointing", |o| o.checkpoint = vec!["MixtralDecoderLayer".into()]),
+        // the experts sharded on dim 1 (`--shard-dim`): the copy-out and the reduce-scatter
+        // through temporaries
+        case("tiny-mixtral", "MoE, experts on dim 1, ws 4", |o| {
+            o.world_size = 4;
+            o.shard_dims = vec![("model.layers.*.mlp.experts.*".into(), 1)];
+        }),
         // Qwen3-MoE: top-k not renormalized, a dense layer among the sparse ones
         case("tiny-qwen3-moe", "Qwen3-MoE, ws 2", |_| {}),
         // OLMo-2: post-norms, q/k norm over the whole projection, float32 rotary tables

@@ -89,10 +89,6 @@ impl Rank {
     /// Cuts this rank's shards out of full (HF-named, primary) weights.
     /// `rank` is the world rank; its shards are those of its index in its shard group.
     pub fn from_full(plan: &Plan, full: &HashMap<String, Tensor>, rank: usize) -> Result<Rank, RtError> {
-        // (the shards, copy-out and reduce-scatter here cut dim 0 only)
-        if let Some(p) = plan.units.iter().flat_map(|u| &u.params).find(|p| p.shard_dim != 0) {
-            return Err(err(format!("`{}` is sharded on dim {} (--shard-dim): the CPU runtime shards dim 0 only, so far (plan it, run it without --shard-dim)", p.name, p.shard_dim)));
-        }
         let ws = plan.options.shard_size() as i64;
         let r = rank as i64 % ws.max(1);
         let mut shards = vec![];
@@ -108,15 +104,20 @@ impl Rank {
                     Layout::Fsdp2 => {
                         let mut parts = vec![];
                         for p in &u.params {
+                            // FSDP2's Shard(d): rank r's slices of dim d (dim 0 unless
+                            // `--shard-dim`), padded to ceil(len / ws) of them, contiguous
                             let w = get(&p.name)?.detach();
-                            let d0 = p.shape[0] as i64;
-                            let rest = (p.numel / p.shape[0]) as i64;
-                            let c = (d0 + ws - 1) / ws;
-                            let rows = (d0 - r * c).clamp(0, c);
-                            let w2 = w.reshape([d0, rest]);
-                            let mine = if rows > 0 { w2.narrow(0, r * c, rows) } else { w2.narrow(0, 0, 0) };
-                            let pad = Tensor::zeros([c - rows, rest], (w.kind(), w.device()));
-                            parts.push(Tensor::cat(&[mine, pad], 0).reshape([-1]));
+                            let shape: Vec<i64> = p.shape.iter().map(|&x| x as i64).collect();
+                            let w = if shape.is_empty() { w.reshape([1]) } else { w.reshape(shape.as_slice()) };
+                            let d = p.shard_dim as i64;
+                            let len = p.shape.get(d as usize).copied().unwrap_or(1) as i64;
+                            let c = (len + ws - 1) / ws;
+                            let rows = (len - r * c).clamp(0, c);
+                            let mine = if rows > 0 { w.narrow(d, r * c, rows) } else { w.narrow(d, 0, 0) };
+                            let mut pad_shape = mine.size();
+                            pad_shape[d as usize] = c - rows;
+                            let pad = Tensor::zeros(pad_shape.as_slice(), (w.kind(), w.device()));
+                            parts.push(Tensor::cat(&[mine, pad], d).contiguous().reshape([-1]));
                         }
                         if parts.is_empty() {
                             Tensor::zeros([0], tch::kind::FLOAT_CPU) // a unit without params
@@ -204,6 +205,20 @@ pub fn unsharded_views(plan: &Plan, u: usize, gathered: &Tensor) -> Vec<(String,
         Layout::Fsdp2 => {
             let rows = gathered.reshape([ws, unit.shard_numel as i64]);
             for p in &unit.params {
+                if p.shard_dim != 0 {
+                    // Shard(d): each rank's chunk viewed in its shape, cut to its real slices
+                    // and put side by side along d (one rank: a view)
+                    let (d, cs, len, c) = chunk_of(p, ws);
+                    let pieces: Vec<Tensor> = (0..ws)
+                        .filter_map(|r| {
+                            let n = (len - r * c).clamp(0, c);
+                            (n > 0).then(|| rows.get(r).narrow(0, p.offset as i64, p.shard_numel as i64).view(cs.as_slice()).narrow(d, 0, n))
+                        })
+                        .collect();
+                    let full = if pieces.len() == 1 { pieces[0].shallow_clone() } else { Tensor::cat(&pieces, d) };
+                    out.push((p.name.clone(), full));
+                    continue;
+                }
                 let d0 = p.shape[0] as i64;
                 let rest = (p.numel / p.shape[0]) as i64;
                 let s = p.shard_numel as i64;
@@ -238,6 +253,19 @@ fn copy_param_into(
         Layout::Fsdp2 => {
             let ws = plan.options.shard_size() as i64;
             let rows = gathered.view([ws, unit.shard_numel as i64]);
+            if p.shard_dim != 0 {
+                // Shard(d): rank r's real slices of dim d, its chunk viewed in its shape
+                let (d, cs, len, c) = chunk_of(p, ws);
+                for r in 0..ws {
+                    let start = r * c;
+                    if start >= len {
+                        break;
+                    }
+                    let n = c.min(len - start);
+                    copy(&dst.narrow(d, start, n), &rows.get(r).narrow(0, p.offset as i64, p.shard_numel as i64).view(cs.as_slice()).narrow(d, 0, n))?;
+                }
+                return Ok(());
+            }
             let d0 = p.shape[0] as i64;
             let rest = (p.numel / p.shape[0].max(1)) as i64;
             let per = p.shard_numel as i64 / rest.max(1);
@@ -254,6 +282,16 @@ fn copy_param_into(
         Layout::Flat => copy(&dst.view([-1]), &gathered.narrow(0, p.offset as i64, p.numel as i64))?,
     }
     Ok(())
+}
+
+/// A param sharded on dim `d` > 0 (FSDP2's `Shard(d)`, `--shard-dim`): `d`, the shape of one
+/// rank's padded chunk (dim `d` cut to `c` = ceil(len / ws) slices), `len` and `c`.
+fn chunk_of(p: &fsdp_planner::units::UnitParam, ws: i64) -> (i64, Vec<i64>, i64, i64) {
+    let d = p.shard_dim as usize;
+    let len = p.shape[d] as i64;
+    let c = (len + ws - 1) / ws;
+    let cs = p.shape.iter().enumerate().map(|(i, &x)| if i == d { c } else { x as i64 }).collect();
+    (d as i64, cs, len, c)
 }
 
 /// Unsharded params of a unit from its all-gather output (the copy-out), as new tensors.
