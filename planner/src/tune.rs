@@ -305,7 +305,12 @@ pub struct Space {
     /// step against 0.35 TiB, 8.17 s against 1.62 s, and 9.19 GiB more per rank), Shard(1)
     /// copies out through temporaries of the params' size — which can need more at once where
     /// the padding is small (Llama-3.1-405B's k/v projections, 1,024 rows over 2,048 ranks:
-    /// everything checkpointed 72.72 GiB against 72.50), so both are searched.
+    /// everything checkpointed 72.72 GiB against 72.50 on the device, the allocator's
+    /// replay), so both are searched; Shard(1) alone where Shard(0) pads every such param
+    /// to 4 times its rows or more: its gathered buffers then carry at least 4 times those
+    /// params' bytes against Shard(1)'s 2 (the gathered and the temporary) at the copy-out,
+    /// and it all-gathers 4 times their bytes (the same 405B at 16,384 ranks, 16 times:
+    /// searched both ways, 2,986 plans and 11.4 s for the same answer).
     pub short_dim0: Vec<(String, u64, u64)>,
 }
 
@@ -1057,10 +1062,14 @@ pub fn outers(space: &Space) -> Vec<Outer> {
                                 let syncs: Vec<bool> = if accum == 1 { vec![false] } else { space.sync.iter().copied().filter(|&x| !(x && offload)).collect() };
                                 for sync_each in syncs {
                                     let o = Outer { shard, micro_batch, accum, prefetch, reshard, group, edges, offload, sync_each, dim1: false };
-                                    v.push(o);
-                                    // (Shard(1) where it applies: both searched)
+                                    // (Shard(1) where it applies: both searched, or Shard(1)
+                                    // alone where Shard(0) pads those params 4 times over)
                                     let d1 = Outer { dim1: true, ..o };
-                                    if !shard_dims(space, &d1).is_empty() {
+                                    let dims = shard_dims(space, &d1);
+                                    if dims.is_empty() || dims.iter().any(|(p, _)| space.short_dim0.iter().any(|(q, d0, _)| q == p && d0.div_ceil(shard) * shard < 4 * d0)) {
+                                        v.push(o);
+                                    }
+                                    if !dims.is_empty() {
                                         v.push(d1);
                                     }
                                 }
