@@ -663,6 +663,13 @@ FAKE_CASES = {
                                               "optimizer": "adamw",
                                               "wrap": "modules:model.layers.*.mlp.experts,model.layers.*",
                                               "shard_dim": [["model.layers.*.mlp.experts.*", 1]]},
+    # ... and with few tokens (dim 0, FSDP2's default: 1/8 of the experts on every rank), where the
+    # router's renormalized weights, kept by its own node, outlive the experts' backward
+    "mixtral_8x7b_experts_bf16_s256_ws64": {"model": "mixtral-8x7b", "world_size": 64, "batch": 1,
+                                            "seq": 256, "model_dtype": "float32",
+                                            "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                            "optimizer": "adamw",
+                                            "wrap": "modules:model.layers.*.mlp.experts,model.layers.*"},
     "mixtral_8x7b_bf16_ws8": {"model": "mixtral-8x7b", "world_size": 8, "batch": 1, "seq": 4096,
                               "param_dtype": "bfloat16", "reduce_dtype": "float32"},
     # checkpointed layers whose MLPs are units of their own (the recompute re-gathers nothing:
@@ -1047,6 +1054,13 @@ for _name in ("llama3_8b_bf16_ac_ws8", "qwen3_8b_sac_op_ws8", "mixtral_8x7b_bf16
               "deepseek_v2_lite_bf16_ws8", "deepseek_v2_lite_bf16_ac_ws8",
               "qwen3_8b_bf16_ws8", "qwen3_30b_a3b_bf16_ws8", "llama3_70b_eager_ws16"):
     FAKE_CASES["gpu_" + _name] = dict(FAKE_CASES[_name], device="fakegpu")
+# the experts on dim 1 at few tokens on the fake accelerator (CUDA's foreach AdamW): the step
+# peaks in an experts unit's reduce-scatter, each expert grad laid out rank by rank first
+# (chunk-cat), the last one's old grad held. (On the CPU, FSDP2's for-loop AdamW gathers these
+# 3-dim DTensors in `addcdiv_`, which the plan does not count: `plan` says so.)
+FAKE_CASES["gpu_mixtral_8x7b_experts_shard1_bf16_s256_ws64"] = dict(
+    FAKE_CASES["mixtral_8x7b_experts_bf16_s256_ws64"], device="fakegpu",
+    shard_dim=[["model.layers.*.mlp.experts.*", 1]])
 # the tiny checkpointed-region cases of BASE_CASES again, on the deterministic fake group
 for _name in ("llama4l_ac_mlp_units_ws2", "llama4l_ac_attn_units_ws2", "llama4l_ac_nested_ws2",
               "llama4l_ac_in_unit_ws2", "llama_ac_size5000_ws2"):

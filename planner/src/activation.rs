@@ -764,8 +764,14 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             if *normalize {
                 m.saved.push(t(tok, f, "router top-k sum"));
             }
-            // the in-place renormalization's node keeps its float32 result: the output itself
-            // (Mixtral: the experts read it), or the copy Qwen3-MoE casts back from
+            // the in-place renormalization's node keeps its float32 result until the router's
+            // backward, after the experts': the output itself (Mixtral: the experts read it —
+            // measured in fake mode, where the experts are a unit of their own, each layer's
+            // weights alive through the experts' reduce-scatter), or the copy Qwen3-MoE casts
+            // back from
+            if *normalize && !recast {
+                m.saves_output = true;
+            }
             if *normalize && recast {
                 m.saved.push(t(tok * top_k, f, "router top-k weights (f32)"));
             } else if recast {
@@ -799,11 +805,10 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
                 m.fwd_scratch.push(t(tok * top_k, cd, "routing weights (the unit's input cast)"));
             }
             let f = if router_casts || unit_cast { cd } else { DType::Float32 };
-            // the router's output stays saved (its renormalization node keeps it) only when it
-            // is the renormalized float32 weights themselves (Mixtral)
-            // (DeepSeek's scaled weights are a new product no node keeps)
-            let kept = matches!(router, Some(OpKind::Router { normalize: true, sigmoid: None, .. })) && !(router_casts && cd != DType::Float32);
-            m.saves_inputs = vec![false, kept];
+            // (the router's output, where a node keeps it — Mixtral's renormalized float32
+            // weights — is kept by the router's own node, to its backward: `saves_output` there;
+            // DeepSeek's scaled weights are a new product no node keeps)
+            m.saves_inputs = vec![false, false];
             const INPUTS: usize = 0;
             const GATE_UP: usize = 1;
             const ACT: usize = 2;
