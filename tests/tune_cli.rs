@@ -199,6 +199,23 @@ fn offload_fits_only_what_the_nodes_host_holds() {
 }
 
 #[test]
+fn tune_shards_experts_on_dim_1_where_the_group_outnumbers_them() {
+    // Mixtral-8x7B on 64 H100s: FSDP2's Shard(0) leaves every rank 1/8 of the eight experts
+    // (its answer was CPU offload, 121 tokens/s/GPU); the answer shards them and the router on
+    // dim 1, and its flags re-plan to its numbers
+    let model = "models/mixtral-8x7b.ron";
+    let v = json(&["tune", model, "--world-size", "64", "--global-batch", "128", "--seq", "4096", "--param-dtype", "bf16", "--reduce-dtype", "f32", "--hardware", "h100-sxm", "--format", "json"]);
+    let flags: Vec<String> = v["best"]["flags"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()).collect();
+    let dims: Vec<&str> = flags.windows(2).filter(|w| w[0] == "--shard-dim").map(|w| w[1].as_str()).collect();
+    assert_eq!(dims, ["model.layers.*.mlp.gate.weight=1", "model.layers.*.mlp.experts.gate_up_proj=1", "model.layers.*.mlp.experts.down_proj=1"], "{flags:?}");
+    assert!(!flags.iter().any(|f| f == "--offload"), "{flags:?}");
+    let (fits, _, peak, tps) = replan(model, &flags, "79.65GiB");
+    assert!(fits && tps > 4000.0, "{tps}");
+    assert_eq!(Some(peak), v["best"]["predicted"]["peak_bytes"].as_u64());
+    assert_eq!(Some(tps), v["best"]["predicted"]["tokens_per_s_per_gpu"].as_f64());
+}
+
+#[test]
 fn tune_searches_unit_groups_by_default() {
     // GPT-2 on 64 GPUs: a block's all-gather is small, the collectives' latency dominates —
     // several blocks per unit are in the default space's answer, faster than one per unit
