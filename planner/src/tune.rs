@@ -182,7 +182,7 @@ pub struct Outer {
 /// The embeddings and the LM head: FSDP units of their own or the root's (with the final
 /// norm, which stays the root's: a unit of its own gathers its few KiB twice more a step for
 /// nothing the peak notices — the README's Llama-3-8B answer with `model.norm` a unit: 0.4%
-/// slower, 7,537 against 7,569 tokens/s/GPU, 4 KiB more on the device). torchtitan wraps both; either alone is a Pareto point of
+/// slower, 7,537 against 7,569 tokens/s/GPU, and 4 MiB more on the device). torchtitan wraps both; either alone is a Pareto point of
 /// its own — the embeddings alone need less memory than both where the head's gathered
 /// weight meets the peak (Llama-3-8B on 8 H100s, 1 × 8192 × 2 syncing each: 78.05 GiB
 /// against 78.60), the head alone gathers it apart from the root's — and on a 2-block
