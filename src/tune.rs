@@ -264,8 +264,9 @@ fn suggestions(model: &fsdp_ir::Model, base: &Options, hw: &Hardware, space: &Sp
     let least_with = |ws: u64, seq: u64, edges: tune::Edges| -> Option<Eval> {
         let b = Options { world_size: ws, seq, ..base.clone() };
         let s = Space { shards: vec![ws], ..space.clone() };
+        let outer = |dim1| tune::Outer { shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All, group: 1, edges, offload: false, sync_each: false, dim1 };
         let eval = |dim1: bool| {
-            let c = Config { outer: tune::Outer { shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All, group: 1, edges, offload: false, sync_each: false, dim1 }, full: l, sac: 0, back: false };
+            let c = Config { outer: outer(dim1), full: l, sac: 0, back: false };
             let plan = fsdp_planner::plan_unchecked(model, &tune::options(&b, &s, &c)).ok()?;
             Some(tune::evaluate(&plan, model, hw, limit, c))
         };
@@ -273,8 +274,7 @@ fn suggestions(model: &fsdp_ir::Model, base: &Options, hw: &Hardware, space: &Sp
         match eval(false) {
             Some(e) if e.fits => Some(e),
             e0 => {
-                let d1 = tune::Outer { dim1: true, shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All, group: 1, edges, offload: false, sync_each: false };
-                let e1 = if tune::shard_dims(&s, &d1).is_empty() { None } else { eval(true) };
+                let e1 = if tune::shard_dims(&s, &outer(true)).is_empty() { None } else { eval(true) };
                 e1.filter(|e| e.fits).or(e0)
             }
         }

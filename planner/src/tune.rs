@@ -403,7 +403,7 @@ pub fn space(model: &Model, base: &Options, world_size: u64, global_batch: u64, 
     let mut short_dim0: Vec<(String, u64, u64)> = vec![];
     let mut shapes: Vec<(String, Vec<u64>)> = vec![];
     for p in model.params.iter().filter(|p| p.shape.len() >= 2 && p.shape[0] < world_size && p.tied_to.is_none()) {
-        let pattern = p.name.split('.').map(|c| if !c.is_empty() && c.bytes().all(|b| b.is_ascii_digit()) { "*" } else { c }).collect::<Vec<_>>().join(".");
+        let pattern = crate::units::index_pattern(&p.name);
         match shapes.iter().find(|(q, _)| *q == pattern) {
             Some((_, sh)) if *sh != p.shape => short_dim0.retain(|(q, _, _)| *q != pattern),
             Some(_) => {}

@@ -359,6 +359,12 @@ pub struct ShortDim0 {
     pub extra_bytes: u64,
 }
 
+/// A param name with its numbered components as `*` (`model.layers.3.mlp.experts.down_proj` →
+/// `model.layers.*.mlp.experts.down_proj`): the pattern of its like params in every block.
+pub fn index_pattern(name: &str) -> String {
+    name.split('.').map(|c| if !c.is_empty() && c.bytes().all(|b| b.is_ascii_digit()) { "*" } else { c }).collect::<Vec<_>>().join(".")
+}
+
 /// The [`ShortDim0`] groups of an FSDP2 layout over a shard group of `n` ranks, most extra
 /// bytes first (none under the flat layout: FSDP1 pads the unit's flat parameter as a whole).
 pub fn short_dim0(units: &[Unit], opts: &Options) -> Vec<ShortDim0> {
@@ -373,7 +379,7 @@ pub fn short_dim0(units: &[Unit], opts: &Options) -> Vec<ShortDim0> {
             continue;
         }
         let extra = (p.shard_numel * n).saturating_sub(p.numel) / n * p.dtype.size();
-        let pattern = p.name.split('.').map(|c| if !c.is_empty() && c.bytes().all(|b| b.is_ascii_digit()) { "*" } else { c }).collect::<Vec<_>>().join(".");
+        let pattern = index_pattern(&p.name);
         match groups.iter_mut().find(|g| g.pattern == pattern && g.shape == p.shape) {
             Some(g) => {
                 g.count += 1;
