@@ -106,15 +106,11 @@ impl Rank {
                         for p in &u.params {
                             // FSDP2's Shard(d): rank r's slices of dim d (dim 0 unless
                             // `--shard-dim`), padded to ceil(len / ws) of them, contiguous
-                            let w = get(&p.name)?.detach();
+                            let (d, mut pad_shape, len, c) = chunk_of(p, ws);
                             let shape: Vec<i64> = p.shape.iter().map(|&x| x as i64).collect();
-                            let w = if shape.is_empty() { w.reshape([1]) } else { w.reshape(shape.as_slice()) };
-                            let d = p.shard_dim as i64;
-                            let len = p.shape.get(d as usize).copied().unwrap_or(1) as i64;
-                            let c = (len + ws - 1) / ws;
+                            let w = get(&p.name)?.detach().reshape(shape.as_slice());
                             let rows = (len - r * c).clamp(0, c);
                             let mine = if rows > 0 { w.narrow(d, r * c, rows) } else { w.narrow(d, 0, 0) };
-                            let mut pad_shape = mine.size();
                             pad_shape[d as usize] = c - rows;
                             let pad = Tensor::zeros(pad_shape.as_slice(), (w.kind(), w.device()));
                             parts.push(Tensor::cat(&[mine, pad], d).contiguous().reshape([-1]));
@@ -239,7 +235,7 @@ pub fn unsharded_views(plan: &Plan, u: usize, gathered: &Tensor) -> Vec<(String,
 
 /// Copies param `p` of unit `u` from the unit's all-gather output into `dst` (its unsharded
 /// tensor, contiguous) with `copy(dst_piece, src_piece)`: one piece per rank for the FSDP2
-/// layout (rank r's rows of the param), one for the flat layout.
+/// layout (rank r's slices of the param's shard dim), one for the flat layout.
 fn copy_param_into(
     plan: &Plan,
     u: usize,
@@ -253,30 +249,16 @@ fn copy_param_into(
         Layout::Fsdp2 => {
             let ws = plan.options.shard_size() as i64;
             let rows = gathered.view([ws, unit.shard_numel as i64]);
-            if p.shard_dim != 0 {
-                // Shard(d): rank r's real slices of dim d, its chunk viewed in its shape
-                let (d, cs, len, c) = chunk_of(p, ws);
-                for r in 0..ws {
-                    let start = r * c;
-                    if start >= len {
-                        break;
-                    }
-                    let n = c.min(len - start);
-                    copy(&dst.narrow(d, start, n), &rows.get(r).narrow(0, p.offset as i64, p.shard_numel as i64).view(cs.as_slice()).narrow(d, 0, n))?;
-                }
-                return Ok(());
-            }
-            let d0 = p.shape[0] as i64;
-            let rest = (p.numel / p.shape[0].max(1)) as i64;
-            let per = p.shard_numel as i64 / rest.max(1);
-            let dst2 = dst.view([d0, rest]);
+            // rank r's real slices of the param's shard dim (FSDP2's Shard(d), dim 0 unless
+            // `--shard-dim`), its padded chunk viewed in its shape
+            let (d, cs, len, c) = chunk_of(p, ws);
             for r in 0..ws {
-                let start = r * per;
-                if start >= d0 {
+                let start = r * c;
+                if start >= len {
                     break;
                 }
-                let n = per.min(d0 - start);
-                copy(&dst2.narrow(0, start, n), &rows.get(r).narrow(0, p.offset as i64, n * rest).view([n, rest]))?;
+                let n = c.min(len - start);
+                copy(&dst.narrow(d, start, n), &rows.get(r).narrow(0, p.offset as i64, p.shard_numel as i64).view(cs.as_slice()).narrow(d, 0, n))?;
             }
         }
         Layout::Flat => copy(&dst.view([-1]), &gathered.narrow(0, p.offset as i64, p.numel as i64))?,
@@ -284,8 +266,8 @@ fn copy_param_into(
     Ok(())
 }
 
-/// A param sharded on dim `d` > 0 (FSDP2's `Shard(d)`, `--shard-dim`): `d`, the shape of one
-/// rank's padded chunk (dim `d` cut to `c` = ceil(len / ws) slices), `len` and `c`.
+/// A param's shard dim `d` (FSDP2's `Shard(d)`: 0, or what `--shard-dim` says), the shape of
+/// one rank's padded chunk (dim `d` cut to `c` = ceil(len / ws) slices), `len` and `c`.
 fn chunk_of(p: &fsdp_planner::units::UnitParam, ws: i64) -> (i64, Vec<i64>, i64, i64) {
     let d = p.shard_dim as usize;
     let len = p.shape[d] as i64;
