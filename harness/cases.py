@@ -958,6 +958,25 @@ FAKE_CASES.update({
                                          "param_dtype": "bfloat16", "reduce_dtype": "float32",
                                          "strategy": "hybrid-shard", "shard_group_size": 2,
                                          "device": "fakegpu", "offload": True},
+    # --grad-sync each under offload (torchtitan's loop with enable_cpu_offload and gradient
+    # accumulation): every micro-batch's reduced shard goes to the host, the later ones added
+    # there to the host's grads (a blocking copy, then the CPU's add); bf16 reduction (cast to
+    # f32 on the device first); HSDP (each micro-batch's all-reduce input held)
+    "llama_wide_offload_bf16_sync_each_ga2_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
+                                                  "param_dtype": "bfloat16", "reduce_dtype": "float32", "grad_accum": 2,
+                                                  "grad_sync": "each", "device": "fakegpu", "offload": True},
+    "llama_wide_offload_bf16r_sync_each_ga3_b1s8_ws2": {"model": "tiny-llama-wide", "world_size": 2, "batch": 1, "seq": 8,
+                                                        "model_dtype": "float32", "param_dtype": "bfloat16",
+                                                        "reduce_dtype": "bfloat16", "grad_accum": 3, "grad_sync": "each",
+                                                        "device": "fakegpu", "offload": True},
+    "llama_wide_offload_hsdp_sync_each_ga2_ws4": {"model": "tiny-llama-wide", "world_size": 4, "model_dtype": "float32",
+                                                  "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                                  "strategy": "hybrid-shard", "shard_group_size": 2, "grad_accum": 2,
+                                                  "grad_sync": "each", "device": "fakegpu", "offload": True},
+    "llama3_8b_offload_bf16_sync_each_ga2_ws8": {"model": "llama-3-8b", "world_size": 8, "batch": 1, "seq": 4096,
+                                                 "model_dtype": "float32", "param_dtype": "bfloat16",
+                                                 "reduce_dtype": "float32", "optimizer": "adamw", "grad_accum": 2,
+                                                 "grad_sync": "each", "device": "fakegpu", "offload": True},
     "llama3_8b_offload_bf16_ws8": {"model": "llama-3-8b", "world_size": 8, "batch": 1, "seq": 4096,
                                    "model_dtype": "float32", "param_dtype": "bfloat16",
                                    "reduce_dtype": "float32", "optimizer": "adamw",

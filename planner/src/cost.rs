@@ -130,7 +130,10 @@
 //!   direction with every GPU of the node copying, a launch per parameter), on the
 //!   collective's stream — so they lengthen the collective, exposed wherever it is; and the
 //!   optimizer runs on the host while the GPU waits ([`host_optimizer_s`]: the rank's
-//!   parameters × the ranks sharing the host over torch's CPU Adam rate). Against that, the
+//!   parameters × the ranks sharing the host over torch's CPU Adam rate). With
+//!   `--grad-sync each` every micro-batch past the first adds its reduced shards into the
+//!   host's grads: a blocking copy, then the CPU's add ([`host_accumulate_s`]), the CPU's
+//!   launches held back meanwhile. Against that, the
 //!   device holds no shards, gradients or optimizer state (memory: exact against FSDP2).
 
 use crate::activation::{op_mem, Ctx};
@@ -951,6 +954,27 @@ pub fn offload_copy_s(hw: &Hardware, unit: &Unit, opts: &Options, to_device: boo
         let bytes: u64 = ps.iter().map(|p| p.grad_shard_bytes(ws)).sum();
         bytes as f64 / h.d2h_bandwidth + ps.iter().filter(|p| p.requires_grad).count() as f64 * hw.op_overhead_s
     }
+}
+
+/// `--offload cpu --grad-sync each`: what the CPU does after a reduction of a micro-batch
+/// past the step's first, where the host already holds the unit's grads (FSDP2 2.11
+/// `foreach_reduce`: `to_accumulate_grad`). The copy to the host is then a blocking one
+/// (`non_blocking = pin_memory and not to_accumulate_grad`: "the CPU add kernel depends on
+/// the copy result"), so the CPU waits for the collective and the copy to end, and then adds
+/// each parameter's reduced shard into its host grad (`grad._local_tensor += new`): 3 of
+/// Adam's 16 passes over the rank's shard ([`host_optimizer_s`]'s rate, shared by the node's
+/// ranks, which add at once) plus a dispatch per parameter. The timeline holds the CPU's
+/// launches back by it ([`crate::timeline`]): the GPU runs dry after the work already
+/// queued. (The copy itself, into pageable memory where the first micro-batch's goes into
+/// pinned, is priced at the pinned rate of [`offload_copy_s`]: no sourced pageable figure —
+/// a floor.) `None` without a host in the profile.
+pub fn host_accumulate_s(hw: &Hardware, unit: &Unit, opts: &Options) -> Option<f64> {
+    let h = hw.host.as_ref()?;
+    let ws = opts.shard_size();
+    let grads = unit.params.iter().filter(|p| p.requires_grad);
+    let elements: u64 = grads.clone().map(|p| p.local_numel(ws, 0)).sum();
+    let ranks = opts.world_size.min(hw.gpus_per_node).max(1) as f64;
+    Some(elements as f64 * ranks / (h.adam_params_per_s * 16.0 / 3.0) + grads.count() as f64 * hw.op_overhead_s)
 }
 
 /// `--offload cpu`: the optimizer step of one unit on the host (torch.optim on the rank's

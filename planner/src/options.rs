@@ -726,14 +726,12 @@ impl Options {
             return Err(opt_err("--batch", format!("batch {} × seq {} is more than {MAX_TOKENS} tokens per micro-batch", self.batch, self.seq)));
         }
         if self.grad_sync == GradSync::Each {
-            // (what FSDP1's flat gradient, NO_SHARD's all-reduce and the offloaded host
-            // gradients do on each micro-batch is not modelled)
+            // (what FSDP1's flat gradient and NO_SHARD's all-reduce do on each micro-batch is
+            // not modelled; offloaded, FSDP2-exact: harness/fakegpu.py's sync_each cases)
             let why = if self.layout == Layout::Flat {
                 Some("FSDP1's (--layout flat) per-micro-batch reduction is not modelled: FSDP2 only")
             } else if matches!(self.strategy, Strategy::NoShard) {
                 Some("not modelled under no-shard")
-            } else if self.offload == Offload::Cpu {
-                Some("not modelled with --offload cpu (the host adds each micro-batch's gradients)")
             } else {
                 None
             };

@@ -35,7 +35,10 @@
 //! - On a GPU profile two costs more ([`gpu_spans`]): the CPU launches every kernel in
 //!   schedule order (an op starts no earlier than its launch, and lasts at least as long as
 //!   launching its kernels takes), and a compute op runs `comm_sm_share` slower while a
-//!   collective runs beside it.
+//!   collective runs beside it. The CPU never waits for the GPU but where FSDP2 blocks it:
+//!   under `--offload cpu --grad-sync each`, each reduction past the step's first
+//!   micro-batch, whose copy to the host is a blocking one followed by the CPU's add into the
+//!   host's grads ([`cost::host_accumulate_s`]): nothing more is launched until both are done.
 //!
 //! Metrics: `compute_s` = busy time of the compute stream; `comm_s` = summed collective
 //! time; `exposed_comm_s` = time some collective runs while the compute stream is idle;
@@ -185,6 +188,11 @@ impl Deps {
 
     fn of(&self, i: usize) -> &[usize] {
         &self.list[self.at[i]..self.at[i + 1]]
+    }
+
+    /// Whether some op of the `n` waits for a later one.
+    fn forward(&self, n: usize) -> bool {
+        (0..n).any(|i| self.of(i).iter().any(|&d| d > i))
     }
 }
 
@@ -366,7 +374,7 @@ pub fn predict_with(plan: &Plan, hw: &Hardware, cm: &CostModel) -> TimeReport {
     let times = cm.times(hw);
     let (dur, kernels): (Vec<f64>, Vec<u32>) = plan.schedule.iter().map(|op| op_cost(plan, &times, hw, op)).unzip();
     let spans = if let Some(g) = &hw.gpu {
-        gpu_spans(plan, &kernels, g, &dur)
+        gpu_spans(plan, hw, &kernels, g, &dur)
     } else if hw.serial_streams {
         // one thread runs every op in schedule order (our CPU runtime)
         let mut t = 0.0;
@@ -452,13 +460,18 @@ pub fn predict_longer(plan: &Plan, hw: &Hardware, cm: &CostModel, n: u32) -> Opt
         let total: f64 = dur.iter().sum();
         return Some(total + (n as usize - k) as f64 * each);
     }
+    // (a CPU held back by the GPU, `--offload cpu --grad-sync each`: its launches no longer
+    // run on a clock of their own, which the argument below takes)
+    if cpu_blocks(plan, hw).is_some() {
+        return None;
+    }
     let deps = Deps::new(ops, &implicit_deps(ops));
     // nothing waits for a later micro-batch's op
     if (0..ops.len()).any(|i| deps.of(i).iter().any(|&d| block[d] > block[i])) {
         return None;
     }
     let (rounds, release) = match &hw.gpu {
-        Some(g) => gpu_rounds(plan, &kernels, g, &dur, &deps),
+        Some(g) => gpu_rounds(plan, &kernels, g, &dur, &deps, None),
         None => (vec![run_streams(ops, &deps, &dur, &[])], vec![]),
     };
     let fin = rounds.last()?;
@@ -540,14 +553,69 @@ pub fn predict_longer(plan: &Plan, hw: &Hardware, cm: &CostModel, n: u32) -> Opt
 ///   `comm_sm_share` of the SMs: the part of a compute op that overlaps communication runs
 ///   at `1 − comm_sm_share` of its speed. The streams are simulated again with the
 ///   stretched times until they settle (three rounds).
-fn gpu_spans(plan: &Plan, kernels: &[u32], g: &crate::hardware::Gpu, dur: &[f64]) -> Vec<OpSpan> {
+fn gpu_spans(plan: &Plan, hw: &Hardware, kernels: &[u32], g: &crate::hardware::Gpu, dur: &[f64]) -> Vec<OpSpan> {
     let deps = Deps::new(&plan.schedule, &implicit_deps(&plan.schedule));
-    gpu_rounds(plan, kernels, g, dur, &deps).0.pop().unwrap_or_default()
+    let blocks = cpu_blocks(plan, hw);
+    gpu_rounds(plan, kernels, g, dur, &deps, blocks.as_deref()).0.pop().unwrap_or_default()
+}
+
+/// Per op, how long the CPU works once the op has ended before it launches anything more,
+/// where some op holds it back (`None` where none does): under `--offload cpu --grad-sync
+/// each`, the reduction of each micro-batch past the step's first (the reduce-scatter, or
+/// under HSDP the replicas' all-reduce after it, which the copy to the host follows) — a
+/// blocking copy, then the CPU's add into the host's grads ([`cost::host_accumulate_s`]).
+fn cpu_blocks(plan: &Plan, hw: &Hardware) -> Option<Vec<Option<f64>>> {
+    let o = &plan.options;
+    if o.offload != crate::options::Offload::Cpu || o.grad_sync != crate::options::GradSync::Each || hw.host.is_none() {
+        return None;
+    }
+    let hsdp = o.replicate_size() > 1;
+    let blocks: Vec<Option<f64>> = plan
+        .schedule
+        .iter()
+        .map(|op| match op.kind {
+            OpKind::ReduceScatter { unit, .. } if !hsdp && op.micro_batch > 0 => cost::host_accumulate_s(hw, plan.unit(unit), o),
+            OpKind::AllReduce { unit, group: Group::Replicate, .. } if hsdp && op.micro_batch > 0 => cost::host_accumulate_s(hw, plan.unit(unit), o),
+            _ => None,
+        })
+        .collect();
+    blocks.iter().any(Option::is_some).then_some(blocks)
+}
+
+/// [`run_streams`] where some ops hold the CPU back (`blocks`, [`cpu_blocks`]): the ops run
+/// in schedule order, each launched on the CPU's clock as [`gpu_rounds`] issues them
+/// (`issue`: its first kernel's launch and the last's, from the CPU's time so far), and
+/// after a holding op the clock waits for the op's end and the CPU's work after it. An op
+/// starts when its stream is free, its dependencies have ended and it is launched (a
+/// dependency on a later op, which [`run_streams`] honours, is not: the schedules that hold
+/// the CPU have none — `Deps::forward`). The ops' releases beside the spans.
+fn run_in_order(ops: &[ScheduleOp], deps: &Deps, dur: &[f64], issue: &[(f64, f64)], blocks: &[Option<f64>]) -> (Vec<OpSpan>, Vec<f64>) {
+    let mut end = vec![0.0f64; ops.len()];
+    let mut release = Vec::with_capacity(ops.len());
+    let mut free = [0.0f64; 4];
+    // (how far the CPU's clock is behind: what it waited for so far)
+    let mut behind = 0.0f64;
+    let mut spans = Vec::with_capacity(ops.len());
+    for (i, op) in ops.iter().enumerate() {
+        let rel = issue[i].0 + behind;
+        release.push(rel);
+        let s = stream_index(op.stream);
+        let ready = deps.of(i).iter().filter(|&&d| d < i).map(|&d| end[d]).fold(rel, f64::max);
+        let start = free[s].max(ready);
+        end[i] = start + dur[i];
+        free[s] = end[i];
+        spans.push(OpSpan { op: op.id, stream: op.stream, start, end: end[i] });
+        if let Some(work) = blocks.get(i).copied().flatten() {
+            // the CPU, past this op's launches at `issue[i].1 + behind`, waits for its end
+            behind += (end[i] - (issue[i].1 + behind)).max(0.0) + work;
+        }
+    }
+    (spans, release)
 }
 
 /// [`gpu_spans`]' every round (the first unstretched, the last the prediction) and each op's
 /// release (its first kernel's launch).
-fn gpu_rounds(plan: &Plan, kernels: &[u32], g: &crate::hardware::Gpu, dur: &[f64], deps: &Deps) -> (Vec<Vec<OpSpan>>, Vec<f64>) {
+fn gpu_rounds(plan: &Plan, kernels: &[u32], g: &crate::hardware::Gpu, dur: &[f64], deps: &Deps, blocks: Option<&[Option<f64>]>) -> (Vec<Vec<OpSpan>>, Vec<f64>) {
     let ops = &plan.schedule;
     let mut clock = 0.0;
     let issue: Vec<(f64, f64)> = ops
@@ -561,11 +629,21 @@ fn gpu_rounds(plan: &Plan, kernels: &[u32], g: &crate::hardware::Gpu, dur: &[f64
             (first, clock)
         })
         .collect();
-    let release: Vec<f64> = issue.iter().map(|x| x.0).collect();
+    let mut release: Vec<f64> = issue.iter().map(|x| x.0).collect();
     // an op whose kernels take less GPU time than the CPU takes to launch them lasts that long
     let dur: Vec<f64> = dur.iter().zip(&issue).map(|(d, (first, last))| d.max(last - first)).collect();
+    // (a CPU held back by some ops, whose clock then depends on the GPU's: in order)
+    let blocks = blocks.filter(|_| !deps.forward(ops.len()));
+    let mut run = |stretched: &[f64]| match blocks {
+        Some(b) => {
+            let (spans, r) = run_in_order(ops, deps, stretched, &issue, b);
+            release = r;
+            spans
+        }
+        None => run_streams(ops, deps, stretched, &release),
+    };
     let mut stretched = dur.clone();
-    let mut rounds = vec![run_streams(ops, deps, &stretched, &release)];
+    let mut rounds = vec![run(&stretched)];
     for _ in 0..3 {
         let Some(spans) = rounds.last() else { break };
         let comm = union(spans.iter().filter(|s| s.stream != Stream::Compute).map(|s| (s.start, s.end)).collect());
@@ -579,7 +657,7 @@ fn gpu_rounds(plan: &Plan, kernels: &[u32], g: &crate::hardware::Gpu, dur: &[f64
                 stretched[i] = if done_slow >= dur[i] { dur[i] / (1.0 - s) } else { overlapped + (dur[i] - done_slow) };
             }
         }
-        rounds.push(run_streams(ops, deps, &stretched, &release));
+        rounds.push(run(&stretched));
     }
     (rounds, release)
 }

@@ -294,8 +294,9 @@ pub struct Space {
     /// post-forward groups (what `--offload cpu` plans: `Options::check`).
     pub offload: Vec<bool>,
     /// The gradient-sync choices searched where a step accumulates ([`Outer::sync_each`]):
-    /// `[false, true]` where the options allow `--grad-sync each` (FSDP2 layout, not under
-    /// CPU offload: `Options::check`).
+    /// `[false, true]` where the options allow `--grad-sync each` (FSDP2 layout:
+    /// `Options::check`), offloaded or not (offloaded, each micro-batch past the first adds
+    /// its grads into the host's on the CPU: [`crate::cost::host_accumulate_s`]).
     pub sync: Vec<bool>,
     /// Params shorter on dim 0 than a shard group can be (MoE experts stacked on dim 0, their
     /// router): `(pattern, dim-0 length, dim-1 length)`, alike params folded
@@ -1059,9 +1060,8 @@ pub fn outers(space: &Space) -> Vec<Outer> {
                         for &edges in space.edges.iter().filter(|&&e| e == Edges::Root || space.edge_policy.is_some()) {
                             // (CPU offload: a block per unit, no post-forward groups)
                             for &offload in space.offload.iter().filter(|&&x| !x || (group == 1 && !to_node(reshard))) {
-                                // (a step of one micro-batch syncs it either way; offloaded
-                                // grads are the last's only)
-                                let syncs: Vec<bool> = if accum == 1 { vec![false] } else { space.sync.iter().copied().filter(|&x| !(x && offload)).collect() };
+                                // (a step of one micro-batch syncs it either way)
+                                let syncs: Vec<bool> = if accum == 1 { vec![false] } else { space.sync.clone() };
                                 for sync_each in syncs {
                                     let o = Outer { shard, micro_batch, accum, prefetch, reshard, group, edges, offload, sync_each, dim1: false };
                                     // (Shard(1) where it applies: both searched, or Shard(1)

@@ -222,12 +222,13 @@ fn a_replay_whose_small_blocks_drift_is_shown_by_its_large_pools() {
     assert!(fsdp_planner::reserved::predict_longer(&short, &h, 128).is_some());
 }
 
-/// Every tiny model on 1, 2 and 4 ranks under ten option sets (mixed precision, checkpointing,
+/// Every tiny model on 1, 2 and 4 ranks under eleven option sets (mixed precision, checkpointing,
 /// no reshard, FSDP1, HSDP, torchtitan's 2024 loop, CPU offload (on a GPU), the last unit
-/// kept, bf16 masters; HSDP over 2 ranks refused on 1): the plan of 6 micro-batches is
-/// steady and the plan of 9 is its expansion, with its tensor peak, and
-/// `timeline::predict_longer` shows the plan of 9's step on an H100 (the CPU's launches and
-/// the collectives' slowdown of compute included).
+/// kept, bf16 masters, CPU offload syncing each micro-batch; HSDP over 2 ranks refused on 1):
+/// the plan of 6 micro-batches is steady and the plan of 9 is its expansion, with its tensor
+/// peak, and `timeline::predict_longer` shows the plan of 9's step on an H100 (the CPU's
+/// launches and the collectives' slowdown of compute included) — but under offload syncing
+/// each, whose CPU waits for the GPU (it declines: `None`).
 #[test]
 fn every_tiny_configuration_is_steady_and_planned_longer_exactly() {
     let bf16 = fsdp_ir::DType::parse("bf16");
@@ -237,7 +238,7 @@ fn every_tiny_configuration_is_steady_and_planned_longer_exactly() {
     for name in ["tiny-llama", "tiny-llama-4l", "tiny-qwen3", "tiny-mixtral", "tiny-gpt2", "tiny-gemma3", "tiny-llama-gqa", "tiny-deepseek-v3"] {
         let m = model(name);
         for ws in [1u64, 2, 4] {
-            for variant in 0..10 {
+            for variant in 0..11 {
                 let mut o = Options { world_size: ws, batch: 2, seq: 32, grad_accum: 6, ..Options::default() };
                 match variant {
                     1 => (o.param_dtype, o.reduce_dtype) = (bf16, f32),
@@ -250,6 +251,7 @@ fn every_tiny_configuration_is_steady_and_planned_longer_exactly() {
                     7 => o.offload = fsdp_planner::Offload::Cpu,
                     8 => o.unit_reshard = vec![("last".into(), false)],
                     9 => (o.param_dtype, o.reduce_dtype, o.master_dtype) = (bf16, f32, bf16),
+                    10 => (o.offload, o.grad_sync) = (fsdp_planner::Offload::Cpu, fsdp_planner::GradSync::Each),
                     _ => {}
                 }
                 // (what the planner refuses: HSDP over 2 ranks on 1)
@@ -264,7 +266,9 @@ fn every_tiny_configuration_is_steady_and_planned_longer_exactly() {
                 assert!(ops == long.schedule && bufs.len() == long.buffers.len() && bufs.iter().zip(&long.buffers).all(|(a, b)| bare(a) == bare(b)), "{name} ws {ws} variant {variant}");
                 assert_eq!(short.memory.peak_bytes, long.memory.peak_bytes, "{name} ws {ws} variant {variant}");
                 let cm = fsdp_planner::cost::CostModel::new(&short, &m);
-                if let Some(t) = fsdp_planner::timeline::predict_longer(&short, &h, &cm, 9) {
+                let longer = fsdp_planner::timeline::predict_longer(&short, &h, &cm, 9);
+                assert_eq!(longer.is_none(), variant == 10, "{name} ws {ws} variant {variant}");
+                if let Some(t) = longer {
                     let want = fsdp_planner::timeline::predict(&long, &m, &h).step_time_s;
                     assert!((t / want - 1.0).abs() < 1e-9, "{name} ws {ws} variant {variant}: {t} vs {want}");
                     timed += 1;
@@ -273,5 +277,37 @@ fn every_tiny_configuration_is_steady_and_planned_longer_exactly() {
             }
         }
     }
-    assert_eq!((planned, timed), (232, 232));
+    assert_eq!((planned, timed), (256, 232));
+}
+
+/// `--offload cpu --grad-sync each`: past the step's first micro-batch, each reduction's copy
+/// to the host blocks the CPU (FSDP2 2.11 `foreach_reduce`: the host already holds the grads,
+/// `to_accumulate_grad`), which then adds them there (`cost::host_accumulate_s`): nothing
+/// after it in the schedule starts before it ends plus that work. The first micro-batch's
+/// copies do not block: compute runs beside them. (Tiny Llama on 2 H100s, 3 micro-batches.)
+#[test]
+fn offloaded_reductions_past_the_first_micro_batch_hold_the_cpu_back() {
+    let m = model("tiny-llama");
+    let h = hw("h100-sxm");
+    let o = Options { world_size: 2, batch: 2, seq: 32, grad_accum: 3, device: fsdp_planner::Device::Cuda, offload: fsdp_planner::Offload::Cpu, grad_sync: fsdp_planner::GradSync::Each, ..Options::default() };
+    let plan = fsdp_planner::plan(&m, &o).unwrap();
+    let r = fsdp_planner::timeline::predict(&plan, &m, &h);
+    let (mut held, mut free) = (0, 0);
+    for (i, op) in plan.schedule.iter().enumerate() {
+        let fsdp_planner::OpKind::ReduceScatter { unit, .. } = op.kind else { continue };
+        let end = r.ops[i].end;
+        if op.micro_batch == 0 {
+            free += usize::from(r.ops[i + 1..].iter().any(|s| s.stream == fsdp_planner::Stream::Compute && s.start < end));
+            continue;
+        }
+        let work = fsdp_planner::cost::host_accumulate_s(&h, plan.unit(unit), &plan.options).unwrap();
+        assert!(work > 0.0);
+        assert!(r.ops[i + 1..].iter().all(|s| s.start >= end + work - 1e-15), "op{i}");
+        held += 1;
+    }
+    assert_eq!(held, 2 * plan.units.len());
+    assert!(free > 0);
+    // (and the step is longer by at least that work than the same plan syncing only the last)
+    let last = fsdp_planner::plan(&m, &Options { grad_sync: fsdp_planner::GradSync::Last, ..o.clone() }).unwrap();
+    assert!(r.step_time_s > fsdp_planner::timeline::predict(&last, &m, &h).step_time_s);
 }

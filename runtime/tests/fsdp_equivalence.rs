@@ -271,6 +271,10 @@ fn sharded_training_equals_single_device() {
     // FSDP2's CPUOffloadPolicy: shards, grads (accumulated there) and AdamW on the host
     check("tiny-llama", Options { offload: fsdp_planner::Offload::Cpu, grad_accum: 2, checkpoint: vec!["LlamaDecoderLayer".into()], ..opts(3, Layout::Fsdp2, Policy::Auto) }, &mut report);
     check("tiny-llama", Options { offload: fsdp_planner::Offload::Cpu, strategy: Strategy::HybridShard { shard_size: 2 }, ..opts(4, Layout::Fsdp2, Policy::Auto) }, &mut report);
+    // offloaded, syncing each micro-batch (torchtitan's loop): every later micro-batch's
+    // reduced shards added into the host's grads
+    check("tiny-llama", Options { offload: fsdp_planner::Offload::Cpu, grad_accum: 3, grad_sync: fsdp_planner::GradSync::Each, ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);
+    check("tiny-llama", Options { offload: fsdp_planner::Offload::Cpu, grad_accum: 2, grad_sync: fsdp_planner::GradSync::Each, strategy: Strategy::HybridShard { shard_size: 2 }, ..opts(4, Layout::Fsdp2, Policy::Auto) }, &mut report);
     eprintln!("{report}");
 }
 

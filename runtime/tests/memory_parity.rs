@@ -299,6 +299,11 @@ fn measured_peak_is_within_two_percent_of_the_plan() {
             o.grad_accum = 2;
             o.checkpoint = vec!["LlamaDecoderLayer".into()];
         }),
+        case("tiny-llama", "CPU offload, syncing each of 3 micro-batches", |o| {
+            o.offload = fsdp_planner::Offload::Cpu;
+            o.grad_accum = 3;
+            o.grad_sync = fsdp_planner::GradSync::Each;
+        }),
         // bf16 masters: the gradient norm and AdamW's temporaries in the host's peak
         case("tiny-gemma3", "CPU offload, bf16 masters, ws 4", |o| {
             o.offload = fsdp_planner::Offload::Cpu;
