@@ -973,6 +973,27 @@ FAKE_CASES.update({
                                                   "param_dtype": "bfloat16", "reduce_dtype": "float32",
                                                   "strategy": "hybrid-shard", "shard_group_size": 2, "grad_accum": 2,
                                                   "grad_sync": "each", "device": "fakegpu", "offload": True},
+    # offload with unit groups (two blocks per fully_shard call: one group's params copied in
+    # before its one all-gather) and with Shard(dim > 0) params (the experts on dim 1: the
+    # host shards are dim-1 chunks, copied in whole and laid out by the all-gather's copy-out)
+    "llama_offload_group2_bf16_ws2": {"model": "tiny-llama-4l", "world_size": 2, "model_dtype": "float32",
+                                      "param_dtype": "bfloat16", "reduce_dtype": "float32", "unit_group": 2,
+                                      "device": "fakegpu", "offload": True},
+    "llama_offload_group2_ac_ga2_ws2": {"model": "tiny-llama-4l", "world_size": 2, "model_dtype": "float32",
+                                        "unit_group": 2, "checkpoint": ["LlamaDecoderLayer"], "grad_accum": 2,
+                                        "attn_implementation": "eager",
+                                        "device": "fakegpu", "offload": True},
+    "mixtral_offload_experts_shard1_bf16_ws4": {"model": "tiny-mixtral", "world_size": 4, "model_dtype": "float32",
+                                                "wrap": "modules:model.layers.*.mlp.experts,model.layers.*",
+                                                "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                                "shard_dim": [["model.layers.*.mlp.experts.*", 1]],
+                                                "device": "fakegpu", "offload": True},
+    "mixtral_offload_shard_dims_ga2_ws2": {"model": "tiny-mixtral", "world_size": 2, "model_dtype": "float32",
+                                           "grad_accum": 2, "grad_sync": "each",
+                                           "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                           "shard_dim": [["model.layers.*.mlp.experts.*", 1],
+                                                         ["model.layers.*.mlp.experts.down_proj", 2]],
+                                           "device": "fakegpu", "offload": True},
     "llama3_8b_offload_bf16_sync_each_ga2_ws8": {"model": "llama-3-8b", "world_size": 8, "batch": 1, "seq": 4096,
                                                  "model_dtype": "float32", "param_dtype": "bfloat16",
                                                  "reduce_dtype": "float32", "optimizer": "adamw", "grad_accum": 2,
@@ -1080,6 +1101,12 @@ for _name in ("llama3_8b_bf16_ac_ws8", "qwen3_8b_sac_op_ws8", "mixtral_8x7b_bf16
 FAKE_CASES["gpu_mixtral_8x7b_experts_shard1_bf16_s256_ws64"] = dict(
     FAKE_CASES["mixtral_8x7b_experts_bf16_s256_ws64"], device="fakegpu",
     shard_dim=[["model.layers.*.mlp.experts.*", 1]])
+# offloaded at real size: Mixtral-8x7B's experts on dim 1 at 64 ranks (f32 masters on the
+# host), and Llama-3-8B two blocks per unit on 8
+FAKE_CASES["gpu_mixtral_8x7b_offload_experts_shard1_s256_ws64"] = dict(
+    FAKE_CASES["gpu_mixtral_8x7b_experts_shard1_bf16_s256_ws64"], model_dtype="float32", offload=True)
+FAKE_CASES["llama3_8b_offload_group2_bf16_ws8"] = dict(
+    FAKE_CASES["llama3_8b_offload_bf16_ws8"], unit_group=2)
 # the tiny checkpointed-region cases of BASE_CASES again, on the deterministic fake group
 for _name in ("llama4l_ac_mlp_units_ws2", "llama4l_ac_attn_units_ws2", "llama4l_ac_nested_ws2",
               "llama4l_ac_in_unit_ws2", "llama_ac_size5000_ws2"):

@@ -694,8 +694,8 @@ impl Options {
             if !matches!(self.strategy, Strategy::FullShard | Strategy::HybridShard { .. }) {
                 return refuse("full-shard or hybrid-shard only (shard-grad-op and no-shard with offload are not modelled)");
             }
-            if self.float8.is_some() || self.post_forward_size().is_some() || self.unit_group > 1 {
-                return refuse("not with --float8, --reshard-after-forward N or --unit-group yet (not modelled)");
+            if self.float8.is_some() || self.post_forward_size().is_some() {
+                return refuse("not with --float8 or --reshard-after-forward N yet (not modelled)");
             }
         }
         if let Some((pat, d)) = self.shard_dims.first() {
@@ -704,8 +704,8 @@ impl Options {
             if self.layout == Layout::Flat {
                 return refuse("FSDP2's shard_placement_fn: not with --layout flat (FSDP1 flattens each unit's params into one)");
             }
-            if self.float8.is_some() || self.post_forward_size().is_some() || self.offload == Offload::Cpu {
-                return refuse("not with --float8, --reshard-after-forward N or --offload cpu yet (not modelled)");
+            if self.float8.is_some() || self.post_forward_size().is_some() {
+                return refuse("not with --float8 or --reshard-after-forward N yet (not modelled)");
             }
         }
         if let Some((pat, d)) = self.shard_dims.iter().find(|(p, _)| p.is_empty()) {

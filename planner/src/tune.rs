@@ -28,8 +28,8 @@
 //!   `--policy modules:<embeddings>,<blocks>,<head>`, with any unit group of the blocks) or
 //!   the root's, where they are untied; with `--separate-edge-units` either alone too
 //!   ([`Edges`]);
-//! - CPU offload (FSDP2's `CPUOffloadPolicy`, `--offload cpu`) or not, under FSDP or HSDP
-//!   with a block per unit (the CLI leaves it out on a profile with no host behind the
+//! - CPU offload (FSDP2's `CPUOffloadPolicy`, `--offload cpu`) or not, under FSDP or HSDP,
+//!   any unit group, syncing the last micro-batch or each (the CLI leaves it out on a profile with no host behind the
 //!   device, and the space on a CPU, which has no device memory to relieve; HSDP's since
 //!   2026-11-28: a 2-block GPT-2 XL on 4 GPUs fits offloaded under HSDP 2 × 2 by 2 KiB where
 //!   no FSDP configuration does — +4% to +19% plans in the benchmark, the same answers);
@@ -290,7 +290,7 @@ pub struct Space {
     /// --no-keep-units` leaves them out).
     pub keep: bool,
     /// The offload choices searched ([`Outer::offload`]): `[false, true]` where the options
-    /// allow CPU offload (FSDP2 layout on a GPU, no float8), under FSDP or HSDP, one block per unit and no
+    /// allow CPU offload (FSDP2 layout on a GPU, no float8), under FSDP or HSDP, with no
     /// post-forward groups (what `--offload cpu` plans: `Options::check`).
     pub offload: Vec<bool>,
     /// The gradient-sync choices searched where a step accumulates ([`Outer::sync_each`]):
@@ -473,10 +473,10 @@ pub fn options(base: &Options, space: &Space, c: &Config) -> Options {
 }
 
 /// The `--shard-dim` entries of an outer point ([`Space::short_dim0`]): dim 1 for the params
-/// its shard group outnumbers on dim 0 and divides on dim 1 — not with CPU offload or
-/// resharding to the node (`--shard-dim` is not modelled with them: Shard(0) there).
+/// its shard group outnumbers on dim 0 and divides on dim 1 — not with resharding to the
+/// node (`--shard-dim` is not modelled with it: Shard(0) there).
 pub fn shard_dims(space: &Space, o: &Outer) -> Vec<(String, u32)> {
-    if !o.dim1 || o.offload || matches!(o.reshard, Reshard::ToNode | Reshard::ToNodeButLast) {
+    if !o.dim1 || matches!(o.reshard, Reshard::ToNode | Reshard::ToNodeButLast) {
         return vec![];
     }
     space.short_dim0.iter().filter(|(_, d0, d1)| o.shard > *d0 && d1.is_multiple_of(o.shard)).map(|(p, _, _)| (p.clone(), 1)).collect()
@@ -1058,8 +1058,8 @@ pub fn outers(space: &Space) -> Vec<Outer> {
                 for &reshard in space.reshard.iter().filter(|&&r| !to_node(r) || fsdp) {
                     for &group in &space.groups {
                         for &edges in space.edges.iter().filter(|&&e| e == Edges::Root || space.edge_policy.is_some()) {
-                            // (CPU offload: a block per unit, no post-forward groups)
-                            for &offload in space.offload.iter().filter(|&&x| !x || (group == 1 && !to_node(reshard))) {
+                            // (CPU offload: no post-forward groups)
+                            for &offload in space.offload.iter().filter(|&&x| !x || !to_node(reshard)) {
                                 // (a step of one micro-batch syncs it either way)
                                 let syncs: Vec<bool> = if accum == 1 { vec![false] } else { space.sync.clone() };
                                 for sync_each in syncs {

@@ -304,6 +304,15 @@ fn measured_peak_is_within_two_percent_of_the_plan() {
             o.grad_accum = 3;
             o.grad_sync = fsdp_planner::GradSync::Each;
         }),
+        case("tiny-llama-4l", "CPU offload, unit groups of 2", |o| {
+            o.offload = fsdp_planner::Offload::Cpu;
+            o.unit_group = 2;
+        }),
+        case("tiny-mixtral", "CPU offload, experts on dim 1, ws 4", |o| {
+            o.offload = fsdp_planner::Offload::Cpu;
+            o.world_size = 4;
+            o.shard_dims = vec![("model.layers.*.mlp.experts.*".into(), 1)];
+        }),
         // bf16 masters: the gradient norm and AdamW's temporaries in the host's peak
         case("tiny-gemma3", "CPU offload, bf16 masters, ws 4", |o| {
             o.offload = fsdp_planner::Offload::Cpu;

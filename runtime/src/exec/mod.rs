@@ -248,21 +248,50 @@ fn copy_param_into(
     match plan.options.layout {
         Layout::Fsdp2 => {
             let ws = plan.options.shard_size() as i64;
-            let rows = gathered.view([ws, unit.shard_numel as i64]);
-            // rank r's real slices of the param's shard dim (FSDP2's Shard(d), dim 0 unless
-            // `--shard-dim`), its padded chunk viewed in its shape
-            let (d, cs, len, c) = chunk_of(p, ws);
-            for r in 0..ws {
-                let start = r * c;
-                if start >= len {
-                    break;
-                }
-                let n = c.min(len - start);
-                copy(&dst.narrow(d, start, n), &rows.get(r).narrow(0, p.offset as i64, p.shard_numel as i64).view(cs.as_slice()).narrow(d, 0, n))?;
-            }
+            copy_chunks(p, ws, &gathered.view([ws, unit.shard_numel as i64]), p.offset as i64, dst, copy)?;
         }
         Layout::Flat => copy(&dst.view([-1]), &gathered.narrow(0, p.offset as i64, p.numel as i64))?,
     }
+    Ok(())
+}
+
+/// Copies param `p` into `dst` from `rows` (one row per rank, `p`'s padded chunk at column
+/// `offset` of each): rank r's real slices of the param's shard dim (FSDP2's Shard(d), dim 0
+/// unless `--shard-dim`), its padded chunk viewed in its shape.
+fn copy_chunks(p: &fsdp_planner::units::UnitParam, ws: i64, rows: &Tensor, offset: i64, dst: &Tensor, copy: &mut dyn FnMut(&Tensor, &Tensor) -> Result<(), RtError>) -> Result<(), RtError> {
+    let (d, cs, len, c) = chunk_of(p, ws);
+    for r in 0..ws {
+        let start = r * c;
+        if start >= len {
+            break;
+        }
+        let n = c.min(len - start);
+        copy(&dst.narrow(d, start, n), &rows.get(r).narrow(0, offset, p.shard_numel as i64).view(cs.as_slice()).narrow(d, 0, n))?;
+    }
+    Ok(())
+}
+
+/// The copy-out of unit `u`'s params from its all-gather output into their unsharded tensors
+/// (`dst(param)`), as FSDP2's `foreach_all_gather_copy_out` does: dim-0 params straight from
+/// the output (`split_with_sizes_copy`: no temporaries); Shard(dim > 0) params (`--shard-dim`)
+/// first copied, every rank's rows, into a temporary of the param's padded size, then
+/// chunk-cat from it along their dim — the temporaries held until every param is done.
+fn copy_out_into(plan: &Plan, u: usize, gathered: &Tensor, dst: &mut dyn FnMut(&fsdp_planner::units::UnitParam) -> Result<Tensor, RtError>) -> Result<(), RtError> {
+    let ws = plan.options.shard_size() as i64;
+    let mut temporaries = vec![];
+    for p in &plan.units[u].params {
+        let t = dst(p)?;
+        if plan.options.layout == Layout::Fsdp2 && p.shard_dim > 0 {
+            let rows = gathered.view([ws, plan.units[u].shard_numel as i64]).narrow(1, p.offset as i64, p.shard_numel as i64);
+            let tmp = Tensor::empty([ws, p.shard_numel as i64], (gathered.kind(), gathered.device()));
+            shim::copy_keep_version(&tmp, &rows)?;
+            copy_chunks(p, ws, &tmp, 0, &t, &mut |d, s| shim::copy_keep_version(d, s))?;
+            temporaries.push(tmp);
+        } else {
+            copy_param_into(plan, u, p, gathered, &t, &mut |d, s| shim::copy_keep_version(d, s))?;
+        }
+    }
+    drop(temporaries);
     Ok(())
 }
 
@@ -875,22 +904,29 @@ fn run_step(
             OpKind::CopyOut { unit } => {
                 let u = unit.index();
                 let g = gathered[u].take().ok_or_else(|| err(format!("{}: copy-out without all-gather", sop.id)))?.wait()?;
-                // straight from the all-gather output into each param's storage, rank piece
-                // by rank piece (FSDP2's split_with_sizes_copy): no temporaries
+                // from the all-gather output into each param's storage, rank piece by rank
+                // piece (FSDP2's split_with_sizes_copy; Shard(dim > 0) params through
+                // temporaries, as FSDP2's copy-out: `copy_out_into`)
                 if params[u].is_empty() {
-                    for p in &plan.units[u].params {
+                    let mut made = vec![];
+                    copy_out_into(plan, u, &g, &mut |p| {
                         let shape: Vec<i64> = p.shape.iter().map(|&d| d as i64).collect();
                         let t = Tensor::empty(shape.as_slice(), (g.kind(), g.device()));
-                        copy_param_into(plan, u, p, &g, &t, &mut |d, s| shim::copy_keep_version(d, s))?;
+                        made.push((p.name.clone(), t.shallow_clone()));
+                        Ok(t)
+                    })?;
+                    for (name, t) in made {
                         let t = if t.is_floating_point() { t.set_requires_grad(true) } else { t };
-                        params[u].insert(p.name.clone(), t);
+                        params[u].insert(name, t);
                     }
                 } else {
-                    for p in &plan.units[u].params {
-                        let t = params[u].get(&p.name).ok_or_else(|| err(format!("{}: unsharded param `{}` missing", sop.id, p.name)))?;
+                    let id = sop.id;
+                    let have = &params[u];
+                    copy_out_into(plan, u, &g, &mut |p| {
+                        let t = have.get(&p.name).ok_or_else(|| err(format!("{id}: unsharded param `{}` missing", p.name)))?;
                         shim::realloc_storage(t)?;
-                        copy_param_into(plan, u, p, &g, t, &mut |d, s| shim::copy_keep_version(d, s))?;
-                    }
+                        Ok(t.shallow_clone())
+                    })?;
                 }
                 if plan.options.layout == Layout::Fsdp2 && sop.phase == fsdp_planner::Phase::Forward {
                     // FSDP2 keeps a forward all-gather's output until the next forward
