@@ -185,7 +185,7 @@ pub(crate) struct Fixed {
     /// `set_requires_gradient_sync(False)` on the others, accelerate's `no_sync`: one
     /// reduce-scatter per step, the unsharded gradients kept between micro-batches) or `each`
     /// (torchtitan's loop: every backward reduce-scatters and adds into the sharded gradients;
-    /// more collectives, no unsharded gradient kept). FSDP2 layout, without offload
+    /// more collectives, no unsharded gradient kept). FSDP2 layout, offloaded too
     #[arg(long, default_value = "last", value_parser = ["last", "each"])]
     pub(crate) grad_sync: String,
     /// FSDP2's offload policy: `cpu` is `CPUOffloadPolicy()` on every unit (sharded params,

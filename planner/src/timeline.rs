@@ -38,7 +38,9 @@
 //!   collective runs beside it. The CPU never waits for the GPU but where FSDP2 blocks it:
 //!   under `--offload cpu --grad-sync each`, each reduction past the step's first
 //!   micro-batch, whose copy to the host is a blocking one followed by the CPU's add into the
-//!   host's grads ([`cost::host_accumulate_s`]): nothing more is launched until both are done.
+//!   host's grads ([`cost::host_accumulate_s`]), and the first micro-batch's end of backward
+//!   (`finalize_backward` waits for its non-blocking copies): nothing more is launched until
+//!   they are done.
 //!
 //! Metrics: `compute_s` = busy time of the compute stream; `comm_s` = summed collective
 //! time; `exposed_comm_s` = time some collective runs while the compute stream is idle;
@@ -188,11 +190,6 @@ impl Deps {
 
     fn of(&self, i: usize) -> &[usize] {
         &self.list[self.at[i]..self.at[i + 1]]
-    }
-
-    /// Whether some op of the `n` waits for a later one.
-    fn forward(&self, n: usize) -> bool {
-        (0..n).any(|i| self.of(i).iter().any(|&d| d > i))
     }
 }
 
@@ -547,8 +544,9 @@ pub fn predict_longer(plan: &Plan, hw: &Hardware, cm: &CostModel, n: u32) -> Opt
 ///
 /// - **The CPU issues every kernel.** Eager PyTorch dispatches an op's kernels one after the
 ///   other (`launches · cpu_launch_s`; an all-gather also costs FSDP2's hooks,
-///   `fsdp_cpu_per_unshard_s`), in schedule order, never waiting for the GPU: an op starts
-///   no earlier than its first kernel's launch and ends no earlier than its last.
+///   `fsdp_cpu_per_unshard_s`), in schedule order, never waiting for the GPU but where FSDP2
+///   blocks it ([`cpu_blocks`]): an op starts no earlier than its first kernel's launch and
+///   ends no earlier than its last.
 /// - **Communication slows concurrent compute.** A running NCCL collective holds
 ///   `comm_sm_share` of the SMs: the part of a compute op that overlaps communication runs
 ///   at `1 − comm_sm_share` of its speed. The streams are simulated again with the
@@ -561,9 +559,13 @@ fn gpu_spans(plan: &Plan, hw: &Hardware, kernels: &[u32], g: &crate::hardware::G
 
 /// Per op, how long the CPU works once the op has ended before it launches anything more,
 /// where some op holds it back (`None` where none does): under `--offload cpu --grad-sync
-/// each`, the reduction of each micro-batch past the step's first (the reduce-scatter, or
-/// under HSDP the replicas' all-reduce after it, which the copy to the host follows) — a
-/// blocking copy, then the CPU's add into the host's grads ([`cost::host_accumulate_s`]).
+/// each` (FSDP2 2.11), the reduction of each micro-batch past the step's first (the
+/// reduce-scatter, or under HSDP the replicas' all-reduce after it, which the copy to the
+/// host follows) — a blocking copy, then the CPU's add into the host's grads
+/// ([`cost::host_accumulate_s`]) — and the first micro-batch's end of backward, where
+/// `finalize_backward` waits on each param's `grad_offload_event` (its copies were
+/// non-blocking) before the next micro-batch is launched (the phase end waits for every
+/// collective: rule 4).
 fn cpu_blocks(plan: &Plan, hw: &Hardware) -> Option<Vec<Option<f64>>> {
     let o = &plan.options;
     if o.offload != crate::options::Offload::Cpu || o.grad_sync != crate::options::GradSync::Each || hw.host.is_none() {
@@ -573,10 +575,14 @@ fn cpu_blocks(plan: &Plan, hw: &Hardware) -> Option<Vec<Option<f64>>> {
     let blocks: Vec<Option<f64>> = plan
         .schedule
         .iter()
-        .map(|op| match op.kind {
-            OpKind::ReduceScatter { unit, .. } if !hsdp && op.micro_batch > 0 => cost::host_accumulate_s(hw, plan.unit(unit), o),
-            OpKind::AllReduce { unit, group: Group::Replicate, .. } if hsdp && op.micro_batch > 0 => cost::host_accumulate_s(hw, plan.unit(unit), o),
-            _ => None,
+        .map(|op| {
+            let reduced = match op.kind {
+                OpKind::ReduceScatter { unit, .. } if !hsdp => Some(unit),
+                OpKind::AllReduce { unit, group: Group::Replicate, .. } if hsdp => Some(unit),
+                OpKind::PhaseEnd if op.phase == Phase::Backward && op.micro_batch == 0 => return Some(0.0),
+                _ => None,
+            };
+            reduced.filter(|_| op.micro_batch > 0).and_then(|u| cost::host_accumulate_s(hw, plan.unit(u), o))
         })
         .collect();
     blocks.iter().any(Option::is_some).then_some(blocks)
@@ -586,9 +592,10 @@ fn cpu_blocks(plan: &Plan, hw: &Hardware) -> Option<Vec<Option<f64>>> {
 /// in schedule order, each launched on the CPU's clock as [`gpu_rounds`] issues them
 /// (`issue`: its first kernel's launch and the last's, from the CPU's time so far), and
 /// after a holding op the clock waits for the op's end and the CPU's work after it. An op
-/// starts when its stream is free, its dependencies have ended and it is launched (a
-/// dependency on a later op, which [`run_streams`] honours, is not: the schedules that hold
-/// the CPU have none — `Deps::forward`). The ops' releases beside the spans.
+/// starts when its stream is free, its dependencies have ended and it is launched (every
+/// dependency is on an earlier op: the schedule's name ops made before, the implicit ones
+/// earlier ops; where nothing blocks, the same spans as [`run_streams`]). The ops' releases
+/// beside the spans.
 fn run_in_order(ops: &[ScheduleOp], deps: &Deps, dur: &[f64], issue: &[(f64, f64)], blocks: &[Option<f64>]) -> (Vec<OpSpan>, Vec<f64>) {
     let mut end = vec![0.0f64; ops.len()];
     let mut release = Vec::with_capacity(ops.len());
@@ -600,6 +607,7 @@ fn run_in_order(ops: &[ScheduleOp], deps: &Deps, dur: &[f64], issue: &[(f64, f64
         let rel = issue[i].0 + behind;
         release.push(rel);
         let s = stream_index(op.stream);
+        debug_assert!(deps.of(i).iter().all(|&d| d < i), "op{i} waits for a later op");
         let ready = deps.of(i).iter().filter(|&&d| d < i).map(|&d| end[d]).fold(rel, f64::max);
         let start = free[s].max(ready);
         end[i] = start + dur[i];
@@ -632,8 +640,8 @@ fn gpu_rounds(plan: &Plan, kernels: &[u32], g: &crate::hardware::Gpu, dur: &[f64
     let mut release: Vec<f64> = issue.iter().map(|x| x.0).collect();
     // an op whose kernels take less GPU time than the CPU takes to launch them lasts that long
     let dur: Vec<f64> = dur.iter().zip(&issue).map(|(d, (first, last))| d.max(last - first)).collect();
-    // (a CPU held back by some ops, whose clock then depends on the GPU's: in order)
-    let blocks = blocks.filter(|_| !deps.forward(ops.len()));
+    // (a CPU held back by some ops, whose clock then depends on the GPU's: in order, the
+    // releases returned the last round's)
     let mut run = |stretched: &[f64]| match blocks {
         Some(b) => {
             let (spans, r) = run_in_order(ops, deps, stretched, &issue, b);

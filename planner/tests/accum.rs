@@ -307,7 +307,23 @@ fn offloaded_reductions_past_the_first_micro_batch_hold_the_cpu_back() {
     }
     assert_eq!(held, 2 * plan.units.len());
     assert!(free > 0);
-    // (and the step is longer by at least that work than the same plan syncing only the last)
+    // the first micro-batch's end of backward holds the CPU until its copies are done
+    // (`finalize_backward`): nothing of the next micro-batch starts before
+    let end0 = plan.schedule.iter().position(|op| op.kind == fsdp_planner::OpKind::PhaseEnd && op.phase == fsdp_planner::Phase::Backward && op.micro_batch == 0).unwrap();
+    assert!(r.ops[end0 + 1..].iter().all(|s| s.start >= r.ops[end0].end));
+    // a host half as fast at adding makes the step longer by more than the 2 × units adds it
+    // doubles (the CPU's add is on the step's path)
+    let slow = fsdp_planner::hardware::Hardware { host: h.host.clone().map(|x| fsdp_planner::hardware::Host { adam_params_per_s: x.adam_params_per_s / 2.0, ..x }), ..h.clone() };
+    let added: f64 = plan.schedule.iter().filter_map(|op| match op.kind {
+        fsdp_planner::OpKind::ReduceScatter { unit, .. } if op.micro_batch > 0 => fsdp_planner::cost::host_accumulate_s(&h, plan.unit(unit), &plan.options),
+        _ => None,
+    }).sum();
+    let grads = plan.units.iter().flat_map(|u| &u.params).filter(|p| p.requires_grad).count() as f64 * 2.0;
+    let add_only = added - grads * h.op_overhead_s;
+    // (the optimizer's host step slows as much syncing the last micro-batch only: what is
+    // longer beyond it is the adds)
+    let longer = |p: &Plan| fsdp_planner::timeline::predict(p, &m, &slow).step_time_s - fsdp_planner::timeline::predict(p, &m, &h).step_time_s;
     let last = fsdp_planner::plan(&m, &Options { grad_sync: fsdp_planner::GradSync::Last, ..o.clone() }).unwrap();
-    assert!(r.step_time_s > fsdp_planner::timeline::predict(&last, &m, &h).step_time_s);
+    let beyond = longer(&plan) - longer(&last);
+    assert!(add_only > 0.0 && (beyond / add_only - 1.0).abs() < 1e-6, "{beyond} s longer, the adds {add_only} s");
 }

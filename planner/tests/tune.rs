@@ -263,6 +263,7 @@ fn check_space(name: &str, ws: u64, global_batch: u64, base: Options, allocator:
     // CPU offload, whose configurations syncing each micro-batch, never timed from fewer,
     // answer the tiny models' lower limits and pass by the rest: `timeline::predict_longer`)
     let longest = space.batches.iter().map(|b| b.1).max().unwrap_or(1);
+    assert!(proxied == 0 || longest > tune::REPLAY_ACCUM, "{name}: {proxied} evaluations from fewer micro-batches");
     if !space.offload.contains(&true) {
         assert_eq!(proxied > 0, longest > tune::REPLAY_ACCUM, "{name}: {proxied} evaluations from fewer micro-batches");
     }
