@@ -772,3 +772,22 @@ fn tune_equals_an_independent_enumeration_on_other_families() {
         }
     }
 }
+
+/// The floor by which tune passes offloaded shard groups (`cost::host_step_floor_s`) is one:
+/// Llama-3-8B on 8 H100s offloaded, under FSDP and HSDP 4 × 2, its plan's host optimizer
+/// steps sum to no less (and within 1%: the padding of each rank's shard) and the step is
+/// longer.
+#[test]
+fn the_host_step_floor_is_below_every_offloaded_step() {
+    let m = model("llama-3-8b");
+    let h = hw("h100-sxm");
+    let trainable: u64 = m.params.iter().filter(|p| p.requires_grad && p.tied_to.is_none()).map(|p| p.numel()).sum();
+    for strategy in [fsdp_planner::Strategy::FullShard, fsdp_planner::Strategy::HybridShard { shard_size: 4 }] {
+        let o = Options { world_size: 8, batch: 1, seq: 1024, strategy, offload: fsdp_planner::Offload::Cpu, param_dtype: fsdp_ir::DType::parse("bf16"), reduce_dtype: fsdp_ir::DType::parse("f32"), ..Options::default() };
+        let plan = fsdp_planner::plan(&m, &o).unwrap();
+        let step = fsdp_planner::timeline::predict(&plan, &m, &h).step_time_s;
+        let host: f64 = plan.units.iter().map(|u| fsdp_planner::cost::host_optimizer_s(&h, u, &plan.options).unwrap()).sum();
+        let floor = fsdp_planner::cost::host_step_floor_s(&h, &o, trainable, o.shard_size());
+        assert!(floor > 0.0 && floor <= host && host <= floor * 1.01 && host < step, "{strategy:?}: floor {floor} s, host steps {host} s, step {step} s");
+    }
+}
