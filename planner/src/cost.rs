@@ -981,12 +981,11 @@ pub fn host_accumulate_s(hw: &Hardware, unit: &Unit, opts: &Options) -> Option<f
 /// ([`optimizer_kernels`]), that much faster. Without a host in the profile: `None` (the
 /// device's kernels).
 pub fn host_optimizer_s(hw: &Hardware, unit: &Unit, opts: &Options) -> Option<f64> {
-    let rate = host_optimizer_rate(hw, opts)?;
-    Some(if rate.is_infinite() { 0.0 } else { host_node_elements(hw, unit, opts) / rate })
+    Some(host_node_elements(hw, unit, opts) / host_optimizer_rate(hw, opts)?)
 }
 
 /// Parameters per second the node's host steps (`None` without a host; infinite for no
-/// optimizer).
+/// optimizer: its step takes no time).
 fn host_optimizer_rate(hw: &Hardware, opts: &Options) -> Option<f64> {
     let h = hw.host.as_ref()?;
     Some(match opts.optimizer {
@@ -1002,11 +1001,8 @@ fn host_optimizer_rate(hw: &Hardware, opts: &Options) -> Option<f64> {
 /// taken as `trainable / shard` (a rank's padded shard is no smaller). Every unit's step is
 /// an op of the compute stream, one after the other: no step is shorter. 0 without a host.
 pub fn host_step_floor_s(hw: &Hardware, opts: &Options, trainable: u64, shard: u64) -> f64 {
-    match host_optimizer_rate(hw, opts) {
-        // (a hair under: the units' steps summed round otherwise)
-        Some(rate) if rate.is_finite() => trainable as f64 / shard.max(1) as f64 * opts.world_size.min(hw.gpus_per_node).max(1) as f64 / rate * (1.0 - 1e-9),
-        _ => 0.0,
-    }
+    // (a hair under: the units' steps summed round otherwise)
+    host_optimizer_rate(hw, opts).map_or(0.0, |rate| trainable as f64 / shard.max(1) as f64 * opts.world_size.min(hw.gpus_per_node).max(1) as f64 / rate * (1.0 - 1e-9))
 }
 
 /// How much faster the host runs 3 passes over a shard (SGD's step, an add) than Adam's 16.
