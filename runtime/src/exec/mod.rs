@@ -278,17 +278,24 @@ fn copy_chunks(p: &fsdp_planner::units::UnitParam, ws: i64, rows: &Tensor, offse
 /// chunk-cat from it along their dim — the temporaries held until every param is done.
 fn copy_out_into(plan: &Plan, u: usize, gathered: &Tensor, dst: &mut dyn FnMut(&fsdp_planner::units::UnitParam) -> Result<Tensor, RtError>) -> Result<(), RtError> {
     let ws = plan.options.shard_size() as i64;
+    let copy = &mut |d: &Tensor, s: &Tensor| shim::copy_keep_version(d, s);
+    if plan.options.layout == Layout::Flat {
+        for p in &plan.units[u].params {
+            copy_param_into(plan, u, p, gathered, &dst(p)?, copy)?;
+        }
+        return Ok(());
+    }
+    let rows = gathered.view([ws, plan.units[u].shard_numel as i64]);
     let mut temporaries = vec![];
     for p in &plan.units[u].params {
         let t = dst(p)?;
-        if plan.options.layout == Layout::Fsdp2 && p.shard_dim > 0 {
-            let rows = gathered.view([ws, plan.units[u].shard_numel as i64]).narrow(1, p.offset as i64, p.shard_numel as i64);
+        if p.shard_dim > 0 {
             let tmp = Tensor::empty([ws, p.shard_numel as i64], (gathered.kind(), gathered.device()));
-            shim::copy_keep_version(&tmp, &rows)?;
-            copy_chunks(p, ws, &tmp, 0, &t, &mut |d, s| shim::copy_keep_version(d, s))?;
+            shim::copy_keep_version(&tmp, &rows.narrow(1, p.offset as i64, p.shard_numel as i64))?;
+            copy_chunks(p, ws, &tmp, 0, &t, copy)?;
             temporaries.push(tmp);
         } else {
-            copy_param_into(plan, u, p, gathered, &t, &mut |d, s| shim::copy_keep_version(d, s))?;
+            copy_chunks(p, ws, &rows, p.offset as i64, &t, copy)?;
         }
     }
     drop(temporaries);
