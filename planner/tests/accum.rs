@@ -311,8 +311,8 @@ fn offloaded_reductions_past_the_first_micro_batch_hold_the_cpu_back() {
     // (`finalize_backward`): nothing of the next micro-batch starts before
     let end0 = plan.schedule.iter().position(|op| op.kind == fsdp_planner::OpKind::PhaseEnd && op.phase == fsdp_planner::Phase::Backward && op.micro_batch == 0).unwrap();
     assert!(r.ops[end0 + 1..].iter().all(|s| s.start >= r.ops[end0].end));
-    // a host half as fast at adding makes the step longer by more than the 2 × units adds it
-    // doubles (the CPU's add is on the step's path)
+    // a host half as fast makes the step longer, beyond its optimizer step's own slowdown, by
+    // exactly the adds' time once more (the CPU's adds are on the step's path)
     let slow = fsdp_planner::hardware::Hardware { host: h.host.clone().map(|x| fsdp_planner::hardware::Host { adam_params_per_s: x.adam_params_per_s / 2.0, ..x }), ..h.clone() };
     let added: f64 = plan.schedule.iter().filter_map(|op| match op.kind {
         fsdp_planner::OpKind::ReduceScatter { unit, .. } if op.micro_batch > 0 => fsdp_planner::cost::host_accumulate_s(&h, plan.unit(unit), &plan.options),
