@@ -1107,6 +1107,25 @@ FAKE_CASES["gpu_mixtral_8x7b_offload_experts_shard1_s256_ws64"] = dict(
     FAKE_CASES["gpu_mixtral_8x7b_experts_shard1_bf16_s256_ws64"], model_dtype="float32", offload=True)
 FAKE_CASES["llama3_8b_offload_group2_bf16_ws8"] = dict(
     FAKE_CASES["llama3_8b_offload_bf16_ws8"], unit_group=2)
+# CPUOffloadPolicy with reshard_after_forward=N: each block keeps its 1/N post-forward slice
+# on the device (FSDP2's post-forward mesh), its sharded params, grads and step on the host
+FAKE_CASES.update({
+    "llama_offload_raf2_bf16_ws4": {"model": "tiny-llama-4l", "world_size": 4, "model_dtype": "float32",
+                                    "reshard_after_forward": 2, "param_dtype": "bfloat16",
+                                    "reduce_dtype": "float32", "device": "fakegpu", "offload": True},
+    "llama_offload_raf2_ac_sync_each_ga2_ws4": {"model": "tiny-llama-4l", "world_size": 4, "model_dtype": "float32",
+                                                "reshard_after_forward": 2, "checkpoint": ["LlamaDecoderLayer"],
+                                                "grad_accum": 2, "grad_sync": "each",
+                                                "attn_implementation": "eager",
+                                                "device": "fakegpu", "offload": True},
+    "llama_offload_raf2_group2_ga2_ws4": {"model": "tiny-llama-4l", "world_size": 4, "model_dtype": "float32",
+                                               "unit_group": 2, "reshard_after_forward": 2,
+                                               "grad_accum": 2, "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                               "device": "fakegpu", "offload": True},
+    # real size: Llama-3-8B on 16 ranks (two nodes' worth), the blocks resharded to the node
+    "llama3_8b_offload_raf8_bf16_ws16": dict(FAKE_CASES["llama3_8b_offload_bf16_ws8"], world_size=16,
+                                             reshard_after_forward=8),
+})
 # the tiny checkpointed-region cases of BASE_CASES again, on the deterministic fake group
 for _name in ("llama4l_ac_mlp_units_ws2", "llama4l_ac_attn_units_ws2", "llama4l_ac_nested_ws2",
               "llama4l_ac_in_unit_ws2", "llama_ac_size5000_ws2"):

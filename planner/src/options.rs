@@ -694,8 +694,8 @@ impl Options {
             if !matches!(self.strategy, Strategy::FullShard | Strategy::HybridShard { .. }) {
                 return refuse("full-shard or hybrid-shard only (shard-grad-op and no-shard with offload are not modelled)");
             }
-            if self.float8.is_some() || self.post_forward_size().is_some() {
-                return refuse("not with --float8 or --reshard-after-forward N yet (not modelled)");
+            if self.float8.is_some() {
+                return refuse("not with --float8 yet (not modelled)");
             }
         }
         if let Some((pat, d)) = self.shard_dims.first() {

@@ -275,6 +275,10 @@ fn sharded_training_equals_single_device() {
     // reduced shards added into the host's grads
     check("tiny-llama", Options { offload: fsdp_planner::Offload::Cpu, grad_accum: 3, grad_sync: fsdp_planner::GradSync::Each, ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);
     check("tiny-llama", Options { offload: fsdp_planner::Offload::Cpu, grad_accum: 2, grad_sync: fsdp_planner::GradSync::Each, strategy: Strategy::HybridShard { shard_size: 2 }, ..opts(4, Layout::Fsdp2, Policy::Auto) }, &mut report);
+    // offloaded with reshard_after_forward=2 (the post-forward slices on the device, gathered
+    // over pairs of ranks), plain and checkpointed syncing each of 2 micro-batches
+    check("tiny-llama", Options { offload: fsdp_planner::Offload::Cpu, reshard_to: Some(2), ..opts(4, Layout::Fsdp2, Policy::Auto) }, &mut report);
+    check("tiny-llama", Options { offload: fsdp_planner::Offload::Cpu, reshard_to: Some(2), checkpoint: vec!["LlamaDecoderLayer".into()], grad_accum: 2, grad_sync: fsdp_planner::GradSync::Each, ..opts(4, Layout::Fsdp2, Policy::Auto) }, &mut report);
     // offloaded with unit groups, and with the experts sharded on dim 1
     check("tiny-llama", Options { offload: fsdp_planner::Offload::Cpu, unit_group: 2, grad_accum: 2, checkpoint: vec!["LlamaDecoderLayer".into()], ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);
     check("tiny-mixtral", Options { offload: fsdp_planner::Offload::Cpu, shard_dims: vec![("model.layers.*.mlp.experts.*".into(), 1), ("model.layers.*.mlp.experts.down_proj".into(), 2)], grad_accum: 2, grad_sync: fsdp_planner::GradSync::Each, ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);

@@ -319,6 +319,21 @@ fn measured_peak_is_within_two_percent_of_the_plan() {
             o.world_size = 4;
             o.master_dtype = fsdp_ir::DType::parse("bf16");
         }),
+        // offloaded with reshard_after_forward=2: the post-forward slices stay on the device
+        // and are gathered over pairs of ranks (no world-sized transient)
+        case("tiny-llama-4l", "CPU offload, reshard_after_forward=2, ws 4", |o| {
+            o.offload = fsdp_planner::Offload::Cpu;
+            o.world_size = 4;
+            o.reshard_to = Some(2);
+        }),
+        case("tiny-llama-4l", "CPU offload, raf=2, ckpt, sync each of 2", |o| {
+            o.offload = fsdp_planner::Offload::Cpu;
+            o.world_size = 4;
+            o.reshard_to = Some(2);
+            o.checkpoint = vec!["LlamaDecoderLayer".into()];
+            o.grad_accum = 2;
+            o.grad_sync = fsdp_planner::GradSync::Each;
+        }),
         case("tiny-llama", "CPU offload, hybrid shard 2 × 2", |o| {
             o.offload = fsdp_planner::Offload::Cpu;
             o.world_size = 4;

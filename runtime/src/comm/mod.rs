@@ -112,6 +112,27 @@ pub trait Collective: Send + Sync {
         let all = self.all_gather(input)?;
         copy(out, &all)
     }
+    /// [`Collective::all_gather`] where this rank's input is already its row of `out` (the
+    /// ranks' rows of equal size in rank order), as FSDP2's all-gather copies its inputs into
+    /// the output's slot: nothing but `out` is allocated. By default through temporaries (the
+    /// row copied out, gathered, copied back).
+    fn all_gather_in_place(&self, out: &Tensor) -> Result<(), RtError> {
+        let row = out.numel() as i64 / self.size().max(1) as i64;
+        let input = tch::no_grad(|| out.narrow(0, self.rank() as i64 * row, row).copy());
+        let all = self.all_gather(&input)?;
+        tch::no_grad(|| out.shallow_clone().copy_(&all));
+        Ok(())
+    }
+    /// `f` over the `input`s of the ranks `members` of this group (in that order), every rank
+    /// of the group taking part with its own: what a [`SubGroup`] made of this group runs its
+    /// collectives with. By default through one all-gather of the whole group (a transient of
+    /// every rank's input, which a communicator of the members alone would not make);
+    /// [`CpuGroup`] reads the members' inputs in place.
+    fn with_members(&self, input: &Tensor, members: &[usize], f: &mut dyn FnMut(&[Tensor]) -> Tensor) -> Result<Tensor, RtError> {
+        let all = self.all_gather(&input.reshape([1, -1]))?;
+        let mine: Vec<Tensor> = members.iter().map(|&m| all.get(m as i64).view(input.size().as_slice())).collect();
+        Ok(tch::no_grad(|| f(&mine)))
+    }
 }
 
 struct Shared {
@@ -162,6 +183,13 @@ impl CpuGroup {
     }
 }
 
+/// Every row of `out` (`row` elements each) but `own`'s from `rows` (one tensor per row).
+fn copy_rows(out: &Tensor, row: i64, rows: &[Tensor], own: usize) {
+    for (i, t) in rows.iter().enumerate().filter(|(i, _)| *i != own) {
+        out.narrow(0, i as i64 * row, row).copy_(t);
+    }
+}
+
 fn sum_in_rank_order(all: &[Tensor]) -> Tensor {
     let mut acc = all[0].copy();
     for t in &all[1..] {
@@ -208,6 +236,20 @@ impl Collective for CpuGroup {
     fn all_reduce_avg(&self, input: &Tensor) -> Result<Tensor, RtError> {
         let n = self.size as f64;
         Ok(tch::no_grad(|| self.exchange(input, |all| sum_in_rank_order(all) / n)))
+    }
+    fn all_gather_in_place(&self, out: &Tensor) -> Result<(), RtError> {
+        let row = out.numel() as i64 / self.size as i64;
+        tch::no_grad(|| self.exchange(&out.narrow(0, self.rank as i64 * row, row), |all| copy_rows(out, row, all, self.rank)));
+        Ok(())
+    }
+    fn with_members(&self, input: &Tensor, members: &[usize], f: &mut dyn FnMut(&[Tensor]) -> Tensor) -> Result<Tensor, RtError> {
+        // (the members' slots as they are: no copy of the others')
+        Ok(tch::no_grad(|| {
+            self.exchange(input, |all| {
+                let mine: Vec<Tensor> = members.iter().filter_map(|&m| all.get(m).map(|t| t.shallow_clone())).collect();
+                f(&mine)
+            })
+        }))
     }
 }
 
@@ -288,10 +330,10 @@ impl<'a> SubGroup<'a> {
     fn delegates(&self) -> bool {
         self.whole() && self.members.len() > 1
     }
-    /// Every member's tensor, in group order (one world all-gather).
-    fn members_inputs(&self, input: &Tensor) -> Result<Vec<Tensor>, RtError> {
-        let all = self.world.all_gather(&input.reshape([1, -1]))?;
-        Ok(self.members.iter().map(|&m| all.get(m as i64).view(input.size().as_slice())).collect())
+    /// `f` over every member's tensor, in group order (one world collective:
+    /// [`Collective::with_members`]).
+    fn members_inputs(&self, input: &Tensor, f: &mut dyn FnMut(&[Tensor]) -> Tensor) -> Result<Tensor, RtError> {
+        self.world.with_members(input, &self.members, f)
     }
 }
 
@@ -330,7 +372,23 @@ impl Collective for SubGroup<'_> {
         match self.members.len() {
             1 => Ok(tch::no_grad(|| input.copy())),
             _ if self.whole() => self.world.all_gather(input),
-            _ => tch::no_grad(|| Ok(Tensor::cat(&self.members_inputs(input)?, 0))),
+            _ => self.members_inputs(input, &mut |m| Tensor::cat(m, 0)),
+        }
+    }
+    fn all_gather_in_place(&self, out: &Tensor) -> Result<(), RtError> {
+        match self.members.len() {
+            1 => Ok(()),
+            _ if self.whole() => self.world.all_gather_in_place(out),
+            n => {
+                let row = out.numel() as i64 / n as i64;
+                let own = self.index;
+                let mine = out.narrow(0, own as i64 * row, row);
+                self.members_inputs(&mine, &mut |m| {
+                    copy_rows(out, row, m, own);
+                    Tensor::zeros([0], (out.kind(), out.device()))
+                })
+                .map(drop)
+            }
         }
     }
     fn reduce_scatter_avg(&self, input: &Tensor) -> Result<Tensor, RtError> {
@@ -338,12 +396,14 @@ impl Collective for SubGroup<'_> {
         match n {
             1 => Ok(tch::no_grad(|| input.copy())),
             _ if self.whole() => self.world.reduce_scatter_avg(input),
-            _ => tch::no_grad(|| {
+            _ => {
                 let chunk = input.size()[0] / n;
                 let r = self.index as i64;
-                let parts: Vec<Tensor> = self.members_inputs(input)?.iter().map(|t| t.narrow(0, r * chunk, chunk)).collect();
-                Ok(sum_in_rank_order(&parts) / (n as f64))
-            }),
+                self.members_inputs(input, &mut |m| {
+                    let parts: Vec<Tensor> = m.iter().map(|t| t.narrow(0, r * chunk, chunk)).collect();
+                    sum_in_rank_order(&parts) / (n as f64)
+                })
+            }
         }
     }
     fn all_reduce_avg(&self, input: &Tensor) -> Result<Tensor, RtError> {
@@ -351,7 +411,7 @@ impl Collective for SubGroup<'_> {
         match n {
             1 => Ok(tch::no_grad(|| input.copy())),
             _ if self.whole() => self.world.all_reduce_avg(input),
-            _ => tch::no_grad(|| Ok(sum_in_rank_order(&self.members_inputs(input)?) / (n as f64))),
+            _ => self.members_inputs(input, &mut |m| sum_in_rank_order(m) / (n as f64)),
         }
     }
 }
@@ -392,6 +452,12 @@ impl Collective for Deferred<'_> {
     }
     fn all_gather_into(&self, out: &Tensor, input: &Tensor, copy: &mut dyn FnMut(&Tensor, &Tensor) -> Result<(), RtError>) -> Result<(), RtError> {
         self.0.all_gather_into(out, input, copy)
+    }
+    fn with_members(&self, input: &Tensor, members: &[usize], f: &mut dyn FnMut(&[Tensor]) -> Tensor) -> Result<Tensor, RtError> {
+        self.0.with_members(input, members, f)
+    }
+    fn all_gather_in_place(&self, out: &Tensor) -> Result<(), RtError> {
+        self.0.all_gather_in_place(out)
     }
 }
 

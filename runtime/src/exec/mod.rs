@@ -814,9 +814,21 @@ fn run_step(
                 // gathered over the N consecutive ranks of this rank's post-forward group
                 let u = unit.index();
                 let n = plan.units[u].reshard_to.ok_or_else(|| err(format!("{}: a post-forward all-gather of a unit without reshard_to", sop.id)))? as usize;
-                let input = tch::no_grad(|| Tensor::cat(&post_fwd[u], 0));
+                // (copied into this rank's row of the output, as FSDP2's all-gather copy-in:
+                // the output is all it allocates)
                 let (post, _) = crate::comm::SubGroup::mesh(comm.world, n);
-                gathered[u] = Some(crate::comm::Pending::ready(post.all_gather(&input)?));
+                let numel: i64 = post_fwd[u].iter().map(|t| t.numel() as i64).sum();
+                let first = post_fwd[u].first().ok_or_else(|| err(format!("{}: a post-forward all-gather without post-forward slices", sop.id)))?;
+                let out = Tensor::empty([numel * n as i64], (first.kind(), first.device()));
+                tch::no_grad(|| {
+                    let mut at = post.rank() as i64 * numel;
+                    for t in &post_fwd[u] {
+                        out.narrow(0, at, t.numel() as i64).copy_(&t.reshape([-1]));
+                        at += t.numel() as i64;
+                    }
+                });
+                post.all_gather_in_place(&out)?;
+                gathered[u] = Some(crate::comm::Pending::ready(out));
                 gathered_post[u] = true;
             }
             OpKind::AllGather { unit, .. } => {
