@@ -294,8 +294,8 @@ pub struct Space {
     /// --no-keep-units` leaves them out).
     pub keep: bool,
     /// The offload choices searched ([`Outer::offload`]): `[false, true]` where the options
-    /// allow CPU offload (FSDP2 layout on a GPU, no float8), under FSDP or HSDP, with no
-    /// post-forward groups (what `--offload cpu` plans: `Options::check`).
+    /// allow CPU offload (FSDP2 layout on a GPU, no float8), under FSDP or HSDP, any reshard
+    /// (what `--offload cpu` plans: `Options::check`).
     pub offload: Vec<bool>,
     /// The gradient-sync choices searched where a step accumulates ([`Outer::sync_each`]):
     /// `[false, true]` where the options allow `--grad-sync each` (FSDP2 layout:
@@ -1062,8 +1062,7 @@ pub fn outers(space: &Space) -> Vec<Outer> {
                 for &reshard in space.reshard.iter().filter(|&&r| !to_node(r) || fsdp) {
                     for &group in &space.groups {
                         for &edges in space.edges.iter().filter(|&&e| e == Edges::Root || space.edge_policy.is_some()) {
-                            // (CPU offload: no post-forward groups)
-                            for &offload in space.offload.iter().filter(|&&x| !x || !to_node(reshard)) {
+                            for &offload in &space.offload {
                                 // (a step of one micro-batch syncs it either way)
                                 let syncs: Vec<bool> = if accum == 1 { vec![false] } else { space.sync.clone() };
                                 for sync_each in syncs {
