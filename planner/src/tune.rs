@@ -29,7 +29,8 @@
 //!   the root's, where they are untied; with `--separate-edge-units` either alone too
 //!   ([`Edges`]);
 //! - CPU offload (FSDP2's `CPUOffloadPolicy`, `--offload cpu`) or not, under FSDP or HSDP,
-//!   any unit group, syncing the last micro-batch or each (the CLI leaves it out on a profile with no host behind the
+//!   any unit group and reshard choice (resharding to the node too, since 2026-11-28),
+//!   syncing the last micro-batch or each (the CLI leaves it out on a profile with no host behind the
 //!   device, and the space on a CPU, which has no device memory to relieve; HSDP's since
 //!   2026-11-28: a 2-block GPT-2 XL on 4 GPUs fits offloaded under HSDP 2 × 2 by 2 KiB where
 //!   no FSDP configuration does — +4% to +19% plans in the benchmark, the same answers);
