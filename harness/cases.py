@@ -1122,9 +1122,55 @@ FAKE_CASES.update({
                                                "unit_group": 2, "reshard_after_forward": 2,
                                                "grad_accum": 2, "param_dtype": "bfloat16", "reduce_dtype": "float32",
                                                "device": "fakegpu", "offload": True},
+    # torchao float8 linears (tensorwise, rowwise; weights gathered in bf16 or in float8)
+    "llama_wide_offload_f8_bf16_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
+                                       "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                       "float8": "tensorwise", "device": "fakegpu", "offload": True},
+    "llama_wide_offload_f8row_bf16_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
+                                          "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                          "float8": "rowwise", "device": "fakegpu", "offload": True},
+    "llama_wide_offload_f8ag_bf16_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
+                                         "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                         "float8": "tensorwise", "float8_all_gather": True,
+                                         "device": "fakegpu", "offload": True},
+    # batch 1 × seq 8: the params far over the activations (the peak at an all-gather's copy-in)
+    "llama_wide_offload_f8ag_bf16_b1s8_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
+                                              "batch": 1, "seq": 8, "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                              "float8": "tensorwise", "float8_all_gather": True,
+                                              "device": "fakegpu", "offload": True},
+    # ... reducing in bf16: the peak at a backward all-gather's copy-in (each float8 weight's
+    # f32 shard copied to the device, then cast by torchao's fsdp_pre_all_gather)
+    "llama_wide_offload_f8ag_bf16r_b1s8_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
+                                               "batch": 1, "seq": 8, "param_dtype": "bfloat16", "reduce_dtype": "bfloat16",
+                                               "float8": "tensorwise", "float8_all_gather": True,
+                                               "device": "fakegpu", "offload": True},
+    "llama_wide_offload_f8ag_ac_sync_each_ga2_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
+                                                     "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                                     "float8": "tensorwise", "float8_all_gather": True,
+                                                     "checkpoint": ["LlamaDecoderLayer"], "grad_accum": 2, "grad_sync": "each",
+                                                     "device": "fakegpu", "offload": True},
+    # float8 all-gather under full AC: FSDPMemTracker's pre-forward, run again in the
+    # recompute, counts the scales the backward's all-gather made as unsharded param
+    "llama_wide_f8ag_ac_sync_each_ga2_gpu_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
+                                                     "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                                     "float8": "tensorwise", "float8_all_gather": True,
+                                                     "checkpoint": ["LlamaDecoderLayer"], "grad_accum": 2, "grad_sync": "each",
+                                                     "device": "fakegpu"},
+    "fake_llama_wide_f8ag_ac_bf16_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
+                                                     "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                                     "float8": "tensorwise", "float8_all_gather": True,
+                                                     "checkpoint": ["LlamaDecoderLayer"]},
+    "llama_wide_offload_f8ag_ac_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
+                                                     "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                                     "float8": "tensorwise", "float8_all_gather": True,
+                                                     "checkpoint": ["LlamaDecoderLayer"],
+                                                     "device": "fakegpu", "offload": True},
     # real size: Llama-3-8B on 16 ranks (two nodes' worth), the blocks resharded to the node
     "llama3_8b_offload_raf8_bf16_ws16": dict(FAKE_CASES["llama3_8b_offload_bf16_ws8"], world_size=16,
                                              reshard_after_forward=8),
+    # ... and with torchtitan's float8 recipe (tensorwise, weights gathered in float8) at 8
+    "llama3_8b_offload_f8ag_bf16_ws8": dict(FAKE_CASES["llama3_8b_offload_bf16_ws8"], float8="tensorwise",
+                                            float8_all_gather=True),
 })
 # the tiny checkpointed-region cases of BASE_CASES again, on the deterministic fake group
 for _name in ("llama4l_ac_mlp_units_ws2", "llama4l_ac_attn_units_ws2", "llama4l_ac_nested_ws2",

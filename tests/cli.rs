@@ -449,7 +449,6 @@ fn offload_moves_the_sharded_state_to_the_host_and_refuses_what_it_cannot_plan()
     for (extra, why) in [
         (&["--layout", "flat"][..], "not with --layout flat"),
         (&["--strategy", "shard-grad-op"][..], "full-shard or hybrid-shard only"),
-        (&["--float8", "tensorwise"][..], "not with --float8"),
     ] {
         let (code, _, err) = run(&[&base[..], &["--offload", "cpu"], extra].concat());
         assert!(code == 2 && err.contains("--offload") && err.contains(why), "{extra:?}: {err}");

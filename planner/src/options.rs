@@ -694,9 +694,6 @@ impl Options {
             if !matches!(self.strategy, Strategy::FullShard | Strategy::HybridShard { .. }) {
                 return refuse("full-shard or hybrid-shard only (shard-grad-op and no-shard with offload are not modelled)");
             }
-            if self.float8.is_some() {
-                return refuse("not with --float8 yet (not modelled)");
-            }
         }
         if let Some((pat, d)) = self.shard_dims.first() {
             // (what FSDP2-exact truth exists for: the harness's shard_dim cases)

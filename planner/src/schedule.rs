@@ -657,6 +657,24 @@ impl B<'_> {
         self.state[u.index()] = PState::Unsharded;
     }
 
+    /// FSDPMemTracker's pre-forward wrapper, which runs again where a recompute runs the
+    /// unit's pre-forward hook: it registers the unit's unsharded params as unsharded param,
+    /// the float8 ones' inner tensors with them — so the scales the backward's all-gather made
+    /// (temp until then) count as unsharded param from there.
+    fn register_scales(&mut self, u: UnitId) {
+        let held = std::mem::take(&mut self.f8_held[u.index()]);
+        self.f8_held[u.index()] = held
+            .into_iter()
+            .map(|(n, b)| match self.buffers[b.index()].category {
+                Category::UnshardedParam => (n, b),
+                _ => {
+                    let name = name!("{n} float8 scale");
+                    (n, self.relabel(vec![b], name, Category::UnshardedParam, None))
+                }
+            })
+            .collect();
+    }
+
     fn reshard(&mut self, u: UnitId) {
         if self.state[u.index()] != PState::Unsharded || self.no_shard() {
             return;
@@ -2381,6 +2399,9 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                         // reshard in backward
                         b.unshard(u, false);
                         b.wait(u);
+                        if inside {
+                            b.register_scales(u);
+                        }
                         b.op(OpKind::Recompute { op: b.op_names[j].clone(), unit: u, cached: false }, Stream::Compute, smallvec![]);
                         if !mems[j].fwd_chain.is_empty() && out_buf[j].is_none() {
                             out_buf[j] = forward_chain(b, j, &oj.name, &mems[j], " (recomputed)", category, ChainRun::Recompute { cached: false });
