@@ -322,7 +322,7 @@ fn suggestions(model: &fsdp_ir::Model, base: &Options, hw: &Hardware, space: &Sp
             _ => "CPU offload (FSDP2's CPUOffloadPolicy, in the space searched) does not fit either: the activations and the gathered params stay on the device".into(),
         }
     } else {
-        "CPU offload (FSDP2's CPUOffloadPolicy) is not searched with these options (it needs the FSDP2 layout on a GPU, without float8)".into()
+        "CPU offload (FSDP2's CPUOffloadPolicy) is not searched with these options (it needs the FSDP2 layout on a GPU, full-shard or hybrid-shard)".into()
     });
     out
 }

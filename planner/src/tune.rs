@@ -295,7 +295,7 @@ pub struct Space {
     /// --no-keep-units` leaves them out).
     pub keep: bool,
     /// The offload choices searched ([`Outer::offload`]): `[false, true]` where the options
-    /// allow CPU offload (FSDP2 layout on a GPU, no float8), under FSDP or HSDP, any reshard
+    /// allow CPU offload (FSDP2 layout on a GPU; float8 linears too), under FSDP or HSDP, any reshard
     /// (what `--offload cpu` plans: `Options::check`).
     pub offload: Vec<bool>,
     /// The gradient-sync choices searched where a step accumulates ([`Outer::sync_each`]):
@@ -1243,7 +1243,12 @@ fn walk(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>, back: bool) 
             Some(_) => {}
         }
     }
-    while start < l && !ev.fits(least(start)) {
+    // (a level whose least memory does not fit by the replay may still hold a configuration
+    // that does — the replay need not be monotone: the fewest under SAC the floor allows,
+    // `low`, is tried too; a tiny float8 Llama offloaded needs a 2 MiB segment more with its
+    // second block under SAC than with it not checkpointed, the tensor peaks equal)
+    let low = |f: u32| cfg(f, need.saturating_sub(f).min(sac_max(f)));
+    while start < l && !ev.fits(least(start)) && !ev.fits(low(start)) {
         start += 1;
     }
     let mut local: Option<(f64, Config)> = None;
@@ -1262,17 +1267,23 @@ fn walk(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>, back: bool) 
         let top = prev.unwrap_or(sac_max(full)).min(sac_max(full));
         // `top` fits: after a boundary at `full - 1`, by monotonicity (one more block full
         // and one more checkpointed than that boundary's configuration); else checked
+        // (nothing with fewer than `need - full` under SAC fits: the search's sides start there)
+        let lo = need.saturating_sub(full).min(top);
         let anchor = match prev {
             Some(p) => cfg(full - 1, p),
             None if ev.fits(cfg(full, top)) => cfg(full, top),
-            None => continue,
+            None => match lo < top && ev.fits(cfg(full, lo)) {
+                // (the replay not monotone: the level's fewest under SAC fits where its most
+                // does not — and no fewer can: the boundary)
+                true => cfg(full, lo),
+                false => continue,
+            },
         };
+        let known = (anchor == cfg(full, lo) && prev.is_none()).then_some(lo);
         // The boundary is first estimated on tensor peaks alone (a plan each, no allocator
         // replay) with the overhead the anchor needs beyond its peak, then confirmed exactly
         // on both sides; where the estimate is off, the exact search runs on the side it missed.
-        // (nothing with fewer than `need - full` under SAC fits: the search's sides start there)
-        let lo = need.saturating_sub(full).min(top);
-        let est = match ev.overhead(anchor) {
+        let est = match ev.overhead(anchor).filter(|_| known.is_none()) {
             Some(over) => {
                 let limit = ev.limit.bytes;
                 let mut guess = |x: u32| ev.peak(cfg(full, x)).is_some_and(|p| p.saturating_add(over) <= limit);
@@ -1280,7 +1291,9 @@ fn walk(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>, back: bool) 
             }
             None => top,
         };
-        let hi = if !ev.fits(cfg(full, est)) {
+        let hi = if let Some(k) = known {
+            k
+        } else if !ev.fits(cfg(full, est)) {
             boundary_up(est + 1, top, &mut |x| ev.fits(cfg(full, x)))
         } else if est > lo && ev.fits(cfg(full, est - 1)) {
             boundary(lo, est - 1, 1, &mut |x| ev.fits(cfg(full, x)))

@@ -249,7 +249,7 @@ fn check_space(name: &str, ws: u64, global_batch: u64, base: Options, allocator:
             None => assert!(best_brute.is_infinite(), "{name} limit {}: brute force fits at {best_brute} s, tune found nothing", limit.bytes),
             Some(b) => {
                 assert!(b.fits && b.needed_bytes.is_some_and(|n| n <= limit.bytes));
-                assert!(b.step_time_s <= best_brute * (1.0 + tolerance), "{name} limit {}: tune {} s ({:?}) vs brute force {best_brute} s", limit.bytes, b.step_time_s, b.config);
+                assert!(b.step_time_s <= best_brute * (1.0 + tolerance), "{name} limit {}: tune {} s ({:?}) vs brute force {best_brute} s ({:?})", limit.bytes, b.step_time_s, b.config, all.iter().find(|x| mem(x) <= limit.bytes && x.4 == best_brute).map(|x| (x.0, &x.1, x.2, x.3)));
                 // what `plan` predicts for the emitted options is what tune reported
                 let p = fsdp_planner::plan(&m, &tune::options(&base, &space, &b.config)).unwrap();
                 let t = fsdp_planner::timeline::predict(&p, &m, &h);
