@@ -114,8 +114,8 @@ fn sharded(name: &str, m: &fsdp_ir::Model, opts: &Options, data: &[Vec<Tensor>],
                     tch::set_num_threads(1);
                     let (dw, ds, dr) = (Deferred(&g), Deferred(&shard), Deferred(&replicate));
                     let mesh = match deferred {
-                        true => Groups { world: &dw, shard: &ds, replicate: &dr },
-                        false => Groups { world: &g, shard: &shard, replicate: &replicate },
+                        true => Groups { world: &dw, shard: &ds, replicate: &dr, post: &[] },
+                        false => Groups { world: &g, shard: &shard, replicate: &replicate, post: &[] },
                     };
                     let full = weights(m, name);
                     let mut rank = Rank::from_full(plan, &full.tensors, g.rank()).unwrap();

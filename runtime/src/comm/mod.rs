@@ -283,6 +283,10 @@ pub struct Groups<'a> {
     pub world: &'a dyn Collective,
     pub shard: &'a dyn Collective,
     pub replicate: &'a dyn Collective,
+    /// `reshard_after_forward=N`'s post-forward groups (N consecutive ranks), by N: the
+    /// backward's all-gather of the post-forward slices runs over this rank's (where a size is
+    /// missing, over a [`SubGroup`] of the world).
+    pub post: &'a [(usize, &'a dyn Collective)],
 }
 
 static SOLO: Solo = Solo;
@@ -292,11 +296,32 @@ impl<'a> Groups<'a> {
     /// all they need. Hybrid sharding needs [`cpu_mesh`] (or the NCCL equivalent).
     pub fn flat(world: &'a dyn Collective, no_shard: bool) -> Groups<'a> {
         if no_shard {
-            Groups { world, shard: &SOLO, replicate: world }
+            Groups { world, shard: &SOLO, replicate: world, post: &[] }
         } else {
-            Groups { world, shard: world, replicate: &SOLO }
+            Groups { world, shard: world, replicate: &SOLO, post: &[] }
         }
     }
+    /// This rank's post-forward group of `n` ranks, if one was made.
+    pub fn post_forward(&self, n: usize) -> Option<&'a dyn Collective> {
+        self.post.iter().find(|(k, _)| *k == n).map(|(_, g)| *g)
+    }
+}
+
+/// The post-forward group sizes of `plan` (`reshard_after_forward=N` of its units, N between
+/// one rank and the world): the groups a job makes beside its mesh.
+pub fn post_forward_sizes(plan: &fsdp_planner::Plan) -> Vec<usize> {
+    let ws = plan.options.world_size as usize;
+    let mut v: Vec<usize> = plan.units.iter().filter_map(|u| u.reshard_to).map(|n| n as usize).filter(|&n| n > 1 && n < ws).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// CPU thread groups of `n` consecutive ranks out of `ws` (the post-forward groups of
+/// `reshard_after_forward=n`), one handle per world rank, in world order.
+pub fn cpu_runs(ws: usize, n: usize) -> Vec<CpuGroup> {
+    let n = n.clamp(1, ws.max(1));
+    (0..ws / n).flat_map(|_| CpuGroup::new(n)).collect()
 }
 
 /// A subgroup of a world group, made of world collectives: every rank of the world takes part

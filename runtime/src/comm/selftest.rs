@@ -58,8 +58,14 @@ pub fn check_collectives(comm: &dyn Collective, dev: Device) -> Result<String, S
         same("all-gather (started)", kind, &ag.wait().map_err(e)?, &Tensor::cat(&want, 0))?;
         same("reduce-scatter avg (started)", kind, &rs.wait().map_err(e)?, &(base.narrow(0, 2 * r, 2) + mean_shift))?;
         same("all-reduce avg (started)", kind, &ar.wait().map_err(e)?, &(&base + mean_shift))?;
+        // in place: this rank's input already in its row of the output (the post-forward
+        // all-gather's copy-in)
+        let out = Tensor::full([n * 2 * n, 3], -1.0, (kind, dev));
+        out.narrow(0, r * 2 * n, 2 * n).copy_(&x);
+        comm.all_gather_in_place(&out.view([-1])).map_err(e)?;
+        same("all-gather in place", kind, &out, &Tensor::cat(&want, 0))?;
     }
-    Ok(format!("rank {r}/{n}: collectives ok on {dev:?} (all-gather, reduce-scatter avg, all-reduce avg; at once and left in flight; f32, bf16)"))
+    Ok(format!("rank {r}/{n}: collectives ok on {dev:?} (all-gather, reduce-scatter avg, all-reduce avg; at once and left in flight; all-gather in place; f32, bf16)"))
 }
 
 #[cfg(test)]
@@ -95,6 +101,27 @@ mod tests {
         }
         fn all_reduce_avg(&self, input: &Tensor) -> Result<Tensor, crate::error::RtError> {
             self.0.all_reduce_avg(input)
+        }
+    }
+
+    /// The subgroups of a world of 4 threads (pairs of consecutive ranks, and every other
+    /// rank), read from the world's slots in place, and the thread groups of runs of 2.
+    #[test]
+    fn subgroups_and_runs_pass_the_checks() {
+        let hs: Vec<_> = CpuGroup::new(4)
+            .into_iter()
+            .map(|g| {
+                std::thread::spawn(move || {
+                    let (pairs, strided) = crate::comm::SubGroup::mesh(&g, 2);
+                    Ok::<_, String>([check_collectives(&pairs, Device::Cpu)?, check_collectives(&strided, Device::Cpu)?])
+                })
+            })
+            .chain(crate::comm::cpu_runs(4, 2).into_iter().map(|g| std::thread::spawn(move || Ok([check_collectives(&g, Device::Cpu)?, String::new()]))))
+            .collect();
+        for h in hs {
+            for line in h.join().unwrap().unwrap().iter().filter(|l| !l.is_empty()) {
+                assert!(line.contains("/2: collectives ok"), "{line}");
+            }
         }
     }
 

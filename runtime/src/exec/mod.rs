@@ -816,7 +816,14 @@ fn run_step(
                 let n = plan.units[u].reshard_to.ok_or_else(|| err(format!("{}: a post-forward all-gather of a unit without reshard_to", sop.id)))? as usize;
                 // (copied into this rank's row of the output, as FSDP2's all-gather copy-in:
                 // the output is all it allocates)
-                let (post, _) = crate::comm::SubGroup::mesh(comm.world, n);
+                let sub;
+                let post: &dyn Collective = match comm.post_forward(n) {
+                    Some(g) => g,
+                    None => {
+                        sub = crate::comm::SubGroup::mesh(comm.world, n).0;
+                        &sub
+                    }
+                };
                 let numel: i64 = post_fwd[u].iter().map(|t| t.numel() as i64).sum();
                 let first = post_fwd[u].first().ok_or_else(|| err(format!("{}: a post-forward all-gather without post-forward slices", sop.id)))?;
                 let out = Tensor::empty([numel * n as i64], (first.kind(), first.device()));

@@ -491,15 +491,19 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
     // world, shard and replicate groups (the latter two differ from the world for hybrid
     // sharding and no-shard)
     let groups = crate::comm::cpu_mesh(ws, plan.options.shard_size() as usize);
+    // (and reshard_after_forward=N's post-forward groups, by N)
+    let sizes = crate::comm::post_forward_sizes(plan);
+    let mut runs: Vec<std::vec::IntoIter<CpuGroup>> = sizes.iter().map(|&n| crate::comm::cpu_runs(ws, n).into_iter()).collect();
     let start = Instant::now();
     // Tensors are Send but not Sync: each rank thread gets its own handles.
     type Mesh = (CpuGroup, CpuGroup, CpuGroup);
-    type RankInput = (Mesh, HashMap<String, Tensor>);
+    type RankInput = (Mesh, Vec<(usize, CpuGroup)>, HashMap<String, Tensor>);
     let per_rank: Vec<RankInput> = groups
         .into_iter()
         .map(|m| {
             let w: HashMap<String, Tensor> = full.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
-            (m, w)
+            let post: Vec<(usize, CpuGroup)> = sizes.iter().zip(runs.iter_mut()).filter_map(|(&n, r)| r.next().map(|g| (n, g))).collect();
+            (m, post, w)
         })
         .collect();
     let last = std::sync::Mutex::new(LastStep::default());
@@ -509,14 +513,15 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
     let results: Vec<Result<Vec<StepReport>, RtError>> = std::thread::scope(|sc| {
         let hs: Vec<_> = per_rank
             .into_iter()
-            .map(|((g, shard, replicate), full)| {
+            .map(|((g, shard, replicate), post, full)| {
                 let progress = if g.rank() == 0 { hear.take() } else { None };
                 sc.spawn(move || -> Result<Vec<StepReport>, RtError> {
                     // rank threads share the cores; one rank has them all
                     if ws > 1 {
                         tch::set_num_threads(1);
                     }
-                    let mesh = crate::comm::Groups { world: &g, shard: &shard, replicate: &replicate };
+                    let post: Vec<(usize, &dyn crate::comm::Collective)> = post.iter().map(|(n, g)| (*n, g as &dyn crate::comm::Collective)).collect();
+                    let mesh = crate::comm::Groups { world: &g, shard: &shard, replicate: &replicate, post: &post };
                     let progress = progress.map(|p| p as &mut dyn FnMut(&StepReport));
                     rank_loop(plan, model, cfg, &mesh, tch::Device::Cpu, &full, data, start, last, progress)
                 })
@@ -591,7 +596,7 @@ pub fn run_process(plan: &Plan, model: &Model, cfg: &RunConfig, env: &crate::lau
             rz.agree(&job_key(plan, cfg, backend), Some(timeout)).map_err(|e| RtError::Comm(e.to_string()))?;
             let world = crate::comm_tcp::TcpGroup::new(rz, Some(timeout));
             let (shard, replicate) = crate::comm::SubGroup::mesh(&world, shard_size);
-            let mesh = crate::comm::Groups { world: &world, shard: &shard, replicate: &replicate };
+            let mesh = crate::comm::Groups { world: &world, shard: &shard, replicate: &replicate, post: &[] };
             rank_loop(plan, model, cfg, &mesh, tch::Device::Cpu, &full, &data, start, &last, Some(&mut on_step))?
         }
         Backend::Cuda => {
@@ -614,8 +619,13 @@ pub fn run_process(plan: &Plan, model: &Model, cfg: &RunConfig, env: &crate::lau
                 Some((a, b)) => (a, b),
                 None => (&sub_shard, &sub_replicate),
             };
+            // reshard_after_forward=N: a communicator per post-forward group of N consecutive
+            // ranks (FSDP2's post-forward mesh), so that the backward's all-gather of the
+            // slices runs among them alone
+            let post: Vec<(usize, crate::nccl::NcclGroup)> = crate::comm::post_forward_sizes(plan).into_iter().map(|n| split(env.rank / n, env.rank % n).map(|g| (n, g))).collect::<Result<_, _>>()?;
             let mut watched = vec![&world];
             watched.extend(hybrid.iter().flat_map(|(a, b)| [a, b]));
+            watched.extend(post.iter().map(|(_, g)| g));
             // a collective stuck on a dead or hung peer, or an NCCL error, ends this process
             // (the launcher then stops the others; checkpoints are whole files)
             let r = env.rank;
@@ -629,7 +639,8 @@ pub fn run_process(plan: &Plan, model: &Model, cfg: &RunConfig, env: &crate::lau
                 unsafe { _exit(1) }
             })
             .map_err(|e| RtError::Comm(format!("rank {}: {e}", env.rank)))?;
-            let mesh = crate::comm::Groups { world: &world, shard, replicate };
+            let post: Vec<(usize, &dyn crate::comm::Collective)> = post.iter().map(|(n, g)| (*n, g as &dyn crate::comm::Collective)).collect();
+            let mesh = crate::comm::Groups { world: &world, shard, replicate, post: &post };
             rank_loop(plan, model, cfg, &mesh, device, &full, &data, start, &last, Some(&mut on_step))?
         }
     };
