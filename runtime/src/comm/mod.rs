@@ -1,6 +1,8 @@
 //! Collectives. [`Collective`] is what the executor calls (the NCCL backend and the TCP one
 //! between CPU processes implement the same trait); [`CpuGroup`] runs it between rank threads
-//! of one process; [`SubGroup`] makes a mesh's shard and replicate groups out of a world group.
+//! of one process; [`SubGroup`] makes a mesh's shard and replicate groups (and
+//! `reshard_after_forward=N`'s post-forward groups where none of their own was made) out of a
+//! world group.
 
 pub mod nccl;
 pub mod rendezvous;
@@ -112,12 +114,12 @@ pub trait Collective: Send + Sync {
         let all = self.all_gather(input)?;
         copy(out, &all)
     }
-    /// [`Collective::all_gather`] where this rank's input is already its row of `out` (the
-    /// ranks' rows of equal size in rank order), as FSDP2's all-gather copies its inputs into
+    /// [`Collective::all_gather`] where this rank's input is already its row of `out` (1-D:
+    /// the ranks' rows of equal length in rank order), as FSDP2's all-gather copies its inputs into
     /// the output's slot: nothing but `out` is allocated. By default through temporaries (the
     /// row copied out, gathered, copied back).
     fn all_gather_in_place(&self, out: &Tensor) -> Result<(), RtError> {
-        let row = out.numel() as i64 / self.size().max(1) as i64;
+        let row = in_place_rows(out, self.size())?;
         let input = tch::no_grad(|| out.narrow(0, self.rank() as i64 * row, row).copy());
         let all = self.all_gather(&input)?;
         tch::no_grad(|| out.shallow_clone().copy_(&all));
@@ -183,6 +185,17 @@ impl CpuGroup {
     }
 }
 
+/// The row length of an in-place all-gather's output over `size` ranks ([`Collective::
+/// all_gather_in_place`]): a 1-D tensor whose length is a multiple of `size` (checked before
+/// any rank enters the collective, so that all fail alike).
+pub(crate) fn in_place_rows(out: &Tensor, size: usize) -> Result<i64, RtError> {
+    let (n, s) = (out.numel() as i64, size.max(1) as i64);
+    if out.dim() != 1 || n % s != 0 {
+        return Err(RtError::Comm(format!("all-gather in place: a 1-D output whose length is a multiple of the group's {size} ranks expected, got shape {:?}", out.size())));
+    }
+    Ok(n / s)
+}
+
 /// Every row of `out` (`row` elements each) but `own`'s from `rows` (one tensor per row).
 fn copy_rows(out: &Tensor, row: i64, rows: &[Tensor], own: usize) {
     for (i, t) in rows.iter().enumerate().filter(|(i, _)| *i != own) {
@@ -238,7 +251,7 @@ impl Collective for CpuGroup {
         Ok(tch::no_grad(|| self.exchange(input, |all| sum_in_rank_order(all) / n)))
     }
     fn all_gather_in_place(&self, out: &Tensor) -> Result<(), RtError> {
-        let row = out.numel() as i64 / self.size as i64;
+        let row = in_place_rows(out, self.size)?;
         tch::no_grad(|| self.exchange(&out.narrow(0, self.rank as i64 * row, row), |all| copy_rows(out, row, all, self.rank)));
         Ok(())
     }
@@ -318,17 +331,22 @@ pub fn post_forward_sizes(plan: &fsdp_planner::Plan) -> Vec<usize> {
 }
 
 /// CPU thread groups of `n` consecutive ranks out of `ws` (the post-forward groups of
-/// `reshard_after_forward=n`), one handle per world rank, in world order.
-pub fn cpu_runs(ws: usize, n: usize) -> Vec<CpuGroup> {
-    let n = n.clamp(1, ws.max(1));
-    (0..ws / n).flat_map(|_| CpuGroup::new(n)).collect()
+/// `reshard_after_forward=n`), one handle per world rank, in world order; `n` must divide
+/// `ws` (as the plan's options check).
+pub fn cpu_runs(ws: usize, n: usize) -> Result<Vec<CpuGroup>, RtError> {
+    if n == 0 || !ws.is_multiple_of(n) {
+        return Err(RtError::Plan(format!("post-forward groups of {n} ranks do not divide the world's {ws}")));
+    }
+    Ok((0..ws / n).flat_map(|_| CpuGroup::new(n)).collect())
 }
 
 /// A subgroup of a world group, made of world collectives: every rank of the world takes part
 /// in each one (every rank runs the same schedule, so all reach the same collective together)
 /// and keeps its members' parts, with [`CpuGroup`]'s arithmetic (so results are bit-identical
-/// to it). What a job of processes uses for hybrid sharding's shard and replicate groups; a
-/// group of the whole world is the world itself, a group of one needs no collective.
+/// to it). What a job of processes uses for hybrid sharding's shard and replicate groups and
+/// for post-forward groups (over TCP: each through a world all-gather, a transient no group
+/// of its own makes); a group of the whole world is the world itself, a group of one needs no
+/// collective.
 pub struct SubGroup<'a> {
     world: &'a dyn Collective,
     /// World ranks, in group order.
@@ -405,7 +423,7 @@ impl Collective for SubGroup<'_> {
             1 => Ok(()),
             _ if self.whole() => self.world.all_gather_in_place(out),
             n => {
-                let row = out.numel() as i64 / n as i64;
+                let row = in_place_rows(out, n)?;
                 let own = self.index;
                 let mine = out.narrow(0, own as i64 * row, row);
                 self.members_inputs(&mine, &mut |m| {

@@ -36,6 +36,10 @@ impl Collective for NcclGroup {
     fn all_gather_start(&self, input: &Tensor) -> Result<crate::comm::Pending, RtError> {
         self.try_all_gather_start(input).map_err(|e| RtError::Comm(format!("rank {}: all-gather: {e}", self.rank)))
     }
+    fn all_gather_in_place(&self, out: &Tensor) -> Result<(), RtError> {
+        crate::comm::in_place_rows(out, self.size)?;
+        self.try_all_gather_in_place(out).map_err(|e| RtError::Comm(format!("rank {}: all-gather in place: {e}", self.rank)))
+    }
     fn last_span(&self) -> Option<crate::comm::DeviceSpan> {
         NcclGroup::last_span(self)
     }
@@ -178,7 +182,8 @@ mod imp {
 
         /// This rank's communicator among the ranks that pass the same `color`, ordered by
         /// `key` (`ncclCommSplit`, the new communicator inherits this one's config): hybrid
-        /// sharding's shard and replicate groups, as FSDP2's 2-D device mesh makes them.
+        /// sharding's shard and replicate groups, as FSDP2's 2-D device mesh makes them, and
+        /// `reshard_after_forward=N`'s post-forward groups.
         /// Collective over this group: every rank calls it, with splits in the same order.
         /// The new group has its own stream.
         pub fn split(&self, color: usize, key: usize) -> Result<NcclGroup, CudaError> {
@@ -343,6 +348,18 @@ mod imp {
             Ok(out)
         }
 
+        /// An all-gather whose input is this rank's row of `out` (1-D, on the device): NCCL's
+        /// in-place form (`sendbuff = recvbuff + rank · count`), nothing allocated.
+        pub fn try_all_gather_in_place(&self, out: &Tensor) -> Result<(), CudaError> {
+            if out.device() != self.device() || !out.is_contiguous() {
+                return Err(CudaError::Tensor(format!("rank {}: an in-place all-gather's output must be contiguous on {:?} (it is on {:?})", self.rank, self.device(), out.device())));
+            }
+            let ty = dtype(out.kind())?;
+            let row = out.numel() / self.size.max(1);
+            let mine = out.narrow(0, (self.rank * row) as i64, row as i64);
+            self.run(&mine, out, "ncclAllGather", |s, r, c, st| unsafe { result::all_gather(s, r, row, ty, c, st) })
+        }
+
         pub fn try_reduce_scatter_avg(&self, input: &Tensor) -> Result<Tensor, CudaError> {
             let (x, out, ty) = self.scatter_buffers(input)?;
             let n = out.numel();
@@ -463,6 +480,9 @@ mod imp {
             match self.never {}
         }
         pub fn try_all_gather(&self, _input: &Tensor) -> Result<Tensor, CudaError> {
+            match self.never {}
+        }
+        pub fn try_all_gather_in_place(&self, _out: &Tensor) -> Result<(), CudaError> {
             match self.never {}
         }
         pub fn try_reduce_scatter_start(&self, _input: &Tensor) -> Result<crate::comm::Pending, CudaError> {

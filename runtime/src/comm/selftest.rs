@@ -116,11 +116,25 @@ mod tests {
                     Ok::<_, String>([check_collectives(&pairs, Device::Cpu)?, check_collectives(&strided, Device::Cpu)?])
                 })
             })
-            .chain(crate::comm::cpu_runs(4, 2).into_iter().map(|g| std::thread::spawn(move || Ok([check_collectives(&g, Device::Cpu)?, String::new()]))))
+            .chain(crate::comm::cpu_runs(4, 2).unwrap().into_iter().map(|g| std::thread::spawn(move || Ok([check_collectives(&g, Device::Cpu)?, String::new()]))))
             .collect();
         for h in hs {
             for line in h.join().unwrap().unwrap().iter().filter(|l| !l.is_empty()) {
                 assert!(line.contains("/2: collectives ok"), "{line}");
+            }
+        }
+    }
+
+    /// An in-place all-gather's output that is not 1-D, or not a whole number of rows, is an
+    /// error before any rank enters the collective (so every rank fails alike, none waits).
+    #[test]
+    fn an_in_place_output_of_the_wrong_shape_is_an_error() {
+        let g = CpuGroup::new(2);
+        let (a, b) = (&g[0], &g[1]);
+        for out in [Tensor::zeros([2, 3], (Kind::Float, Device::Cpu)), Tensor::zeros([5], (Kind::Float, Device::Cpu))] {
+            for r in [a, b] {
+                let e = r.all_gather_in_place(&out).unwrap_err().to_string();
+                assert!(e.contains("a 1-D output whose length is a multiple of the group's 2 ranks"), "{e}");
             }
         }
     }

@@ -815,7 +815,9 @@ fn run_step(
                 let u = unit.index();
                 let n = plan.units[u].reshard_to.ok_or_else(|| err(format!("{}: a post-forward all-gather of a unit without reshard_to", sop.id)))? as usize;
                 // (copied into this rank's row of the output, as FSDP2's all-gather copy-in:
-                // the output is all it allocates)
+                // over a group of its own — rank threads, an NCCL communicator — the output is
+                // all it allocates; over a SubGroup of a world of processes the world's
+                // all-gather adds its transient)
                 let sub;
                 let post: &dyn Collective = match comm.post_forward(n) {
                     Some(g) => g,

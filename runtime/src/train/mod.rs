@@ -493,7 +493,7 @@ pub fn run_cpu(plan: &Plan, model: &Model, cfg: &RunConfig, mut on_step: impl Fn
     let groups = crate::comm::cpu_mesh(ws, plan.options.shard_size() as usize);
     // (and reshard_after_forward=N's post-forward groups, by N)
     let sizes = crate::comm::post_forward_sizes(plan);
-    let mut runs: Vec<std::vec::IntoIter<CpuGroup>> = sizes.iter().map(|&n| crate::comm::cpu_runs(ws, n).into_iter()).collect();
+    let mut runs: Vec<std::vec::IntoIter<CpuGroup>> = sizes.iter().map(|&n| crate::comm::cpu_runs(ws, n).map(Vec::into_iter)).collect::<Result<_, _>>()?;
     let start = Instant::now();
     // Tensors are Send but not Sync: each rank thread gets its own handles.
     type Mesh = (CpuGroup, CpuGroup, CpuGroup);
