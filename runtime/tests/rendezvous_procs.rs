@@ -284,7 +284,7 @@ fn tcp_collectives_across_processes() {
     for (r, o) in run_all(cmds).iter().enumerate() {
         let l = line(o);
         assert!(o.status.success(), "rank {r}: {l}");
-        assert_eq!(l, format!("RDZV-OK rank {r}/3: collectives ok on Cpu (all-gather, reduce-scatter avg, all-reduce avg; at once and left in flight; f32, bf16)"));
+        assert_eq!(l, format!("RDZV-OK rank {r}/3: collectives ok on Cpu (all-gather, reduce-scatter avg, all-reduce avg; at once and left in flight; all-gather in place; f32, bf16)"));
     }
 }
 
