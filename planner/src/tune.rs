@@ -1269,17 +1269,15 @@ fn walk(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>, back: bool) 
         // and one more checkpointed than that boundary's configuration); else checked
         // (nothing with fewer than `need - full` under SAC fits: the search's sides start there)
         let lo = need.saturating_sub(full).min(top);
-        let anchor = match prev {
-            Some(p) => cfg(full - 1, p),
-            None if ev.fits(cfg(full, top)) => cfg(full, top),
-            None => match lo < top && ev.fits(cfg(full, lo)) {
-                // (the replay not monotone: the level's fewest under SAC fits where its most
-                // does not — and no fewer can: the boundary)
-                true => cfg(full, lo),
-                false => continue,
-            },
+        // (`known`: the boundary, where the anchor is the least that can fit)
+        let (anchor, known) = match prev {
+            Some(p) => (cfg(full - 1, p), None),
+            None if ev.fits(cfg(full, top)) => (cfg(full, top), (lo == top).then_some(lo)),
+            // (the replay not monotone: the level's fewest under SAC fits where its most does
+            // not — and no fewer can)
+            None if lo < top && ev.fits(cfg(full, lo)) => (cfg(full, lo), Some(lo)),
+            None => continue,
         };
-        let known = (anchor == cfg(full, lo) && prev.is_none()).then_some(lo);
         // The boundary is first estimated on tensor peaks alone (a plan each, no allocator
         // replay) with the overhead the anchor needs beyond its peak, then confirmed exactly
         // on both sides; where the estimate is off, the exact search runs on the side it missed.
