@@ -1094,6 +1094,9 @@ for _name in ("llama3_8b_bf16_ac_ws8", "qwen3_8b_sac_op_ws8", "mixtral_8x7b_bf16
               "deepseek_v2_lite_bf16_ws8", "deepseek_v2_lite_bf16_ac_ws8",
               "qwen3_8b_bf16_ws8", "qwen3_30b_a3b_bf16_ws8", "llama3_70b_eager_ws16"):
     FAKE_CASES["gpu_" + _name] = dict(FAKE_CASES[_name], device="fakegpu")
+# DeepSeek-V2-Lite under op-level SAC on the fake GPU (latent attention's kernel outputs cached)
+FAKE_CASES["gpu_deepseek_v2_lite_sac_op_ws8"] = dict(FAKE_CASES["deepseek_v2_lite_bf16_ac_ws8"], ac_mode="selective-op",
+                                                     device="fakegpu")
 # the experts on dim 1 at few tokens on the fake accelerator (CUDA's foreach AdamW): the step
 # peaks in an experts unit's reduce-scatter, each expert grad laid out rank by rank first
 # (chunk-cat), the last one's old grad held. (On the CPU, FSDP2's for-loop AdamW gathers these
@@ -1171,6 +1174,25 @@ FAKE_CASES.update({
     # ... and with torchtitan's float8 recipe (tensorwise, weights gathered in float8) at 8
     "llama3_8b_offload_f8ag_bf16_ws8": dict(FAKE_CASES["llama3_8b_offload_bf16_ws8"], float8="tensorwise",
                                             float8_all_gather=True),
+    # op-level SAC on DeepSeek's latent attention on the fake GPU (the memory-efficient kernel:
+    # SAC caches its output and log-sum-exp, not the q and k copies made before it), one block
+    # under SAC; and mixed with full AC, offloaded, syncing each of 2 micro-batches
+    "dsv2_sac_block1_bf16_gpu_ws2": {"model": "tiny-deepseek-v2", "world_size": 2, "batch": 1,
+                                     "model_dtype": "float32", "param_dtype": "bfloat16",
+                                     "reduce_dtype": "float32", "checkpoint": ["model.layers.1=selective-op"],
+                                     "device": "fakegpu"},
+    "dsv3_sac_block1_bf16_gpu_ws2": {"model": "tiny-deepseek-v3", "world_size": 2, "batch": 1,
+                                     "model_dtype": "float32", "param_dtype": "bfloat16",
+                                     "reduce_dtype": "float32", "checkpoint": ["model.layers.1=selective-op"],
+                                     "device": "fakegpu"},
+    "dsv2_offload_mixed_sac_sync_each_ga2_ws2": {"model": "tiny-deepseek-v2", "world_size": 2, "batch": 1,
+                                                 "model_dtype": "float32", "param_dtype": "bfloat16",
+                                                 "reduce_dtype": "float32", "grad_accum": 2, "grad_sync": "each",
+                                                 "unit_reshard": {"last": False},
+                                                 "wrap": "modules:model.embed_tokens,model.layers.*,lm_head",
+                                                 "checkpoint": ["model.layers.0=full", "model.layers.1=selective-op",
+                                                                "model.layers.2=selective-op"],
+                                                 "device": "fakegpu", "offload": True},
 })
 # the tiny checkpointed-region cases of BASE_CASES again, on the deterministic fake group
 for _name in ("llama4l_ac_mlp_units_ws2", "llama4l_ac_attn_units_ws2", "llama4l_ac_nested_ws2",

@@ -1203,6 +1203,10 @@ fn float32_linear(m: &mut OpMem, cd: DType, rows: u64, i: u64, o: u64) {
     m.saves_inputs = vec![false];
     m.saved.push(t(rows * i, f, "input (f32 copy)"));
     m.saved.push(t(o * i, f, "weight (f32 copy)"));
+    // (copies made before the kernel: op-level SAC caches the mm's output and makes them
+    // again in the recompute — DeepSeek-V2-Lite under SAC on the fake GPU, FSDP2-exact in
+    // fake mode, where keeping them was 67.6 MB a MoE block over)
+    m.input_copies = 2;
     let mut c = Chain::default();
     let gi = c.make(t(rows * i, f, "input grad (f32)"));
     let gw = c.make(t(o * i, f, "weight grad (f32)"));
@@ -1278,14 +1282,19 @@ fn mla_attention(cx: &Ctx, m: &mut OpMem, heads: u64, dqk: u64, mla: fsdp_ir::Ml
         // output — written [b, s, h, d], so HF's transpose + contiguous is a view of it, the
         // op's output — a log-sum-exp padded to 32 rows and the philox seed and offset saved;
         // its backward makes the three grads
+        // (q and k, cat and new_empty + copy_ of the projections, are copies of the op's
+        // inputs made before the kernel: op-level SAC, which caches the kernel's outputs,
+        // makes them again in the recompute — FSDP2-exact in fake mode on the fake GPU,
+        // tiny DeepSeek-V2 and V3 with one block under SAC, where keeping them was 4,608 B over)
         m.saves_inputs[2] = true;
         m.saves_output = true;
         mla_qk_scratch(m, q, cd);
-        m.saved.push(t(q, cd, "q"));
-        m.saved.push(t(q, cd, "k"));
         m.saved.push(t(b * heads * s.div_ceil(32) * 32, f, "attention logsumexp"));
         m.saved.push(t(2, DType::Int64, "attention philox seed"));
         m.saved.push(t(1, DType::Int64, "attention philox offset"));
+        m.saved.push(t(q, cd, "q"));
+        m.saved.push(t(q, cd, "k"));
+        m.input_copies = 2;
         let vg = c.make(t(v, cd, "attention v grad"));
         let kg = c.make(t(q, cd, "attention k grad"));
         c.input_grad(0);
