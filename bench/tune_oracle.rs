@@ -74,11 +74,14 @@ fn main() {
             };
             outers.extend(near.into_iter().map(|reshard| Outer { reshard, ..o }).filter(|o| valid.contains(o)));
         }
-        let l = space.blocks.len() as u32;
-        // (counted from the front and from the back: what reads the same both ways once)
+        // (counted from the front and from the back: what reads the same both ways once; with
+        // every choice of the minor units, where the blocks differ)
         let mut configs: Vec<Config> = outers
             .iter()
-            .flat_map(|&o| (0..=l).flat_map(move |f| (0..=if sp.sac { l - f } else { 0 }).flat_map(move |s| [false, true].map(|back| Config::new(o, f, s, back, l)))))
+            .flat_map(|&o| {
+                let l = sp.main_blocks(o.group) as u32;
+                sp.minor_codes(o.group).into_iter().flat_map(move |m| (0..=l).flat_map(move |f| (0..=if sp.sac { l - f } else { 0 }).flat_map(move |s| [false, true].map(|back| Config::new(o, f, s, back, l, m)))))
+            })
             .collect();
         configs.sort();
         configs.dedup();
@@ -107,17 +110,19 @@ fn main() {
         points.sort_by_key(|p| p.0);
         let brute = points.iter().filter_map(|(c, p)| p.filter(|x| x.2).map(|x| (x.0, x.1, *c))).min_by(|a, b| a.0.total_cmp(&b.0));
         // rows (outer, full) whose fit along sac is not false…false, true…true
-        let mut rows_not_monotone = 0;
+        let (mut rows_not_monotone, mut rows) = (0, 0);
         for &o in &outers {
-            for f in 0..=l {
-                // (counted from the front: the rows tune's bisection walks that way)
-                let fits: Vec<bool> = points.iter().filter(|(c, _)| c.outer == o && c.full == f && !c.back).map(|(_, p)| p.is_some_and(|x| x.2)).collect();
-                if fits.windows(2).any(|w| w[0] && !w[1]) {
-                    rows_not_monotone += 1;
+            for m in sp.minor_codes(o.group) {
+                for f in 0..=sp.main_blocks(o.group) as u32 {
+                    // (counted from the front: the rows tune's bisection walks that way)
+                    let fits: Vec<bool> = points.iter().filter(|(c, _)| c.outer == o && c.minor == m && c.full == f && !c.back).map(|(_, p)| p.is_some_and(|x| x.2)).collect();
+                    if fits.windows(2).any(|w| w[0] && !w[1]) {
+                        rows_not_monotone += 1;
+                    }
+                    rows += 1;
                 }
             }
         }
-        let rows = outers.len() * (l as usize + 1);
         let tuned = r.best.as_ref().map(|b| (b.step_time_s, b.tokens_per_s_per_gpu));
         let gap = match (tuned, brute) {
             (Some(t), Some(b)) => format!("{:+.2}%", (t.1 / b.1 - 1.0) * 100.0),

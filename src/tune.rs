@@ -223,11 +223,17 @@ fn describe(space: &Space, world: u64, c: &Config) -> String {
     if !tune::shard_dims(space, o).is_empty() {
         v.push("short dim-0 params on dim 1".into());
     }
-    let none = l - c.full - c.sac;
-    v.push(match (c.full, c.sac, none) {
+    let modes = tune::block_modes(space, c);
+    let count = |m: u8| modes.iter().filter(|&&x| x == m).count() as u32;
+    let (full, sac, none) = (count(1), count(2), count(0));
+    v.push(match (full, sac, none) {
         (0, 0, _) => "no AC".into(),
         (f, 0, 0) if f == l => "full AC".into(),
         (0, s, 0) if s == l => "op-SAC".into(),
+        // (the minor units' choice not a count of the front or the back: which blocks)
+        (f, s, n) if c.minor != 0 && modes != tune::Config::new(c.outer, f, s, c.back, l, 0).counted(l) => {
+            format!("AC {f} full / {s} SAC / {n} none: {}", tune::checkpoint_entries_of(&space.blocks, &modes).join(", "))
+        }
         // (in block order: counted from the back, the last blocks fully checkpointed)
         (f, s, n) if c.back => format!("AC {n} none / {s} SAC / {f} full"),
         (f, s, n) => format!("AC {f} full / {s} SAC / {n} none"),
@@ -258,7 +264,6 @@ fn predicted(e: &Eval) -> serde_json::Value {
 /// per-rank batch), or a shorter sequence; or the embeddings and head as units of their own
 /// where the space left them to the root.
 fn suggestions(model: &fsdp_ir::Model, base: &Options, hw: &Hardware, space: &Space, limit: Limit) -> Vec<String> {
-    let l = space.blocks.len() as u32;
     // (the embeddings and the head as units of their own where the space has them)
     let searched_edges = if space.edges.contains(&tune::Edges::Both) { tune::Edges::Both } else { tune::Edges::Root };
     let least_with = |ws: u64, seq: u64, edges: tune::Edges| -> Option<Eval> {
@@ -266,7 +271,7 @@ fn suggestions(model: &fsdp_ir::Model, base: &Options, hw: &Hardware, space: &Sp
         let s = Space { shards: vec![ws], ..space.clone() };
         let outer = |dim1| tune::Outer { shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All, group: 1, edges, offload: false, sync_each: false, dim1 };
         let eval = |dim1: bool| {
-            let c = Config { outer: outer(dim1), full: l, sac: 0, back: false };
+            let c = Config::every_full(&s, outer(dim1));
             let plan = fsdp_planner::plan_unchecked(model, &tune::options(&b, &s, &c)).ok()?;
             Some(tune::evaluate(&plan, model, hw, limit, c))
         };
@@ -307,7 +312,7 @@ fn suggestions(model: &fsdp_ir::Model, base: &Options, hw: &Hardware, space: &Sp
         // the least-memory configuration under offload: the node's host may be what it is over
         let ws = base.world_size;
         let s = Space { shards: vec![ws], ..space.clone() };
-        let c = Config { outer: tune::Outer { shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All, group: 1, edges: searched_edges, offload: true, sync_each: false, dim1: false }, full: l, sac: 0, back: false };
+        let c = Config::every_full(&s, tune::Outer { shard: ws, micro_batch: 1, accum: 1, prefetch: 0, reshard: tune::Reshard::All, group: 1, edges: searched_edges, offload: true, sync_each: false, dim1: false });
         let e = fsdp_planner::plan_unchecked(model, &tune::options(base, &s, &c)).ok().map(|p| tune::evaluate(&p, model, hw, limit, c));
         let over = e.filter(|e| e.host_over).and_then(|e| Some((e.needed_bytes, fsdp_planner::memory::HostNeed::of(e.host_bytes?, ws, hw))));
         match over {
@@ -520,7 +525,7 @@ pub(crate) fn fit(a: FitArgs) -> Result<()> {
     let try_nk = |n: u64, accum: u32| -> Option<Eval> {
         let opts = Options { grad_accum: accum, ..opts_at(n) };
         let plan = fsdp_planner::plan_unchecked(&model, &opts).ok()?;
-        let c = Config { outer: tune::Outer { shard: opts.world_size, micro_batch: opts.batch, accum: opts.grad_accum, prefetch: 0, reshard: tune::Reshard::All, group: opts.unit_group, edges: tune::Edges::Root, offload: opts.offload == fsdp_planner::Offload::Cpu, sync_each: opts.grad_sync == fsdp_planner::GradSync::Each, dim1: !opts.shard_dims.is_empty() }, full: 0, sac: 0, back: false };
+        let c = Config::none(tune::Outer { shard: opts.world_size, micro_batch: opts.batch, accum: opts.grad_accum, prefetch: 0, reshard: tune::Reshard::All, group: opts.unit_group, edges: tune::Edges::Root, offload: opts.offload == fsdp_planner::Offload::Cpu, sync_each: opts.grad_sync == fsdp_planner::GradSync::Each, dim1: !opts.shard_dims.is_empty() });
         Some(tune::evaluate(&plan, &model, &hw, limit, c))
     };
     let try_n = |n: u64| try_nk(n, base.grad_accum);

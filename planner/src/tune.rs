@@ -39,7 +39,9 @@
 //!   param on dim 0 or dim 1 (`--shard-dim`, FSDP2's `shard_placement_fn`; [`Outer::dim1`]);
 //! - activation checkpointing per unit: the first `full` units' blocks fully checkpointed,
 //!   the next `sac` under op-level selective AC, the rest not checkpointed (a unit group's
-//!   blocks alike: FSDP2's group hooks need it).
+//!   blocks alike: FSDP2's group hooks need it) — of the units alike; up to [`MINOR_UNITS`]
+//!   units unlike the rest (a dense block among MoE ones: [`Space::minor_units`]) each
+//!   none, full or SAC in every combination ([`Config::minor`]).
 //!
 //! **Cost**: the step time the timeline predicts for the planned schedule (tokens/s/GPU is
 //! its inverse); **constraint**: the memory the device needs — the caching allocator's
@@ -235,7 +237,8 @@ impl Edges {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub struct Config {
     pub outer: Outer,
-    /// The first `full` blocks fully checkpointed …
+    /// The first `full` blocks fully checkpointed (of the blocks alike: not those of the
+    /// minor units, [`Space::minor_units`]) …
     pub full: u32,
     /// … the next `sac` under op-level selective AC.
     pub sac: u32,
@@ -247,16 +250,41 @@ pub struct Config {
     /// [`search`]'s module doc. (False wherever the blocks are all alike: nothing or every one
     /// checkpointed, one way.)
     pub back: bool,
+    /// The minor units' checkpointing ([`Space::minor_units`]), a digit in base 3 per unit
+    /// (the first the least significant): 0 none, 1 full, 2 op-level SAC.
+    pub minor: u32,
 }
 
 impl Config {
-    /// The configuration `full` / `sac` counted from the front (`back` false) or the back,
-    /// `back` cleared where both read the same.
-    pub fn new(outer: Outer, full: u32, sac: u32, back: bool, blocks: u32) -> Config {
+    /// The configuration `full` / `sac` of `blocks` alike counted from the front (`back`
+    /// false) or the back, `back` cleared where both read the same; the minor units as `minor`.
+    pub fn new(outer: Outer, full: u32, sac: u32, back: bool, blocks: u32, minor: u32) -> Config {
         let alike = full + sac == 0 || full >= blocks || (full == 0 && sac >= blocks);
-        Config { outer, full, sac, back: back && !alike }
+        Config { outer, full, sac, back: back && !alike, minor }
+    }
+    /// Nothing checkpointed.
+    pub fn none(outer: Outer) -> Config {
+        Config { outer, full: 0, sac: 0, back: false, minor: 0 }
+    }
+    /// Every block fully checkpointed (the least memory at an outer point).
+    pub fn every_full(space: &Space, outer: Outer) -> Config {
+        let minor = space.minor_units(outer.group).len() as u32;
+        Config { outer, full: space.blocks.len() as u32, sac: 0, back: false, minor: (0..minor).map(|i| 3u32.pow(i)).sum() }
+    }
+    /// Per block of `n` (0 none, 1 full, 2 op-level SAC): `full` and `sac` counted over all
+    /// `n` blocks (the minor units' choice left out).
+    pub fn counted(&self, n: u32) -> Vec<u8> {
+        counted_modes(n as usize, self.full as usize, self.sac as usize, self.back)
+    }
+    /// Whether any block is checkpointed.
+    pub fn checkpoints(&self) -> bool {
+        self.full + self.sac > 0 || self.minor != 0
     }
 }
+
+/// The most minor units searched one by one ([`Space::minor_units`]): their 3^n
+/// checkpointing choices multiply the walks of an outer point.
+pub const MINOR_UNITS: usize = 3;
 
 /// What is searched.
 #[derive(Debug, Clone)]
@@ -320,6 +348,71 @@ pub struct Space {
     /// and it all-gathers 4 times their bytes (the same 405B at 16,384 ranks, 16 times:
     /// searched both ways, 2,986 plans and 11.4 s for the same answer).
     pub short_dim0: Vec<(String, u64, u64)>,
+    /// Each block's kind (the first block of the same ops and params: [`block_kinds`]).
+    pub kinds: Vec<u32>,
+}
+
+impl Space {
+    /// The units of `group` blocks (in forward order) whose blocks are not those of the most
+    /// common unit — DeepSeek's first dense blocks among MoE ones, Qwen3-MoE's `mlp_only_layers`
+    /// — where there are at most [`MINOR_UNITS`] (else none: the blocks are then taken as
+    /// alike). Blocks alike recompute the same wherever they are, so the walk counts them
+    /// (`full`, `sac`); a minor unit does not, and its choice is searched on its own
+    /// ([`Config::minor`]): every assignment of none / full / SAC to the minor units, each
+    /// with its own walk over the rest (brute force over such models holds it,
+    /// `planner/tests/tune.rs`).
+    pub fn minor_units(&self, group: u32) -> Vec<u32> {
+        let k = group.max(1) as usize;
+        if self.kinds.len() != self.blocks.len() || self.kinds.is_empty() {
+            return vec![];
+        }
+        let units: Vec<&[u32]> = self.kinds.chunks(k).collect();
+        let mut most = (0, 0);
+        for (i, u) in units.iter().enumerate() {
+            let n = units.iter().filter(|v| *v == u).count();
+            if n > most.0 {
+                most = (n, i);
+            }
+        }
+        let major = units[most.1];
+        let minor: Vec<u32> = (0..units.len()).filter(|&i| units[i] != major).map(|i| i as u32).collect();
+        if minor.len() > MINOR_UNITS {
+            vec![]
+        } else {
+            minor
+        }
+    }
+    /// The minor-unit codes searched at unit group `group` ([`Config::minor`]): every
+    /// assignment, nothing checkpointed first (only none / full without SAC in the space).
+    pub fn minor_codes(&self, group: u32) -> Vec<u32> {
+        let m = self.minor_units(group).len() as u32;
+        (0..3u32.pow(m)).filter(|&c| self.sac || (0..m).all(|i| (c / 3u32.pow(i)) % 3 != 2)).collect()
+    }
+    /// The blocks of an outer point's units alike (not the minor units'), in forward order.
+    pub fn main_blocks(&self, group: u32) -> usize {
+        self.blocks.len() - self.minor_units(group).len() * group.max(1) as usize
+    }
+}
+
+/// Each block's kind: the index of the first block with the same ops (kinds and shapes, and
+/// the module paths within the block) and params (shapes and dtypes).
+pub fn block_kinds(model: &Model, blocks: &[String]) -> Vec<u32> {
+    let signature = |b: &str| -> String {
+        let inside = |m: &str| m == b || m.strip_prefix(b).is_some_and(|r| r.starts_with('.'));
+        let mut sig = String::new();
+        for op in model.ops.iter().filter(|o| inside(&o.module)) {
+            sig.push_str(&format!("{}|{:?}|{:?}|", &op.module[b.len()..], op.kind, op.shape));
+            for p in &op.params {
+                if let Some(p) = model.param(p) {
+                    sig.push_str(&format!("{:?}{:?}{},", p.shape, p.dtype, p.requires_grad));
+                }
+            }
+            sig.push(';');
+        }
+        sig
+    };
+    let sigs: Vec<String> = blocks.iter().map(|b| signature(b)).collect();
+    sigs.iter().map(|s| sigs.iter().position(|t| t == s).unwrap_or(0) as u32).collect()
 }
 
 /// The memory a configuration must fit in.
@@ -419,7 +512,8 @@ pub fn space(model: &Model, base: &Options, world_size: u64, global_batch: u64, 
             }
         }
     }
-    Ok(Space { shards, batches, prefetch: vec![0, 2], reshard, groups, every_group: false, node, blocks, sac, edges, edge_policy, keep: true, offload, sync, from_back: true, short_dim0 })
+    let kinds = block_kinds(model, &blocks);
+    Ok(Space { shards, batches, prefetch: vec![0, 2], reshard, groups, every_group: false, node, blocks, sac, edges, edge_policy, keep: true, offload, sync, from_back: true, short_dim0, kinds })
 }
 
 /// Whether the options allow op-level SAC on the blocks (`Options::check`: not float8
@@ -466,7 +560,7 @@ pub fn options(base: &Options, space: &Space, c: &Config) -> Options {
     };
     opts.reshard_to = matches!(o.reshard, Reshard::ToNode | Reshard::ToNodeButLast).then_some(space.node);
     opts.ac_mode = AcMode::Full;
-    opts.checkpoint = checkpoint_entries(&space.blocks, c.full as usize, c.sac as usize, c.back);
+    opts.checkpoint = checkpoint_entries_of(&space.blocks, &block_modes(space, c));
     opts.unit_group = o.group.max(1);
     opts.offload = if o.offload { crate::options::Offload::Cpu } else { crate::options::Offload::None };
     opts.grad_sync = if o.sync_each { crate::options::GradSync::Each } else { crate::options::GradSync::Last };
@@ -491,15 +585,62 @@ pub fn shard_dims(space: &Space, o: &Outer) -> Vec<(String, u32)> {
 /// SAC) — or, `back`, the last `full` and the `sac` before them — runs of numbered paths
 /// written as ranges (`model.layers.{0..7}=full`), in forward order.
 pub fn checkpoint_entries(blocks: &[String], full: usize, sac: usize, back: bool) -> Vec<String> {
-    let n = blocks.len();
+    checkpoint_entries_of(blocks, &counted_modes(blocks.len(), full, sac, back))
+}
+
+/// Per block of `n`: 0 none, 1 full, 2 op-level SAC — the first `full` and the next `sac`,
+/// or `back`, the last `full` and the `sac` before them.
+fn counted_modes(n: usize, full: usize, sac: usize, back: bool) -> Vec<u8> {
     let full = full.min(n);
     let sac = sac.min(n - full);
-    let entries = |range: std::ops::Range<usize>, mode: &'static str| ranges(&blocks[range]).into_iter().map(move |r| format!("{r}={mode}"));
-    if back {
-        entries(n - full - sac..n - full, "selective-op").chain(entries(n - full..n, "full")).collect()
-    } else {
-        entries(0..full, "full").chain(entries(full..full + sac, "selective-op")).collect()
+    (0..n).map(|j| if back { n - 1 - j } else { j }).map(|p| if p < full { 1 } else if p < full + sac { 2 } else { 0 }).collect()
+}
+
+/// Each block's checkpointing under `c` (0 none, 1 full, 2 op-level SAC): the blocks alike
+/// counted ([`Config::full`], [`Config::sac`], [`Config::back`]), the minor units' by
+/// [`Config::minor`].
+pub fn block_modes(space: &Space, c: &Config) -> Vec<u8> {
+    let n = space.blocks.len();
+    let k = c.outer.group.max(1) as usize;
+    let minor = space.minor_units(c.outer.group);
+    let main: Vec<usize> = (0..n).filter(|b| !minor.contains(&((b / k) as u32))).collect();
+    let counted = counted_modes(main.len(), c.full as usize, c.sac as usize, c.back);
+    let mut modes = vec![0u8; n];
+    for (&b, &m) in main.iter().zip(&counted) {
+        modes[b] = m;
     }
+    let mut code = c.minor;
+    for &u in &minor {
+        let u = u as usize;
+        for m in modes.iter_mut().take(((u + 1) * k).min(n)).skip(u * k) {
+            *m = (code % 3) as u8;
+        }
+        code /= 3;
+    }
+    modes
+}
+
+/// `--checkpoint` entries of per-block `modes` ([`block_modes`]): runs of one mode written as
+/// ranges (`model.layers.{0..7}=full`), in forward order.
+pub fn checkpoint_entries_of(blocks: &[String], modes: &[u8]) -> Vec<String> {
+    let mut out = vec![];
+    let mut i = 0;
+    while i < blocks.len().min(modes.len()) {
+        let mut j = i + 1;
+        while j < blocks.len().min(modes.len()) && modes[j] == modes[i] {
+            j += 1;
+        }
+        let mode = match modes[i] {
+            1 => Some("full"),
+            2 => Some("selective-op"),
+            _ => None,
+        };
+        if let Some(mode) = mode {
+            out.extend(ranges(&blocks[i..j]).into_iter().map(|r| format!("{r}={mode}")));
+        }
+        i = j;
+    }
+    out
 }
 
 /// Module paths with runs of numbered ones written as ranges (`model.layers.{0..7}`).
@@ -590,7 +731,7 @@ pub fn flags(space: &Space, base: &Options, c: &Config) -> Vec<String> {
     for (p, d) in shard_dims(space, o) {
         f.extend(["--shard-dim".into(), format!("{p}={d}")]);
     }
-    for e in checkpoint_entries(&space.blocks, c.full as usize, c.sac as usize, c.back) {
+    for e in checkpoint_entries_of(&space.blocks, &block_modes(space, c)) {
         f.extend(["--checkpoint".into(), e]);
     }
     f
@@ -711,7 +852,7 @@ impl<'a> Evaluator<'a> {
                 let planned = match &self.prepared {
                     Some((_, Some(prep))) => {
                         let o = &c.outer;
-                        let key = (o.micro_batch, o.edges, o.group, c.full + c.sac == 0);
+                        let key = (o.micro_batch, o.edges, o.group, !c.checkpoints());
                         let at = match self.preludes.iter().position(|(k, _)| *k == key) {
                             Some(i) => i,
                             None => {
@@ -788,7 +929,7 @@ impl<'a> Evaluator<'a> {
             }
         }
         let (model, hw) = (self.model, self.hw);
-        let key = (c.outer.micro_batch, c.full + c.sac == 0);
+        let key = (c.outer.micro_batch, !c.checkpoints());
         let mut costs = std::mem::take(&mut self.costs);
         let cost_of = |costs: &mut Vec<((u64, bool), CostModel)>, plan: &Plan| match costs.iter().position(|(k, _)| *k == key) {
             Some(at) => at,
@@ -1036,17 +1177,17 @@ pub fn settle(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit
 /// blocks (groups of `group` blocks checkpointed alike), counted from the front and, where
 /// the space has it, from the back.
 pub fn size(space: &Space) -> u64 {
-    let blocks = space.blocks.len() as u64;
     outers(space)
         .iter()
         .chain(keep_outers(space).iter())
         .map(|o| {
-            let l = blocks.div_ceil(o.group.max(1) as u64);
+            let l = (space.main_blocks(o.group) as u64).div_ceil(o.group.max(1) as u64);
             let front = if space.sac { (l + 1) * (l + 2) / 2 } else { l + 1 };
             // (counted from the back too: all but nothing, every unit full and every unit
             // under SAC, which read the same both ways)
             let alike = if space.sac { 3 } else { 2 };
-            front + if space.from_back && l >= 2 { front - alike } else { 0 }
+            // (times every choice of the minor units)
+            (front + if space.from_back && l >= 2 { front - alike } else { 0 }) * space.minor_codes(o.group).len() as u64
         })
         .sum()
 }
@@ -1149,27 +1290,53 @@ fn faster(a: (f64, Config), b: Option<(f64, Config)>) -> bool {
 /// where nothing fits) — under the search's own terms (a replay monotone in SAC, the walk's
 /// patience), as the best it finds is.
 fn search_outer(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>) -> (Option<(f64, Config)>, f64) {
-    let front = walk(ev, o, bound, false);
+    // (each choice of the minor units, nothing checkpointed first, under the best so far: a
+    // floor of each choice's best bounds the outer point's)
+    let codes = ev.space.minor_codes(o.group);
+    if codes.len() > 1 {
+        // (nothing checkpointed is the fastest of every choice, every block fully checkpointed
+        // the least memory: where the one cannot beat the bound or the other does not fit,
+        // no choice is walked)
+        let Some(t00) = ev.time(Config::none(o)) else { return (None, f64::INFINITY) };
+        if !faster((t00, Config::none(o)), bound) {
+            return (None, t00);
+        }
+        if !ev.fits(Config::every_full(ev.space, o)) {
+            return (None, f64::INFINITY);
+        }
+    }
+    let (mut best, mut floor) = (None, f64::INFINITY);
+    for minor in codes {
+        let (r, f) = search_minor(ev, o, fastest(best, bound), minor);
+        best = fastest(best, r);
+        floor = floor.min(f);
+    }
+    (best.filter(|&b| faster(b, bound)), floor)
+}
+
+/// [`search_outer`] with the minor units checkpointed as `minor` says ([`Config::minor`]).
+fn search_minor(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>, minor: u32) -> (Option<(f64, Config)>, f64) {
+    let front = walk(ev, o, bound, false, minor);
     // Counted from the back too where one unit checkpointed there is faster than at the
     // front (its recompute hidden behind communication the front's is not: the blocks'
     // position matters only through overlap; at real sizes the front is never slower —
     // Llama-3-8B on 8, 64 and 256 H100s, one, four and sixteen blocks — and the probe costs
     // two plans per outer point walked). The same walk, under the best of both so far.
-    let blocks = ev.space.blocks.len() as u32;
+    let blocks = ev.space.main_blocks(o.group) as u32;
     let k = o.group.max(1);
     // (the front's floor is not the back's: nothing checkpointed bounds both; nothing fits
     // either way where every unit fully checkpointed, the same both ways, does not)
-    let c00 = Config::new(o, 0, 0, false, blocks);
+    let c00 = Config::new(o, 0, 0, false, blocks, minor);
     if !ev.space.from_back || blocks.div_ceil(k) < 2 || front.1.is_infinite() || !ev.time(c00).is_some_and(|t00| faster((t00, c00), bound)) {
         return front;
     }
     let unit = k.min(blocks);
-    let (Some(tf), Some(tb)) = (ev.time(Config::new(o, unit, 0, false, blocks)), ev.time(Config::new(o, unit, 0, true, blocks))) else { return front };
+    let (Some(tf), Some(tb)) = (ev.time(Config::new(o, unit, 0, false, blocks, minor)), ev.time(Config::new(o, unit, 0, true, blocks, minor))) else { return front };
     // (to float rounding: summed in another order, the same time differs in its last bits)
     if tb >= tf * (1.0 - 1e-9) {
         return front;
     }
-    let back = walk(ev, o, fastest(front.0, bound), true);
+    let back = walk(ev, o, fastest(front.0, bound), true, minor);
     (fastest(front.0, back.0), front.1.min(back.1))
 }
 
@@ -1184,17 +1351,18 @@ fn fastest(a: Option<(f64, Config)>, b: Option<(f64, Config)>) -> Option<(f64, C
 
 /// [`search_outer`]'s walk with checkpointing counted from the front or the back
 /// ([`Config::back`]).
-fn walk(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>, back: bool) -> (Option<(f64, Config)>, f64) {
+fn walk(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>, back: bool, minor: u32) -> (Option<(f64, Config)>, f64) {
     // checkpointing goes by units: with unit groups of k blocks, `full` and `sac` count
     // groups (a group's blocks are checkpointed alike; k divides the blocks, so the units are
-    // identical, as counting them from the front takes)
-    let blocks = ev.space.blocks.len() as u32;
+    // identical, as counting them from the front takes) — of the units alike, the minor
+    // units as `minor` says
+    let blocks = ev.space.main_blocks(o.group) as u32;
     let k = o.group.max(1);
     let l = blocks.div_ceil(k);
     let sac_max = |full: u32| if ev.space.sac { l - full } else { 0 };
     let cfg = |full: u32, sac: u32| {
         let f = (full * k).min(blocks);
-        Config::new(o, f, (sac * k).min(blocks - f), back, blocks)
+        Config::new(o, f, (sac * k).min(blocks - f), back, blocks, minor)
     };
     const NONE: (Option<(f64, Config)>, f64) = (None, f64::INFINITY);
     let c00 = cfg(0, 0);
@@ -1506,7 +1674,7 @@ fn search_with(model: &Model, base: &Options, hw: &Hardware, space: &Space, limi
                     for family in mine {
                         let mut last: Option<f64> = None;
                         for &o in family {
-                            let c = Config { outer: o, full: 0, sac: 0, back: false };
+                            let c = Config::none(o);
                             let Some(t) = ev.time(c) else { break };
                             if !space.every_group && last.is_some_and(|l| t >= l) {
                                 break;
@@ -1556,7 +1724,7 @@ fn search_with(model: &Model, base: &Options, hw: &Hardware, space: &Space, limi
                         let Some(mine) = lanes.get(li).and_then(|l| l.lock().ok().and_then(|mut g| g.take())) else { break };
                         let outers: Vec<Outer> = mine.iter().map(|(o, _, _)| *o).collect();
                         for (o, k, p) in mine {
-                            ev.seed(Config { outer: o, full: 0, sac: 0, back: false }, k, p);
+                            ev.seed(Config::none(o), k, p);
                         }
                         let mut best: Option<(f64, Config)> = bound;
                         for o in outers {
@@ -1601,7 +1769,7 @@ fn search_with(model: &Model, base: &Options, hw: &Hardware, space: &Space, limi
                                 // `None` keeps every unit: no r does better without
                                 // checkpointing (timed here where the first pass did not)
                                 let on = Outer { reshard: Reshard::None, ..o };
-                                let tn = first_time.get(&on).copied().or_else(|| ev.time(Config { outer: on, full: 0, sac: 0, back: false }));
+                                let tn = first_time.get(&on).copied().or_else(|| ev.time(Config::none(on)));
                                 let b0 = floor.get(&o).copied().unwrap_or(f64::INFINITY);
                                 if let Some(tn) = tn {
                                     search_kept(&mut ev, o, (t0, tn, b0), &mut bound, &mut found);
@@ -1694,7 +1862,7 @@ fn search_kept(ev: &mut Evaluator, o: Outer, (t0, tn, b0): (f64, f64, f64), boun
     let keep = |r: u32| Outer { reshard: Reshard::Keep(r), ..o };
     // (a refused count is never searched: the planner refuses none by the count, which only
     // sets per-unit reshard flags)
-    let t = |ev: &mut Evaluator, r: u32| ev.time(Config { outer: keep(r), full: 0, sac: 0, back: false }).unwrap_or(f64::INFINITY);
+    let t = |ev: &mut Evaluator, r: u32| ev.time(Config::none(keep(r))).unwrap_or(f64::INFINITY);
     let mut off = (b0 - t0).max(0.0);
     let mut lo = 2;
     // (the last count was passed by)
@@ -1726,7 +1894,7 @@ fn search_kept(ev: &mut Evaluator, o: Outer, (t0, tn, b0): (f64, f64, f64), boun
         // beside its params, a kept one does not); nearer the limit, or where only the
         // allocator replay finds it over (its fragmentation need not grow with the units
         // kept), the next count may fit
-        let least = Config { outer: keep(r), full: space.blocks.len() as u32, sac: 0, back: false };
+        let least = Config::every_full(space, keep(r));
         let Some(floor) = ev.floor(least) else { return };
         // (offloaded past the node's host memory: so is every count, whose host share is the
         // same shards, grads and optimizer state)
@@ -1744,11 +1912,11 @@ fn search_kept(ev: &mut Evaluator, o: Outer, (t0, tn, b0): (f64, f64, f64), boun
         // are no slower than any count between (bisection on the fit: the boundary it finds
         // where the replay is not monotone in the units kept; the counts past it are still
         // the chain's)
-        if x.is_some_and(|x| x.1.full + x.1.sac == 0) {
+        if x.is_some_and(|x| !x.1.checkpoints()) {
             let (mut a, mut b) = (r, u - 1);
             while a < b {
                 let mid = a + (b - a).div_ceil(2);
-                if ev.fits(Config { outer: keep(mid), full: 0, sac: 0, back: false }) {
+                if ev.fits(Config::none(keep(mid))) {
                     a = mid;
                 } else {
                     b = mid - 1;
