@@ -1193,6 +1193,14 @@ FAKE_CASES.update({
                                                  "checkpoint": ["model.layers.0=full", "model.layers.1=selective-op",
                                                                 "model.layers.2=selective-op"],
                                                  "device": "fakegpu", "offload": True},
+    # op-level SAC on one block (the second) on the fake GPU, across families
+    "llama_gqa_sac_block1_bf16_gpu_ws2": {"model": "tiny-llama-gqa", "world_size": 2, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "checkpoint": ["model.layers.1=selective-op"], "device": "fakegpu"},
+    "mixtral_sac_block1_bf16_gpu_ws2": {"model": "tiny-mixtral", "world_size": 2, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "checkpoint": ["model.layers.1=selective-op"], "device": "fakegpu"},
+    "qwen2_sac_block1_bf16_gpu_ws2": {"model": "tiny-qwen2", "world_size": 2, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "checkpoint": ["model.layers.1=selective-op"], "device": "fakegpu"},
+    "qwen3_sac_block1_bf16_gpu_ws2": {"model": "tiny-qwen3", "world_size": 2, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "checkpoint": ["model.layers.1=selective-op"], "device": "fakegpu"},
+    "qwen3_moe_sac_block1_bf16_gpu_ws2": {"model": "tiny-qwen3-moe", "world_size": 2, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "checkpoint": ["model.layers.1=selective-op"], "device": "fakegpu"},
+    "phi3_sac_block1_bf16_gpu_ws2": {"model": "tiny-phi3", "world_size": 2, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "checkpoint": ["model.layers.1=selective-op"], "device": "fakegpu"},
+    "llama31_sac_block1_bf16_gpu_ws2": {"model": "tiny-llama31", "world_size": 2, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "checkpoint": ["model.layers.1=selective-op"], "device": "fakegpu"},
 })
 # the tiny checkpointed-region cases of BASE_CASES again, on the deterministic fake group
 for _name in ("llama4l_ac_mlp_units_ws2", "llama4l_ac_attn_units_ws2", "llama4l_ac_nested_ws2",

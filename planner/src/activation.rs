@@ -63,6 +63,10 @@ pub struct OpMem {
     /// (SDPA's repeat_kv keys and values, its float mask), not outputs of the kernel:
     /// op-level SAC, which caches the kernel's outputs, recomputes them.
     pub input_copies: usize,
+    /// The output is a copy of the kernel's output the op saves (Phi-3's partial-rotary SDPA:
+    /// `transpose(1, 2).contiguous()` of a [b, h, s, d] output): op-level SAC, which caches the
+    /// kernel's outputs, does not keep it, and makes it again in the recompute.
+    pub out_copy: bool,
 }
 
 /// One step of a composite op's backward ([`OpMem::bwd_chain`]).
@@ -698,6 +702,7 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             if q_cat && cx.attn != AttnImpl::Eager && m.saves_output {
                 m.saved.insert(0, t(n, cd, "attention output (b, h, s, d)"));
                 m.first_node_saved += usize::from(m.first_node_saved > 0);
+                m.out_copy = true;
             }
             // v a view of the fused projection (Phi-3): under the cache, what attention saves
             // is the cache's copy of v, not the projection the view keeps alive

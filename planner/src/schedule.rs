@@ -1391,6 +1391,13 @@ pub fn build_with(pre: &Prelude, model: &Model, opts: &Options, units: &[Unit], 
     if opts.compile {
         compiled_checkpoints(&mut b, model, compiled, mems.to_mut(), &tz, &region);
     }
+    // (an output copied from the kernel's is not what SAC caches: it goes as the forward's
+    // other tensors, and the recompute makes it again — Phi-3's partial-rotary SDPA)
+    for (j, m) in mems.iter().enumerate() {
+        if b.sac[j] && m.out_copy {
+            b.sac_unread[j] = true;
+        }
+    }
     setup(&mut b, &cx);
     let k = opts.grad_accum;
     // (where micro-batch 1 starts; the states where the last three start)
@@ -2376,6 +2383,12 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                     let category = if inside { Category::Activation } else { Category::Temp };
                     if b.sac[j] || stops_before {
                         b.op(OpKind::Recompute { op: b.op_names[j].clone(), unit: u, cached: true }, Stream::Compute, smallvec![]);
+                        // (an output copied from the cached kernel output is made again)
+                        if b.sac[j] && !stops_before && mems[j].out_copy && out_buf[j].is_none() {
+                            if let Some(o) = mems[j].out {
+                                out_buf[j] = Some(b.alloc(cat(&[&oj.name, " ", o.what, " (recomputed)"]), category, o.bytes(), None));
+                            }
+                        }
                         // a float8 linear's casts run again (they are not GEMMs): only its
                         // `torch.mm` output, and the casts' abs and max, come from SAC's cache
                         if b.sac[j] && !stops_before && !mems[j].fwd_chain.is_empty() {
