@@ -1094,6 +1094,9 @@ for _name in ("llama3_8b_bf16_ac_ws8", "qwen3_8b_sac_op_ws8", "mixtral_8x7b_bf16
               "deepseek_v2_lite_bf16_ws8", "deepseek_v2_lite_bf16_ac_ws8",
               "qwen3_8b_bf16_ws8", "qwen3_30b_a3b_bf16_ws8", "llama3_70b_eager_ws16"):
     FAKE_CASES["gpu_" + _name] = dict(FAKE_CASES[_name], device="fakegpu")
+# Qwen3-30B-A3B under op-level SAC on the fake GPU (what tune answers for it on 8 H100s)
+FAKE_CASES["gpu_qwen3_30b_a3b_sac_op_ws8"] = dict(FAKE_CASES["qwen3_30b_a3b_bf16_ws8"], checkpoint=["Qwen3MoeDecoderLayer"],
+                                                  ac_mode="selective-op", device="fakegpu")
 # DeepSeek-V2-Lite under op-level SAC on the fake GPU (latent attention's kernel outputs cached)
 FAKE_CASES["gpu_deepseek_v2_lite_sac_op_ws8"] = dict(FAKE_CASES["deepseek_v2_lite_bf16_ac_ws8"], ac_mode="selective-op",
                                                      device="fakegpu")
