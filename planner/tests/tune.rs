@@ -450,6 +450,27 @@ fn tune_equals_brute_force_where_the_blocks_differ() {
     assert!(answers >= 4, "{answers} answers checkpoint the minor units");
 }
 
+/// A configuration's blocks: the units alike counted (`full`, `sac`, from the front or the
+/// back), the minor units by their base-3 digits — and the `--checkpoint` flags that say so.
+#[test]
+fn the_minor_units_checkpoint_by_their_digits() {
+    let base = Options { world_size: 2, seq: 32, ..Options::default() };
+    let space = tune::space(&model("tiny-qwen3-moe"), &base, 2, 4, 8).unwrap();
+    assert_eq!((space.minor_units(1), space.minor_units(3)), (vec![1], vec![]), "the dense block 1 alone is unlike the rest; a unit of all three has nothing to compare");
+    assert_eq!(space.minor_codes(1), vec![0, 1, 2]);
+    let outer = tune::outers(&space)[0];
+    let modes = |full, sac, back, minor| tune::block_modes(&space, &Config { outer, full, sac, back, minor });
+    // blocks 0 and 2 are the units alike: the first full, the next (block 2) under SAC
+    assert_eq!(modes(1, 1, false, 0), vec![1, 0, 2]);
+    assert_eq!(modes(1, 1, true, 2), vec![2, 2, 1]);
+    assert_eq!(modes(0, 0, false, 1), vec![0, 1, 0]);
+    let flags = tune::flags(&space, &base, &Config { outer, full: 1, sac: 1, back: false, minor: 2 });
+    let ck: Vec<&str> = flags.windows(2).filter(|w| w[0] == "--checkpoint").map(|w| w[1].as_str()).collect();
+    assert_eq!(ck, ["model.layers.0=full", "model.layers.{1..2}=selective-op"]);
+    // every block fully checkpointed: the least memory
+    assert_eq!(tune::block_modes(&space, &Config::every_full(&space, outer)), vec![1, 1, 1]);
+}
+
 #[test]
 fn tune_equals_brute_force_on_a_2_block_mixtral() {
     check_kept("tiny-mixtral", 2, 4, Options { seq: 32, ..Options::default() }, false);
