@@ -351,3 +351,23 @@ fn tune_checkpoints_the_last_blocks_where_their_recompute_is_hidden() {
     let (_, _, _, front) = replan(model, &mirrored, "6.1GiB");
     assert!(front < tps * 0.99, "{mirrored:?}: {front} tokens/s against {tps}");
 }
+
+/// A dense block among MoE ones (tiny Qwen3-MoE's middle block, its `mlp_only_layers`) is
+/// checkpointed on its own where that is the fastest that fits: the answer's flags and the
+/// text name the block, and `plan` re-plans the flags to the answer's numbers.
+#[test]
+fn tune_checkpoints_a_block_unlike_the_rest_by_name() {
+    let model = "models/tiny-qwen3-moe.ron";
+    let limit = "328KiB";
+    let args = ["tune", model, "--world-size", "2", "--global-batch", "2", "--seq", "32", "--param-dtype", "bf16", "--reduce-dtype", "f32", "--reserve", "0B", "--memory-limit", limit];
+    let v = json(&[&args[..], &["--format", "json"]].concat());
+    let best = &v["best"];
+    let flags: Vec<String> = best["flags"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()).collect();
+    let ck: Vec<&str> = flags.windows(2).filter(|w| w[0] == "--checkpoint").map(|w| w[1].as_str()).collect();
+    assert_eq!(ck, ["model.layers.1=selective-op"], "{flags:?}");
+    let (fits, _, peak, tps) = replan(model, &flags, limit);
+    assert!(fits && Some(peak) == best["predicted"]["peak_bytes"].as_u64() && Some(tps) == best["predicted"]["tokens_per_s_per_gpu"].as_f64(), "{flags:?}");
+    let (code, out, _) = run(&args);
+    assert_eq!(code, 0);
+    assert!(out.contains("AC 0 full / 1 SAC / 2 none: model.layers.1=selective-op"), "{out}");
+}
