@@ -367,14 +367,17 @@ impl Space {
             return vec![];
         }
         let units: Vec<&[u32]> = self.kinds.chunks(k).collect();
-        let mut most = (0, 0);
-        for (i, u) in units.iter().enumerate() {
-            let n = units.iter().filter(|v| *v == u).count();
-            if n > most.0 {
-                most = (n, i);
-            }
+        // (every block alike, as in most models: nothing to count)
+        if self.kinds.iter().all(|&x| x == self.kinds[0]) {
+            return vec![];
         }
-        let major = units[most.1];
+        let mut count: HashMap<&[u32], usize> = HashMap::new();
+        for u in &units {
+            *count.entry(u).or_default() += 1;
+        }
+        // (the most common, the first of them where two are as common)
+        let most = units.iter().map(|u| count[u]).max().unwrap_or(0);
+        let Some(&major) = units.iter().find(|u| count[*u] == most) else { return vec![] };
         let minor: Vec<u32> = (0..units.len()).filter(|&i| units[i] != major).map(|i| i as u32).collect();
         if minor.len() > MINOR_UNITS {
             vec![]
