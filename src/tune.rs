@@ -230,8 +230,9 @@ fn describe(space: &Space, world: u64, c: &Config) -> String {
         (0, 0, _) => "no AC".into(),
         (f, 0, 0) if f == l => "full AC".into(),
         (0, s, 0) if s == l => "op-SAC".into(),
-        // (the minor units' choice not a count of the front or the back: which blocks)
-        (f, s, n) if c.minor != 0 && modes != tune::Config::new(c.outer, f, s, c.back, l, 0).counted(l) => {
+        // (not a count of the front or the back — the minor units' choice, or the blocks
+        // alike counted around them: which blocks)
+        (f, s, n) if modes != tune::Config::new(c.outer, f, s, c.back, l, 0).counted(l) => {
             format!("AC {f} full / {s} SAC / {n} none: {}", tune::checkpoint_entries_of(&space.blocks, &modes).join(", "))
         }
         // (in block order: counted from the back, the last blocks fully checkpointed)
