@@ -1204,6 +1204,23 @@ FAKE_CASES.update({
     "qwen3_moe_sac_block1_bf16_gpu_ws2": {"model": "tiny-qwen3-moe", "world_size": 2, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "checkpoint": ["model.layers.1=selective-op"], "device": "fakegpu"},
     "phi3_sac_block1_bf16_gpu_ws2": {"model": "tiny-phi3", "world_size": 2, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "checkpoint": ["model.layers.1=selective-op"], "device": "fakegpu"},
     "llama31_sac_block1_bf16_gpu_ws2": {"model": "tiny-llama31", "world_size": 2, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "checkpoint": ["model.layers.1=selective-op"], "device": "fakegpu"},
+    # DeepSeek-V2's routed experts on the fake GPU (float32 routing weights times bf16 expert
+    # outputs: the grad's cast back is the peak), with no AC and with the first, dense block
+    # checkpointed; op-level SAC on the first block (or mixed with full AC) across families
+    "dsv2_bf16_gpu_ws2": {"model": "tiny-deepseek-v2", "world_size": 2, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu"},
+    "dsv2_full_block0_bf16_gpu_ws2": {"model": "tiny-deepseek-v2", "world_size": 2, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.0=full"]},
+    "llama_tied_sac_block0_bf16_gpu_ws2": {"model": "tiny-llama-tied", "world_size": 2, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.0=selective-op"]},
+    "llama_tied_sac_block1_bf16_gpu_ws2": {"model": "tiny-llama-tied", "world_size": 2, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.1=selective-op"]},
+    "llama_wide_sac_block1_bf16_gpu_ws2": {"model": "tiny-llama-wide", "world_size": 2, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.1=selective-op"]},
+    "llama_4l_full0_sac2_bf16_gpu_ws2": {"model": "tiny-llama-4l", "world_size": 2, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.0=full", "model.layers.2=selective-op"]},
+    "qwen2_sac_block0_bf16_gpu_ws2": {"model": "tiny-qwen2", "world_size": 2, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.0=selective-op"]},
+    "mixtral_sac_block0_bf16_gpu_ws2": {"model": "tiny-mixtral", "world_size": 2, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.0=selective-op"]},
+    "dsv2_sac_block0_bf16_gpu_ws2": {"model": "tiny-deepseek-v2", "world_size": 2, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.0=selective-op"]},
+    "qwen3_moe_sac_block0_bf16_gpu_ws2": {"model": "tiny-qwen3-moe", "world_size": 2, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.0=selective-op"]},
+    "phi3_sac_block0_bf16_gpu_ws2": {"model": "tiny-phi3", "world_size": 2, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.0=selective-op"]},
+    "llama31_full0_sac1_bf16_gpu_ws4": {"model": "tiny-llama31", "world_size": 4, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.0=full", "model.layers.1=selective-op"]},
+    "qwen3_sac_block0_bf16_gpu_ga2_ws2": {"model": "tiny-qwen3", "world_size": 2, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "grad_accum": 2, "checkpoint": ["model.layers.0=selective-op"]},
+    "dsv3_sac_block0_bf16_gpu_ws2": {"model": "tiny-deepseek-v3", "world_size": 2, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.0=selective-op"]},
 })
 # the tiny checkpointed-region cases of BASE_CASES again, on the deterministic fake group
 for _name in ("llama4l_ac_mlp_units_ws2", "llama4l_ac_attn_units_ws2", "llama4l_ac_nested_ws2",

@@ -78,6 +78,11 @@ pub enum Step {
     Drop(usize),
     /// `saved[k]` is released: its last saving node has run.
     Release(usize),
+    /// In a checkpointed region only, `saved[k]` is released where the node's apply returns,
+    /// before the engine's `validate_outputs` casts or sums its grads: checkpoint's unpack
+    /// hook handed it over (the recompute's store lets go), and the apply's local held the
+    /// last reference. Elsewhere the node's saved variable keeps it to [`Step::Release`].
+    ReleaseUnpacked(usize),
     /// The node that got the op's output grad has run: that grad is dropped (its last use).
     DropOutGrad,
     /// The grad of the op's input at position `k` is made.
@@ -127,6 +132,9 @@ impl Chain {
     }
     fn release(&mut self, k: usize) {
         self.steps.push(Step::Release(k));
+    }
+    fn release_unpacked(&mut self, k: usize) {
+        self.steps.push(Step::ReleaseUnpacked(k));
     }
     fn drop_out_grad(&mut self) {
         self.steps.push(Step::DropOutGrad);
@@ -857,10 +865,15 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             c.drop(g1);
             c.release(INV_PERM);
             // MulBackward0 (down * weights): grad*weights, grad*down; validate_outputs then
-            // casts the first to down's dtype and sums the second to the weights' shape
+            // casts the first to down's dtype and sums the second to the weights' shape, each
+            // replaced at once; the incoming grad goes when the node returns, and its saved
+            // tensors then too — in a checkpointed region when its apply returns, before the
+            // cast (DeepSeek's float32 weights times bf16 outputs on a GPU: the peak of tiny
+            // DeepSeek-V2 there is the cast, exact in fake mode with and without AC)
             let a = c.make(t(routed * h, f, "down grad"));
             let p = c.make(t(routed * h, f, "routing weights grad (product)"));
-            c.drop(g2);
+            c.release_unpacked(DOWN);
+            c.release_unpacked(WEIGHTS);
             let g3 = if cd != f {
                 let x = c.make(t(routed * h, cd, "down grad (cast)"));
                 c.drop(a);
@@ -870,6 +883,7 @@ pub fn op_mem(cx: &Ctx, op: &Op) -> OpMem {
             };
             let gw = c.make(t(routed, f, "routing weights grad"));
             c.drop(p);
+            c.drop(g2);
             c.release(DOWN);
             c.release(WEIGHTS);
             // MaskedFillBackward

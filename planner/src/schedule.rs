@@ -2547,6 +2547,12 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                             b.free(x);
                         }
                     }
+                    Step::ReleaseUnpacked(k) if region[i].is_some() => {
+                        if let Some(x) = held.get_mut(k).and_then(Option::take) {
+                            b.free(x);
+                        }
+                    }
+                    Step::ReleaseUnpacked(_) => {}
                     Step::DropOutGrad => release_out_grad(b, tz, &mut grad, &mut grad_refs, i),
                     Step::Output => {}
                     Step::ReleaseInput(p) => {
