@@ -1221,6 +1221,20 @@ FAKE_CASES.update({
     "llama31_full0_sac1_bf16_gpu_ws4": {"model": "tiny-llama31", "world_size": 4, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.0=full", "model.layers.1=selective-op"]},
     "qwen3_sac_block0_bf16_gpu_ga2_ws2": {"model": "tiny-qwen3", "world_size": 2, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "grad_accum": 2, "checkpoint": ["model.layers.0=selective-op"]},
     "dsv3_sac_block0_bf16_gpu_ws2": {"model": "tiny-deepseek-v3", "world_size": 2, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.0=selective-op"]},
+    # MoE families on the fake GPU under more options: HSDP, experts as units of their own (the
+    # reduce output is temp to FSDPMemTracker until foreach_reduce returns), torchtitan's AC
+    # wrapper, offload, no reshard after forward, accumulation syncing each, larger batches.
+    # (float32 experts do not run here: the fake GPU's grouped_mm takes bf16 only)
+    "dsv3_b2s64_bf16_gpu_ws2": {"model": "tiny-deepseek-v3", "world_size": 2, "batch": 2, "seq": 64, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu"},
+    "dsv2_hsdp_sac_block1_bf16_gpu_ws4": {"model": "tiny-deepseek-v2", "world_size": 4, "batch": 1, "strategy": "hybrid-shard", "shard_group_size": 2, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.1=selective-op"]},
+    "dsv2_expert_units_sac_block1_bf16_gpu_ws2": {"model": "tiny-deepseek-v2", "world_size": 2, "batch": 1, "wrap": "modules:model.layers.*.mlp.experts,model.layers.*", "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.1=selective-op"]},
+    "dsv2_expert_units_full_block2_bf16_gpu_ws2": {"model": "tiny-deepseek-v2", "world_size": 2, "batch": 1, "wrap": "modules:model.layers.*.mlp.experts,model.layers.*", "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.2=full"]},
+    "qwen3_moe_mixed_sac_sync_each_ga2_bf16_gpu_ws2": {"model": "tiny-qwen3-moe", "world_size": 2, "batch": 1, "grad_accum": 2, "grad_sync": "each", "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.0=selective-op", "model.layers.2=full"]},
+    "mixtral_tt_sac_block1_bf16_gpu_ws2": {"model": "tiny-mixtral", "world_size": 2, "batch": 1, "ac_wrapper": "torchtitan", "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.1=selective-op"]},
+    "dsv2_tt_full_block1_bf16_gpu_ws2": {"model": "tiny-deepseek-v2", "world_size": 2, "batch": 1, "ac_wrapper": "torchtitan", "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.1=full"]},
+    "mixtral_offload_sac_block0_bf16_gpu_ws2": {"model": "tiny-mixtral", "world_size": 2, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "offload": True, "checkpoint": ["model.layers.0=selective-op"]},
+    "dsv3_raf_false_sac_block2_bf16_gpu_ws2": {"model": "tiny-deepseek-v3", "world_size": 2, "batch": 1, "reshard_after_forward": False, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.2=selective-op"]},
+    "qwen3_moe_b4s16_bf16_gpu_ws2": {"model": "tiny-qwen3-moe", "world_size": 2, "batch": 4, "seq": 16, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu"},
 })
 # the tiny checkpointed-region cases of BASE_CASES again, on the deterministic fake group
 for _name in ("llama4l_ac_mlp_units_ws2", "llama4l_ac_attn_units_ws2", "llama4l_ac_nested_ws2",

@@ -888,8 +888,10 @@ impl B<'_> {
         // reduce-scattered into a new flat buffer in the reduce dtype; the sharded grads are
         // views of it, or (orig dtype differs) copies made from it after the all-reduce
         let converted = rd != orig && !flat;
-        // (offloaded: the grads are the host's copies; the device's output is temp)
-        let out_category = if converted || self.opts.offload == Offload::Cpu || self.has_sharded_grads[u.index()] { Category::Temp } else { Category::ShardedGrad };
+        // (offloaded: the grads are the host's copies; the device's output is temp; FSDP2's
+        // output is a plain allocation — temp to FSDPMemTracker — until foreach_reduce makes
+        // the sharded grads views of it as it returns)
+        let out_category = if converted || !flat || self.opts.offload == Offload::Cpu || self.has_sharded_grads[u.index()] { Category::Temp } else { Category::ShardedGrad };
         let out = self.alloc(name!("{label} sharded grads"), out_category, numel / ws * rd.size(), Some(u));
         let rs_in = copy_in.map(|t| self.relabel(vec![t], name!("{label} reduce-scatter input"), Category::ReduceScatter, Some(u)));
         let mut all_reduced = false;
@@ -961,7 +963,7 @@ impl B<'_> {
                 self.free(out);
             }
             self.sharded_grads.push(g);
-        } else {
+        } else if flat {
             self.sharded_grads.push(out);
         }
         if flat {
@@ -970,6 +972,10 @@ impl B<'_> {
             }
         } else {
             self.pending_rs = rs_in;
+        }
+        if !converted && !flat {
+            let g = self.relabel(vec![out], name!("{label} sharded grads"), Category::ShardedGrad, Some(u));
+            self.sharded_grads.push(g);
         }
         if let Some(l) = last {
             self.free(l);
