@@ -288,7 +288,7 @@ fn float8_linear(m: &mut OpMem, cd: DType, rows: u64, i: u64, o: u64, f8: crate:
         b.float8_cast(w, cd, k(i), row);
     }
     let wc = b.make(t(w, f8d, "float8 weight column-major copy"));
-    b.scaled_mm(Step::InputGrad(0), rows, i, cd, row, true);
+    let gx = b.scaled_mm(Step::Make(t(x, cd, "float8 input grad")), rows, i, cd, row, true);
     b.drop(wc);
     b.float8_cast(g, cd, k(o), row);
     b.float8_cast(x, cd, k(i), row);
@@ -297,6 +297,12 @@ fn float8_linear(m: &mut OpMem, cd: DType, rows: u64, i: u64, o: u64, f8: crate:
     b.scaled_mm(Step::ParamGrad(0), o, i, cd, row, true);
     b.drop(gc);
     b.drop(xc);
+    // (the Function returns both grads: the input's is handed on, added into an earlier one
+    // of the same input, as the node returns — it is alive through the weight's grad)
+    if let Some(gx) = gx {
+        b.drop(gx);
+    }
+    b.input_grad(0);
     m.bwd_chain = b.steps;
 }
 
