@@ -1100,6 +1100,18 @@ FAKE_CASES["gpu_qwen3_30b_a3b_sac_op_ws8"] = dict(FAKE_CASES["qwen3_30b_a3b_bf16
 # DeepSeek-V2-Lite under op-level SAC on the fake GPU (latent attention's kernel outputs cached)
 FAKE_CASES["gpu_deepseek_v2_lite_sac_op_ws8"] = dict(FAKE_CASES["deepseek_v2_lite_bf16_ac_ws8"], ac_mode="selective-op",
                                                      device="fakegpu")
+# tune's answers in the README, as `plan` runs them, on the fake GPU: Llama-3-8B on 8 (its
+# first block under op-level SAC, 2 micro-batches syncing each) and Llama-3-70B on 64 (35
+# blocks fully checkpointed, 45 under SAC); both keep the last block after forward and make the
+# embeddings and the head units of their own
+_TUNED = {"batch": 1, "seq": 8192, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32",
+          "optimizer": "adamw", "unit_reshard": {"last": False}, "device": "fakegpu",
+          "wrap": "modules:model.embed_tokens,model.layers.*,lm_head"}
+FAKE_CASES["gpu_llama3_8b_tune_answer_ws8"] = dict(_TUNED, model="llama-3-8b", world_size=8, grad_accum=2,
+                                                   grad_sync="each", checkpoint=["model.layers.0=selective-op"])
+FAKE_CASES["gpu_llama3_70b_tune_answer_ws64"] = dict(
+    _TUNED, model="llama-3-70b", world_size=64,
+    checkpoint=[f"model.layers.{i}=full" for i in range(35)] + [f"model.layers.{i}=selective-op" for i in range(35, 80)])
 # the experts on dim 1 at few tokens on the fake accelerator (CUDA's foreach AdamW): the step
 # peaks in an experts unit's reduce-scatter, each expert grad laid out rank by rank first
 # (chunk-cat), the last one's old grad held. (On the CPU, FSDP2's for-loop AdamW gathers these
@@ -1258,6 +1270,18 @@ FAKE_CASES.update({
     "llama_4l_prefetch2_sac_block2_bf16_gpu_ws2": {"model": "tiny-llama-4l", "world_size": 2, "batch": 1, "forward_prefetch": 2, "backward_prefetch": 2, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.2=selective-op"]},
     "mixtral_tt2024_sac_block1_bf16_gpu_ws2": {"model": "tiny-mixtral", "world_size": 2, "batch": 1, "train_loop": "torchtitan-2024", "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.1=selective-op"]},
     "qwen3_sgd_sac_block1_bf16_gpu_ws2": {"model": "tiny-qwen3", "world_size": 2, "batch": 1, "optimizer": "sgd", "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.1=selective-op"]},
+    # float8 linears on the fake GPU across families and knobs (rowwise, DeepSeek, Qwen3,
+    # Mixtral, Phi-3, offloaded, syncing each of 2, HSDP) and Qwen3-MoE's experts as units under HSDP
+    "qwen3_moe_expert_units_hsdp_sac_block0_bf16_gpu_ws4": {"model": "tiny-qwen3-moe", "world_size": 4, "batch": 1, "strategy": "hybrid-shard", "shard_group_size": 2, "wrap": "modules:model.layers.*.mlp.experts,model.layers.*", "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.0=selective-op"]},
+    "llama_wide_f8row_sac_block1_bf16_gpu_ws2": {"model": "tiny-llama-wide", "world_size": 2, "batch": 1, "float8": "rowwise", "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.1=selective-op"]},
+    "llama_wide_f8row_full_block0_b2_bf16_gpu_ws2": {"model": "tiny-llama-wide", "world_size": 2, "batch": 2, "float8": "rowwise", "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.0=full"]},
+    "dsv2_f8_bf16_gpu_ws2": {"model": "tiny-deepseek-v2", "world_size": 2, "batch": 1, "float8": "tensorwise", "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu"},
+    "qwen3_f8_sac_block0_bf16_gpu_ws2": {"model": "tiny-qwen3", "world_size": 2, "batch": 1, "float8": "tensorwise", "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.0=selective-op"]},
+    "llama_wide_f8_offload_sac_block1_bf16_gpu_ws2": {"model": "tiny-llama-wide", "world_size": 2, "batch": 1, "float8": "tensorwise", "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "offload": True, "checkpoint": ["model.layers.1=selective-op"]},
+    "llama_wide_f8ag_sync_each_ga2_bf16_gpu_ws2": {"model": "tiny-llama-wide", "world_size": 2, "batch": 1, "float8": "tensorwise", "float8_all_gather": True, "grad_accum": 2, "grad_sync": "each", "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu"},
+    "llama_wide_f8ag_hsdp_bf16_gpu_ws4": {"model": "tiny-llama-wide", "world_size": 4, "batch": 1, "float8": "tensorwise", "float8_all_gather": True, "strategy": "hybrid-shard", "shard_group_size": 2, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu"},
+    "mixtral_f8_sac_block1_bf16_gpu_ws2": {"model": "tiny-mixtral", "world_size": 2, "batch": 1, "float8": "tensorwise", "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.1=selective-op"]},
+    "phi3_f8_b2_bf16_gpu_ws2": {"model": "tiny-phi3", "world_size": 2, "batch": 2, "float8": "tensorwise", "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu"},
 })
 # the tiny checkpointed-region cases of BASE_CASES again, on the deterministic fake group
 for _name in ("llama4l_ac_mlp_units_ws2", "llama4l_ac_attn_units_ws2", "llama4l_ac_nested_ws2",
