@@ -1112,6 +1112,20 @@ FAKE_CASES["gpu_llama3_8b_tune_answer_ws8"] = dict(_TUNED, model="llama-3-8b", w
 FAKE_CASES["gpu_llama3_70b_tune_answer_ws64"] = dict(
     _TUNED, model="llama-3-70b", world_size=64,
     checkpoint=[f"model.layers.{i}=full" for i in range(35)] + [f"model.layers.{i}=selective-op" for i in range(35, 80)])
+# ... and its answers for other families at global batch 2 × the GPUs and seq 8192: Qwen2-7B,
+# Phi-4 and Qwen3-8B on 8 (the first blocks under SAC, 2 micro-batches syncing each),
+# Mixtral-8x7B on 64 (the experts and the router on dim 1, 23 blocks under SAC)
+_SAC = lambda n: [f"model.layers.{i}=selective-op" for i in range(n)]
+FAKE_CASES["gpu_qwen2_7b_tune_answer_ws8"] = dict(_TUNED, model="qwen2-7b", world_size=8, grad_accum=2,
+                                                  grad_sync="each", checkpoint=_SAC(3))
+FAKE_CASES["gpu_phi4_tune_answer_ws8"] = dict(_TUNED, model="phi-4", world_size=8, grad_accum=2,
+                                              grad_sync="each", checkpoint=_SAC(36))
+FAKE_CASES["gpu_qwen3_8b_tune_answer_ws8"] = dict(_TUNED, model="qwen3-8b", world_size=8, grad_accum=2,
+                                                  grad_sync="each", unit_reshard=None, checkpoint=_SAC(11))
+FAKE_CASES["gpu_mixtral_8x7b_tune_answer_ws64"] = dict(
+    _TUNED, model="mixtral-8x7b", world_size=64, batch=2, wrap=None, checkpoint=_SAC(23),
+    shard_dim=[["model.layers.*.mlp.gate.weight", 1], ["model.layers.*.mlp.experts.gate_up_proj", 1],
+               ["model.layers.*.mlp.experts.down_proj", 1]])
 # the experts on dim 1 at few tokens on the fake accelerator (CUDA's foreach AdamW): the step
 # peaks in an experts unit's reduce-scatter, each expert grad laid out rank by rank first
 # (chunk-cat), the last one's old grad held. (On the CPU, FSDP2's for-loop AdamW gathers these
