@@ -1296,6 +1296,11 @@ FAKE_CASES.update({
     "llama_wide_f8ag_hsdp_bf16_gpu_ws4": {"model": "tiny-llama-wide", "world_size": 4, "batch": 1, "float8": "tensorwise", "float8_all_gather": True, "strategy": "hybrid-shard", "shard_group_size": 2, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu"},
     "mixtral_f8_sac_block1_bf16_gpu_ws2": {"model": "tiny-mixtral", "world_size": 2, "batch": 1, "float8": "tensorwise", "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "checkpoint": ["model.layers.1=selective-op"]},
     "phi3_f8_b2_bf16_gpu_ws2": {"model": "tiny-phi3", "world_size": 2, "batch": 2, "float8": "tensorwise", "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu"},
+    # torchtitan's per-block compile with an AC mode per block (full, SAC, none), also
+    # accumulating syncing each: what the compiled forward keeps, exact
+    "qwen3_compile_sac_block1_tt_bf16_gpu_ws2": {"model": "tiny-qwen3", "world_size": 2, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "compile": True, "ac_wrapper": "torchtitan", "checkpoint": ["model.layers.1=selective-op"]},
+    "llama31_compile_full0_sac1_tt_bf16_gpu_ws2": {"model": "tiny-llama31", "world_size": 2, "batch": 1, "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "compile": True, "ac_wrapper": "torchtitan", "checkpoint": ["model.layers.0=full", "model.layers.1=selective-op"]},
+    "llama_4l_compile_full0_sac2_sync_each_ga2_tt_gpu_ws2": {"model": "tiny-llama-4l", "world_size": 2, "batch": 1, "grad_accum": 2, "grad_sync": "each", "model_dtype": "float32", "param_dtype": "bfloat16", "reduce_dtype": "float32", "device": "fakegpu", "compile": True, "ac_wrapper": "torchtitan", "checkpoint": ["model.layers.0=full", "model.layers.2=selective-op"]},
 })
 # the tiny checkpointed-region cases of BASE_CASES again, on the deterministic fake group
 for _name in ("llama4l_ac_mlp_units_ws2", "llama4l_ac_attn_units_ws2", "llama4l_ac_nested_ws2",
