@@ -1126,6 +1126,9 @@ FAKE_CASES["gpu_mixtral_8x7b_tune_answer_ws64"] = dict(
     _TUNED, model="mixtral-8x7b", world_size=64, batch=2, wrap=None, checkpoint=_SAC(23),
     shard_dim=[["model.layers.*.mlp.gate.weight", 1], ["model.layers.*.mlp.experts.gate_up_proj", 1],
                ["model.layers.*.mlp.experts.down_proj", 1]])
+FAKE_CASES["gpu_llama31_405b_tune_answer_ws2048"] = dict(
+    _TUNED, model="llama-3.1-405b", world_size=2048, strategy="hybrid-shard", shard_group_size=1024,
+    checkpoint=[f"model.layers.{i}=full" for i in range(122)] + [f"model.layers.{i}=selective-op" for i in (122, 123)])
 # the experts on dim 1 at few tokens on the fake accelerator (CUDA's foreach AdamW): the step
 # peaks in an experts unit's reduce-scatter, each expert grad laid out rank by rank first
 # (chunk-cat), the last one's old grad held. (On the CPU, FSDP2's for-loop AdamW gathers these
