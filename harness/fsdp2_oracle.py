@@ -536,6 +536,10 @@ def compile_blocks(model, case):
     if not case.get("compile"):
         return
     assert case.get("ac_wrapper", "hf") == "torchtitan" or not case["checkpoint"], case
+    # (each case compiles from a fresh dynamo, as one training run does: cases run before it
+    # in this process would otherwise make dynamo recompile these blocks with dynamic shapes,
+    # whose graphs the partitioner cuts elsewhere)
+    torch._dynamo.reset()
     model.config.use_cache = False
     _rng_ops_through_tracker()
     backend = inductor_partition_backend()

@@ -996,9 +996,9 @@ pub fn compiled_blocks(model: &Model) -> Vec<String> {
 
 /// The compiled blocks whose memory [`compiled`] models: those made only of op kinds measured
 /// under inductor's partitioner (tests/fixtures/fsdp2_compile/: Llama, Qwen2/3, Phi-3, OLMo-2
-/// blocks). A block with anything else (LayerNorm, GELU, dropout, Gemma's scaled norms and
-/// soft-capping, MoE layers, DeepSeek's latent attention, a sliding window that masks a `seq`
-/// long sequence) keeps eager's memory whole.
+/// blocks, Mixtral's MoE). A block with anything else (LayerNorm, GELU, dropout, Gemma's
+/// scaled norms and soft-capping, DeepSeek's and Qwen3-MoE's routers, DeepSeek's latent
+/// attention, a sliding window that masks a `seq` long sequence) keeps eager's memory whole.
 pub fn compiled_memory_blocks(model: &Model, seq: u64) -> Vec<String> {
     let (blocks, _, whole) = blocks_measured(model, seq);
     blocks.into_iter().zip(whole).filter_map(|(b, w)| w.then_some(b)).collect()
@@ -1052,7 +1052,24 @@ fn measured(o: &Op, seq: u64) -> bool {
         OpKind::Activation { act } | OpKind::GatedActivation { act } => matches!(act, Act::Silu),
         OpKind::Dropout { p } => *p == 0.0,
         OpKind::Linear { .. } | OpKind::Mul | OpKind::Add => true,
+        // Mixtral's softmax router and the grouped_mm experts (tiny Mixtral, fake mode)
+        OpKind::Router { sigmoid: None, scaled: None, cast: false, .. } => true,
+        OpKind::Experts { act, .. } => matches!(act, Act::Silu),
         _ => false,
+    }
+}
+
+/// Drops `saved`'s tensor named `what` (the partitioner recomputes it), and the backward
+/// chain's releases of it; the others' indices follow.
+fn unsave(m: &mut OpMem, what: &str) {
+    let Some(k) = m.saved.iter().position(|x| x.what == what) else { return };
+    m.saved.remove(k);
+    m.bwd_chain.retain(|s| !matches!(*s, Step::Release(j) | Step::ReleaseUnpacked(j) if j == k));
+    for s in &mut m.bwd_chain {
+        match s {
+            Step::Release(j) | Step::ReleaseUnpacked(j) if *j > k => *j -= 1,
+            _ => {}
+        }
     }
 }
 
@@ -1075,7 +1092,10 @@ fn measured(o: &Op, seq: u64) -> bool {
 /// - a linear reading the attention's output keeps nothing of it when SDPA saves it (the
 ///   `transpose(1, 2).contiguous()` copy is recomputed from the kernel's output; with a
 ///   partial rotary's `cat`ed q, Phi-3's, SDPA keeps only the kernel's `[b, h, s, d]` output);
-/// - Phi-3's fused SwiGLU keeps its input only.
+/// - Phi-3's fused SwiGLU keeps its input only;
+/// - Mixtral's MoE: the router keeps the logits and top-k's values and indices (not the
+///   softmax, the sum, the renormalized weights), the experts what eager's nodes keep but the
+///   SiLU's output and the gathered routing weights (tiny Mixtral with and without AC).
 ///
 /// The fused kernels make no temporaries of their own (forward or backward): inductor writes
 /// each chain's outputs once. What the backward materializes beyond that (the fused kernels'
@@ -1137,6 +1157,22 @@ pub fn compiled(cx: &Ctx, model: &Model, mems: &mut [OpMem], covered: &[Option<u
                         m.saves_inputs = vec![false];
                     }
                 }
+            }
+            // Mixtral's router keeps its input (the logits) and top-k's float32 values and
+            // indices; the softmax, the top-k sum and the renormalized weights are recomputed
+            OpKind::Router { top_k, .. } => {
+                let tok = cx.tokens();
+                m.saves_inputs = vec![true];
+                m.saves_output = false;
+                m.saved = vec![t(tok * top_k, DType::Float32, "router top-k values"), t(tok * top_k, DType::Int64, "router top-k indices")];
+                m.fwd_scratch.clear();
+            }
+            // the experts keep what eager's nodes save but the SiLU's output (recomputed from
+            // gate_up) and the gathered routing weights (from the router's top-k values)
+            OpKind::Experts { .. } => {
+                unsave(m, "expert act");
+                unsave(m, "expert routing weights");
+                m.fwd_scratch.clear();
             }
             _ => {}
         }
