@@ -366,11 +366,11 @@ impl Space {
         if self.kinds.len() != self.blocks.len() || self.kinds.is_empty() {
             return vec![];
         }
-        let units: Vec<&[u32]> = self.kinds.chunks(k).collect();
-        // (every block alike, as in most models: nothing to count)
+        // (every block alike, as in most models: nothing to count — nor to collect, per plan)
         if self.kinds.iter().all(|&x| x == self.kinds[0]) {
             return vec![];
         }
+        let units: Vec<&[u32]> = self.kinds.chunks(k).collect();
         let mut count: HashMap<&[u32], usize> = HashMap::new();
         for u in &units {
             *count.entry(u).or_default() += 1;
