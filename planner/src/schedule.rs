@@ -891,7 +891,7 @@ impl B<'_> {
         // (offloaded: the grads are the host's copies; the device's output is temp; FSDP2's
         // output is a plain allocation — temp to FSDPMemTracker — until foreach_reduce makes
         // the sharded grads views of it as it returns)
-        let out_category = if converted || !flat || self.opts.offload == Offload::Cpu || self.has_sharded_grads[u.index()] { Category::Temp } else { Category::ShardedGrad };
+        let out_category = if !flat || self.opts.offload == Offload::Cpu || self.has_sharded_grads[u.index()] { Category::Temp } else { Category::ShardedGrad };
         let out = self.alloc(name!("{label} sharded grads"), out_category, numel / ws * rd.size(), Some(u));
         let rs_in = copy_in.map(|t| self.relabel(vec![t], name!("{label} reduce-scatter input"), Category::ReduceScatter, Some(u)));
         let mut all_reduced = false;
