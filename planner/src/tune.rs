@@ -58,7 +58,9 @@
 //! op-level SAC to full, never makes the step faster (it adds recompute) and never raises
 //! the memory needed. For each outer point (shard group, micro-batch, prefetch, reshard, …):
 //! its time with no checkpointing bounds every AC choice from below (outer points are taken
-//! fastest first and dropped once that bound cannot beat the best found); if everything
+//! in the order of an estimate of their best — that time plus the recompute the memory over
+//! the limit calls for, [`estimates`] — and dropped once that bound cannot beat the best
+//! found); if everything
 //! fully checkpointed does not fit, nothing in it does. Else, where there is a best to beat,
 //! a second floor: every configuration that fits checkpoints at least `need` units, the
 //! fewest whose tensor peak fits fully checkpointed (a search on tensor peaks), so none is
@@ -1614,8 +1616,9 @@ fn boundary_up(lo: u32, hi: u32, fits: &mut dyn FnMut(u32) -> bool) -> u32 {
 pub const LANES_PER_THREAD: usize = 2;
 
 /// The search (see the module doc) on `threads` threads: every outer point timed with no
-/// checkpointing, then the outer points in that order dealt to [`LANES_PER_THREAD`] lanes per
-/// thread in turn, each searching its own (fastest first) with its own bound, so that the
+/// checkpointing, then the outer points in the order of an estimate of their best
+/// ([`estimates`]) dealt to [`LANES_PER_THREAD`] lanes per thread in turn, each searching its
+/// own (in that order) with its own bound, so that the
 /// answer and the lists do not depend on timing. `progress(planned, outer points done, of)`
 /// is called as outer points finish.
 ///
@@ -1662,7 +1665,8 @@ fn search_with(model: &Model, base: &Options, hw: &Hardware, space: &Space, limi
     let threads = threads.clamp(1, families.len().max(1));
     let done = std::sync::atomic::AtomicUsize::new(0);
     let planned = std::sync::atomic::AtomicUsize::new(0);
-    // 1. the fastest (no checkpointing) time of each outer point, which orders the search
+    // 1. the fastest (no checkpointing) time of each outer point, which bounds its search
+    // and (with the checkpointing its memory calls for: [`estimates`]) orders the search
     // (the threads take every `threads`-th family); along a family's unit groups, larger
     // groups only while that time falls
     type Timed = Vec<(f64, Outer, Known, Option<Option<crate::Prepared>>)>;
@@ -1698,7 +1702,10 @@ fn search_with(model: &Model, base: &Options, hw: &Hardware, space: &Space, limi
     let mut firsts: Timed = timed.into_iter().flatten().collect();
     let first_time: HashMap<Outer, f64> = firsts.iter().map(|(t, o, _, _)| (*o, *t)).collect();
     let n = firsts.len();
-    firsts.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    // (sorted by an estimate of each one's best: [`estimates`])
+    let est = estimates(model, base, hw, space, limit, &firsts, &planned);
+    let key = |t: f64, o: &Outer| est.get(o).copied().unwrap_or(t);
+    firsts.sort_by(|a, b| key(a.0, &a.1).total_cmp(&key(b.0, &b.1)).then(a.0.total_cmp(&b.0)).then(a.1.cmp(&b.1)));
     let nl = threads * LANES_PER_THREAD;
     type Mine = Vec<(Outer, Known, Option<Option<crate::Prepared>>)>;
     let mut lanes: Vec<Mine> = (0..nl).map(|_| vec![]).collect();
@@ -1804,6 +1811,70 @@ fn search_with(model: &Model, base: &Options, hw: &Hardware, space: &Space, limi
         }
     }
     Tuned { best: per_outer.first().cloned(), per_outer, evaluated, plans_built: planned.into_inner() + settled }
+}
+
+/// An estimate of each outer point's best time, which orders the second pass (the order
+/// decides only how soon a lane's bound is tight, never what is found): its time with nothing
+/// checkpointed plus the recompute of the checkpointing its memory over the limit calls for,
+/// at the per-block memory saved and time added by full AC and op-level SAC measured on one
+/// outer point per micro-batch (the accumulation follows from it): every block fully
+/// checkpointed and every one under SAC, against nothing checkpointed, each plan replayed for
+/// what the device needs beyond the tensor peak. Outer points whose estimate finds no split
+/// that fits come last.
+fn estimates(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit: Limit, firsts: &[(f64, Outer, Known, Option<Option<crate::Prepared>>)], planned: &std::sync::atomic::AtomicUsize) -> HashMap<Outer, f64> {
+    let mut ev = Evaluator::new(model, base, hw, space, limit);
+    // (per micro-batch: per block, full AC's bytes saved and seconds added, then SAC's; the
+    // bytes the device needs beyond the tensor peak)
+    let mut rates: HashMap<u64, Option<(f64, f64, f64, f64, f64)>> = HashMap::new();
+    let mut fastest: Vec<&(f64, Outer, Known, Option<Option<crate::Prepared>>)> = firsts.iter().collect();
+    fastest.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    for (t0, o, k, _) in fastest {
+        if rates.contains_key(&o.micro_batch) {
+            continue;
+        }
+        let blocks = space.main_blocks(o.group) as u32;
+        let Some((p0, _)) = k.peak.clone() else { continue };
+        let rate = (|| {
+            let full = Config::new(*o, blocks, 0, false, blocks, 0);
+            let tf = ev.time(full)?;
+            let pf = ev.peak(full)?;
+            ev.fits(full);
+            let over = ev.overhead(full).unwrap_or(0) as f64;
+            let b = f64::from(blocks.max(1));
+            let (df, rf) = ((p0 as f64 - pf as f64) / b, (tf - t0) / b);
+            let (ds, rs) = match space.sac {
+                true => {
+                    let sac = Config::new(*o, 0, blocks, false, blocks, 0);
+                    ((p0 as f64 - ev.peak(sac)? as f64) / b, (ev.time(sac)? - t0) / b)
+                }
+                false => (0.0, 0.0),
+            };
+            Some((df, rf, ds, rs, over))
+        })();
+        rates.insert(o.micro_batch, rate);
+    }
+    planned.fetch_add(ev.planned(), std::sync::atomic::Ordering::Relaxed);
+    let mut est = HashMap::new();
+    for (t0, o, k, _) in firsts {
+        let (Some(Some((df, rf, ds, rs, over))), Some((p0, _))) = (rates.get(&o.micro_batch), &k.peak) else { continue };
+        let excess = floor_bytes(*p0, base.device, limit) as f64 + over - limit.bytes as f64;
+        if excess <= 0.0 {
+            est.insert(*o, *t0);
+            continue;
+        }
+        // the least recompute over the (full, SAC) splits whose savings cover the excess
+        let blocks = space.main_blocks(o.group) as u32;
+        let mut best = f64::INFINITY;
+        for f in 0..=blocks {
+            let short = excess - f64::from(f) * df;
+            let s = if short <= 0.0 { 0.0 } else if *ds > 0.0 { (short / ds).ceil() } else { f64::INFINITY };
+            if f64::from(f) + s <= f64::from(blocks) {
+                best = best.min(f64::from(f) * rf + s * rs);
+            }
+        }
+        est.insert(*o, t0 + best);
+    }
+    est
 }
 
 /// Relative difference of step times within which a time from a shorter accumulation's plan
