@@ -1823,9 +1823,7 @@ fn search_with(model: &Model, base: &Options, hw: &Hardware, space: &Space, limi
 /// that fits come last.
 fn estimates(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit: Limit, firsts: &[(f64, Outer, Known, Option<Option<crate::Prepared>>)], planned: &std::sync::atomic::AtomicUsize) -> HashMap<Outer, f64> {
     let mut ev = Evaluator::new(model, base, hw, space, limit);
-    // (per micro-batch: per block, full AC's bytes saved and seconds added, then SAC's; the
-    // bytes the device needs beyond the tensor peak)
-    let mut rates: HashMap<u64, Option<(f64, f64, f64, f64, f64)>> = HashMap::new();
+    let mut rates: HashMap<u64, Option<Rates>> = HashMap::new();
     let mut fastest: Vec<&(f64, Outer, Known, Option<Option<crate::Prepared>>)> = firsts.iter().collect();
     fastest.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
     for (t0, o, k, _) in fastest {
@@ -1849,14 +1847,14 @@ fn estimates(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit:
                 }
                 false => (0.0, 0.0),
             };
-            Some((df, rf, ds, rs, over))
+            Some(Rates { full_bytes: df, full_s: rf, sac_bytes: ds, sac_s: rs, over })
         })();
         rates.insert(o.micro_batch, rate);
     }
     planned.fetch_add(ev.planned(), std::sync::atomic::Ordering::Relaxed);
     let mut est = HashMap::new();
     for (t0, o, k, _) in firsts {
-        let (Some(Some((df, rf, ds, rs, over))), Some((p0, _))) = (rates.get(&o.micro_batch), &k.peak) else { continue };
+        let (Some(Some(Rates { full_bytes: df, full_s: rf, sac_bytes: ds, sac_s: rs, over })), Some((p0, _))) = (rates.get(&o.micro_batch), &k.peak) else { continue };
         let excess = floor_bytes(*p0, base.device, limit) as f64 + over - limit.bytes as f64;
         if excess <= 0.0 {
             est.insert(*o, *t0);
@@ -1875,6 +1873,19 @@ fn estimates(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit:
         est.insert(*o, t0 + best);
     }
     est
+}
+
+/// What checkpointing does per block at an outer point ([`estimates`]).
+struct Rates {
+    /// Bytes of tensor peak one more block fully checkpointed saves …
+    full_bytes: f64,
+    /// … and seconds of step it adds.
+    full_s: f64,
+    /// The same under op-level SAC (0 where the space has none).
+    sac_bytes: f64,
+    sac_s: f64,
+    /// What the device needs beyond the tensor peak (every block fully checkpointed).
+    over: f64,
 }
 
 /// Relative difference of step times within which a time from a shorter accumulation's plan
