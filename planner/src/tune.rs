@@ -1332,8 +1332,36 @@ fn search_minor(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>, mino
     // (the front's floor is not the back's: nothing checkpointed bounds both; nothing fits
     // either way where every unit fully checkpointed, the same both ways, does not)
     let c00 = Config::new(o, 0, 0, false, blocks, minor);
-    if !ev.space.from_back || blocks.div_ceil(k) < 2 || front.1.is_infinite() || !ev.time(c00).is_some_and(|t00| faster((t00, c00), bound)) {
+    // (what the front found bounds the back: where nothing checkpointed fits, nothing is faster)
+    let both = fastest(front.0, bound);
+    if !ev.space.from_back || blocks.div_ceil(k) < 2 || front.1.is_infinite() || !ev.time(c00).is_some_and(|t00| faster((t00, c00), both)) {
         return front;
+    }
+    // Where there was a bound to beat, the front's walk found `need`, the fewest units
+    // fully checkpointed whose tensor peak fits (its peaks are known: no plan), and counted
+    // from the front the first units need the least memory (module doc): so every
+    // configuration counted from the back that fits checkpoints at least `need` units too,
+    // and none is faster than the last `need` under SAC (property 1) — where that cannot
+    // beat the bound, neither the probe nor the back's walk is needed (a plan, where the
+    // probe takes two)
+    let units = blocks.div_ceil(k);
+    let cfg = |full: u32, sac: u32, back: bool| {
+        let f = (full * k).min(blocks);
+        Config::new(o, f, (sac * k).min(blocks - f), back, blocks, minor)
+    };
+    if bound.is_some() {
+        let limit = ev.limit.bytes;
+        let need = least_under(0, units, limit, &mut |f| ev.floor(cfg(f, 0, false)));
+        if need > 0 {
+            let lowest = if ev.space.sac { cfg(0, need, true) } else { cfg(need, 0, true) };
+            // (and where it is no lower than the front's floor, that floor stands for both;
+            // else the probe decides, as it would have, what floor is returned)
+            match ev.time(lowest) {
+                Some(lb) if !faster((lb, lowest), both) && lb >= front.1 => return front,
+                None => return front,
+                Some(_) => {}
+            }
+        }
     }
     let unit = k.min(blocks);
     let (Some(tf), Some(tb)) = (ev.time(Config::new(o, unit, 0, false, blocks, minor)), ev.time(Config::new(o, unit, 0, true, blocks, minor))) else { return front };
@@ -1341,7 +1369,7 @@ fn search_minor(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>, mino
     if tb >= tf * (1.0 - 1e-9) {
         return front;
     }
-    let back = walk(ev, o, fastest(front.0, bound), true, minor);
+    let back = walk(ev, o, both, true, minor);
     (fastest(front.0, back.0), front.1.min(back.1))
 }
 
