@@ -1327,14 +1327,13 @@ fn search_minor(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>, mino
     // position matters only through overlap; at real sizes the front is never slower —
     // Llama-3-8B on 8, 64 and 256 H100s, one, four and sixteen blocks — and the probe costs
     // two plans per outer point walked). The same walk, under the best of both so far.
-    let blocks = ev.space.main_blocks(o.group) as u32;
-    let k = o.group.max(1);
+    let (fc, bc) = (Counting::new(ev.space, o, minor, false), Counting::new(ev.space, o, minor, true));
     // (the front's floor is not the back's: nothing checkpointed bounds both; nothing fits
     // either way where every unit fully checkpointed, the same both ways, does not)
-    let c00 = Config::new(o, 0, 0, false, blocks, minor);
+    let c00 = fc.cfg(0, 0);
     // (what the front found bounds the back: where nothing checkpointed fits, nothing is faster)
     let both = fastest(front.0, bound);
-    if !ev.space.from_back || blocks.div_ceil(k) < 2 || front.1.is_infinite() || !ev.time(c00).is_some_and(|t00| faster((t00, c00), both)) {
+    if !ev.space.from_back || fc.units() < 2 || front.1.is_infinite() || !ev.time(c00).is_some_and(|t00| faster((t00, c00), both)) {
         return front;
     }
     // Where there was a bound to beat, the front's walk found `need`, the fewest units
@@ -1344,16 +1343,10 @@ fn search_minor(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>, mino
     // and none is faster than the last `need` under SAC (property 1) — where that cannot
     // beat the bound, neither the probe nor the back's walk is needed (a plan, where the
     // probe takes two)
-    let units = blocks.div_ceil(k);
-    let cfg = |full: u32, sac: u32, back: bool| {
-        let f = (full * k).min(blocks);
-        Config::new(o, f, (sac * k).min(blocks - f), back, blocks, minor)
-    };
     if bound.is_some() {
-        let limit = ev.limit.bytes;
-        let need = least_under(0, units, limit, &mut |f| ev.floor(cfg(f, 0, false)));
+        let need = need(ev, fc);
         if need > 0 {
-            let lowest = if ev.space.sac { cfg(0, need, true) } else { cfg(need, 0, true) };
+            let lowest = if ev.space.sac { bc.cfg(0, need) } else { bc.cfg(need, 0) };
             // (and where it is no lower than the front's floor, that floor stands for both;
             // else the probe decides, as it would have, what floor is returned)
             match ev.time(lowest) {
@@ -1363,8 +1356,7 @@ fn search_minor(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>, mino
             }
         }
     }
-    let unit = k.min(blocks);
-    let (Some(tf), Some(tb)) = (ev.time(Config::new(o, unit, 0, false, blocks, minor)), ev.time(Config::new(o, unit, 0, true, blocks, minor))) else { return front };
+    let (Some(tf), Some(tb)) = (ev.time(fc.cfg(1, 0)), ev.time(bc.cfg(1, 0))) else { return front };
     // (to float rounding: summed in another order, the same time differs in its last bits)
     if tb >= tf * (1.0 - 1e-9) {
         return front;
@@ -1382,6 +1374,42 @@ fn fastest(a: Option<(f64, Config)>, b: Option<(f64, Config)>) -> Option<(f64, C
     }
 }
 
+/// An outer point's checkpointing counted in units from the front or the back: with unit
+/// groups of k blocks, `full` and `sac` count groups of the blocks alike (the minor units as
+/// `minor` says).
+#[derive(Clone, Copy)]
+struct Counting {
+    o: Outer,
+    blocks: u32,
+    k: u32,
+    minor: u32,
+    back: bool,
+}
+
+impl Counting {
+    fn new(space: &Space, o: Outer, minor: u32, back: bool) -> Counting {
+        Counting { o, blocks: space.main_blocks(o.group) as u32, k: o.group.max(1), minor, back }
+    }
+
+    /// The units of the blocks alike.
+    fn units(self) -> u32 {
+        self.blocks.div_ceil(self.k)
+    }
+
+    /// The first (or last) `full` units fully checkpointed, the next `sac` under SAC.
+    fn cfg(self, full: u32, sac: u32) -> Config {
+        let f = (full * self.k).min(self.blocks);
+        Config::new(self.o, f, (sac * self.k).min(self.blocks - f), self.back, self.blocks, self.minor)
+    }
+}
+
+/// The fewest units fully checkpointed (so counted) whose tensor peak's floor is within the
+/// limit: every configuration that fits checkpoints at least as many ([`walk`]).
+fn need(ev: &mut Evaluator, c: Counting) -> u32 {
+    let limit = ev.limit.bytes;
+    least_under(0, c.units(), limit, &mut |f| ev.floor(c.cfg(f, 0)))
+}
+
 /// [`search_outer`]'s walk with checkpointing counted from the front or the back
 /// ([`Config::back`]).
 fn walk(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>, back: bool, minor: u32) -> (Option<(f64, Config)>, f64) {
@@ -1389,14 +1417,10 @@ fn walk(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>, back: bool, 
     // groups (a group's blocks are checkpointed alike; k divides the blocks, so the units are
     // identical, as counting them from the front takes) — of the units alike, the minor
     // units as `minor` says
-    let blocks = ev.space.main_blocks(o.group) as u32;
-    let k = o.group.max(1);
-    let l = blocks.div_ceil(k);
+    let counting = Counting::new(ev.space, o, minor, back);
+    let l = counting.units();
     let sac_max = |full: u32| if ev.space.sac { l - full } else { 0 };
-    let cfg = |full: u32, sac: u32| {
-        let f = (full * k).min(blocks);
-        Config::new(o, f, (sac * k).min(blocks - f), back, blocks, minor)
-    };
+    let cfg = |full: u32, sac: u32| counting.cfg(full, sac);
     const NONE: (Option<(f64, Config)>, f64) = (None, f64::INFINITY);
     let c00 = cfg(0, 0);
     let Some(t00) = ev.time(c00) else { return NONE };
@@ -1421,7 +1445,7 @@ fn walk(ev: &mut Evaluator, o: Outer, bound: Option<(f64, Config)>, back: bool, 
     // this floor as a floor of the counts kept too, where the memory grows with the units
     // kept (`KEEP_TOLERANCE`), as they take the best found
     let limit = ev.limit.bytes;
-    let need = if bound.is_some() { least_under(0, l, limit, &mut |f| ev.floor(cfg(f, 0))) } else { 0 };
+    let need = if bound.is_some() { need(ev, counting) } else { 0 };
     let lowest = |f: u32| if f >= need || !ev.space.sac { cfg(f.max(need), 0) } else { cfg(f, need - f) };
     match ev.time(lowest(0)) {
         Some(lb) if !faster((lb, lowest(0)), bound) => return (None, lb),
@@ -1858,26 +1882,8 @@ fn estimates(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit:
         if rates.contains_key(&o.micro_batch) {
             continue;
         }
-        let blocks = space.main_blocks(o.group) as u32;
-        let Some((p0, _)) = k.peak.clone() else { continue };
-        let rate = (|| {
-            let full = Config::new(*o, blocks, 0, false, blocks, 0);
-            let tf = ev.time(full)?;
-            let pf = ev.peak(full)?;
-            ev.fits(full);
-            let over = ev.overhead(full).unwrap_or(0) as f64;
-            let b = f64::from(blocks.max(1));
-            let (df, rf) = ((p0 as f64 - pf as f64) / b, (tf - t0) / b);
-            let (ds, rs) = match space.sac {
-                true => {
-                    let sac = Config::new(*o, 0, blocks, false, blocks, 0);
-                    ((p0 as f64 - ev.peak(sac)? as f64) / b, (ev.time(sac)? - t0) / b)
-                }
-                false => (0.0, 0.0),
-            };
-            Some(Rates { full_bytes: df, full_s: rf, sac_bytes: ds, sac_s: rs, over })
-        })();
-        rates.insert(o.micro_batch, rate);
+        let Some((p0, _)) = k.peak else { continue };
+        rates.insert(o.micro_batch, Rates::measure(&mut ev, *o, *t0, p0));
     }
     planned.fetch_add(ev.planned(), std::sync::atomic::Ordering::Relaxed);
     let mut est = HashMap::new();
@@ -1914,6 +1920,28 @@ struct Rates {
     sac_s: f64,
     /// What the device needs beyond the tensor peak (every block fully checkpointed).
     over: f64,
+}
+
+impl Rates {
+    /// At `o` (nothing checkpointed: `t0` seconds, a tensor peak of `p0` bytes): every block
+    /// fully checkpointed, then every one under SAC (`None`: refused).
+    fn measure(ev: &mut Evaluator, o: Outer, t0: f64, p0: u64) -> Option<Rates> {
+        let blocks = ev.space.main_blocks(o.group) as u32;
+        let full = Config::new(o, blocks, 0, false, blocks, 0);
+        let tf = ev.time(full)?;
+        let pf = ev.peak(full)?;
+        ev.fits(full);
+        let over = ev.overhead(full).unwrap_or(0) as f64;
+        let b = f64::from(blocks.max(1));
+        let (sac_bytes, sac_s) = match ev.space.sac {
+            true => {
+                let sac = Config::new(o, 0, blocks, false, blocks, 0);
+                ((p0 as f64 - ev.peak(sac)? as f64) / b, (ev.time(sac)? - t0) / b)
+            }
+            false => (0.0, 0.0),
+        };
+        Some(Rates { full_bytes: (p0 as f64 - pf as f64) / b, full_s: (tf - t0) / b, sac_bytes, sac_s, over })
+    }
 }
 
 /// Relative difference of step times within which a time from a shorter accumulation's plan
