@@ -800,11 +800,11 @@ pub struct Evaluator<'a> {
     /// (the embeddings and head their own, blocks per unit) and whether anything is
     /// checkpointed: what they read of a configuration.
     preludes: Vec<((u64, Edges, u32, bool), crate::schedule::Prelude)>,
-    /// The units of the last outer point planned ([`crate::prepare`]; `None`: refused): its
-    /// configurations differ only in the blocks they checkpoint.
-    prepared: Option<(Outer, Option<crate::Prepared>)>,
-    /// Units another evaluator prepared ([`Evaluator::seed`]), taken when their outer point is.
-    given: HashMap<Outer, Option<crate::Prepared>>,
+    /// The units prepared ([`crate::prepare`]; `None`: refused), by [`units_key`]: the outer
+    /// points that share it differ only in what the passes after the units read (an outer
+    /// point's configurations, only in the blocks they checkpoint) — this one's or another
+    /// evaluator's ([`Evaluator::seed`]).
+    prepared: HashMap<Outer, Units>,
     /// Every plan with its own accumulation (no [`SHORT_ACCUM`] plan): [`settle`]'s.
     pub exact: bool,
 }
@@ -812,9 +812,18 @@ pub struct Evaluator<'a> {
 /// Plans kept by an [`Evaluator`].
 const RECENT: usize = 4;
 
+/// An outer point's units, shared ([`crate::prepare`]; `None`: refused).
+type Units = Option<std::sync::Arc<crate::Prepared>>;
+
+/// What of an outer point its units depend on ([`crate::prepare`]: the wrapping and unit
+/// groups, the shard group's layout and dims, the reshard choices): the rest set to one value.
+fn units_key(o: Outer) -> Outer {
+    Outer { micro_batch: 0, accum: 0, prefetch: 0, offload: false, sync_each: false, ..o }
+}
+
 impl<'a> Evaluator<'a> {
     pub fn new(model: &'a Model, base: &'a Options, hw: &'a Hardware, space: &'a Space, limit: Limit) -> Self {
-        Evaluator { model, base, hw, space, limit, known: HashMap::new(), order: vec![], recent: vec![], planned: 0, costs: vec![], preludes: vec![], prepared: None, given: HashMap::new(), exact: false }
+        Evaluator { model, base, hw, space, limit, known: HashMap::new(), order: vec![], recent: vec![], planned: 0, costs: vec![], preludes: vec![], prepared: HashMap::new(), exact: false }
     }
 
     /// How many plans were built.
@@ -849,13 +858,11 @@ impl<'a> Evaluator<'a> {
                 self.planned += 1;
                 let mut opts = options(self.base, self.space, &c);
                 opts.grad_accum = least;
-                if self.prepared.as_ref().is_none_or(|(o, _)| *o != c.outer) {
-                    let prep = self.given.remove(&c.outer).unwrap_or_else(|| crate::prepare(self.model, &opts).ok());
-                    self.prepared = Some((c.outer, prep));
-                }
+                let model = self.model;
+                let prep = self.prepared.entry(units_key(c.outer)).or_insert_with(|| crate::prepare(model, &opts).ok().map(std::sync::Arc::new)).clone();
                 // (units the planner refuses refuse every configuration of the outer point)
-                let planned = match &self.prepared {
-                    Some((_, Some(prep))) => {
+                let planned = match prep {
+                    Some(prep) => {
                         let o = &c.outer;
                         let key = (o.micro_batch, o.edges, o.group, !c.checkpoints());
                         let at = match self.preludes.iter().position(|(k, _)| *k == key) {
@@ -866,12 +873,12 @@ impl<'a> Evaluator<'a> {
                             }
                         };
                         let pre = &self.preludes[at].1;
-                        match crate::plan_prepared_with(self.model, &opts, prep, pre).ok() {
+                        match crate::plan_prepared_with(self.model, &opts, &prep, pre).ok() {
                             // (a shorter plan that shows nothing of the longer: the longer)
                             Some(p) if !p.steady && Self::shorter(c, &p) => {
                                 self.planned += 1;
                                 opts.grad_accum = c.outer.accum;
-                                crate::plan_prepared_with(self.model, &opts, prep, pre).ok()
+                                crate::plan_prepared_with(self.model, &opts, &prep, pre).ok()
                             }
                             p => p,
                         }
@@ -904,16 +911,16 @@ impl<'a> Evaluator<'a> {
 
     /// What another evaluator learnt of `c` (the search's first pass times each outer point),
     /// and the units it prepared for `c`'s outer point, if any.
-    fn seed(&mut self, c: Config, k: Known, prep: Option<Option<crate::Prepared>>) {
+    fn seed(&mut self, c: Config, k: Known, prep: Option<Units>) {
         *self.entry(c) = k;
         if let Some(p) = prep {
-            self.given.insert(c.outer, p);
+            self.prepared.insert(units_key(c.outer), p);
         }
     }
 
-    /// The units prepared for the outer point planned last (`None`: none was).
-    fn take_prepared(&mut self) -> Option<(Outer, Option<crate::Prepared>)> {
-        self.prepared.take()
+    /// The units prepared for `o` (`None`: none were).
+    fn prepared(&self, o: Outer) -> Option<Units> {
+        self.prepared.get(&units_key(o)).cloned()
     }
 
     fn entry(&mut self, c: Config) -> &mut Known {
@@ -1721,7 +1728,7 @@ fn search_with(model: &Model, base: &Options, hw: &Hardware, space: &Space, limi
     // and (with the checkpointing its memory calls for: [`estimates`]) orders the search
     // (the threads take every `threads`-th family); along a family's unit groups, larger
     // groups only while that time falls
-    type Timed = Vec<(f64, Outer, Known, Option<Option<crate::Prepared>>)>;
+    type Timed = Vec<(f64, Outer, Known, Option<Units>)>;
     let timed: Vec<Timed> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
@@ -1740,7 +1747,7 @@ fn search_with(model: &Model, base: &Options, hw: &Hardware, space: &Space, limi
                             }
                             last = Some(t);
                             // (its units go with it to the lane that searches it)
-                            let prep = ev.take_prepared().filter(|(p, _)| *p == o).map(|(_, p)| p);
+                            let prep = ev.prepared(o);
                             out.push((t, o, ev.known.get(&c).cloned().unwrap_or_default(), prep));
                         }
                     }
@@ -1759,7 +1766,7 @@ fn search_with(model: &Model, base: &Options, hw: &Hardware, space: &Space, limi
     let key = |t: f64, o: &Outer| est.get(o).copied().unwrap_or(t);
     firsts.sort_by(|a, b| key(a.0, &a.1).total_cmp(&key(b.0, &b.1)).then(a.0.total_cmp(&b.0)).then(a.1.cmp(&b.1)));
     let nl = threads * LANES_PER_THREAD;
-    type Mine = Vec<(Outer, Known, Option<Option<crate::Prepared>>)>;
+    type Mine = Vec<(Outer, Known, Option<Units>)>;
     let mut lanes: Vec<Mine> = (0..nl).map(|_| vec![]).collect();
     for (i, (_, o, k, p)) in firsts.into_iter().enumerate() {
         lanes[i % nl].push((o, k, p));
@@ -1873,10 +1880,10 @@ fn search_with(model: &Model, base: &Options, hw: &Hardware, space: &Space, limi
 /// checkpointed and every one under SAC, against nothing checkpointed, each plan replayed for
 /// what the device needs beyond the tensor peak. Outer points whose estimate finds no split
 /// that fits come last.
-fn estimates(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit: Limit, firsts: &[(f64, Outer, Known, Option<Option<crate::Prepared>>)], planned: &std::sync::atomic::AtomicUsize) -> HashMap<Outer, f64> {
+fn estimates(model: &Model, base: &Options, hw: &Hardware, space: &Space, limit: Limit, firsts: &[(f64, Outer, Known, Option<Units>)], planned: &std::sync::atomic::AtomicUsize) -> HashMap<Outer, f64> {
     let mut ev = Evaluator::new(model, base, hw, space, limit);
     let mut rates: HashMap<u64, Option<Rates>> = HashMap::new();
-    let mut fastest: Vec<&(f64, Outer, Known, Option<Option<crate::Prepared>>)> = firsts.iter().collect();
+    let mut fastest: Vec<&(f64, Outer, Known, Option<Units>)> = firsts.iter().collect();
     fastest.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
     for (t0, o, k, _) in fastest {
         if rates.contains_key(&o.micro_batch) {
