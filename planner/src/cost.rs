@@ -475,7 +475,14 @@ pub struct CostModel {
     pub cd: DType,
     /// The op times on the last hardware profile asked ([`CostModel::times`]).
     times: std::sync::OnceLock<(Hardware, OpTimes)>,
+    /// Those times by the address of a schedule's op name ([`CostModel::with_times`]), with
+    /// the name (kept alive: the address is no other name's).
+    by_name: std::sync::Mutex<HashMap<usize, (crate::plan::OpName, OpTime)>>,
 }
+
+/// Names [`CostModel::with_times`] keeps before it starts afresh (plans built from their own
+/// schedule preludes bring new names each).
+const BY_NAME_MAX: usize = 1 << 18;
 
 /// What the timeline reads of a model op on one hardware profile.
 #[derive(Debug, Clone, Copy)]
@@ -623,7 +630,7 @@ impl CostModel {
             fwd.insert(op.name.clone(), f);
             bwd.insert(op.name.clone(), b);
         }
-        CostModel { fwd, bwd, launches: launch, fused, model_flops: flops, cd, times: std::sync::OnceLock::new() }
+        CostModel { fwd, bwd, launches: launch, fused, model_flops: flops, cd, times: std::sync::OnceLock::new(), by_name: Default::default() }
     }
 
     /// Forward (and recompute) kernels of the model op named `name`.
@@ -673,6 +680,29 @@ impl CostModel {
         } else {
             std::borrow::Cow::Owned(make())
         }
+    }
+}
+
+impl CostModel {
+    /// Calls `f` with a look-up of model ops' [`OpTime`]s on `hw` by a schedule's op name: a
+    /// name (one string for the op's forward, recompute and backward in a schedule, and in
+    /// every plan `tune` builds from one schedule prelude) looked up by its text once, then by
+    /// its address.
+    pub fn with_times<R>(&self, hw: &Hardware, f: impl FnOnce(&mut dyn FnMut(&crate::plan::OpName) -> OpTime) -> R) -> R {
+        let times = self.times(hw);
+        let kept = matches!(times, std::borrow::Cow::Borrowed(_));
+        let mut local = HashMap::default();
+        let mut guard = if kept { self.by_name.lock().ok() } else { None };
+        let memo = match guard.as_deref_mut() {
+            Some(m) => {
+                if m.len() > BY_NAME_MAX {
+                    m.clear();
+                }
+                m
+            }
+            None => &mut local,
+        };
+        f(&mut |name| memo.entry(name.as_ptr() as usize).or_insert_with(|| (name.clone(), times.get(name))).1)
     }
 }
 

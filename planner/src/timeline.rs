@@ -250,18 +250,24 @@ fn run_streams(ops: &[ScheduleOp], deps: &Deps, dur: &[f64], release: &[f64]) ->
         .collect()
 }
 
-/// One schedule op's duration on `hw` and the kernels the CPU launches for it.
-fn op_cost(plan: &Plan, times: &cost::OpTimes, hw: &Hardware, op: &ScheduleOp) -> (f64, u32) {
+/// [`op_cost`] of each of `ops`: durations and kernels.
+fn op_costs(plan: &Plan, cm: &CostModel, hw: &Hardware, ops: &[ScheduleOp]) -> (Vec<f64>, Vec<u32>) {
+    cm.with_times(hw, |times| ops.iter().map(|op| op_cost(plan, times, hw, op)).unzip())
+}
+
+/// One schedule op's duration on `hw` and the kernels the CPU launches for it (a model op's
+/// times from `times`).
+fn op_cost(plan: &Plan, times: &mut dyn FnMut(&OpName) -> cost::OpTime, hw: &Hardware, op: &ScheduleOp) -> (f64, u32) {
     // (a model op's launches, forward or backward; any other op's one)
     match &op.kind {
         // (FSDP2 does not run a cached recompute: selective AC's kept output, the early stop)
         OpKind::Recompute { cached: true, .. } => (0.0, 0),
         OpKind::Forward { op: name, .. } | OpKind::Recompute { op: name, .. } => {
-            let t = times.get(name);
+            let t = times(name);
             (if t.fused { 0.0 } else { t.forward.map_or(hw.op_overhead_s, |f| f + hw.forward_op_overhead_s) }, t.launches.0)
         }
         OpKind::Backward { op: name, .. } => {
-            let t = times.get(name);
+            let t = times(name);
             (if t.fused { 0.0 } else { t.backward.map_or(hw.op_overhead_s, |b| b + hw.backward_op_overhead_s) }, t.launches.1)
         }
         _ => (other_duration(plan, hw, op), 1),
@@ -368,8 +374,7 @@ pub fn predict(plan: &Plan, model: &Model, hw: &Hardware) -> TimeReport {
 /// per whether anything is checkpointed: of the options a configuration changes, the cost
 /// model reads only those), its op times kept for `hw` ([`CostModel::times`]).
 pub fn predict_with(plan: &Plan, hw: &Hardware, cm: &CostModel) -> TimeReport {
-    let times = cm.times(hw);
-    let (dur, kernels): (Vec<f64>, Vec<u32>) = plan.schedule.iter().map(|op| op_cost(plan, &times, hw, op)).unzip();
+    let (dur, kernels) = op_costs(plan, cm, hw, &plan.schedule);
     let spans = if let Some(g) = &hw.gpu {
         gpu_spans(plan, hw, &kernels, g, &dur)
     } else if hw.serial_streams {
@@ -446,8 +451,7 @@ pub fn predict_longer(plan: &Plan, hw: &Hardware, cm: &CostModel, n: u32) -> Opt
     if l - t != w {
         return None;
     }
-    let times = cm.times(hw);
-    let (dur, kernels): (Vec<f64>, Vec<u32>) = ops.iter().map(|op| op_cost(plan, &times, hw, op)).unzip();
+    let (dur, kernels) = op_costs(plan, cm, hw, ops);
     if hw.gpu.is_none() && hw.serial_streams {
         // one thread, every op in order: each copy adds T's ops' time (T's ops as Q's)
         if dur[t..l] != dur[q..t] {
