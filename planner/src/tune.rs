@@ -84,7 +84,8 @@
 //!
 //! CPU offload: the outer points without it are searched first, then the offloaded ones
 //! under that best, at the shard groups where the host's optimizer step alone (a floor of any
-//! offloaded step) does not exceed it ([`search`]).
+//! offloaded step) does not exceed it ([`search`]); without offload, not at the shard groups
+//! where what stays on the device alone is over the limit ([`resident_floor`]).
 //!
 //! Kept units (`keep`): after the two passes, a third searches the kept counts of each
 //! outer point resharding all. A count's best is at least a floor: the floor of a count with
@@ -817,7 +818,7 @@ type Units = Option<std::sync::Arc<crate::Prepared>>;
 
 /// What of an outer point its units depend on ([`crate::prepare`]: the wrapping and unit
 /// groups, the shard group's layout and dims, the reshard choices): the rest set to one value.
-fn units_key(o: Outer) -> Outer {
+pub fn units_key(o: Outer) -> Outer {
     Outer { micro_batch: 0, accum: 0, prefetch: 0, offload: false, sync_each: false, ..o }
 }
 
@@ -1125,6 +1126,22 @@ fn floor_bytes(peak: u64, device: crate::options::Device, limit: Limit) -> u64 {
         (None, crate::options::Device::Cuda) => peak.saturating_add(crate::reserved::CUDA_CONTEXT_BYTES),
         (None, crate::options::Device::Cpu) => peak,
     }
+}
+
+/// A floor of the tensor peak of every configuration that keeps the shards on the device,
+/// at shard group `shard`: one rank's share of the params, of their grads and of the
+/// optimizer's state (Adam's two moments), all alive at the optimizer step — rank 0's shards
+/// (the plan's) hold at least the average; the params in their dtype as planned (`model`:
+/// recast to the master dtype). What [`crate::memory::host`] counts on the host under
+/// offload; `planner/tests/tune.rs` holds plans' peaks at or above it.
+pub fn resident_floor(model: &Model, base: &Options, shard: u64) -> u64 {
+    let per_elem = |p: &fsdp_ir::Param| {
+        let b = p.dtype.size();
+        let states = if base.optimizer.keeps_state() { 2 } else { 0 };
+        if p.requires_grad { b * (2 + states) } else { b }
+    };
+    let total: u128 = model.params.iter().filter(|p| p.tied_to.is_none()).map(|p| u128::from(p.numel()) * u128::from(per_elem(p))).sum();
+    u64::try_from(total / u128::from(shard.max(1))).unwrap_or(u64::MAX)
 }
 
 /// Time and memory of a planned configuration against the limit.
@@ -1719,7 +1736,11 @@ fn search_with(model: &Model, base: &Options, hw: &Hardware, space: &Space, limi
     // searched without it: its walks and floors take SAC's configurations as plannable)
     let allowed = Space { sac: space.sac && sac_allowed(base, &space.blocks), ..space.clone() };
     let space = &allowed;
-    let families = families(space);
+    // (not the shard groups where what stays on the device alone is over the limit: but the
+    // largest, whose plans say what does not fit where nothing does)
+    let largest = space.shards.iter().copied().max().unwrap_or(base.world_size);
+    let over = |o: &Outer| !o.offload && o.shard != largest && floor_bytes(resident_floor(model, base, o.shard), base.device, limit) > limit.bytes;
+    let families: Vec<Vec<Outer>> = families(space).into_iter().filter(|f| f.first().is_none_or(|o| !over(o))).collect();
     let threads = threads.clamp(1, families.len().max(1));
     let done = std::sync::atomic::AtomicUsize::new(0);
     let planned = std::sync::atomic::AtomicUsize::new(0);
