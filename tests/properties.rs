@@ -66,7 +66,7 @@ proptest! {
         let mut primaries: Vec<&str> = m.primary_params().map(|p| p.name.as_str()).collect();
         primaries.sort_unstable();
         prop_assert_eq!(owned, primaries);
-        for u in &plan.units {
+        for u in plan.units.iter() {
             prop_assert_eq!(u.shard_numel * ws, u.padded_numel, "{}", u.label());
             if !flat {
                 for p in &u.params {

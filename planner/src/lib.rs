@@ -133,7 +133,7 @@ pub struct Prepared {
     attn: AttnImpl,
     policy: String,
     wrapped: Vec<Vec<String>>,
-    units: Vec<units::Unit>,
+    units: std::sync::Arc<Vec<units::Unit>>,
     unit_of_op: Vec<ids::UnitId>,
 }
 
@@ -191,7 +191,7 @@ fn prepare_passes(model: &Model, opts: &Options) -> Result<Prepared, PlanError> 
     }
     verify::verify_units(model, &units, opts.shard_size(), opts.layout)?;
     let unit_of_op = verify::unit_of_ops(model, &units);
-    Ok(Prepared { attn, policy: policy.to_string(), wrapped, units, unit_of_op })
+    Ok(Prepared { attn, policy: policy.to_string(), wrapped, units: std::sync::Arc::new(units), unit_of_op })
 }
 
 /// [`plan_unchecked`] from the units `prep` made for these options (the same but for the
@@ -245,10 +245,8 @@ fn plan_passes_with(model: &Model, opts: &Options, model_hash: Option<Box<dyn Fn
     let (prep, units) = match prep {
         Some(p) => (p, p.units.clone()),
         None => {
-            let mut p = prepare_passes(model, opts)?;
-            let units = std::mem::take(&mut p.units);
-            made = p;
-            (&made, units)
+            made = prepare_passes(model, opts)?;
+            (&made, made.units.clone())
         }
     };
     let Prepared { attn, ref policy, ref wrapped, ref unit_of_op, .. } = *prep;

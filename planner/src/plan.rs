@@ -234,7 +234,8 @@ pub struct Plan {
     pub options: Options,
     pub attn_implementation: String,
     pub policy: String,
-    pub units: Vec<Unit>,
+    /// (shared: `tune` plans many configurations from one outer point's units)
+    pub units: std::sync::Arc<Vec<Unit>>,
     pub schedule: Vec<ScheduleOp>,
     pub buffers: Vec<BufferInfo>,
     pub collectives: Vec<Collective>,

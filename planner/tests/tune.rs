@@ -565,7 +565,7 @@ fn plans_from_prepared_units_equal_plans_from_scratch() {
             let prep = &*prep;
             for (full, sac) in [(1, 2), (0, 0), (2, 2), (4, 0), (0, 3)] {
                 let opts = tune::options(&base, &space, &Config { outer: o, full, sac, back: false, minor: 0 });
-                let (a, b) = (fsdp_planner::plan_prepared(&m, &opts, &prep), fsdp_planner::plan_unchecked(&m, &opts));
+                let (a, b) = (fsdp_planner::plan_prepared(&m, &opts, prep), fsdp_planner::plan_unchecked(&m, &opts));
                 match (a, b) {
                     (Ok(a), Ok(b)) => {
                         assert_eq!(serde_json::to_string(&a).unwrap(), serde_json::to_string(&b).unwrap(), "{o:?} {full} {sac}");

@@ -94,7 +94,7 @@ impl Rank {
         let mut shards = vec![];
         // `--master-dtype`: the shards (and so their grads and optimizer state) in it
         let master = plan.options.master_dtype.map(kind_of);
-        for u in &plan.units {
+        for u in plan.units.iter() {
             let get = |n: &str| full.get(n).map(|w| match master {
                 Some(k) if w.is_floating_point() && w.kind() != k => w.to_kind(k),
                 _ => w.shallow_clone(),
