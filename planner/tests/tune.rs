@@ -583,14 +583,14 @@ fn plans_from_prepared_units_equal_plans_from_scratch() {
 /// `tune::resident_floor` (what stays on the device at the optimizer step: the search leaves
 /// out the shard groups where it alone is over the limit) is at or below the tensor peak of
 /// every plan, at every shard group, checkpointed or not, in fp32 and bf16 with f32 masters,
-/// with AdamW or SGD, with frozen params.
+/// with AdamW, SGD or no optimizer, with frozen params.
 #[test]
 fn the_resident_floor_is_under_every_plans_peak() {
     let (mut checked, mut tightest) = (0, 0.0f64);
     for name in ["tiny-llama-4l", "tiny-llama-tied", "tiny-llama-partial", "tiny-gpt2", "tiny-deepseek-v2"] {
         let m = model(name);
         for mixed in [false, true] {
-            for optimizer in [fsdp_planner::options::Optimizer::AdamW, fsdp_planner::options::Optimizer::Sgd] {
+            for optimizer in [fsdp_planner::options::Optimizer::AdamW, fsdp_planner::options::Optimizer::Sgd, fsdp_planner::options::Optimizer::None] {
                 let dt = |s: &str| fsdp_ir::DType::parse(s);
                 let base = if mixed { Options { param_dtype: dt("bf16"), reduce_dtype: dt("f32"), master_dtype: dt("f32"), ..Options::default() } } else { Options::default() };
                 let base = Options { world_size: 8, seq: 64, optimizer, device: fsdp_planner::options::Device::Cuda, ..base };
