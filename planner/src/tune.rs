@@ -1131,13 +1131,13 @@ fn floor_bytes(peak: u64, device: crate::options::Device, limit: Limit) -> u64 {
 /// A floor of the tensor peak of every configuration that keeps the shards on the device,
 /// at shard group `shard`: one rank's share of the params, of their grads and of the
 /// optimizer's state (Adam's two moments), all alive at the optimizer step — rank 0's shards
-/// (the plan's) hold at least the average; the params in their dtype as planned (`model`:
-/// recast to the master dtype). What [`crate::memory::host`] counts on the host under
-/// offload; `planner/tests/tune.rs` holds plans' peaks at or above it.
+/// (the plan's) hold at least the average; the float params in `--master-dtype` where it is
+/// set, as the passes plan them (`recast`). What [`crate::memory::host`] counts on
+/// the host under offload; `planner/tests/tune.rs` holds plans' peaks at or above it.
 pub fn resident_floor(model: &Model, base: &Options, shard: u64) -> u64 {
+    let states = if base.optimizer.keeps_state() { 2 } else { 0 };
     let per_elem = |p: &fsdp_ir::Param| {
-        let b = p.dtype.size();
-        let states = if base.optimizer.keeps_state() { 2 } else { 0 };
+        let b = base.master_dtype.filter(|_| p.dtype.is_float()).unwrap_or(p.dtype).size();
         if p.requires_grad { b * (2 + states) } else { b }
     };
     let total: u128 = model.params.iter().filter(|p| p.tied_to.is_none()).map(|p| u128::from(p.numel()) * u128::from(per_elem(p))).sum();
@@ -1739,8 +1739,8 @@ fn search_with(model: &Model, base: &Options, hw: &Hardware, space: &Space, limi
     // (not the shard groups where what stays on the device alone is over the limit: but the
     // largest, whose plans say what does not fit where nothing does)
     let largest = space.shards.iter().copied().max().unwrap_or(base.world_size);
-    let over = |o: &Outer| !o.offload && o.shard != largest && floor_bytes(resident_floor(model, base, o.shard), base.device, limit) > limit.bytes;
-    let families: Vec<Vec<Outer>> = families(space).into_iter().filter(|f| f.first().is_none_or(|o| !over(o))).collect();
+    let over: Vec<u64> = space.shards.iter().copied().filter(|&g| g != largest && floor_bytes(resident_floor(model, base, g), base.device, limit) > limit.bytes).collect();
+    let families: Vec<Vec<Outer>> = families(space).into_iter().filter(|f| f.first().is_none_or(|o| o.offload || !over.contains(&o.shard))).collect();
     let threads = threads.clamp(1, families.len().max(1));
     let done = std::sync::atomic::AtomicUsize::new(0);
     let planned = std::sync::atomic::AtomicUsize::new(0);

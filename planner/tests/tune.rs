@@ -595,12 +595,11 @@ fn the_resident_floor_is_under_every_plans_peak() {
                 let base = if mixed { Options { param_dtype: dt("bf16"), reduce_dtype: dt("f32"), master_dtype: dt("f32"), ..Options::default() } } else { Options::default() };
                 let base = Options { world_size: 8, seq: 64, optimizer, device: fsdp_planner::options::Device::Cuda, ..base };
                 let space = tune::space(&m, &base, 8, 8, 8).unwrap();
-                let recast = if mixed { m.with_param_dtype(fsdp_ir::DType::Float32) } else { m.clone() };
                 for o in tune::outers(&space).into_iter().filter(|o| !o.offload && o.prefetch == 0 && o.group == 1) {
                     let l = space.blocks.len() as u32;
                     for (full, sac) in [(0, 0), (l, 0), (0, l)] {
                         let Ok(plan) = fsdp_planner::plan_unchecked(&m, &tune::options(&base, &space, &Config::new(o, full, sac, false, l, 0))) else { continue };
-                        let floor = tune::resident_floor(&recast, &base, o.shard);
+                        let floor = tune::resident_floor(&m, &base, o.shard);
                         assert!(floor > 0 && floor <= plan.memory.peak_bytes, "{name} {o:?} {full} {sac}: floor {floor} over the peak {}", plan.memory.peak_bytes);
                         tightest = tightest.max(floor as f64 / plan.memory.peak_bytes as f64);
                         checked += 1;
