@@ -101,6 +101,17 @@ BASE_CASES = {
     "llama_keep3_edges_ws2": {"model": "tiny-llama-4l", "world_size": 2,
                               "wrap": "modules:model.embed_tokens,model.layers.*,lm_head",
                               "unit_reshard": {"lm_head": False, "model.layers.{2..3}": False}},
+    # torchtitan's wrapping: the final norm and the head one unit (`fully_shard([model.norm,
+    # model.output])`, the planner's `model.norm+lm_head`), the root left without params
+    "llama_norm_head_unit_ws2": {"model": "tiny-llama", "world_size": 2,
+                                 "wrap": "modules:model.embed_tokens,model.layers.*,model.norm+lm_head"},
+    # ... kept after forward (torchtitan's default for it), with unit groups, explicit prefetch
+    # through it, mixed precision and checkpointed blocks
+    "llama_group2_norm_head_bf16_ac_ws2": {"model": "tiny-llama-4l", "world_size": 2, "unit_group": 2,
+                                           "wrap": "modules:model.embed_tokens,model.layers.*,model.norm+lm_head",
+                                           "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                           "checkpoint": ["LlamaDecoderLayer"], "forward_prefetch": 1,
+                                           "backward_prefetch": 2, "unit_reshard": {"last": False}},
     "llama_edges_prefetch_ws2": {"model": "tiny-llama-4l", "world_size": 2,
                                  "wrap": "modules:model.embed_tokens,model.layers.*,lm_head",
                                  "forward_prefetch": 1, "backward_prefetch": 2},
@@ -739,6 +750,12 @@ FAKE_CASES.update({
                                   "unit_reshard": {"model.layers.{24..31}": False}, "optimizer": "adamw"},
     # ... with the embeddings and the head as units of their own and explicit prefetch (forward
     # 1, backward 2) through them: the combination tune searches
+    # torchtitan's wrapping at real size: the final norm and the head one unit, kept after
+    # forward, the root without params
+    "llama31_8b_tt_wrap_bf16_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 1, "seq": 4096,
+                                    "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                    "wrap": "modules:model.embed_tokens,model.layers.*,model.norm+lm_head",
+                                    "unit_reshard": {"last": False}, "optimizer": "adamw"},
     # the embeddings alone, or the head alone, a unit of their own (the other the root's)
     "llama31_8b_embed_unit_bf16_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 1,
                                        "seq": 4096, "param_dtype": "bfloat16",
@@ -1109,6 +1126,9 @@ _TUNED = {"batch": 1, "seq": 8192, "model_dtype": "float32", "param_dtype": "bfl
           "wrap": "modules:model.embed_tokens,model.layers.*,lm_head"}
 FAKE_CASES["gpu_llama3_8b_tune_answer_ws8"] = dict(_TUNED, model="llama-3-8b", world_size=8, grad_accum=2,
                                                    grad_sync="each", checkpoint=["model.layers.0=selective-op"])
+# ... with torchtitan's [norm, head] unit, on the fake GPU
+FAKE_CASES["gpu_llama3_8b_tt_wrap_sac_ws8"] = dict(FAKE_CASES["gpu_llama3_8b_tune_answer_ws8"],
+                                                   wrap="modules:model.embed_tokens,model.layers.*,model.norm+lm_head")
 FAKE_CASES["gpu_llama3_70b_tune_answer_ws64"] = dict(
     _TUNED, model="llama-3-70b", world_size=64,
     checkpoint=[f"model.layers.{i}=full" for i in range(35)] + [f"model.layers.{i}=selective-op" for i in range(35, 80)])
@@ -1142,6 +1162,9 @@ FAKE_CASES["gpu_mixtral_8x7b_offload_experts_shard1_s256_ws64"] = dict(
     FAKE_CASES["gpu_mixtral_8x7b_experts_shard1_bf16_s256_ws64"], model_dtype="float32", offload=True)
 FAKE_CASES["llama3_8b_offload_group2_bf16_ws8"] = dict(
     FAKE_CASES["llama3_8b_offload_bf16_ws8"], unit_group=2)
+# ... with torchtitan's [norm, head] unit and the embeddings a unit (the root without params)
+FAKE_CASES["llama3_8b_offload_tt_wrap_bf16_ws8"] = dict(
+    FAKE_CASES["llama3_8b_offload_bf16_ws8"], wrap="modules:model.embed_tokens,model.layers.*,model.norm+lm_head")
 # CPUOffloadPolicy with reshard_after_forward=N: each block keeps its 1/N post-forward slice
 # on the device (FSDP2's post-forward mesh), its sharded params, grads and step on the host
 FAKE_CASES.update({

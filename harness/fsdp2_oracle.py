@@ -696,6 +696,11 @@ def shard_model(model, case, mesh, cfg):
     kind, _, names = policy.partition(":")
     names = names.split(",")
     assert kind in ("transformer", "modules") and names, policy
+    # `a+b`: one unit of those modules, one `fully_shard([a, b])` call (torchtitan's
+    # `fully_shard([model.norm, model.output])`; the planner's `wrap::group`)
+    explicit = [n.split("+") for n in names if "+" in n]
+    names = [m for n in names for m in n.split("+")]
+    group_of = {m: i for i, g in enumerate(explicit) for m in g}
     patterns = [module_pattern(n) for n in names] if kind == "modules" else []
     targets = [(path, mod) for path, mod in _post_order(model) if path and (
         type(mod).__name__ in names if kind == "transformer" else any(p.fullmatch(path) for p in patterns))]
@@ -711,7 +716,11 @@ def shard_model(model, case, mesh, cfg):
         pre, _, n = path.rpartition(".")
         return (pre, int(n)) if pre and n.isdigit() else None
     units = []
+    explicit_units = [[] for _ in explicit]
     for path, mod in targets:
+        if path in group_of:
+            explicit_units[group_of[path]].append((path, mod))
+            continue
         prev = units[-1][-1] if units else None
         run = prev is not None and numbered(path) is not None and numbered(prev[0]) is not None \
             and numbered(path) == (numbered(prev[0])[0], numbered(prev[0])[1] + 1) and type(mod) is type(prev[1])
@@ -721,11 +730,17 @@ def shard_model(model, case, mesh, cfg):
             units.append([(path, mod)])
     # the units in forward order (module registration pre-order, the forward's for these models)
     order = {name: i for i, (name, _) in enumerate(model.named_modules())}
+    for unit in explicit_units:
+        unit.sort(key=lambda pm: order[pm[0]])
+    if explicit_units:
+        # (fully_shard called children first: each unit after every unit inside it)
+        post = {path: i for i, (path, _) in enumerate(_post_order(model))}
+        units = sorted(units + explicit_units, key=lambda unit: max(post[path] for path, _ in unit))
     forward = sorted(units, key=lambda unit: order[unit[0][0]])
     raf = dict(zip((id(unit) for unit in forward), unit_reshard(case, forward)))
     for unit in units:
         # (a list, as FSDP2's `fully_shard([block_i, …, block_i+k-1])`, when grouping)
-        fully_shard([mod for _, mod in unit] if k > 1 else unit[0][1], reshard_after_forward=raf[id(unit)], **kw)
+        fully_shard([mod for _, mod in unit] if k > 1 or len(unit) > 1 else unit[0][1], reshard_after_forward=raf[id(unit)], **kw)
     if case["wrap"] is None:
         assert len(layers) == cfg.num_hidden_layers, (len(layers), policy)
     # explicit prefetch as torchtitan chains it (tok_embeddings -> block 0 -> … -> the output

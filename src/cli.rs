@@ -106,7 +106,9 @@ pub(crate) struct PlanOpts {
     pub(crate) world_size: u64,
     /// transformer:<Class>[,…] | size:<min_num_params> | modules:<path>[,…] | none | auto;
     /// a `modules:` path may be a pattern: `*` within a component, `{a..b}` numbers
-    /// (`modules:model.layers.*.mlp.experts,model.layers.*`: MoE experts as their own units)
+    /// (`modules:model.layers.*.mlp.experts,model.layers.*`: MoE experts as their own units);
+    /// `a+b`: one unit of several modules, FSDP2's `fully_shard([a, b])` (torchtitan's
+    /// `modules:model.embed_tokens,model.layers.*,model.norm+lm_head`)
     #[arg(long, default_value = "auto")]
     pub(crate) policy: String,
     #[command(flatten)]

@@ -42,6 +42,12 @@ fn bad_flags_exit_2_with_a_clear_message() {
         (&["models/tiny-llama-4l.ron", "--unit-group", "2", "--checkpoint", "model.layers.1"], "the unit group model.layers.0 + model.layers.1 is checkpointed unlike (model.layers.0: none, model.layers.1: full)"),
         (&["models/tiny-llama-4l.ron", "--unit-group", "2", "--layout", "flat"], "--unit-group: unit groups are FSDP2's"),
         (&["models/tiny-llama-4l.ron", "--unit-group", "0"], "--unit-group: 0: blocks per unit, 1 to 1024"),
+        // a unit of several modules (`a+b`): paths side by side, each in one unit, FSDP2 only
+        (&["models/tiny-llama-4l.ron", "--policy", "modules:model.norm+nope"], "wrap policy `modules:model.norm+nope`: no module at path `nope`"),
+        (&["models/tiny-llama-4l.ron", "--policy", "modules:model.layers.*+lm_head"], "names each by its path (`model.norm+lm_head`), not by a pattern"),
+        (&["models/tiny-llama-4l.ron", "--policy", "modules:model.layers.0+model.layers.0.mlp"], "`model.layers.0.mlp` is inside `model.layers.0`"),
+        (&["models/tiny-llama-4l.ron", "--policy", "modules:model.norm+lm_head,lm_head"], "`lm_head` is both in a unit of several modules and a unit of its own (`lm_head`)"),
+        (&["models/tiny-llama-4l.ron", "--policy", "modules:model.norm+lm_head", "--layout", "flat"], "--policy: a unit of several modules (`a+b`) is FSDP2's"),
         // reshard_after_forward=int: a proper divisor of the world size, FSDP2 full-shard
         (&["models/tiny-llama-4l.ron", "--world-size", "8", "--reshard-after-forward", "3"], "--reshard-after-forward: 3: an int reshards to groups of that many ranks"),
         (&["models/tiny-llama-4l.ron", "--world-size", "8", "--reshard-after-forward", "8"], "a divisor of the world size (8) other than 1 and itself"),

@@ -48,6 +48,25 @@ fn tiny_llama_mp_checkpoint_grad_accum() {
     check("tiny-llama", opts, expect_file!["golden/tiny-llama-mp-ac-ga2.txt"]);
 }
 
+/// torchtitan's wrapping: the embeddings a unit, the final norm and the head one unit
+/// (`model.norm+lm_head`) kept after forward, the root without params (its schedule has no
+/// collectives), explicit prefetch through them.
+#[test]
+fn tiny_llama_torchtitan_wrapping() {
+    let opts = Options {
+        world_size: 2,
+        batch: 1,
+        seq: 16,
+        device: Device::Cpu,
+        policy: fsdp_planner::Policy::Modules(vec!["model.embed_tokens".into(), "model.layers.*".into(), "model.norm+lm_head".into()]),
+        unit_reshard: vec![("last".into(), false)],
+        forward_prefetch: 1,
+        backward_prefetch: fsdp_planner::BackwardPrefetch::Depth(1),
+        ..Options::default()
+    };
+    check("tiny-llama", opts, expect_file!["golden/tiny-llama-torchtitan-wrap-ws2.txt"]);
+}
+
 /// Issue 7: what attention saves for backward, eager vs sdpa, for llama-3-8b at S=4096.
 #[test]
 fn eager_vs_sdpa_activation_llama3_8b_s4096() {

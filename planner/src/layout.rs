@@ -56,6 +56,8 @@ pub fn unit_tree(plan: &Plan) -> String {
         let name = match (u.is_root(), u.group.last()) {
             (true, _) => "root".to_string(),
             (false, None) => u.module.clone(),
+            // (unlike modules, `model.norm+lm_head`, as the policy names them)
+            (false, Some(_)) if u.class.contains('+') => format!("{}+{}", u.module, u.group.join("+")),
             (false, Some(last)) => format!("{} … {last}", u.module),
         };
         let head = RcDoc::text(format!("{name}: {}", unit_words(u, 1)));

@@ -42,10 +42,10 @@ impl Policy {
                 }
                 Ok(Policy::Size(v as u64))
             }
-            Some(_) => Err(bad("expected transformer:<Class>[,…], size:<min_num_params>, modules:<path>[,…], none or auto")),
+            Some(_) => Err(bad("expected transformer:<Class>[,…], size:<min_num_params>, modules:<path>[+<path>…][,…], none or auto")),
             None if s == "none" => Ok(Policy::None),
             None if s == "auto" => Ok(Policy::Auto),
-            None => Err(bad("expected transformer:<Class>[,…], size:<min_num_params>, modules:<path>[,…], none or auto")),
+            None => Err(bad("expected transformer:<Class>[,…], size:<min_num_params>, modules:<path>[+<path>…][,…], none or auto")),
         }
     }
 }
@@ -710,6 +710,9 @@ impl Options {
         }
         if self.unit_group > 1 && self.layout == Layout::Flat {
             return Err(opt_err("--unit-group", "unit groups are FSDP2's (`fully_shard([m0, m1])`): not with --layout flat"));
+        }
+        if self.layout == Layout::Flat && matches!(&self.policy, Policy::Modules(m) if m.iter().any(|e| e.contains('+'))) {
+            return Err(opt_err("--policy", "a unit of several modules (`a+b`) is FSDP2's `fully_shard([a, b])`: not with --layout flat"));
         }
         // bounds far past any real job, so that byte counts (tokens × widths × layers) stay
         // well inside u64

@@ -246,7 +246,16 @@ pub fn build_units(model: &Model, wrapped: &[Vec<String>], opts: &Options) -> Re
             id: UnitId::new(u),
             module: module.path.clone(),
             group: ms[1..].iter().map(|&m| model.modules[m].path.clone()).collect(),
-            class: module.class.clone(),
+            // (a unit of unlike modules, `model.norm+lm_head`: their classes, `LlamaRMSNorm+Linear`)
+            class: {
+                let mut classes: Vec<&str> = vec![];
+                for &m in ms {
+                    if !classes.contains(&model.modules[m].class.as_str()) {
+                        classes.push(&model.modules[m].class);
+                    }
+                }
+                classes.join("+")
+            },
             params,
             numel: 0,
             padded_numel: 0,

@@ -80,7 +80,7 @@ pub fn wrap(model: &Model, policy: &Policy) -> Result<Vec<String>, PlanError> {
             }
         }
         Policy::Modules(paths) => {
-            for p in paths {
+            for p in paths.iter().flat_map(|p| p.split('+')) {
                 if p.contains('*') || p.contains('{') {
                     let hits: Vec<usize> = (1..model.modules.len()).filter(|&i| glob_match(p, &model.modules[i].path)).collect();
                     if hits.is_empty() {
@@ -89,7 +89,7 @@ pub fn wrap(model: &Model, policy: &Policy) -> Result<Vec<String>, PlanError> {
                     wrapped.extend(hits);
                     continue;
                 }
-                match tree.index.get(p.as_str()) {
+                match tree.index.get(p) {
                     Some(0) => {}
                     Some(&i) => {
                         wrapped.insert(i);
@@ -199,7 +199,66 @@ fn size_wrap(tree: &Tree, min: u64, wrapped: &mut HashSet<usize>) {
 /// class (`model.layers.0`, `model.layers.1`, …) cut into groups of `k` in forward order (a
 /// shorter last group), each one FSDP unit as FSDP2's `fully_shard([m0, …, mk-1])` makes it;
 /// every other wrapped module its own unit. `k = 1`: one unit per module.
+///
+/// A `modules:` entry `a+b` (`model.norm+lm_head`) is one unit of those modules, FSDP2's
+/// `fully_shard([a, b])` (torchtitan's `fully_shard([model.norm, model.output])`), placed in
+/// forward order at its first module; `--unit-group` groups the other modules only.
 pub fn group(model: &Model, wrapped: &[String], policy: &Policy, k: u32) -> Result<Vec<Vec<String>>, PlanError> {
+    let explicit = explicit_groups(model, policy)?;
+    if explicit.is_empty() {
+        return group_runs(model, wrapped, policy, k);
+    }
+    let grouped: HashSet<&str> = explicit.iter().flatten().map(String::as_str).collect();
+    let rest: Vec<String> = wrapped.iter().filter(|p| !grouped.contains(p.as_str())).cloned().collect();
+    let mut out = if rest.is_empty() { vec![] } else { group_runs(model, &rest, policy, k)? };
+    out.extend(explicit);
+    // (units in module pre-order of their first module, as `wrap` lists modules)
+    let tree = Tree::new(model);
+    out.sort_by_key(|g| g.first().and_then(|p| tree.index.get(p.as_str()).copied()));
+    Ok(out)
+}
+
+/// The `a+b` entries of a `modules:` policy, each member an exact module path, in module
+/// pre-order; none shared between entries, none inside another, none the root.
+fn explicit_groups(model: &Model, policy: &Policy) -> Result<Vec<Vec<String>>, PlanError> {
+    let Policy::Modules(entries) = policy else { return Ok(vec![]) };
+    let tree = Tree::new(model);
+    let perr = |m: String| PlanError::Policy { policy: policy.to_string(), message: m };
+    let mut out: Vec<Vec<String>> = vec![];
+    let mut seen: HashSet<&str> = HashSet::default();
+    for e in entries.iter().filter(|e| e.contains('+')) {
+        let mut members: Vec<(usize, String)> = vec![];
+        for m in e.split('+') {
+            if m.is_empty() || m.contains(['*', '{']) {
+                return Err(perr(format!("`{e}`: a unit of several modules names each by its path (`model.norm+lm_head`), not by a pattern")));
+            }
+            match tree.index.get(m) {
+                Some(0) | None => return Err(perr(format!("`{e}`: no module at path `{m}`"))),
+                Some(&i) => members.push((i, m.to_string())),
+            }
+            if !seen.insert(m) {
+                return Err(perr(format!("`{e}`: `{m}` is in more than one unit")));
+            }
+        }
+        members.sort_unstable();
+        for (_, a) in &members {
+            if let Some((_, b)) = members.iter().find(|(_, b)| b.strip_prefix(a.as_str()).is_some_and(|x| x.starts_with('.'))) {
+                return Err(perr(format!("`{e}`: `{b}` is inside `{a}` (one fully_shard call takes modules side by side)")));
+            }
+        }
+        out.push(members.into_iter().map(|(_, m)| m).collect());
+    }
+    // a member also listed alone (or by a pattern) would be two units' module
+    for p in entries.iter().filter(|e| !e.contains('+')) {
+        if let Some(m) = seen.iter().find(|m| if p.contains(['*', '{']) { glob_match(p, m) } else { *m == p }) {
+            return Err(perr(format!("`{m}` is both in a unit of several modules and a unit of its own (`{p}`)")));
+        }
+    }
+    Ok(out)
+}
+
+/// `--unit-group k` over the wrapped modules (none of them in an explicit group).
+fn group_runs(model: &Model, wrapped: &[String], policy: &Policy, k: u32) -> Result<Vec<Vec<String>>, PlanError> {
     if k <= 1 {
         return Ok(wrapped.iter().map(|p| vec![p.clone()]).collect());
     }

@@ -257,6 +257,11 @@ fn sharded_training_equals_single_device() {
     // the last units kept after forward by a pattern (tune's kept-unit counts)
     let edges = Policy::Modules(vec!["model.embed_tokens".into(), "model.layers.*".into(), "lm_head".into()]);
     check("tiny-llama", Options { unit_reshard: vec![("lm_head".into(), false), ("model.layers.{1..1}".into(), false)], ..opts(2, Layout::Fsdp2, edges) }, &mut report);
+    // torchtitan's wrapping: the final norm and the head one unit (`model.norm+lm_head`,
+    // `fully_shard([model.norm, model.output])`), kept after forward; the root without params
+    let tt = Policy::Modules(vec!["model.embed_tokens".into(), "model.layers.*".into(), "model.norm+lm_head".into()]);
+    check("tiny-llama", Options { unit_reshard: vec![("last".into(), false)], forward_prefetch: 1, backward_prefetch: BackwardPrefetch::Depth(2), ..opts(2, Layout::Fsdp2, tt.clone()) }, &mut report);
+    check("tiny-llama", Options { unit_group: 2, checkpoint: vec!["LlamaDecoderLayer".into()], ..opts(3, Layout::Fsdp2, tt) }, &mut report);
     // op-level selective AC
     check("tiny-llama", Options { checkpoint: vec!["LlamaDecoderLayer".into()], ac_mode: fsdp_planner::AcMode::SelectiveOp, ..opts(3, Layout::Fsdp2, Policy::Auto) }, &mut report);
     check("tiny-mixtral", Options { checkpoint: vec!["MixtralDecoderLayer".into()], ac_mode: fsdp_planner::AcMode::SelectiveOp, ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);

@@ -252,6 +252,15 @@ fn measured_peak_is_within_two_percent_of_the_plan() {
             o.unit_reshard = vec![("last".into(), false)];
             o.checkpoint = vec!["model.layers.3".into()];
         }),
+        // torchtitan's [norm, head] unit (`model.norm+lm_head`), kept after forward, with unit
+        // groups and explicit prefetch; the root without params
+        case("tiny-llama-4l", "norm and head one unit, kept, unit groups of 2, explicit prefetch", |o| {
+            o.unit_group = 2;
+            o.policy = Policy::Modules(vec!["model.embed_tokens".into(), "model.layers.*".into(), "model.norm+lm_head".into()]);
+            o.unit_reshard = vec![("last".into(), false)];
+            o.forward_prefetch = 1;
+            o.backward_prefetch = fsdp_planner::BackwardPrefetch::Depth(2);
+        }),
         // torchtitan's wrapping: the last block kept after forward; a subset of the blocks checkpointed
         case("tiny-llama-4l", "last unit not resharded", |o| o.unit_reshard = vec![("last".into(), false)]),
         // the last units kept by a pattern (tune's kept-unit counts): the head and blocks 2 and 3
