@@ -105,6 +105,20 @@ fn tune_searches_embeddings_and_head_as_their_own_units() {
         let (_, _, _, t) = replan("models/tiny-llama-4l.ron", &f, "900MiB");
         assert_eq!(Some(t), e["predicted"]["tokens_per_s_per_gpu"].as_f64(), "{f:?}");
     }
+    // the final norm in the head's unit too (torchtitan's wrapping): on Llama-3-8B at
+    // 16 × 8192 the answer takes it, and its policy and kept units (the group named by its
+    // head) re-plan to its numbers; a model with a tied head or no final norm refuses it
+    let v = json(&["tune", model, "--world-size", "8", "--global-batch", "16", "--seq", "8192", "--param-dtype", "bf16", "--reduce-dtype", "f32", "--hardware", "h100-sxm", "--norm-head-unit", "--format", "json"]);
+    let flags: Vec<String> = v["best"]["flags"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()).collect();
+    let policy = flags.iter().position(|f| f == "--policy").map(|i| flags[i + 1].as_str());
+    assert_eq!(policy, Some("modules:model.embed_tokens,model.layers.*,model.norm+lm_head"), "{flags:?}");
+    let (fits, _, peak, tps) = replan(model, &flags, "79.65GiB");
+    assert!(fits);
+    assert_eq!(Some(peak), v["best"]["predicted"]["peak_bytes"].as_u64());
+    assert_eq!(Some(tps), v["best"]["predicted"]["tokens_per_s_per_gpu"].as_f64());
+    let (code, _, err) = run(&["tune", "models/tiny-gpt2.ron", "--world-size", "2", "--global-batch", "2", "--seq", "32", "--norm-head-unit"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--norm-head-unit: models/tiny-gpt2.ron has no untied LM head"), "{err}");
 }
 
 #[test]

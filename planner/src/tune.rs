@@ -189,10 +189,12 @@ pub struct Outer {
     pub dim1: bool,
 }
 
-/// The embeddings and the LM head: FSDP units of their own or the root's (with the final
-/// norm, which stays the root's: a unit of its own gathers its few KiB twice more a step for
-/// nothing the peak notices — the README's Llama-3-8B answer with `model.norm` a unit: 0.4%
-/// slower, 7,537 against 7,569 tokens/s/GPU, and 4 MiB more on the device). torchtitan wraps both; either alone is a Pareto point of
+/// The embeddings and the LM head: FSDP units of their own or the root's, the final norm the
+/// root's or in the head's unit as torchtitan wraps it (`fully_shard([model.norm,
+/// model.output])`: with the embeddings a unit, the root then gathers and reduces nothing at
+/// the step's ends; a unit of its own gathers its few KiB twice more a step for nothing the
+/// peak notices — the README's Llama-3-8B answer with `model.norm` a unit: 0.4% slower, 7,537
+/// against 7,569 tokens/s/GPU, and 4 MiB more on the device). torchtitan wraps both; either alone is a Pareto point of
 /// its own — the embeddings alone need less memory than both where the head's gathered
 /// weight meets the peak (Llama-3-8B on 8 H100s, 1 × 8192 × 2 syncing each: 78.05 GiB
 /// against 78.60), the head alone gathers it apart from the root's — and on a 2-block
@@ -205,29 +207,49 @@ pub enum Edges {
     Root,
     /// The embeddings a unit of their own, the head the root's.
     Embeddings,
-    /// The head a unit of its own, the embeddings the root's.
+    /// The head a unit of its own, the embeddings and the final norm the root's.
     Head,
-    /// Both units of their own (torchtitan's wrapping).
+    /// Both units of their own, the final norm the root's.
     Both,
+    /// The final norm and the head one unit, the embeddings the root's.
+    NormHead,
+    /// The embeddings a unit, the final norm and the head another (torchtitan's wrapping:
+    /// `fully_shard([model.norm, model.output])`; the root holds no params).
+    EmbeddingsNormHead,
 }
 
 impl Edges {
-    pub const ALL: [Edges; 4] = [Edges::Root, Edges::Embeddings, Edges::Head, Edges::Both];
+    pub const ALL: [Edges; 6] = [Edges::Root, Edges::Embeddings, Edges::Head, Edges::Both, Edges::NormHead, Edges::EmbeddingsNormHead];
     pub fn embeddings(self) -> bool {
-        matches!(self, Edges::Embeddings | Edges::Both)
+        matches!(self, Edges::Embeddings | Edges::Both | Edges::EmbeddingsNormHead)
     }
     pub fn head(self) -> bool {
-        matches!(self, Edges::Head | Edges::Both)
+        matches!(self, Edges::Head | Edges::Both | Edges::NormHead | Edges::EmbeddingsNormHead)
     }
-    /// The `modules:` policy from the space's `[embeddings, blocks pattern, head]`
+    /// Whether the final norm is in the head's unit.
+    pub fn norm(self) -> bool {
+        matches!(self, Edges::NormHead | Edges::EmbeddingsNormHead)
+    }
+    /// The choices a space's edge policy allows: all with a final norm to put in the head's
+    /// unit, the first four without.
+    pub fn all(edge_policy: &[String]) -> Vec<Edges> {
+        Edges::ALL.iter().copied().filter(|e| !e.norm() || edge_policy.len() == 4).collect()
+    }
+    /// The `modules:` policy from the space's `[embeddings, blocks pattern, head, norm+head]`
     /// ([`Space::edge_policy`]), `None` for the root's (the default policy).
     pub fn policy(self, edge_policy: &[String]) -> Option<Vec<String>> {
-        let [embed, blocks, head] = edge_policy else { return None };
+        let (embed, blocks, head) = match edge_policy {
+            [e, b, h] | [e, b, h, _] => (e, b, h),
+            _ => return None,
+        };
+        let norm_head = edge_policy.get(3).unwrap_or(head);
         match self {
             Edges::Root => None,
             Edges::Embeddings => Some(vec![embed.clone(), blocks.clone()]),
             Edges::Head => Some(vec![blocks.clone(), head.clone()]),
             Edges::Both => Some(vec![embed.clone(), blocks.clone(), head.clone()]),
+            Edges::NormHead => Some(vec![blocks.clone(), norm_head.clone()]),
+            Edges::EmbeddingsNormHead => Some(vec![embed.clone(), blocks.clone(), norm_head.clone()]),
         }
     }
     /// Units of their own this makes of them.
@@ -309,13 +331,15 @@ pub struct Space {
     /// Whether op-level SAC is a choice (else only full checkpointing).
     pub sac: bool,
     /// The edge-unit choices searched ([`Outer::edges`]): the root's and both units of their
-    /// own where the model's embeddings and head are untied ([`Space::edge_policy`]), else the
-    /// root's only; all four with `tune --separate-edge-units` (twice the plans — Llama-3-8B
+    /// own (the final norm the root's; also in the head's unit with `tune --norm-head-unit`)
+    /// where the model's embeddings and head are untied ([`Space::edge_policy`]), else the
+    /// root's only; either alone too with `tune --separate-edge-units` (twice the plans — Llama-3-8B
     /// on 8 GPUs at 16 × 8192: 1,035 → 2,061; Llama-3.1-405B on 16,384: 2,166 → 4,247, past
     /// its 10 s — for the same answers in the benchmark's seven scenarios, 2026-11-28).
     pub edges: Vec<Edges>,
     /// The `modules:` policy that makes the embeddings and the head units of their own
-    /// (embeddings, a pattern of the blocks, head), when the model has them untied.
+    /// (embeddings, a pattern of the blocks, head, and the final norm and head as one unit
+    /// where a final norm feeds the head), when the model has them untied.
     pub edge_policy: Option<Vec<String>>,
     /// Whether checkpointing is also counted from the last block ([`Config::back`]) where one
     /// unit checkpointed there is faster than at the front (by default; tests turn it off
@@ -500,6 +524,12 @@ pub fn space(model: &Model, base: &Options, world_size: u64, global_batch: u64, 
     let offload = if offload_ok { vec![false, true] } else { vec![false] };
     // (the embeddings and the head as units of their own, torchtitan's wrapping, where they
     // are untied: it frees memory for less checkpointing, 0.3–1.4% faster answers on Llama-3)
+    // (the final norm the root's; in the head's unit, as torchtitan wraps it, with `tune
+    // --norm-head-unit`: 1.43 times the plans over the zoo for answers 0.007–0.22% faster in
+    // 30 of its 50 scenarios, the same in the rest, 2026-11-29. Neither placement is always
+    // the better one — they allocate in a different order, which the allocator's reserved
+    // bytes feel: Qwen3-8B on 8 H100s under 60 GiB, 1 × 8192 × 2, the same tensor peak, 58.76
+    // GiB reserved with the norm the root's, 61.08 in the head's unit)
     let edges = if edge_policy.is_some() { vec![Edges::Root, Edges::Both] } else { vec![Edges::Root] };
     let groups = group_ladder(blocks.len() as u32);
     let sync_ok = Options { grad_sync: crate::options::GradSync::Each, world_size, batch: 1, grad_accum: 2, checkpoint: vec![], ..base.clone() }.check().is_ok();
@@ -528,8 +558,9 @@ fn sac_allowed(base: &Options, blocks: &[String]) -> bool {
     blocks.first().is_some_and(|b| Options { checkpoint: vec![format!("{b}=selective-op")], ..base.clone() }.check().is_ok())
 }
 
-/// `[embeddings, blocks pattern, head]`: the embedding's module, the blocks as one `*`
-/// pattern (`model.layers.*`) and the LM head's module, when the head's weight is its own
+/// `[embeddings, blocks pattern, head, norm+head]`: the embedding's module, the blocks as one
+/// `*` pattern (`model.layers.*`), the LM head's module and, where a final norm outside the
+/// blocks feeds it, the two as one unit (`model.norm+lm_head`), when the head's weight is its own
 /// (a tied one must stay in one unit with the embeddings) and the pattern names exactly
 /// the blocks.
 fn edge_policy(model: &Model, blocks: &[String]) -> Option<Vec<String>> {
@@ -544,7 +575,19 @@ fn edge_policy(model: &Model, blocks: &[String]) -> Option<Vec<String>> {
     let first = blocks.first()?;
     let pattern = format!("{}.*", first.rsplit_once('.')?.0);
     let matched: Vec<&str> = model.modules.iter().map(|m| m.path.as_str()).filter(|p| crate::wrap::glob_match(&pattern, p)).collect();
-    (matched.len() == blocks.len() && blocks.iter().all(|b| matched.contains(&b.as_str()))).then(|| vec![embed.module.clone(), pattern, head.module.clone()])
+    if !(matched.len() == blocks.len() && blocks.iter().all(|b| matched.contains(&b.as_str()))) {
+        return None;
+    }
+    // the final norm (what feeds the head, outside the blocks) in the head's unit, as torchtitan
+    // wraps them (`fully_shard([model.norm, model.output])`): the root then holds no params
+    // when the embeddings are a unit too (no root all-gather and reduce-scatter at the step's ends)
+    let inside = |m: &str| m.is_empty() || blocks.iter().any(|b| m == b || m.strip_prefix(b.as_str()).is_some_and(|x| x.starts_with('.')));
+    let norm = head.inputs.first().and_then(|i| model.ops.iter().find(|o| &o.name == i)).filter(|o| {
+        matches!(o.kind, OpKind::RmsNorm { .. } | OpKind::LayerNorm { .. }) && !inside(&o.module) && o.module != embed.module && o.module != head.module && !o.module.starts_with(&format!("{}.", head.module)) && !head.module.starts_with(&format!("{}.", o.module))
+    });
+    let mut out = vec![embed.module.clone(), pattern, head.module.clone()];
+    out.extend(norm.map(|n| format!("{}+{}", n.module, head.module)));
+    Some(out)
 }
 
 /// The plan options of a configuration (on top of `base`: dtypes, optimizer, seq, …).
@@ -685,7 +728,8 @@ pub fn units_of(space: &Space, o: &Outer) -> u32 {
 pub fn kept_units(space: &Space, o: &Outer, r: u32) -> Vec<String> {
     let mut out = vec![];
     let mut r = r as usize;
-    if let (true, Some(head)) = (o.edges.head(), space.edge_policy.as_ref().and_then(|p| p.last())) {
+    if let (true, Some(head)) = (o.edges.head(), space.edge_policy.as_ref().and_then(|p| p.get(2))) {
+        // (`model.norm+lm_head` too: a unit of several modules is named by any of them)
         out.push(head.clone());
         r = r.saturating_sub(1);
     }

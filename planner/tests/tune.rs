@@ -100,6 +100,13 @@ static MINOR_ANSWERS: std::sync::atomic::AtomicUsize = std::sync::atomic::Atomic
 /// where `every_front`.
 #[allow(clippy::too_many_arguments)]
 fn check_limits(name: &str, ws: u64, global_batch: u64, base: Options, allocator: bool, groups: Option<Vec<u32>>, keep: bool, offload: bool, every_front: bool) -> usize {
+    check_edges(name, ws, global_batch, base, allocator, groups, keep, offload, every_front, false)
+}
+
+/// [`check_limits`], the final norm in the head's unit in the space too where `norm_head`
+/// (`tune --norm-head-unit`).
+#[allow(clippy::too_many_arguments)]
+fn check_edges(name: &str, ws: u64, global_batch: u64, base: Options, allocator: bool, groups: Option<Vec<u32>>, keep: bool, offload: bool, every_front: bool, norm_head: bool) -> usize {
     let m = model(name);
     let h = hw("h100-sxm");
     let base = Options { world_size: ws, ..base };
@@ -124,10 +131,14 @@ fn check_limits(name: &str, ws: u64, global_batch: u64, base: Options, allocator
         space.node = 2;
         space.reshard.extend([tune::Reshard::ToNode, tune::Reshard::ToNodeButLast]);
     }
-    // the embeddings and the head as units of their own, where they are untied (either alone
+    // the embeddings and the head as units of their own, where they are untied (the space's
+    // default), and the final norm in the head's unit (`tune --norm-head-unit`; either alone
     // too: the hand-written enumerations below)
     if space.edge_policy.is_some() {
-        space.edges = vec![tune::Edges::Root, tune::Edges::Both];
+        assert_eq!(space.edges, [tune::Edges::Root, tune::Edges::Both], "{name}");
+        if norm_head {
+            space.edges.push(tune::Edges::EmbeddingsNormHead);
+        }
     }
     assert!(space.blocks.len() <= 4, "brute force is 3^blocks per outer point");
     let all = brute(&m, &base, &h, &space);
@@ -289,6 +300,16 @@ fn tune_equals_brute_force_on_a_4_block_llama() {
     let base = Options { seq: 64, param_dtype: bf16, reduce_dtype: fsdp_ir::DType::parse("f32"), ..Options::default() };
     check("tiny-llama-4l", 4, 8, base.clone(), false);
     check("tiny-llama-4l", 4, 8, base, true);
+}
+
+/// torchtitan's [norm, head] unit in the space (`tune --norm-head-unit`): the root then holds
+/// no params when the embeddings are a unit too.
+#[test]
+fn tune_equals_brute_force_with_the_norm_in_the_heads_unit() {
+    let base = Options { seq: 64, param_dtype: fsdp_ir::DType::parse("bf16"), reduce_dtype: fsdp_ir::DType::parse("f32"), ..Options::default() };
+    for allocator in [false, true] {
+        check_edges("tiny-llama-4l", 4, 8, base.clone(), allocator, None, true, false, false, true);
+    }
 }
 
 /// A global batch of 16 micro-batches per rank (more than `tune::REPLAY_ACCUM`): timed from
@@ -538,7 +559,9 @@ fn an_evaluator_shares_schedule_preludes_only_between_configurations_that_agree(
 #[test]
 fn edge_units_are_searched_only_where_the_head_is_its_own() {
     let space = |name: &str| tune::space(&model(name), &Options { world_size: 2, seq: 32, ..Options::default() }, 2, 2, 8).unwrap();
-    assert_eq!(space("tiny-llama-4l").edge_policy, Some(vec!["model.embed_tokens".to_string(), "model.layers.*".to_string(), "lm_head".to_string()]));
+    // (and the final norm in the head's unit, as torchtitan wraps it)
+    assert_eq!(space("tiny-llama-4l").edge_policy, Some(vec!["model.embed_tokens".to_string(), "model.layers.*".to_string(), "lm_head".to_string(), "model.norm+lm_head".to_string()]));
+    assert_eq!(space("tiny-llama-4l").edges, [tune::Edges::Root, tune::Edges::Both]);
     assert_eq!(space("tiny-llama-tied").edge_policy, None);
 }
 
@@ -556,7 +579,7 @@ fn plans_from_prepared_units_equal_plans_from_scratch() {
         let base = Options { compile, ..plain.clone() };
         let mut space = tune::space(&m, &base, 4, 8, 8).unwrap();
         space.groups = vec![1, 2];
-        space.edges = tune::Edges::ALL.to_vec();
+        space.edges = space.edge_policy.as_deref().map_or(vec![tune::Edges::Root], tune::Edges::all);
         assert_eq!(space.offload, [false, true], "{name}");
         let mut preps: std::collections::HashMap<Outer, fsdp_planner::Prepared> = std::collections::HashMap::new();
         for o in tune::outers(&space) {
@@ -753,9 +776,17 @@ fn tune_equals_an_independent_enumeration_of_plan_options() {
     let h = Hardware { gpus_per_node: 2, ..hw("h100-sxm") };
     let (bf16, f32) = (fsdp_ir::DType::parse("bf16"), fsdp_ir::DType::parse("f32"));
     let blocks = ["model.layers.0".to_string(), "model.layers.1".to_string()];
-    // (the embeddings and the head: the root's, either a unit of its own, or both)
-    let (embed, layers, head) = ("model.embed_tokens".to_string(), "model.layers.*".to_string(), "lm_head".to_string());
-    let policies = [Policy::Auto, Policy::Modules(vec![embed.clone(), layers.clone()]), Policy::Modules(vec![layers.clone(), head.clone()]), Policy::Modules(vec![embed, layers, head])];
+    // (the embeddings and the head: the root's, either a unit of its own, or both; the final
+    // norm the root's or in the head's unit, `model.norm+lm_head`, which tune searches)
+    let (embed, layers, head, norm_head) = ("model.embed_tokens".to_string(), "model.layers.*".to_string(), "lm_head".to_string(), "model.norm+lm_head".to_string());
+    let policies = [
+        Policy::Auto,
+        Policy::Modules(vec![embed.clone(), layers.clone()]),
+        Policy::Modules(vec![layers.clone(), head.clone()]),
+        Policy::Modules(vec![layers.clone(), norm_head.clone()]),
+        Policy::Modules(vec![embed.clone(), layers.clone(), head]),
+        Policy::Modules(vec![embed, layers, norm_head]),
+    ];
     let mut fronts: Vec<Options> = vec![];
     for seq in [512, 2048] {
         let base = Options { world_size: 4, seq, param_dtype: bf16, reduce_dtype: f32, master_dtype: f32, optimizer: fsdp_planner::Optimizer::AdamW, ..Options::default() };
@@ -765,7 +796,8 @@ fn tune_equals_an_independent_enumeration_of_plan_options() {
         let mut space = tune::space(&m, &base, 4, 8, 2).unwrap();
         assert_eq!((space.node, space.shards.as_slice(), space.edges.as_slice(), space.offload.as_slice(), space.sync.as_slice()), (2, &[2, 4][..], &[tune::Edges::Root, tune::Edges::Both][..], &[false, true][..], &[false, true][..]));
         // (either alone too: `tune --separate-edge-units`)
-        space.edges = tune::Edges::ALL.to_vec();
+        space.edges = tune::Edges::all(space.edge_policy.as_deref().unwrap());
+        assert_eq!(space.edges.len(), 6);
         assert!(space.reshard.contains(&tune::Reshard::ToNode) && space.reshard.contains(&tune::Reshard::ToNodeButLast) && space.from_back);
         let (beat, front) = beaten(&m, &base, &h, &space, &mut all);
         assert!(beat.is_empty(), "seq {seq}:\n{}", beat.join("\n"));
@@ -774,7 +806,7 @@ fn tune_equals_an_independent_enumeration_of_plan_options() {
         let (beat, _) = beaten(&m, &base, &h, &space, &mut all);
         assert_eq!(beat.is_empty(), seq != 2048, "seq {seq}: {beat:?}");
         // (and without the embeddings or the head alone a unit of its own: up to 1.3% slower)
-        (space.from_back, space.edges) = (true, vec![tune::Edges::Root, tune::Edges::Both]);
+        (space.from_back, space.edges) = (true, vec![tune::Edges::Root, tune::Edges::Both, tune::Edges::EmbeddingsNormHead]);
         let (beat, _) = beaten(&m, &base, &h, &space, &mut all);
         assert!(!beat.is_empty(), "seq {seq}");
     }
@@ -843,7 +875,7 @@ fn tune_equals_an_independent_enumeration_on_other_families() {
         let mut space = tune::space(&m, &base, 4, 8, 2).unwrap();
         assert_eq!(space.blocks.len(), 2, "{name}");
         let mut policies = vec![fsdp_planner::Policy::Auto];
-        policies.extend(space.edge_policy.clone().map(fsdp_planner::Policy::Modules));
+        policies.extend(space.edge_policy.as_deref().and_then(|p| tune::Edges::Both.policy(p)).map(fsdp_planner::Policy::Modules));
         let mut all = enumerate(&m, &base, &h, &space.blocks.clone(), &policies, false);
         assert!(all.len() > 700, "{name}: {} configurations plan", all.len());
         let (beat, front) = beaten(&m, &base, &h, &space, &mut all);
