@@ -26,8 +26,9 @@
 //!   last group would break the position-free property below);
 //! - the embeddings and the LM head as FSDP units of their own (torchtitan's wrapping,
 //!   `--policy modules:<embeddings>,<blocks>,<head>`, with any unit group of the blocks) or
-//!   the root's, where they are untied; with `--separate-edge-units` either alone too
-//!   ([`Edges`]);
+//!   the root's, where they are untied; with `--separate-edge-units` either alone too; with
+//!   `--norm-head-unit` the final norm in the head's unit too (torchtitan's `fully_shard([norm,
+//!   output])`, `<norm>+<head>`) ([`Edges`]);
 //! - CPU offload (FSDP2's `CPUOffloadPolicy`, `--offload cpu`) or not, under FSDP or HSDP,
 //!   any unit group and reshard choice (resharding to the node too, since 2026-11-28),
 //!   syncing the last micro-batch or each (the CLI leaves it out on a profile with no host behind the
