@@ -74,6 +74,18 @@ fn tune_answers_with_flags_plan_accepts() {
     assert!(out.contains("best:") && out.contains("fsdp-plan plan models/tiny-llama-4l.ron --world-size 4") && out.contains("Pareto front"), "{out}");
 }
 
+/// tune's best answer (`v`, its JSON) has this `--policy` and re-plans, under the H100's
+/// limit, to the peak and tokens/s it predicted.
+fn best_replans_with_policy(model: &str, v: &serde_json::Value, want: &str) {
+    let flags: Vec<String> = v["best"]["flags"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()).collect();
+    let policy = flags.iter().position(|f| f == "--policy").map(|i| flags[i + 1].as_str());
+    assert_eq!(policy, Some(want), "{flags:?}");
+    let (fits, _, peak, tps) = replan(model, &flags, "79.65GiB");
+    assert!(fits, "{flags:?}");
+    assert_eq!(Some(peak), v["best"]["predicted"]["peak_bytes"].as_u64());
+    assert_eq!(Some(tps), v["best"]["predicted"]["tokens_per_s_per_gpu"].as_f64());
+}
+
 #[test]
 fn tune_searches_embeddings_and_head_as_their_own_units() {
     // Llama-3-8B at world size 8: with the embeddings and the head their own units the root
@@ -81,13 +93,7 @@ fn tune_searches_embeddings_and_head_as_their_own_units() {
     // `--policy modules:…` re-plans to its numbers
     let model = "models/llama-3-8b.ron";
     let v = json(&["tune", model, "--world-size", "8", "--global-batch", "16", "--seq", "8192", "--param-dtype", "bf16", "--reduce-dtype", "f32", "--master-dtype", "f32", "--optimizer", "adamw", "--hardware", "h100-sxm", "--embed-head-units", "--format", "json"]);
-    let flags: Vec<String> = v["best"]["flags"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()).collect();
-    let policy = flags.iter().position(|f| f == "--policy").map(|i| flags[i + 1].as_str());
-    assert_eq!(policy, Some("modules:model.embed_tokens,model.layers.*,lm_head"), "{flags:?}");
-    let (fits, _, peak, tps) = replan(model, &flags, "79.65GiB");
-    assert!(fits);
-    assert_eq!(Some(peak), v["best"]["predicted"]["peak_bytes"].as_u64());
-    assert_eq!(Some(tps), v["best"]["predicted"]["tokens_per_s_per_gpu"].as_f64());
+    best_replans_with_policy(model, &v, "modules:model.embed_tokens,model.layers.*,lm_head");
     // a tied head shares the embeddings' weight: one unit, said and refused
     let (code, _, err) = run(&["tune", "models/tiny-llama-tied.ron", "--world-size", "2", "--global-batch", "2", "--seq", "32", "--embed-head-units"]);
     assert_eq!(code, 2, "{err}");
@@ -109,13 +115,7 @@ fn tune_searches_embeddings_and_head_as_their_own_units() {
     // 16 × 8192 the answer takes it, and its policy and kept units (the group named by its
     // head) re-plan to its numbers; a model with a tied head or no final norm refuses it
     let v = json(&["tune", model, "--world-size", "8", "--global-batch", "16", "--seq", "8192", "--param-dtype", "bf16", "--reduce-dtype", "f32", "--hardware", "h100-sxm", "--norm-head-unit", "--format", "json"]);
-    let flags: Vec<String> = v["best"]["flags"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()).collect();
-    let policy = flags.iter().position(|f| f == "--policy").map(|i| flags[i + 1].as_str());
-    assert_eq!(policy, Some("modules:model.embed_tokens,model.layers.*,model.norm+lm_head"), "{flags:?}");
-    let (fits, _, peak, tps) = replan(model, &flags, "79.65GiB");
-    assert!(fits);
-    assert_eq!(Some(peak), v["best"]["predicted"]["peak_bytes"].as_u64());
-    assert_eq!(Some(tps), v["best"]["predicted"]["tokens_per_s_per_gpu"].as_f64());
+    best_replans_with_policy(model, &v, "modules:model.embed_tokens,model.layers.*,model.norm+lm_head");
     let (code, _, err) = run(&["tune", "models/tiny-gpt2.ron", "--world-size", "2", "--global-batch", "2", "--seq", "32", "--norm-head-unit"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("--norm-head-unit: models/tiny-gpt2.ron has no untied LM head"), "{err}");
