@@ -24,7 +24,8 @@ DEFAULTS = {
     "unit_reshard": None,             # {module path, pattern or "last": bool}: reshard_after_forward of
                                       # those units (the planner's --unit-reshard)
     "wrap": None,                     # the modules fully_shard'ed before the root, as the planner's
-                                      # --policy: "transformer:<Class>[,…]" or "modules:<path>[,…]";
+                                      # --policy: "transformer:<Class>[,…]" or "modules:<path>[,…]"
+                                      # (`a+b`: one fully_shard([a, b]) call, as the planner's);
                                       # None: every instance of model._no_split_modules
     "optimizer": "adam",              # torch.optim.Adam | AdamW | SGD, lr 1e-3, torch's defaults
     "unit_group": 1,                  # k: fully_shard([block_i, …, block_i+k-1]), k consecutive
