@@ -33,6 +33,9 @@ fn setup(case: &str) -> (fsdp_ir::Model, fsdp_planner::Plan) {
         "ws2" => Options { world_size: 2, ..base },
         "ws2-sgd" => Options { world_size: 2, optimizer: fsdp_planner::Optimizer::Sgd, ..base },
         "hsdp4" => Options { world_size: 4, strategy: Strategy::HybridShard { shard_size: 2 }, ..base },
+        // reshard_after_forward=2: the post-forward pairs' all-gathers through rank 0's star,
+        // each rank receiving its pair's slices alone
+        "raf2-4" => Options { world_size: 4, reshard_to: Some(2), ..base },
         "flat3-ga2" => Options { world_size: 3, layout: Layout::Flat, grad_accum: 2, ..base },
         "offload2-ga2" => Options { world_size: 2, offload: fsdp_planner::Offload::Cpu, grad_accum: 2, ..base },
         c => panic!("unknown case {c}"),
@@ -145,7 +148,7 @@ fn tmp(name: &str) -> tempfile::TempDir {
 
 #[test]
 fn processes_train_exactly_like_rank_threads() {
-    for (case, ws) in [("ws2", 2), ("hsdp4", 4), ("flat3-ga2", 3), ("offload2-ga2", 2)] {
+    for (case, ws) in [("ws2", 2), ("hsdp4", 4), ("raf2-4", 4), ("flat3-ga2", 3), ("offload2-ga2", 2)] {
         let want = thread_losses(case, &config());
         assert_eq!(want.len(), STEPS);
         let outs = wait_all(start(case, ws, &[]), Duration::from_secs(240));

@@ -129,7 +129,7 @@ pub trait Collective: Send + Sync {
     /// of the group taking part with its own: what a [`SubGroup`] made of this group runs its
     /// collectives with. By default through one all-gather of the whole group (a transient of
     /// every rank's input, which a communicator of the members alone would not make);
-    /// [`CpuGroup`] reads the members' inputs in place.
+    /// [`CpuGroup`] reads the members' inputs in place, `TcpGroup` receives them alone.
     fn with_members(&self, input: &Tensor, members: &[usize], f: &mut dyn FnMut(&[Tensor]) -> Tensor) -> Result<Tensor, RtError> {
         let all = self.all_gather(&input.reshape([1, -1]))?;
         let mine: Vec<Tensor> = members.iter().map(|&m| all.get(m as i64).view(input.size().as_slice())).collect();

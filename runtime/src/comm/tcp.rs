@@ -2,7 +2,9 @@
 //! rank sends its tensor to rank 0, which computes exactly what [`crate::comm::CpuGroup`]
 //! computes — concatenation, or the sum in rank order divided by the world size — and sends
 //! each rank its result). A star through rank 0: meant for tests and small CPU jobs under
-//! `fsdp-plan launch`, not for speed. Results are bit-identical to `CpuGroup`'s.
+//! `fsdp-plan launch`, not for speed. Results are bit-identical to `CpuGroup`'s. A mesh's
+//! subgroups (HSDP's shard and replicate groups, post-forward groups) exchange through the
+//! same star, each rank receiving its members' tensors alone.
 
 use crate::comm::Collective;
 use crate::error::RtError;
@@ -14,6 +16,8 @@ pub struct TcpGroup {
     rz: Rendezvous,
     /// Bounds each wait on a peer (`None`: wait for ever).
     timeout: Option<Duration>,
+    /// Bytes this rank received in subgroup collectives ([`Collective::with_members`]).
+    received: std::sync::atomic::AtomicU64,
 }
 
 const KINDS: [Kind; 8] = [Kind::Float, Kind::Double, Kind::BFloat16, Kind::Half, Kind::Int64, Kind::Int, Kind::Uint8, Kind::Int8];
@@ -50,7 +54,12 @@ fn sum_in_rank_order(all: &[Tensor]) -> Tensor {
 
 impl TcpGroup {
     pub fn new(rz: Rendezvous, timeout: Option<Duration>) -> TcpGroup {
-        TcpGroup { rz, timeout }
+        TcpGroup { rz, timeout, received: std::sync::atomic::AtomicU64::new(0) }
+    }
+
+    /// Bytes received in subgroup collectives so far (their replies from rank 0).
+    pub fn subgroup_bytes_received(&self) -> u64 {
+        self.received.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn rendezvous(&self) -> &Rendezvous {
@@ -96,7 +105,62 @@ impl TcpGroup {
     }
 }
 
+/// `with_members`' request: the member ranks (count, then each, u32 big-endian), then this
+/// rank's tensor; `None` where it is malformed.
+fn members_request(b: &[u8]) -> Option<(Vec<usize>, &[u8])> {
+    let n = u32::from_be_bytes(b.get(..4)?.try_into().ok()?) as usize;
+    let ranks = b.get(4..4 + 4 * n)?.chunks_exact(4).map(|c| c.try_into().map(|c| u32::from_be_bytes(c) as usize)).collect::<Result<Vec<_>, _>>().ok()?;
+    Some((ranks, &b[4 + 4 * n..]))
+}
+
+/// Rank 0's replies to `with_members`' requests: to each rank its members' tensors as they
+/// came (each its length, u64 big-endian, then its bytes); an empty reply to a rank whose
+/// request is malformed or names a rank outside the group (it then fails with a clear error).
+fn members_replies(all: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    let requests: Vec<Option<(Vec<usize>, &[u8])>> = all.iter().map(|b| members_request(b)).collect();
+    requests
+        .iter()
+        .map(|req| {
+            let Some((members, _)) = req else { return vec![] };
+            let parts: Option<Vec<&[u8]>> = members.iter().map(|&m| requests.get(m)?.as_ref().map(|(_, t)| *t)).collect();
+            let Some(parts) = parts else { return vec![] };
+            let mut out = Vec::with_capacity(parts.iter().map(|p| 8 + p.len()).sum());
+            for p in parts {
+                out.extend((p.len() as u64).to_be_bytes());
+                out.extend_from_slice(p);
+            }
+            out
+        })
+        .collect()
+}
+
 impl Collective for TcpGroup {
+    /// Through rank 0, each rank sending its tensor and its members' ranks and receiving only
+    /// those members' tensors (not every rank's, as the default's all-gather of the world):
+    /// HSDP's shard and replicate groups and `reshard_after_forward=N`'s post-forward groups
+    /// of a process job move their own bytes alone.
+    fn with_members(&self, input: &Tensor, members: &[usize], f: &mut dyn FnMut(&[Tensor]) -> Tensor) -> Result<Tensor, RtError> {
+        let mut payload = Vec::with_capacity(4 + 4 * members.len());
+        payload.extend((members.len() as u32).to_be_bytes());
+        for &m in members {
+            payload.extend((m as u32).to_be_bytes());
+        }
+        payload.extend(encode(input));
+        let reply = self.rz.exchange(payload, self.timeout, |all| members_replies(&all)).map_err(|e| RtError::Comm(format!("subgroup collective: {e}")))?;
+        self.received.fetch_add(reply.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        let mut parts = vec![];
+        let mut at = 0;
+        while at + 8 <= reply.len() {
+            let n = u64::from_be_bytes(reply[at..at + 8].try_into().unwrap_or_default()) as usize;
+            let Some(b) = reply.get(at + 8..at + 8 + n) else { break };
+            parts.push(decode(b));
+            at += 8 + n;
+        }
+        if parts.len() != members.len() || at != reply.len() {
+            return Err(RtError::Comm(format!("subgroup collective: rank 0 answered {} tensors for the {} members {members:?} (a member outside the group of {}?)", parts.len(), members.len(), self.rz.world_size)));
+        }
+        Ok(tch::no_grad(|| f(&parts)))
+    }
     fn rank(&self) -> usize {
         self.rz.rank
     }
@@ -161,6 +225,36 @@ mod tests {
             assert!(a.equal(x) && b.equal(y) && c.equal(z));
         }
         assert_eq!(tcp[1].1.size(), vec![2, 5]);
+    }
+
+    /// HSDP's mesh over 4 processes (shard groups of 2) and post-forward pairs: the subgroups'
+    /// collectives equal the threads' bit for bit, and each rank receives its members' tensors
+    /// alone (2 of the 4 ranks' bytes, not the world's).
+    #[test]
+    fn subgroups_equal_cpu_threads_and_move_their_members_bytes_alone() {
+        let n = 4;
+        let inputs: Vec<Tensor> = (0..n).map(|r| Tensor::randn([8, 3], (Kind::Float, Device::Cpu)) * (r as f64 + 1.0)).collect();
+        fn run(g: &dyn Collective, x: &Tensor) -> Vec<Tensor> {
+            let (shard, replicate) = crate::comm::SubGroup::mesh(g, 2);
+            vec![shard.all_gather(x).unwrap(), shard.reduce_scatter_avg(x).unwrap(), replicate.all_reduce_avg(x).unwrap(), replicate.all_gather(x).unwrap()]
+        }
+        let tcp: Vec<(Vec<Tensor>, u64)> = groups(n)
+            .into_iter()
+            .zip(inputs.iter().map(|t| t.copy()))
+            .map(|(g, x)| std::thread::spawn(move || (run(&g, &x), g.subgroup_bytes_received())))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect();
+        let cpu: Vec<Vec<Tensor>> = CpuGroup::new(n).into_iter().zip(inputs.iter().map(|t| t.copy())).map(|(g, x)| std::thread::spawn(move || run(&g, &x))).collect::<Vec<_>>().into_iter().map(|h| h.join().unwrap()).collect();
+        for ((t, _), c) in tcp.iter().zip(&cpu) {
+            assert!(t.iter().zip(c).all(|(a, b)| a.equal(b)));
+        }
+        // 4 collectives, each 2 members' 8 × 3 floats with their headers
+        let one = encode(&inputs[0]).len() as u64 + 8;
+        for (_, received) in &tcp {
+            assert_eq!(*received, 4 * 2 * one);
+        }
     }
 
     #[test]
