@@ -117,6 +117,10 @@ fn plan_json_compile_and_diff() {
     let (code, out, _) = run(&["diff", "models/tiny-llama.ron", "--policy", "transformer:LlamaDecoderLayer", "--policy", "none"]);
     assert_eq!(code, 0);
     assert!(out.contains("transformer:LlamaDecoderLayer"), "{out}");
+    // a unit of several modules is named by all of them
+    let (code, out, _) = run(&["diff", "models/tiny-llama.ron", "--policy", "modules:model.layers.*,lm_head", "--policy", "modules:model.layers.*,model.norm+lm_head"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("units only in modules:model.layers.*,model.norm+lm_head: model.norm+lm_head\n"), "{out}");
     // a corrupted plan is refused
     std::fs::write(&b, "(format_version: 1, garbage").unwrap();
     let (code, _, err) = run(&["diff", a.to_str().unwrap(), b.to_str().unwrap()]);

@@ -123,8 +123,11 @@ pub fn time_rows(a: &TimeReport, b: &TimeReport) -> Vec<Row> {
 
 /// The units each plan has and the other lacks.
 fn only(a: &Plan, b: &Plan) -> (Vec<String>, Vec<String>) {
-    let ua: Vec<&str> = a.units.iter().map(|u| u.label()).collect();
-    let ub: Vec<&str> = b.units.iter().map(|u| u.label()).collect();
+    // (a unit of several modules by all of them, as the policy names it: `model.norm+lm_head`,
+    // `model.layers.0+model.layers.1`)
+    let name = |u: &crate::units::Unit| std::iter::once(u.label()).chain(u.group.iter().map(String::as_str)).collect::<Vec<_>>().join("+");
+    let ua: Vec<String> = a.units.iter().map(name).collect();
+    let ub: Vec<String> = b.units.iter().map(name).collect();
     (
         ua.iter().filter(|x| !ub.contains(x)).map(|x| x.to_string()).collect(),
         ub.iter().filter(|x| !ua.contains(x)).map(|x| x.to_string()).collect(),
