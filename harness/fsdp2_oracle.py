@@ -698,8 +698,8 @@ def shard_model(model, case, mesh, cfg):
     assert kind in ("transformer", "modules") and names, policy
     # `a+b`: one unit of those modules, one `fully_shard([a, b])` call (torchtitan's
     # `fully_shard([model.norm, model.output])`; the planner's `wrap::group`)
-    explicit = [n.split("+") for n in names if "+" in n]
-    names = [m for n in names for m in n.split("+")]
+    explicit = [n.split("+") for n in names if "+" in n] if kind == "modules" else []
+    names = [m for n in names for m in n.split("+")] if kind == "modules" else names
     group_of = {m: i for i, g in enumerate(explicit) for m in g}
     patterns = [module_pattern(n) for n in names] if kind == "modules" else []
     targets = [(path, mod) for path, mod in _post_order(model) if path and (

@@ -125,9 +125,8 @@ pub fn time_rows(a: &TimeReport, b: &TimeReport) -> Vec<Row> {
 fn only(a: &Plan, b: &Plan) -> (Vec<String>, Vec<String>) {
     // (a unit of several modules by all of them, as the policy names it: `model.norm+lm_head`,
     // `model.layers.0+model.layers.1`)
-    let name = |u: &crate::units::Unit| std::iter::once(u.label()).chain(u.group.iter().map(String::as_str)).collect::<Vec<_>>().join("+");
-    let ua: Vec<String> = a.units.iter().map(name).collect();
-    let ub: Vec<String> = b.units.iter().map(name).collect();
+    let ua: Vec<String> = a.units.iter().map(|u| u.name()).collect();
+    let ub: Vec<String> = b.units.iter().map(|u| u.name()).collect();
     (
         ua.iter().filter(|x| !ub.contains(x)).map(|x| x.to_string()).collect(),
         ub.iter().filter(|x| !ua.contains(x)).map(|x| x.to_string()).collect(),

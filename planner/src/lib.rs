@@ -83,11 +83,13 @@ fn units_named(units: &[units::Unit], name: &str) -> Result<Vec<usize>, PlanErro
     let at: Vec<usize> = match name {
         "last" => units.iter().rposition(|u| !u.is_root()).into_iter().collect(),
         "root" => units.iter().position(|u| u.is_root()).into_iter().collect(),
+        // (a unit of several modules by all of them, as `plan` prints it: `model.norm+lm_head`)
+        n if n.contains('+') => units.iter().position(|u| !u.is_root() && u.name() == n).into_iter().collect(),
         n if n.contains(['*', '{']) => (0..units.len()).filter(|&i| !units[i].is_root() && (wrap::glob_match(n, &units[i].module) || units[i].group.iter().any(|g| wrap::glob_match(n, g)))).collect(),
         n => units.iter().position(|u| u.module == n || u.group.iter().any(|g| g == n)).into_iter().collect(),
     };
     if at.is_empty() {
-        let known: Vec<&str> = units.iter().filter(|u| !u.is_root()).map(|u| u.label()).take(6).collect();
+        let known: Vec<String> = units.iter().filter(|u| !u.is_root()).map(|u| u.name()).take(6).collect();
         if known.is_empty() {
             // (a wrap policy that wraps nothing: `last` and every path name nothing)
             return Err(error::opt_err("--unit-reshard", format!("`{name}`: this plan has no FSDP unit but the root (its wrap policy wraps no module): only `root` can be set")));
@@ -255,7 +257,7 @@ fn plan_passes_with(model: &Model, opts: &Options, model_hash: Option<Box<dyn Fn
     // group's post-forward does not run in that backward (PyTorch 2.11 warns "1 of the 2
     // modules passed to fully_shard did not run forward before backward, which is
     // error-prone" and resets the count at the end of the backward)
-    if opts.unit_group > 1 && !opts.checkpoint.is_empty() {
+    if !opts.checkpoint.is_empty() && wrapped.iter().any(|g| g.len() > 1) {
         let cks = &specs;
         let mode_of = |path: &str| {
             let class = model.modules.iter().find(|m| m.path == path).map(|m| m.class.as_str()).unwrap_or("");

@@ -26,8 +26,9 @@ impl Policy {
             policy: s.to_string(),
             message: m.to_string(),
         };
+        // (a `modules:` unit of several, `a + b`, kept as `a+b`)
         let list = |r: &str| -> Vec<String> {
-            r.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect()
+            r.split(',').map(|x| x.split('+').map(str::trim).collect::<Vec<_>>().join("+")).filter(|x| !x.is_empty()).collect()
         };
         match s.split_once(':') {
             Some(("transformer", r)) if !list(r).is_empty() => Ok(Policy::Transformer(list(r))),
@@ -711,8 +712,10 @@ impl Options {
         if self.unit_group > 1 && self.layout == Layout::Flat {
             return Err(opt_err("--unit-group", "unit groups are FSDP2's (`fully_shard([m0, m1])`): not with --layout flat"));
         }
-        if self.layout == Layout::Flat && matches!(&self.policy, Policy::Modules(m) if m.iter().any(|e| e.contains('+'))) {
-            return Err(opt_err("--policy", "a unit of several modules (`a+b`) is FSDP2's `fully_shard([a, b])`: not with --layout flat"));
+        if let (Layout::Flat, Policy::Modules(m)) = (self.layout, &self.policy) {
+            if let Some(e) = m.iter().find(|e| e.contains('+')) {
+                return Err(opt_err("--policy", format!("`{e}`: a unit of several modules (`a+b`) is FSDP2's `fully_shard([a, b])`: not with --layout flat")));
+            }
         }
         // bounds far past any real job, so that byte counts (tokens × widths × layers) stay
         // well inside u64

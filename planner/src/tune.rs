@@ -176,8 +176,9 @@ pub struct Outer {
     pub reshard: Reshard,
     /// Blocks per FSDP unit (`--unit-group`; 1: a unit per block).
     pub group: u32,
-    /// Which of the embeddings and the LM head are FSDP units of their own (torchtitan's
-    /// wrapping: both, `--policy modules:<embeddings>,<blocks>,<head>`), the rest the root's.
+    /// Which of the embeddings and the LM head are FSDP units of their own (both:
+    /// `--policy modules:<embeddings>,<blocks>,<head>`; torchtitan's wrapping puts the final
+    /// norm in the head's, `<norm>+<head>`), the rest the root's.
     pub edges: Edges,
     /// FSDP2's CPUOffloadPolicy (`--offload cpu`): shards, grads and the optimizer on the host.
     pub offload: bool,
@@ -584,7 +585,9 @@ fn edge_policy(model: &Model, blocks: &[String]) -> Option<Vec<String>> {
     // when the embeddings are a unit too (no root all-gather and reduce-scatter at the step's ends)
     let inside = |m: &str| m.is_empty() || blocks.iter().any(|b| m == b || m.strip_prefix(b.as_str()).is_some_and(|x| x.starts_with('.')));
     let norm = head.inputs.first().and_then(|i| model.ops.iter().find(|o| &o.name == i)).filter(|o| {
-        matches!(o.kind, OpKind::RmsNorm { .. } | OpKind::LayerNorm { .. }) && !inside(&o.module) && o.module != embed.module && o.module != head.module && !o.module.starts_with(&format!("{}.", head.module)) && !head.module.starts_with(&format!("{}.", o.module))
+        // (a module of its own beside the embeddings, the blocks and the head: none inside another)
+        let within = |a: &str, b: &str| a == b || a.strip_prefix(b).is_some_and(|x| x.starts_with('.'));
+        matches!(o.kind, OpKind::RmsNorm { .. } | OpKind::LayerNorm { .. }) && !inside(&o.module) && [embed.module.as_str(), head.module.as_str()].into_iter().chain(blocks.iter().map(String::as_str)).all(|m| !within(&o.module, m) && !within(m, &o.module))
     });
     let mut out = vec![embed.module.clone(), pattern, head.module.clone()];
     out.extend(norm.map(|n| format!("{}+{}", n.module, head.module)));
@@ -1277,7 +1280,9 @@ pub fn outers(space: &Space) -> Vec<Outer> {
                 let to_node = |r: Reshard| matches!(r, Reshard::ToNode | Reshard::ToNodeButLast);
                 for &reshard in space.reshard.iter().filter(|&&r| !to_node(r) || fsdp) {
                     for &group in &space.groups {
-                        for &edges in space.edges.iter().filter(|&&e| e == Edges::Root || space.edge_policy.is_some()) {
+                        // (the choices the model's edge policy makes: the norm's only where
+                        // a final norm feeds the head)
+                        for &edges in space.edges.iter().filter(|&&e| e == Edges::Root || space.edge_policy.as_deref().is_some_and(|p| Edges::all(p).contains(&e))) {
                             for &offload in &space.offload {
                                 // (a step of one micro-batch syncs it either way)
                                 let syncs: Vec<bool> = if accum == 1 { vec![false] } else { space.sync.clone() };

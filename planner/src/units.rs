@@ -107,6 +107,11 @@ impl Unit {
     pub fn modules_joined(&self) -> String {
         std::iter::once(self.module.as_str()).chain(self.group.iter().map(String::as_str)).collect::<Vec<_>>().join(", ")
     }
+    /// The unit's modules as a `modules:` policy names a unit of several
+    /// (`model.norm+lm_head`, `model.layers.0+model.layers.1`); `root` or the path otherwise.
+    pub fn name(&self) -> String {
+        std::iter::once(self.label()).chain(self.group.iter().map(String::as_str)).collect::<Vec<_>>().join("+")
+    }
     /// `root` or the module path.
     pub fn label(&self) -> &str {
         if self.module.is_empty() {

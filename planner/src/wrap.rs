@@ -202,14 +202,48 @@ fn size_wrap(tree: &Tree, min: u64, wrapped: &mut HashSet<usize>) {
 ///
 /// A `modules:` entry `a+b` (`model.norm+lm_head`) is one unit of those modules, FSDP2's
 /// `fully_shard([a, b])` (torchtitan's `fully_shard([model.norm, model.output])`), placed in
-/// forward order at its first module; `--unit-group` groups the other modules only.
+/// module pre-order at its first module; `--unit-group` groups the other modules only. Its
+/// modules must run forward one after the other, nothing else between them, inside the same
+/// unit: FSDP2's group hooks gather at the first one's pre-forward and reshard after the
+/// last one's forward, which the schedule models as one run of the unit's ops.
 pub fn group(model: &Model, wrapped: &[String], policy: &Policy, k: u32) -> Result<Vec<Vec<String>>, PlanError> {
     let explicit = explicit_groups(model, policy)?;
     if explicit.is_empty() {
         return group_runs(model, wrapped, policy, k);
     }
+    let perr = |m: String| PlanError::Policy { policy: policy.to_string(), message: m };
+    let inside = |path: &str, m: &str| path == m || path.strip_prefix(m).is_some_and(|x| x.starts_with('.'));
+    for g in &explicit {
+        let name = g.join("+");
+        // the innermost other unit around each member: the same for all
+        let around = |m: &str| {
+            let mut p = m;
+            while let Some(q) = fsdp_ir::parent_path(p) {
+                if wrapped.iter().any(|w| w == q) {
+                    return q.to_string();
+                }
+                p = q;
+            }
+            "the root".to_string()
+        };
+        let outer: Vec<String> = g.iter().map(|m| around(m)).collect();
+        if let Some(i) = outer.iter().position(|o| *o != outer[0]) {
+            return Err(perr(format!("`{name}`: `{}` is inside {} but `{}` inside {} (one unit's modules sit in the same unit)", g[0], outer[0], g[i], outer[i])));
+        }
+        // their forward ops one run, nothing between them
+        let ops: Vec<usize> = model.ops.iter().enumerate().filter(|(_, o)| g.iter().any(|m| inside(&o.module, m))).map(|(i, _)| i).collect();
+        if let (Some(&a), Some(&b)) = (ops.first(), ops.last()) {
+            if b - a + 1 != ops.len() {
+                let between = (a..=b).find(|i| !ops.contains(i)).map(|i| model.ops[i].name.as_str()).unwrap_or("");
+                return Err(perr(format!("`{name}`: its modules do not run forward one after the other (`{between}` runs between them): FSDP2 would keep them gathered across it, which the plan does not model")));
+            }
+        }
+    }
     let grouped: HashSet<&str> = explicit.iter().flatten().map(String::as_str).collect();
     let rest: Vec<String> = wrapped.iter().filter(|p| !grouped.contains(p.as_str())).cloned().collect();
+    if rest.is_empty() && k > 1 {
+        return Err(perr(format!("--unit-group {k}: every wrapped module is in a unit of several modules (`a+b`): nothing left to group")));
+    }
     let mut out = if rest.is_empty() { vec![] } else { group_runs(model, &rest, policy, k)? };
     out.extend(explicit);
     // (units in module pre-order of their first module, as `wrap` lists modules)
@@ -229,7 +263,10 @@ fn explicit_groups(model: &Model, policy: &Policy) -> Result<Vec<Vec<String>>, P
     for e in entries.iter().filter(|e| e.contains('+')) {
         let mut members: Vec<(usize, String)> = vec![];
         for m in e.split('+') {
-            if m.is_empty() || m.contains(['*', '{']) {
+            if m.is_empty() {
+                return Err(perr(format!("`{e}`: an empty module path (a unit of several modules is `a+b`: `model.norm+lm_head`)")));
+            }
+            if m.contains(['*', '{']) {
                 return Err(perr(format!("`{e}`: a unit of several modules names each by its path (`model.norm+lm_head`), not by a pattern")));
             }
             match tree.index.get(m) {
@@ -250,7 +287,7 @@ fn explicit_groups(model: &Model, policy: &Policy) -> Result<Vec<Vec<String>>, P
     }
     // a member also listed alone (or by a pattern) would be two units' module
     for p in entries.iter().filter(|e| !e.contains('+')) {
-        if let Some(m) = seen.iter().find(|m| if p.contains(['*', '{']) { glob_match(p, m) } else { *m == p }) {
+        if let Some(m) = out.iter().flatten().find(|m| if p.contains(['*', '{']) { glob_match(p, m) } else { *m == p }) {
             return Err(perr(format!("`{m}` is both in a unit of several modules and a unit of its own (`{p}`)")));
         }
     }

@@ -152,7 +152,7 @@ impl Collective for TcpGroup {
         let mut at = 0;
         while at + 8 <= reply.len() {
             let n = u64::from_be_bytes(reply[at..at + 8].try_into().unwrap_or_default()) as usize;
-            let Some(b) = reply.get(at + 8..at + 8 + n) else { break };
+            let Some(b) = (at + 8).checked_add(n).and_then(|end| reply.get(at + 8..end)) else { break };
             parts.push(decode(b));
             at += 8 + n;
         }
