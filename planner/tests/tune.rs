@@ -303,13 +303,12 @@ fn tune_equals_brute_force_on_a_4_block_llama() {
 }
 
 /// torchtitan's [norm, head] unit in the space (`tune --norm-head-unit`): the root then holds
-/// no params when the embeddings are a unit too.
+/// no params when the embeddings are a unit too. Under the allocator's need, where the norm's
+/// placement shows (its allocation order; the tensor peaks alone: 24 s more of CI).
 #[test]
 fn tune_equals_brute_force_with_the_norm_in_the_heads_unit() {
     let base = Options { seq: 64, param_dtype: fsdp_ir::DType::parse("bf16"), reduce_dtype: fsdp_ir::DType::parse("f32"), ..Options::default() };
-    for allocator in [false, true] {
-        check_edges("tiny-llama-4l", 4, 8, base.clone(), allocator, None, true, false, false, true);
-    }
+    check_edges("tiny-llama-4l", 4, 8, base, true, None, true, false, false, true);
 }
 
 /// A global batch of 16 micro-batches per rank (more than `tune::REPLAY_ACCUM`): timed from
