@@ -57,7 +57,7 @@ pub fn unit_tree(plan: &Plan) -> String {
             (true, _) => "root".to_string(),
             (false, None) => u.module.clone(),
             // (unlike modules, `model.norm+lm_head`, as the policy names them)
-            (false, Some(_)) if u.class.contains('+') => format!("{}+{}", u.module, u.group.join("+")),
+            (false, Some(_)) if u.class.contains('+') => u.name(),
             (false, Some(last)) => format!("{} … {last}", u.module),
         };
         let head = RcDoc::text(format!("{name}: {}", unit_words(u, 1)));

@@ -129,7 +129,7 @@ pub fn render(plan: &Plan, full_schedule: bool) -> String {
         .iter()
         .map(|u| {
             let module = match u.group.last() {
-                Some(_) if u.class.contains('+') => format!("{}+{} ({})", u.module, u.group.join("+"), u.class),
+                Some(_) if u.class.contains('+') => format!("{} ({})", u.name(), u.class),
                 Some(last) => format!("{} … {last} ({} × {})", u.label(), 1 + u.group.len(), u.class),
                 None => format!("{} ({})", u.label(), u.class),
             };
