@@ -46,8 +46,13 @@ def factor(i):
     return m + (1 - m) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def train(name, tokens, clip):
+def train(name, tokens, clip, convert=None, split=1):
+    """`convert(model)` swaps modules before the optimizer sees the params; `split` runs each
+    step's batch as that many equal micro-batches, the gradient their mean — what `split`
+    data-parallel ranks compute when a rank's kernels see its rows alone (float8_parity)."""
     cfg, model, _ = hf_parity.build(name, seed=0)
+    if convert:
+        convert(model)
     params, _ = hf_parity.primary_params(model)
     opt = torch.optim.AdamW([p for _, p in params], lr=LR, betas=BETAS, eps=EPS,
                             weight_decay=WEIGHT_DECAY, foreach=False)
@@ -56,8 +61,15 @@ def train(name, tokens, clip):
     losses, lrs, norms = [], [], []
     for step in range(STEPS):
         ids = torch.from_numpy(tokens[step * per_step:(step + 1) * per_step].astype(np.int64)).view(GLOBAL_BATCH, SEQ)
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
+        if split == 1:
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+        else:
+            loss = 0.0
+            for part in ids.chunk(split):
+                part_loss = model(input_ids=part, labels=part).loss / split
+                part_loss.backward()
+                loss = loss + part_loss.detach()
         norm = torch.nn.utils.clip_grad_norm_([p for _, p in params], clip if clip else float("inf"))
         lrs.append(opt.param_groups[0]["lr"])
         opt.step()

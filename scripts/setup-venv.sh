@@ -14,3 +14,8 @@ fi
 if ! ls .venv/lib/python3*/site-packages/nvidia/cu13/include/crt/host_defines.h >/dev/null 2>&1; then
   .venv/bin/pip install --quiet --disable-pip-version-check --no-deps nvidia-cuda-crt==13.0.88
 fi
+# torchao's float8 training (torchtitan's --float8): the runtime's float8 test runs torchao as
+# its truth (harness/float8_parity.py), and the harness records float8 conformance cases
+if ! .venv/bin/python -c 'import torchao, sys; sys.exit(0 if torchao.__version__ == "0.18.0" else 1)' 2>/dev/null; then
+  .venv/bin/pip install --quiet --disable-pip-version-check --no-deps torchao==0.18.0
+fi

@@ -197,8 +197,14 @@ pub(crate) fn run_inputs(r: &RunArgs) -> Result<(Plan, Model)> {
     if r.weight_decay.is_some() && plan.options.optimizer != fsdp_planner::Optimizer::AdamW {
         bail!(UserError(format!("--weight-decay: the plan's optimizer is {} (decoupled weight decay is AdamW's; plan with --optimizer adamw)", plan.options.optimizer.name())));
     }
-    if plan.options.float8.is_some() {
-        bail!(UserError("--float8: the runtime does not execute float8 linears (plan, tune and time them here; train them with torchtitan's --float8)".into()));
+    match plan.options.float8 {
+        Some(f) if f.recipe != fsdp_planner::Float8Recipe::Tensorwise => {
+            bail!(UserError(format!("--float8 {}: the runtime runs torchao's tensorwise recipe only (libtorch's _scaled_mm takes per-tensor scales on the CPU); plan and time {} here, or run --float8 tensorwise", f.recipe.name(), f.recipe.name())));
+        }
+        Some(f) if f.all_gather => {
+            bail!(UserError("--float8-all-gather: the runtime gathers the float8 linears' weights in the param dtype and casts them after (torchao without enable_fsdp_float8_all_gather); plan and time the float8 all-gather here, run without the flag".into()));
+        }
+        _ => {}
     }
     if plan.options.train_loop != fsdp_planner::TrainLoop::Hf {
         bail!(UserError(format!("--train-loop {}: the runtime trains with HF's loss (labels shifted inside the model); that loop is planned, not run", plan.options.train_loop.name())));

@@ -56,6 +56,8 @@ fn bad_run_options_and_data_are_refused_by_name() {
         (with(&["--data", bad_vocab.to_str().unwrap(), "--epochs", "0"]), "--epochs 0".into()),
         (with(&["--train-loop", "torchtitan-2024"]), "--train-loop torchtitan-2024: the runtime trains with HF's loss".into()),
         (with(&["--compile"]), "--compile: the runtime runs libtorch's eager kernels".into()),
+        (with(&["--float8", "rowwise"]), "--float8 rowwise: the runtime runs torchao's tensorwise recipe only".into()),
+        (with(&["--float8", "tensorwise", "--float8-all-gather"]), "--float8-all-gather: the runtime gathers the float8 linears' weights in the param dtype".into()),
         (vec!["launch", "--nproc-per-node", "3", "--master-port", "0", M, "--world-size", "2", "--batch", "2", "--seq", "8"], "launch: the plan is for world size 2, but --nproc-per-node 3 starts 3 ranks".into()),
         (vec!["launch", "--nproc-per-node", "2", "--master-port", "0", M, "--world-size", "2", "--bogus"], "launch: the ranks' arguments: error: unexpected argument '--bogus'".into()),
         (vec!["launch", "--nproc-per-node", "2", "--master-port", "0", M, "--world-size", "2", "--timeout-s", "1e30"], "--timeout-s 1000000000000000000000000000000: expected a positive number".into()),
@@ -66,6 +68,21 @@ fn bad_run_options_and_data_are_refused_by_name() {
         assert!(err.contains(want.as_str()), "{args:?}: `{err}` lacks `{want}`");
         assert!(!out.contains("loss") && !err.contains("panicked") && !err.contains("[rank"), "{args:?} trained or started ranks: {out}{err}");
     }
+}
+
+/// `run --float8 tensorwise` trains torchao's float8 linears (their numerics against torchao:
+/// runtime/tests/train_parity.rs): the loss moves away from the plain run's from step 1 on.
+#[test]
+fn float8_linears_train() {
+    let loss = |extra: &[&str]| {
+        let (code, out, err) = run(&with(&[&["--steps", "2"], extra].concat()));
+        assert_eq!(code, 0, "{extra:?}: {err}");
+        // (the step lines are progress: on stderr)
+        format!("{out}{err}").lines().filter(|l| l.starts_with("step")).map(|l| l.split_whitespace().nth(3).unwrap().parse::<f64>().unwrap()).collect::<Vec<f64>>()
+    };
+    let (plain, f8) = (loss(&[]), loss(&["--float8", "tensorwise"]));
+    assert_eq!((plain.len(), f8.len()), (2, 2));
+    assert!(f8.iter().zip(&plain).all(|(a, b)| a.is_finite() && (a - b).abs() > 1e-7 * b.abs() && (a - b).abs() < 1e-2 * b.abs()), "{plain:?} {f8:?}");
 }
 
 #[test]

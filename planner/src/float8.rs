@@ -14,7 +14,17 @@ fn convertible(op: &Op) -> bool {
 
 fn dims_ok(model: &Model, op: &Op) -> bool {
     let w = op.params.first().and_then(|p| model.param(model.primary_of(p)));
-    w.is_some_and(|w| w.shape.len() == 2 && w.shape.iter().all(|d| d % 16 == 0))
+    w.is_some_and(|w| shape_ok(&w.shape))
+}
+
+fn shape_ok(w: &[u64]) -> bool {
+    w.len() == 2 && w.iter().all(|d| d % 16 == 0)
+}
+
+/// [`is_float8_linear`] for a caller that holds the weight's shape, not the model (the
+/// runtime's kernels).
+pub fn converts(op: &Op, weight_shape: &[u64]) -> bool {
+    convertible(op) && shape_ok(weight_shape)
 }
 
 /// Whether `op` runs as a float8 linear under `--float8`.

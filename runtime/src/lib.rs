@@ -27,7 +27,7 @@ pub mod train;
 
 pub use comm::{nccl, rendezvous, selftest, tcp as comm_tcp};
 pub use error::RtError;
-pub use exec::{cuda, ops, optim, placement, reference, shim};
+pub use exec::{cuda, float8, ops, optim, placement, reference, shim};
 pub use launch::{env as launch_env, watchdog};
 /// The tch the runtime is built with (for callers' tests).
 pub use tch;

@@ -77,7 +77,7 @@ fn reference_as(name: &str, m: &fsdp_ir::Model, opts: &Options, data: &[Vec<Tens
     for (si, mbs) in data.iter().enumerate() {
         let mut l = 0.0;
         for (mi, ids) in mbs.iter().enumerate() {
-            let cx = OpCx { attn: Attn::Sdpa, kind, train: Some(Noise { seed, micro: mi as u64, ..noise(si, 0) }) };
+            let cx = OpCx { attn: Attn::Sdpa, kind, train: Some(Noise { seed, micro: mi as u64, ..noise(si, 0) }), float8: false };
             let loss = forward_loss(m, &p, &batch(ids), &cx).unwrap();
             l += loss.double_value(&[]);
             loss.backward();
@@ -122,7 +122,7 @@ fn sharded(name: &str, m: &fsdp_ir::Model, opts: &Options, data: &[Vec<Tensor>],
                     let mut losses = vec![];
                     for (si, mbs) in mydata.iter().enumerate() {
                         // training mode: dropout (GPT-2's p = 0.1) draws the global batch's noise
-                        let cx = OpCx { attn: Attn::Sdpa, kind, train: Some(noise(si, g.rank() as u64 * B as u64)) };
+                        let cx = OpCx { attn: Attn::Sdpa, kind, train: Some(noise(si, g.rank() as u64 * B as u64)), float8: false };
                         let batches: Vec<HashMap<String, Tensor>> = mbs.iter().map(batch).collect();
                         losses.push(step_timed(plan, m, &mesh, &mut rank, &batches, &cx, Optim::of_plan(plan.options.optimizer, 1e-3), None, None).unwrap());
                     }
@@ -418,7 +418,7 @@ fn dropout_noise_is_real_and_keyed_by_global_row() {
     let ids = data(vocab, 2, 1)[0][0].shallow_clone();
     let loss = |cx: &OpCx, ids: &Tensor| forward_loss(&m, &p, &batch(ids), cx).unwrap().double_value(&[]);
     let eval = loss(&OpCx::eval(Attn::Sdpa, KIND), &ids);
-    let train = |step, row0| OpCx { attn: Attn::Sdpa, kind: KIND, train: Some(noise(step, row0)) };
+    let train = |step, row0| OpCx { attn: Attn::Sdpa, kind: KIND, train: Some(noise(step, row0)), float8: false };
     let a = loss(&train(0, 0), &ids);
     assert_ne!(a, eval, "dropout changed nothing");
     assert_eq!(a, loss(&train(0, 0), &ids), "same key, other noise");

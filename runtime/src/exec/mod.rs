@@ -16,6 +16,7 @@
 //! the reduced gradients and the optimizer live on the host ([`Host`]), measured apart.
 
 pub mod cuda;
+pub mod float8;
 pub mod ops;
 pub mod optim;
 pub mod placement;
@@ -494,6 +495,20 @@ fn region_of<'a>(checkpointed: &std::collections::HashSet<&str>, op: &'a fsdp_ir
     }
 }
 
+/// A tensor by the name of the value or param it is the gradient of.
+type Named = (String, Tensor);
+
+/// What a float8 linear's backward reads ([`float8::backward`]): the forward's high-precision
+/// input and weight (aliases: an unsharded weight freed at reshard is re-gathered into the same
+/// storage before the backward), and which of input, weight and bias want a gradient.
+struct F8Saved {
+    x: Tensor,
+    x_grad: bool,
+    w: Tensor,
+    w_grad: bool,
+    b_grad: bool,
+}
+
 fn add_grad(map: &mut HashMap<String, Tensor>, name: &str, g: Tensor) {
     match map.get_mut(name) {
         Some(acc) => *acc += g,
@@ -718,6 +733,8 @@ fn run_step(
     let mut param_edges: HashMap<String, Vec<(String, Edge)>> = HashMap::new();
     // values a checkpointed forward computed without grad that would have required grad
     let mut would_grad: std::collections::HashSet<String> = std::collections::HashSet::new();
+    // float8 linears' forwards run without autograd: what their backward reads, by op
+    let mut f8_saved: HashMap<String, F8Saved> = HashMap::new();
     let (mut fwd_left, mut rec_in_left, mut rec_int_left) = (HashMap::new(), HashMap::new(), HashMap::new());
     let mut losses = vec![];
     let mut mb = u32::MAX;
@@ -769,6 +786,7 @@ fn run_step(
             in_edges.clear();
             param_edges.clear();
             would_grad.clear();
+            f8_saved.clear();
             fwd_left = fwd_uses.clone();
             rec_in_left = rec_inputs.clone();
             rec_int_left = rec_internal.clone();
@@ -1007,6 +1025,7 @@ fn run_step(
                 };
                 let is_recompute = matches!(sop.kind, OpKind::Recompute { .. });
                 let grad_on = is_recompute || !recomputed.contains(&**op);
+                let f8 = cxm.float8 && fsdp_planner::float8::is_float8_linear(model, o);
                 // inputs and params enter through boundaries, so this op's backward can run
                 // on its own piece of the graph (and a value a checkpointed forward computed
                 // without grad still collects the gradient for its producer's backward)
@@ -1024,7 +1043,7 @@ fn run_step(
                 let out = {
                     let ir: Vec<&Tensor> = ins.iter().collect();
                     let pr: Vec<&Tensor> = ps.iter().collect();
-                    if grad_on {
+                    if grad_on && !f8 {
                         forward(&cxm, o, &ir, &pr)?
                     } else {
                         tch::no_grad(|| forward(&cxm, o, &ir, &pr))?
@@ -1033,7 +1052,16 @@ fn run_step(
                 if o.name == loss_op {
                     losses.push(out.double_value(&[]));
                 }
-                if grad_on {
+                if grad_on && f8 {
+                    // torchao's float8 linear keeps its high-precision input and weight for
+                    // its own backward ([`float8::backward`]), as autograd would keep them
+                    let (x, w) = (&ins[0], &ps[0]);
+                    let sv = F8Saved { x: x.detach(), x_grad: x.requires_grad(), w: w.detach(), w_grad: w.requires_grad(), b_grad: ps.get(1).is_some_and(|b| b.requires_grad()) };
+                    if sv.x_grad || sv.w_grad || sv.b_grad {
+                        would_grad.insert(o.name.clone());
+                    }
+                    f8_saved.insert(o.name.clone(), sv);
+                } else if grad_on {
                     let es: Vec<(String, Edge)> = o.inputs.iter().zip(&ins).filter_map(|(n, t)| Edge::of(t).map(|e| (n.clone(), e))).collect();
                     in_edges.insert(o.name.clone(), es);
                     let pe: Vec<(String, Edge)> = o.params.iter().zip(&ps).filter_map(|(n, t)| Edge::of(t).map(|e| (model.primary_of(n).to_string(), e))).collect();
@@ -1084,33 +1112,48 @@ fn run_step(
             }
             OpKind::Backward { op, .. } => {
                 let Some(o) = ops.get(&**op) else { continue };
-                let ins = in_edges.remove(&o.name).unwrap_or_default();
-                let pes = param_edges.remove(&o.name).unwrap_or_default();
-                let Some(root) = out_edge.remove(&o.name) else { continue };
-                let gout = if o.name == loss_op {
-                    let l = env.remove(&o.name).ok_or_else(|| err(format!("{op}: loss missing")))?;
-                    l.ones_like()
+                // (input, gradient) and (primary param, gradient)
+                let (in_grads, p_grads): (Vec<Named>, Vec<Named>) = if let Some(sv) = f8_saved.remove(&o.name) {
+                    let Some(gout) = grads.remove(&o.name) else { continue };
+                    let g = tch::no_grad(|| float8::backward(&sv.x, &sv.w, o.params.len() > 1, &gout))?;
+                    let ins = if sv.x_grad { vec![(o.inputs[0].clone(), g.input)] } else { vec![] };
+                    let mut pg = vec![];
+                    if sv.w_grad {
+                        pg.push((model.primary_of(&o.params[0]).to_string(), g.weight));
+                    }
+                    if let (true, Some(b)) = (sv.b_grad, g.bias) {
+                        pg.push((model.primary_of(&o.params[1]).to_string(), b));
+                    }
+                    (ins, pg)
                 } else {
-                    match grads.remove(&o.name) {
-                        Some(g) => g,
-                        None => continue, // no gradient reaches this op
+                    let ins = in_edges.remove(&o.name).unwrap_or_default();
+                    let pes = param_edges.remove(&o.name).unwrap_or_default();
+                    let Some(root) = out_edge.remove(&o.name) else { continue };
+                    let gout = if o.name == loss_op {
+                        let l = env.remove(&o.name).ok_or_else(|| err(format!("{op}: loss missing")))?;
+                        l.ones_like()
+                    } else {
+                        match grads.remove(&o.name) {
+                            Some(g) => g,
+                            None => continue, // no gradient reaches this op
+                        }
+                    };
+                    // identity ops (dropout at p = 0) pass the gradient through
+                    if let Some((n, _)) = ins.iter().find(|(_, e)| e.same(&root)) {
+                        add_grad(&mut grads, n, gout);
+                        continue;
                     }
+                    let targets: Vec<&Edge> = ins.iter().chain(pes.iter()).map(|(_, e)| e).collect();
+                    let mut gi = shim::backward(&root, gout, &targets)?.into_iter();
+                    let in_grads = ins.into_iter().filter_map(|(n, _)| gi.next().filter(|g| g.defined()).map(|g| (n, g))).collect();
+                    (in_grads, pes.into_iter().filter_map(|(p, _)| gi.next().filter(|g| g.defined()).map(|g| (p, g))).collect())
                 };
-                // identity ops (dropout at p = 0) pass the gradient through
-                if let Some((n, _)) = ins.iter().find(|(_, e)| e.same(&root)) {
-                    add_grad(&mut grads, n, gout);
-                    continue;
+                for (n, g) in in_grads {
+                    add_grad(&mut grads, &n, g);
                 }
-                let targets: Vec<&Edge> = ins.iter().chain(pes.iter()).map(|(_, e)| e).collect();
-                let gs = shim::backward(&root, gout, &targets)?;
-                let mut gi = gs.into_iter();
-                for (n, _) in &ins {
-                    if let Some(g) = gi.next().filter(|g| g.defined()) {
-                        add_grad(&mut grads, n, g);
-                    }
-                }
-                for (prim, _) in &pes {
-                    if let Some(g) = gi.next().filter(|g| g.defined()) {
+                for (prim, g) in p_grads {
+                    let prim = &prim;
+                    {
                         let u = *owner.get(prim.as_str()).ok_or_else(|| err(format!("param `{prim}` has no unit")))?;
                         match (flat_layout, unit_param.get(prim.as_str())) {
                             // FSDP1: grads accumulate into the unit's padded flat gradient

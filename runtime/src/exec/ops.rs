@@ -21,12 +21,15 @@ pub struct OpCx {
     /// Training mode: dropout draws its noise from this key. `None` is eval mode (dropout is
     /// the identity, as in HF's `model.eval()`).
     pub train: Option<Noise>,
+    /// torchao float8 training (the plan's `--float8 tensorwise`): the linears
+    /// [`fsdp_planner::float8::converts`] picks run as [`crate::float8`]'s.
+    pub float8: bool,
 }
 
 impl OpCx {
     /// Eval mode (no dropout).
     pub fn eval(attn: Attn, kind: Kind) -> OpCx {
-        OpCx { attn, kind, train: None }
+        OpCx { attn, kind, train: None, float8: false }
     }
 }
 
@@ -160,6 +163,8 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
                     *l = out;
                 }
                 y.reshape(shape.as_slice())
+            } else if cx.float8 && fsdp_planner::float8::converts(op, &dims(params[0]).iter().map(|&d| d as u64).collect::<Vec<u64>>()) {
+                crate::float8::forward(inputs[0], params[0], b)?
             } else {
                 inputs[0].linear(params[0], b)
             }

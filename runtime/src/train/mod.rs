@@ -361,6 +361,7 @@ fn rank_loop(
         attn: if plan.attn_implementation == "eager" { Attn::Eager } else { Attn::Sdpa },
         kind: plan.options.param_dtype.or(plan.options.master_dtype).map(crate::exec::kind_of).unwrap_or(Kind::Float),
         train: Some(Noise { seed: cfg.seed as u64, step: 0, micro: 0, row0: (g.rank() as i64 * b) as u64 }),
+        float8: plan.options.float8.is_some(),
     };
     // the plan's arena: on the CPU placed by the counting allocator, on a GPU by the allocator
     // the shim puts in front of libtorch's CUDA caching allocator (when the build has it)

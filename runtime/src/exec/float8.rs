@@ -1,0 +1,114 @@
+//! torchao's float8 linear (torchtitan's `--float8`, the tensorwise recipe) on libtorch's
+//! `_scaled_mm`: what `torchao.float8.Float8Linear` computes, op for op, so that the losses
+//! and gradients equal torchao's (checked against torchao 0.18.0 in `runtime/tests/float8.rs`).
+//!
+//! Dynamic tensorwise scaling: each operand's scale is `finfo.max / max(|t|, 1e-12)` (in
+//! float64, kept in float32), its bits `clamp(t · scale, ±finfo.max)` in float8 — e4m3 for the
+//! input and the weight, e5m2 for the output gradient — and `_scaled_mm` multiplies the bits
+//! with the inverse scales into the input's dtype (fast accumulation for the output GEMM
+//! only, as torchao's defaults). Like torchao's `matmul_with_hp_or_float8_args`, the forward
+//! keeps the high-precision input and weight for the backward (the executor holds them), and
+//! the backward casts them again: `grad_input = go₈ · w₈`, `grad_weight = go₈ᵀ · x₈`, with the
+//! layout copies `_scaled_mm` needs (row-major first operand, column-major second) where
+//! torchao makes them, so that the memory the runtime measures is torchao's.
+//! A bias is added after the GEMM in the output's dtype (`output + bias.to(output.dtype)`).
+
+use crate::error::RtError;
+use tch::{Kind, Tensor};
+
+/// e4m3fn's largest finite value (`torch.finfo(torch.float8_e4m3fn).max`).
+const E4M3_MAX: f64 = 448.0;
+/// e5m2's largest finite value.
+const E5M2_MAX: f64 = 57344.0;
+/// torchao's floor under an amax (`float8_utils.EPS`).
+const EPS: f64 = 1e-12;
+
+/// A tensor's dynamic tensorwise scale into a float8 format whose largest value is `max`:
+/// torchao's `tensor_to_scale` (`torch.max(torch.abs(x))`, then `amax_to_scale` in float64).
+fn scale(x: &Tensor, max: f64) -> Tensor {
+    let amax = x.abs().max();
+    (amax.to_kind(Kind::Double).clamp_min(EPS).reciprocal() * max).to_kind(Kind::Float)
+}
+
+/// `x`'s float8 bits under `scale` (torchao's `hp_tensor_and_scale_to_float8`: scaled in
+/// float32, saturated, cast).
+fn bits(x: &Tensor, scale: &Tensor, max: f64, kind: Kind) -> Tensor {
+    (x.to_kind(Kind::Float) * scale).clamp(-max, max).to_kind(kind)
+}
+
+/// torchao's `is_row_major`: a 2-d stride whose rows are contiguous.
+fn row_major(t: &Tensor) -> bool {
+    let s = t.stride();
+    s.len() == 2 && s[0] > s[1] && s[1] == 1
+}
+
+/// `a · b` of float8 bits with their scales into `out` (torchao's `preprocess_addmm` and
+/// `addmm_float8_unwrapped`: `a` made row-major, `b` column-major, inverse scales).
+fn scaled_mm(a: &Tensor, sa: &Tensor, b: &Tensor, sb: &Tensor, out: Kind, fast: bool) -> Result<Tensor, RtError> {
+    let a = if row_major(a) { a.shallow_clone() } else { a.contiguous() };
+    let b = if row_major(b) { b.tr().contiguous().tr() } else { b.shallow_clone() };
+    Ok(a.f_internal_scaled_mm::<Tensor>(&b, &sa.reciprocal(), &sb.reciprocal(), None, None, out, fast)?)
+}
+
+/// The float8 linear's output for input `x` [..., in], weight `w` [out, in] and bias.
+pub fn forward(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor, RtError> {
+    let kind = x.kind();
+    let sx = scale(x, E4M3_MAX);
+    let x8 = bits(x, &sx, E4M3_MAX, Kind::Float8e4m3fn);
+    let wt = w.tr();
+    let sw = scale(&wt, E4M3_MAX);
+    let w8t = bits(&wt, &sw, E4M3_MAX, Kind::Float8e4m3fn);
+    let mut shape = x.size();
+    let fan_in = *shape.last().ok_or_else(|| RtError::Plan("float8 linear: a 0-dim input".into()))?;
+    let y = scaled_mm(&x8.reshape([-1, fan_in]), &sx, &w8t, &sw, kind, true)?;
+    if let Some(l) = shape.last_mut() {
+        *l = w.size()[0];
+    }
+    let y = y.reshape(shape.as_slice());
+    Ok(match bias {
+        Some(b) => y + b.to_kind(kind),
+        None => y,
+    })
+}
+
+/// The gradients of a float8 linear's input, weight and bias (when it has one) for output
+/// gradient `g`, from the forward's high-precision input `x` and weight `w`.
+pub struct Grads {
+    pub input: Tensor,
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+}
+
+/// torchao's `matmul_with_hp_or_float8_args.backward` (and autograd's for the bias add).
+pub fn backward(x: &Tensor, w: &Tensor, has_bias: bool, g: &Tensor) -> Result<Grads, RtError> {
+    let gshape = g.size();
+    let fan_out = *gshape.last().ok_or_else(|| RtError::Plan("float8 linear: a 0-dim gradient".into()))?;
+    let kind = g.kind();
+    let g2 = g.reshape([-1, fan_out]);
+    // grad_input = go₈ (e5m2) · w₈ (e4m3, cast again from the weight)
+    let sg = scale(&g2, E5M2_MAX);
+    let g8 = bits(&g2, &sg, E5M2_MAX, Kind::Float8e5m2);
+    let wt = w.tr();
+    let sw = scale(&wt, E4M3_MAX);
+    let w8t = bits(&wt, &sw, E4M3_MAX, Kind::Float8e4m3fn);
+    let gi = scaled_mm(&g8, &sg, &w8t.tr(), &sw, kind, false)?;
+    let mut ishape = gshape.clone();
+    if let Some(l) = ishape.last_mut() {
+        *l = w.size()[1];
+    }
+    let input = gi.reshape(ishape.as_slice());
+    // grad_weight = go₈ᵀ · x₈ (both cast again, as torchao casts each GEMM's operands;
+    // grad_input's operands live on to the end, as torchao's locals do)
+    let fan_in = *x.size().last().ok_or_else(|| RtError::Plan("float8 linear: a 0-dim input".into()))?;
+    let x2 = x.reshape([-1, fan_in]);
+    let sg1 = scale(&g2, E5M2_MAX);
+    let g8t = bits(&g2, &sg1, E5M2_MAX, Kind::Float8e5m2).tr();
+    let sx = scale(&x2, E4M3_MAX);
+    let x8 = bits(&x2, &sx, E4M3_MAX, Kind::Float8e4m3fn);
+    let weight = scaled_mm(&g8t, &sg1, &x8, &sx, kind, false)?;
+    let bias = has_bias.then(|| {
+        let lead: Vec<i64> = (0..gshape.len() as i64 - 1).collect();
+        g.sum_dim_intlist(lead.as_slice(), false, None::<Kind>)
+    });
+    Ok(Grads { input, weight, bias })
+}
