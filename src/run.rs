@@ -201,8 +201,11 @@ pub(crate) fn run_inputs(r: &RunArgs) -> Result<(Plan, Model)> {
         Some(f) if f.recipe != fsdp_planner::Float8Recipe::Tensorwise => {
             bail!(UserError(format!("--float8 {}: the runtime runs torchao's tensorwise recipe only (libtorch's _scaled_mm takes per-tensor scales on the CPU); plan and time {} here, or run --float8 tensorwise", f.recipe.name(), f.recipe.name())));
         }
-        Some(f) if f.all_gather => {
-            bail!(UserError("--float8-all-gather: the runtime gathers the float8 linears' weights in the param dtype and casts them after (torchao without enable_fsdp_float8_all_gather); plan and time the float8 all-gather here, run without the flag".into()));
+        Some(f) if f.all_gather && plan.options.offload == fsdp_planner::Offload::Cpu => {
+            bail!(UserError("--float8-all-gather with --offload cpu: the runtime casts the float8 weights' shards on the device; plan and time it here, run without one of the two".into()));
+        }
+        Some(f) if f.all_gather && !plan.options.shard_dims.is_empty() => {
+            bail!(UserError("--float8-all-gather with --shard-dim: the runtime gathers float8 weights sharded on dim 0 only; run without one of the two".into()));
         }
         _ => {}
     }

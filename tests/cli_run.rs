@@ -57,7 +57,7 @@ fn bad_run_options_and_data_are_refused_by_name() {
         (with(&["--train-loop", "torchtitan-2024"]), "--train-loop torchtitan-2024: the runtime trains with HF's loss".into()),
         (with(&["--compile"]), "--compile: the runtime runs libtorch's eager kernels".into()),
         (with(&["--float8", "rowwise"]), "--float8 rowwise: the runtime runs torchao's tensorwise recipe only".into()),
-        (with(&["--float8", "tensorwise", "--float8-all-gather"]), "--float8-all-gather: the runtime gathers the float8 linears' weights in the param dtype".into()),
+        (with(&["--float8", "tensorwise", "--float8-all-gather", "--offload", "cpu"]), "--float8-all-gather with --offload cpu".into()),
         (vec!["launch", "--nproc-per-node", "3", "--master-port", "0", M, "--world-size", "2", "--batch", "2", "--seq", "8"], "launch: the plan is for world size 2, but --nproc-per-node 3 starts 3 ranks".into()),
         (vec!["launch", "--nproc-per-node", "2", "--master-port", "0", M, "--world-size", "2", "--bogus"], "launch: the ranks' arguments: error: unexpected argument '--bogus'".into()),
         (vec!["launch", "--nproc-per-node", "2", "--master-port", "0", M, "--world-size", "2", "--timeout-s", "1e30"], "--timeout-s 1000000000000000000000000000000: expected a positive number".into()),
@@ -70,8 +70,9 @@ fn bad_run_options_and_data_are_refused_by_name() {
     }
 }
 
-/// `run --float8 tensorwise` trains torchao's float8 linears (their numerics against torchao:
-/// runtime/tests/train_parity.rs): the loss moves away from the plain run's from step 1 on.
+/// `run --float8 tensorwise [--float8-all-gather]` trains torchao's float8 linears (their
+/// numerics against torchao: runtime/tests/train_parity.rs): the loss moves away from the
+/// plain run's from step 1 on.
 #[test]
 fn float8_linears_train() {
     let loss = |extra: &[&str]| {
@@ -83,6 +84,9 @@ fn float8_linears_train() {
     let (plain, f8) = (loss(&[]), loss(&["--float8", "tensorwise"]));
     assert_eq!((plain.len(), f8.len()), (2, 2));
     assert!(f8.iter().zip(&plain).all(|(a, b)| a.is_finite() && (a - b).abs() > 1e-7 * b.abs() && (a - b).abs() < 1e-2 * b.abs()), "{plain:?} {f8:?}");
+    // the weights gathered in float8: each shard cast with the whole weight's scale is the
+    // bits the unsharded weight's cast gives, so float32 training is the same to the bit
+    assert_eq!(loss(&["--float8", "tensorwise", "--float8-all-gather"]), f8);
 }
 
 #[test]

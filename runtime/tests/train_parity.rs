@@ -31,7 +31,8 @@ fn schedule_clipping_and_adamw_equal_hf_at_world_sizes_1_2_3() {
 
 /// torchtitan's `--float8` (tensorwise) run by torchao 0.18.0 on one device — for N ranks
 /// with each batch as N micro-batches, as each rank's casts scale by its own rows — against
-/// the runtime's float8 linears on 1, 2 and 3 ranks (weights gathered in the param dtype).
+/// the runtime's float8 linears on 1, 2 and 3 ranks, weights gathered in the param dtype and
+/// in float8.
 /// The truth is made here, by `harness/float8_parity.py` at this process's CPU capability:
 /// float8 rounding turns the ulps between two machines' kernels into whole float8 steps, so a
 /// truth recorded on one machine is not another's (see the script).
@@ -43,8 +44,12 @@ fn float8_linears_equal_torchao_at_world_sizes_1_2_3() {
     let run = run.unwrap_or_else(|e| panic!("{}: {e} (bash scripts/setup-venv.sh installs the pinned torch, transformers and torchao)", py.display()));
     assert!(run.status.success(), "harness/float8_parity.py failed (bash scripts/setup-venv.sh installs torchao 0.18.0):\n{}", String::from_utf8_lossy(&run.stderr));
     let d = root().join("tests/fixtures/train/tiny-llama");
-    let f8 = Float8 { recipe: Float8Recipe::Tensorwise, all_gather: false };
-    let report = check("tiny-llama", &d, &out, Some(f8));
+    // weights gathered in float8 too (torchao's enable_fsdp_float8_all_gather: each shard cast
+    // with the whole weight's scale — the bits one device casts, so the same truth)
+    let mut report = String::new();
+    for all_gather in [false, true] {
+        report += &check("tiny-llama", &d, &out, Some(Float8 { recipe: Float8Recipe::Tensorwise, all_gather }));
+    }
     let _ = std::fs::remove_file(&out);
     eprintln!("{report}");
 }
@@ -113,7 +118,7 @@ fn check(name: &str, dir: &Path, expected: &Path, float8: Option<Float8>) -> Str
             }
         }
         let clipped = reps.iter().filter(|r| r.grad_norm.unwrap() > f(&exp["clip_grad_norm"])).count();
-        report += &format!("{name:<10} ws {ws}{}: {held} of {steps} steps held, clipped on {clipped}, worst rel {worst:.1e}\n", if float8.is_some() { " float8" } else { "" });
+        report += &format!("{name:<10} ws {ws}{}: {held} of {steps} steps held, clipped on {clipped}, worst rel {worst:.1e}\n", match float8 { Some(f) if f.all_gather => " float8, gathered in float8", Some(_) => " float8", None => "" });
         checked += 1;
     }
     assert_eq!(checked, 3);

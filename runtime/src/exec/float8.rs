@@ -12,6 +12,10 @@
 //! layout copies `_scaled_mm` needs (row-major first operand, column-major second) where
 //! torchao makes them, so that the memory the runtime measures is torchao's.
 //! A bias is added after the GEMM in the output's dtype (`output + bias.to(output.dtype)`).
+//! Under `--float8-all-gather` (torchao's `enable_fsdp_float8_all_gather`) each weight's
+//! shard is cast before the all-gather with the scale of the whole weight (its amax the max
+//! over the shard group: [`weight_shard`]), and the linear takes the gathered bits as they are
+//! ([`Weight::Float8`]), in the forward and again in the backward.
 
 use crate::error::RtError;
 use tch::{Kind, Tensor};
@@ -26,8 +30,62 @@ const EPS: f64 = 1e-12;
 /// A tensor's dynamic tensorwise scale into a float8 format whose largest value is `max`:
 /// torchao's `tensor_to_scale` (`torch.max(torch.abs(x))`, then `amax_to_scale` in float64).
 fn scale(x: &Tensor, max: f64) -> Tensor {
-    let amax = x.abs().max();
+    scale_of_amax(&x.abs().max(), max)
+}
+
+/// torchao's `amax_to_scale`.
+fn scale_of_amax(amax: &Tensor, max: f64) -> Tensor {
     (amax.to_kind(Kind::Double).clamp_min(EPS).reciprocal() * max).to_kind(Kind::Float)
+}
+
+/// A float8 linear's weight as the linear gets it.
+pub enum Weight<'a> {
+    /// In high precision: the linear casts it (each GEMM's own cast).
+    High(&'a Tensor),
+    /// Gathered in float8 (e4m3 bits [out, in] and their scale), used as they are.
+    Float8 { bits: &'a Tensor, scale: &'a Tensor },
+}
+
+impl Weight<'_> {
+    /// The transposed weight's e4m3 bits [in, out] (column-major) and scale.
+    fn cast_t(&self) -> (Tensor, Tensor) {
+        match self {
+            Weight::High(w) => {
+                let wt = w.tr();
+                let sw = scale(&wt, E4M3_MAX);
+                (bits(&wt, &sw, E4M3_MAX, Kind::Float8e4m3fn), sw)
+            }
+            Weight::Float8 { bits, scale } => (bits.tr(), scale.shallow_clone()),
+        }
+    }
+
+    fn out_features(&self) -> i64 {
+        match self {
+            Weight::High(w) | Weight::Float8 { bits: w, .. } => w.size()[0],
+        }
+    }
+
+    fn in_features(&self) -> i64 {
+        match self {
+            Weight::High(w) | Weight::Float8 { bits: w, .. } => w.size()[1],
+        }
+    }
+}
+
+/// A weight's shard cast for torchao's float8 all-gather (`fsdp_pre_all_gather`: dynamic
+/// scaling with the amax all-reduced over the shard group — `amax`, the max of every rank's
+/// [`local_amax`]): its e4m3 bits and the scale, which every rank computes alike.
+pub fn weight_shard(shard: &Tensor, amax: &Tensor) -> (Tensor, Tensor) {
+    let s = scale_of_amax(amax, E4M3_MAX);
+    (bits(shard, &s, E4M3_MAX, Kind::Float8e4m3fn), s)
+}
+
+/// `torch.max(torch.abs(shard))` (0 for an empty shard), float32 [1], for the all-reduce.
+pub fn local_amax(shard: &Tensor) -> Tensor {
+    match shard.numel() {
+        0 => Tensor::zeros([1], (Kind::Float, shard.device())),
+        _ => shard.abs().max().to_kind(Kind::Float).reshape([1]),
+    }
 }
 
 /// `x`'s float8 bits under `scale` (torchao's `hp_tensor_and_scale_to_float8`: scaled in
@@ -51,18 +109,16 @@ fn scaled_mm(a: &Tensor, sa: &Tensor, b: &Tensor, sb: &Tensor, out: Kind, fast: 
 }
 
 /// The float8 linear's output for input `x` [..., in], weight `w` [out, in] and bias.
-pub fn forward(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor, RtError> {
+pub fn forward(x: &Tensor, w: Weight, bias: Option<&Tensor>) -> Result<Tensor, RtError> {
     let kind = x.kind();
     let sx = scale(x, E4M3_MAX);
     let x8 = bits(x, &sx, E4M3_MAX, Kind::Float8e4m3fn);
-    let wt = w.tr();
-    let sw = scale(&wt, E4M3_MAX);
-    let w8t = bits(&wt, &sw, E4M3_MAX, Kind::Float8e4m3fn);
+    let (w8t, sw) = w.cast_t();
     let mut shape = x.size();
     let fan_in = *shape.last().ok_or_else(|| RtError::Plan("float8 linear: a 0-dim input".into()))?;
     let y = scaled_mm(&x8.reshape([-1, fan_in]), &sx, &w8t, &sw, kind, true)?;
     if let Some(l) = shape.last_mut() {
-        *l = w.size()[0];
+        *l = w.out_features();
     }
     let y = y.reshape(shape.as_slice());
     Ok(match bias {
@@ -80,7 +136,7 @@ pub struct Grads {
 }
 
 /// torchao's `matmul_with_hp_or_float8_args.backward` (and autograd's for the bias add).
-pub fn backward(x: &Tensor, w: &Tensor, has_bias: bool, g: &Tensor) -> Result<Grads, RtError> {
+pub fn backward(x: &Tensor, w: Weight, has_bias: bool, g: &Tensor) -> Result<Grads, RtError> {
     let gshape = g.size();
     let fan_out = *gshape.last().ok_or_else(|| RtError::Plan("float8 linear: a 0-dim gradient".into()))?;
     let kind = g.kind();
@@ -88,13 +144,11 @@ pub fn backward(x: &Tensor, w: &Tensor, has_bias: bool, g: &Tensor) -> Result<Gr
     // grad_input = go₈ (e5m2) · w₈ (e4m3, cast again from the weight)
     let sg = scale(&g2, E5M2_MAX);
     let g8 = bits(&g2, &sg, E5M2_MAX, Kind::Float8e5m2);
-    let wt = w.tr();
-    let sw = scale(&wt, E4M3_MAX);
-    let w8t = bits(&wt, &sw, E4M3_MAX, Kind::Float8e4m3fn);
+    let (w8t, sw) = w.cast_t();
     let gi = scaled_mm(&g8, &sg, &w8t.tr(), &sw, kind, false)?;
     let mut ishape = gshape.clone();
     if let Some(l) = ishape.last_mut() {
-        *l = w.size()[1];
+        *l = w.in_features();
     }
     let input = gi.reshape(ishape.as_slice());
     // grad_weight = go₈ᵀ · x₈ (both cast again, as torchao casts each GEMM's operands;

@@ -303,6 +303,37 @@ fn copy_out_into(plan: &Plan, u: usize, gathered: &Tensor, dst: &mut dyn FnMut(&
     Ok(())
 }
 
+/// [`copy_out_into`] for a unit gathered as bytes (`--float8-all-gather`: float8 weights beside
+/// params in the param dtype): each param's bytes of every rank's row into its tensor's bytes
+/// (FSDP2 copies out of a uint8 all-gather so). Params sharded on dim 0 only.
+fn copy_out_bytes(plan: &Plan, u: usize, gathered: &Tensor, dst: &mut dyn FnMut(&fsdp_planner::units::UnitParam) -> Result<Tensor, RtError>) -> Result<(), RtError> {
+    let ws = plan.options.shard_size() as i64;
+    let size = |p: &fsdp_planner::units::UnitParam| if p.float8 { 1 } else { plan.options.gathered_dtype(p.dtype).size() as i64 };
+    let row: i64 = plan.units[u].params.iter().map(|p| p.shard_numel as i64 * size(p)).sum();
+    let rows = gathered.view([ws, row]);
+    let mut at = 0i64;
+    for p in &plan.units[u].params {
+        let t = dst(p)?;
+        let (d, _, len, c) = chunk_of(p, ws);
+        if d != 0 {
+            return Err(err(format!("`{}`: float8 all-gather of a param sharded on dim {d}", p.name)));
+        }
+        let sz = size(p);
+        let per_row = if len == 0 { 0 } else { p.numel as i64 / len * sz };
+        let bytes = tch::no_grad(|| t.view([-1]).view_dtype(Kind::Uint8));
+        for r in 0..ws {
+            let start = r * c;
+            if start >= len {
+                break;
+            }
+            let n = c.min(len - start) * per_row;
+            shim::copy_keep_version(&bytes.narrow(0, start * per_row, n), &rows.get(r).narrow(0, at, n))?;
+        }
+        at += p.shard_numel as i64 * sz;
+    }
+    Ok(())
+}
+
 /// A param's shard dim `d` (FSDP2's `Shard(d)`: 0, or what `--shard-dim` says), the shape of
 /// one rank's padded chunk (dim `d` cut to `c` = ceil(len / ws) slices), `len` and `c`.
 fn chunk_of(p: &fsdp_planner::units::UnitParam, ws: i64) -> (i64, Vec<i64>, i64, i64) {
@@ -505,6 +536,8 @@ struct F8Saved {
     x: Tensor,
     x_grad: bool,
     w: Tensor,
+    /// The weight's scale when it was gathered in float8 (`w` its bits).
+    w_scale: Option<Tensor>,
     w_grad: bool,
     b_grad: bool,
 }
@@ -735,6 +768,12 @@ fn run_step(
     let mut would_grad: std::collections::HashSet<String> = std::collections::HashSet::new();
     // float8 linears' forwards run without autograd: what their backward reads, by op
     let mut f8_saved: HashMap<String, F8Saved> = HashMap::new();
+    // --float8-all-gather: units whose float8 weights are gathered in float8 (as bytes, beside
+    // the rest in the param dtype); the scales of a gather in flight, and of the float8
+    // weights resident, by primary name
+    let f8_gather: Vec<bool> = plan.units.iter().map(|un| plan.options.float8.is_some_and(|f| f.all_gather) && un.params.iter().any(|p| p.float8)).collect();
+    let mut f8_pending: Vec<HashMap<String, Tensor>> = (0..nu).map(|_| HashMap::new()).collect();
+    let mut f8_scale: HashMap<String, Tensor> = HashMap::new();
     let (mut fwd_left, mut rec_in_left, mut rec_int_left) = (HashMap::new(), HashMap::new(), HashMap::new());
     let mut losses = vec![];
     let mut mb = u32::MAX;
@@ -858,6 +897,38 @@ fn run_step(
                 gathered[u] = Some(crate::comm::Pending::ready(out));
                 gathered_post[u] = true;
             }
+            OpKind::AllGather { unit, .. } if f8_gather[unit.index()] => {
+                // torchao's float8 all-gather: each float8 weight's shard cast with the whole
+                // weight's scale (amax all-reduced over the shard group), the rest cast to the
+                // param dtype, all gathered as one uint8 buffer of their bytes (FSDP2 gathers a
+                // unit of mixed dtypes so)
+                let u = unit.index();
+                if host.offload || plan.options.layout != Layout::Fsdp2 {
+                    return Err(err(format!("{}: float8 all-gather runs with FSDP2's layout on the device only", sop.id)));
+                }
+                let shard = &rank.shards[u];
+                let mut pieces = Vec::with_capacity(plan.units[u].params.len());
+                for p in &plan.units[u].params {
+                    let piece = shard.narrow(0, p.offset as i64, p.shard_numel as i64);
+                    let bytes = if p.float8 {
+                        let local = tch::no_grad(|| float8::local_amax(&piece));
+                        let amax = tch::no_grad(|| comm.shard.all_gather(&local).map(|a| a.max()))?;
+                        let (bits, scale) = tch::no_grad(|| float8::weight_shard(&piece, &amax));
+                        f8_pending[u].insert(p.name.clone(), scale);
+                        bits.view_dtype(Kind::Uint8)
+                    } else {
+                        let c = match param_kind {
+                            Some(k) if k != piece.kind() => tch::no_grad(|| piece.to_kind(k)),
+                            _ => piece,
+                        };
+                        c.view_dtype(Kind::Uint8)
+                    };
+                    pieces.push(bytes);
+                }
+                let s = tch::no_grad(|| Tensor::cat(&pieces, 0));
+                drop(pieces);
+                gathered[u] = Some(comm.shard.all_gather_start(&s)?);
+            }
             OpKind::AllGather { unit, .. } => {
                 // mixed precision: the shard is cast to param_dtype, then gathered
                 let u = unit.index();
@@ -945,6 +1016,38 @@ fn run_step(
                 // FSDPParam.to_unsharded: the slices go once copied out
                 post_fwd[u].clear();
                 gathered_post[u] = false;
+                resident[u] = true;
+            }
+            OpKind::CopyOut { unit } if f8_gather[unit.index()] => {
+                // the bytes of each param from every rank's row into its unsharded tensor:
+                // float8 weights as e4m3 bits (no grad of their own: the linear's backward
+                // makes the weight's), the rest in the param dtype
+                let u = unit.index();
+                let g = gathered[u].take().ok_or_else(|| err(format!("{}: copy-out without all-gather", sop.id)))?.wait()?;
+                for (name, scale) in f8_pending[u].drain() {
+                    f8_scale.insert(name, scale);
+                }
+                let fresh = params[u].is_empty();
+                let id = sop.id;
+                copy_out_bytes(plan, u, &g, &mut |p| {
+                    if fresh {
+                        let shape: Vec<i64> = p.shape.iter().map(|&d| d as i64).collect();
+                        let kind = if p.float8 { Kind::Float8e4m3fn } else { param_kind.unwrap_or(kind_of(p.dtype)) };
+                        let t = Tensor::empty(shape.as_slice(), (kind, g.device()));
+                        let t = if p.float8 || !p.requires_grad { t } else { t.set_requires_grad(true) };
+                        params[u].insert(p.name.clone(), t.shallow_clone());
+                        Ok(t)
+                    } else {
+                        let t = params[u].get(&p.name).ok_or_else(|| err(format!("{id}: unsharded param `{}` missing", p.name)))?;
+                        shim::realloc_storage(t)?;
+                        Ok(t.shallow_clone())
+                    }
+                })?;
+                if sop.phase == fsdp_planner::Phase::Forward {
+                    last_fwd_ag = Some(g);
+                } else {
+                    drop(g);
+                }
                 resident[u] = true;
             }
             OpKind::CopyOut { unit } => {
@@ -1043,7 +1146,11 @@ fn run_step(
                 let out = {
                     let ir: Vec<&Tensor> = ins.iter().collect();
                     let pr: Vec<&Tensor> = ps.iter().collect();
-                    if grad_on && !f8 {
+                    if f8 && pr[0].kind() == Kind::Float8e4m3fn {
+                        // the weight gathered in float8: its bits and scale as they are
+                        let scale = f8_scale.get(model.primary_of(&o.params[0])).ok_or_else(|| err(format!("{op}: no scale for the float8 weight `{}`", o.params[0])))?;
+                        tch::no_grad(|| float8::forward(ir[0], float8::Weight::Float8 { bits: pr[0], scale }, pr.get(1).copied()))?
+                    } else if grad_on && !f8 {
                         forward(&cxm, o, &ir, &pr)?
                     } else {
                         tch::no_grad(|| forward(&cxm, o, &ir, &pr))?
@@ -1056,7 +1163,9 @@ fn run_step(
                     // torchao's float8 linear keeps its high-precision input and weight for
                     // its own backward ([`float8::backward`]), as autograd would keep them
                     let (x, w) = (&ins[0], &ps[0]);
-                    let sv = F8Saved { x: x.detach(), x_grad: x.requires_grad(), w: w.detach(), w_grad: w.requires_grad(), b_grad: ps.get(1).is_some_and(|b| b.requires_grad()) };
+                    let gathered8 = w.kind() == Kind::Float8e4m3fn;
+                    let w_scale = if gathered8 { f8_scale.get(model.primary_of(&o.params[0])).map(|t| t.shallow_clone()) } else { None };
+                    let sv = F8Saved { x: x.detach(), x_grad: x.requires_grad(), w: w.detach(), w_scale, w_grad: w.requires_grad() || gathered8, b_grad: ps.get(1).is_some_and(|b| b.requires_grad()) };
                     if sv.x_grad || sv.w_grad || sv.b_grad {
                         would_grad.insert(o.name.clone());
                     }
@@ -1115,7 +1224,11 @@ fn run_step(
                 // (input, gradient) and (primary param, gradient)
                 let (in_grads, p_grads): (Vec<Named>, Vec<Named>) = if let Some(sv) = f8_saved.remove(&o.name) {
                     let Some(gout) = grads.remove(&o.name) else { continue };
-                    let g = tch::no_grad(|| float8::backward(&sv.x, &sv.w, o.params.len() > 1, &gout))?;
+                    let w = match &sv.w_scale {
+                        Some(scale) => float8::Weight::Float8 { bits: &sv.w, scale },
+                        None => float8::Weight::High(&sv.w),
+                    };
+                    let g = tch::no_grad(|| float8::backward(&sv.x, w, o.params.len() > 1, &gout))?;
                     let ins = if sv.x_grad { vec![(o.inputs[0].clone(), g.input)] } else { vec![] };
                     let mut pg = vec![];
                     if sv.w_grad {

@@ -164,7 +164,7 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
                 }
                 y.reshape(shape.as_slice())
             } else if cx.float8 && fsdp_planner::float8::converts(op, &dims(params[0]).iter().map(|&d| d as u64).collect::<Vec<u64>>()) {
-                crate::float8::forward(inputs[0], params[0], b)?
+                crate::float8::forward(inputs[0], crate::float8::Weight::High(params[0]), b)?
             } else {
                 inputs[0].linear(params[0], b)
             }
