@@ -10,7 +10,8 @@ and DIR/tokens.u32 (random ids) unless they exist; every rank then `fully_shard`
 foreach=False) on the batches `fsdp-plan run --data DIR/tokens.u32` takes (step s: the global
 batch is tokens[s·P mod (n−P) :][:P], P = N·batch·seq, rank r its r-th [batch, seq] block).
 It prints the matching `fsdp-plan` command. `--device cpu` runs on gloo (a check of this
-script without a GPU); cuda uses NCCL, one GPU per LOCAL_RANK.
+script without a GPU); cuda uses NCCL, one GPU per LOCAL_RANK. `--float8 [--float8-all-gather]`
+converts the linears with torchao 0.18 first, as torchtitan's `--float8` does.
 """
 import argparse
 import json
@@ -41,6 +42,11 @@ def main():
     ap.add_argument("--json", default=None, help="rank 0 also writes its JSON summary here")
     ap.add_argument("--param-dtype", choices=["float32", "bfloat16"], default="float32",
                     help="MixedPrecisionPolicy(param_dtype=..., reduce_dtype=float32); shards stay float32")
+    ap.add_argument("--float8", action="store_true",
+                    help="torchao 0.18's float8 linears, tensorwise (torchtitan's --float8: every nn.Linear "
+                         "but the LM head whose dims are multiples of 16)")
+    ap.add_argument("--float8-all-gather", action="store_true",
+                    help="with --float8: the weights all-gathered in float8 (enable_fsdp_float8_all_gather)")
     a = ap.parse_args()
 
     rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -73,6 +79,9 @@ def main():
     if unexpected or set(missing) - set(aliases):  # only tied aliases may be absent
         raise SystemExit(f"{weights}: missing {sorted(set(missing) - set(aliases))}, unexpected {unexpected}")
     model.to(dev)
+    if a.float8:
+        import fsdp2_oracle
+        fsdp2_oracle.convert_float8(model, {"float8": "tensorwise", "float8_all_gather": a.float8_all_gather})
     classes = set(getattr(model, "_no_split_modules", None) or [])
     mp = MixedPrecisionPolicy(param_dtype=getattr(torch, a.param_dtype), reduce_dtype=torch.float32)
     for m in model.modules():
@@ -107,7 +116,8 @@ def main():
     peak = torch.cuda.max_memory_allocated(dev) if a.device == "cuda" else None
     if rank == 0:
         doc = {"model": a.model, "world_size": ws, "device": a.device, "batch": a.batch, "seq": a.seq,
-               "param_dtype": a.param_dtype, "torch": torch.__version__,
+               "param_dtype": a.param_dtype, "float8": a.float8, "float8_all_gather": a.float8_all_gather,
+               "torch": torch.__version__,
                "gpu": torch.cuda.get_device_name(dev) if a.device == "cuda" else None,
                "steps": rows, "peak_allocated_bytes_rank0": peak}
         print(json.dumps(doc, indent=1))
@@ -120,7 +130,8 @@ def main():
               f"  fsdp-plan run models/{a.model}.ron --world-size {ws} --batch {a.batch} --seq {a.seq} "
               f"--steps {a.steps} --lr {a.lr} --policy auto --optimizer adamw --weights {rel}/init.safetensors "
               f"--data {rel}/tokens.u32 --backend {'cuda' if a.device == 'cuda' else 'cpu'}"
-              + (f" --param-dtype bf16 --reduce-dtype f32" if a.param_dtype == "bfloat16" else ""))
+              + (f" --param-dtype bf16 --reduce-dtype f32" if a.param_dtype == "bfloat16" else "")
+              + (" --float8 tensorwise" if a.float8 else "") + (" --float8-all-gather" if a.float8_all_gather else ""))
     dist.destroy_process_group()
     # (the results are written: leave without the interpreter's teardown, where a process-group
     # thread still joinable at exit once aborted this rank — "terminate called without an

@@ -24,6 +24,8 @@
 #         the plan's arena (the default), then with --no-arena (libtorch's caching allocator);
 #      c. the CUDA run's losses against the CPU runtime's (a short run, same weights/tokens),
 #         and against the same run under --offload cpu (its device peak against the plan's);
+#         llama-1b: FSDP2 with torchao's float8 linears (weights gathered in float8) against
+#         `run --float8 tensorwise --float8-all-gather`, 3 steps;
 #      d. fsdp-plan's prediction (plan --hardware h100-sxm);
 #      e. scripts/gpu_report.py: tokens/s and peak memory of both, the predicted peak, the
 #         loss checks -> RESULTS-gpu.md (rows for bench/RESULTS.md);
@@ -152,6 +154,26 @@ m, p = s["measured_peak_bytes"], s["predicted_peak_bytes"]
 assert abs(m / p - 1) < 0.02, f"device peak {m} B measured, {p} B planned"
 print(f"offload: losses {lb} (without: {la}); device peak {m} B measured vs {p} B planned")
 PYEOF
+  # torchao's float8 linears, weights gathered in float8 (torchtitan's --float8 with
+  # enable_fsdp_float8_all_gather): FSDP2 + torchao 0.18 against `run --float8 tensorwise
+  # --float8-all-gather`, 3 steps of the short run's shape (Llama: GPT-2's Conv1D is no
+  # nn.Linear; needs torchao beside torch, which scripts/setup-venv.sh installs)
+  if [[ $M == *llama* ]] && "$PY" -c 'import torchao, sys; sys.exit(torchao.__version__ != "0.18.0")' 2>/dev/null; then
+    step "$M-fsdp2-float8" "${TORCHRUN[@]}" --standalone --nproc-per-node 1 scripts/fsdp2_side_by_side.py --model "$M" --batch "${SHORT[0]}" \
+      --seq "${SHORT[1]}" --steps 3 --device "$DEV" --out "$W" --json "$LOG/$M-fsdp2-float8.json" --float8 --float8-all-gather
+    json "$LOG/$M-float8-short.json" "$B" run "${COMMON[@]}" --batch "${SHORT[0]}" --seq "${SHORT[1]}" --steps 3 --backend "$DEV" --float8 tensorwise --float8-all-gather
+    step "$M-float8" "$PY" - "$LOG/$M-fsdp2-float8.json" "$LOG/$M-float8-short.json" "$F2RTOL" <<'PYEOF'
+import json, sys
+a = json.load(open(sys.argv[1]))
+b = [json.loads(l) for l in open(sys.argv[2]) if l.strip()]
+la, lb, rtol = [r["loss"] for r in a["steps"]], [r["loss"] for r in b if "step" in r], float(sys.argv[3])
+assert a["float8"] and a["float8_all_gather"], a
+assert len(la) == len(lb) == 3 and all(abs(x - y) <= rtol * abs(x) for x, y in zip(la, lb)), (la, lb)
+print(f"float8: FSDP2 + torchao {la}, fsdp-plan {lb}")
+PYEOF
+  elif [[ $M == *llama* ]]; then
+    echo "== $M-float8: SKIPPED (no torchao 0.18.0 beside this torch)"
+  fi
   json "$LOG/$M-plan.json" "$B" plan "$W/model.ron" --world-size 1 --policy auto --optimizer adamw --batch "$BS" --seq "$SEQ" --hardware h100-sxm --device "$DEV" --format json
   step "$M-report" "$PY" scripts/gpu_report.py --name "$M" --ours-cuda "$LOG/$M-cuda.json" --ours-heap "$LOG/$M-cuda-heap.json" --loss-cuda "$LOG/$M-cuda-short.json" \
     --ours-cpu "$LOG/$M-cpu-short.json" --fsdp2 "$LOG/$M-fsdp2.json" --plan "$LOG/$M-plan.json" --rtol "$RTOL" --fsdp2-rtol "$F2RTOL" --out "$LOG/RESULTS-gpu.md"
