@@ -65,11 +65,18 @@ def train(name, tokens, clip, convert=None, split=1):
             loss = model(input_ids=ids, labels=ids).loss
             loss.backward()
         else:
+            # each part's own mean loss backward, the grads summed, then divided: as ranks
+            # reduce theirs (the 1/split never enters a part's backward)
             loss = 0.0
             for part in ids.chunk(split):
-                part_loss = model(input_ids=part, labels=part).loss / split
+                part_loss = model(input_ids=part, labels=part).loss
                 part_loss.backward()
                 loss = loss + part_loss.detach()
+            loss = loss / split
+            with torch.no_grad():
+                for _, p in params:
+                    if p.grad is not None:
+                        p.grad.div_(split)
         norm = torch.nn.utils.clip_grad_norm_([p for _, p in params], clip if clip else float("inf"))
         lrs.append(opt.param_groups[0]["lr"])
         opt.step()

@@ -207,9 +207,6 @@ pub(crate) fn run_inputs(r: &RunArgs) -> Result<(Plan, Model)> {
         Some(f) if f.all_gather && plan.options.offload == fsdp_planner::Offload::Cpu => {
             bail!(UserError("--float8-all-gather with --offload cpu: the runtime casts the float8 weights' shards on the device; plan and time it here, run without one of the two".into()));
         }
-        Some(f) if f.all_gather && !plan.options.shard_dims.is_empty() => {
-            bail!(UserError("--float8-all-gather with --shard-dim: the runtime gathers float8 weights sharded on dim 0 only; run without one of the two".into()));
-        }
         _ => {}
     }
     if plan.options.train_loop != fsdp_planner::TrainLoop::Hf {

@@ -421,6 +421,12 @@ fn float8_is_planned_and_refused_where_it_cannot_run() {
     assert!(code == 2 && err.contains("--float8"), "{err}");
     let (code, _, err) = run(&["plan", "models/llama-3.1-8b.ron", "--world-size", "8", "--float8", "rowwise", "--float8-all-gather"]);
     assert!(code == 2 && err.contains("tensorwise scaling only"), "{err}");
+    // float8 weights whose dim 0 splits unevenly over the shard group: FSDP2 + torchao cannot
+    // gather them (4,096 rows over 3 ranks; and over HSDP's shard groups of 3)
+    for extra in [&["--world-size", "3"][..], &["--world-size", "6", "--strategy", "hybrid-shard", "--shard-group-size", "3"][..]] {
+        let (code, _, err) = run(&[&["plan", "models/llama-3.1-8b.ron", "--float8", "tensorwise", "--float8-all-gather"][..], extra].concat());
+        assert!(code == 2 && err.contains("`model.layers.0.self_attn.q_proj.weight`'s dim 0 (4096) does not split evenly over the shard group's 3 ranks"), "{extra:?}: {err}");
+    }
     assert!(ag(&["--float8", "rowwise"]) == plain);
     let (code, _, err) = run(&["plan", "models/llama-3.1-8b.ron", "--world-size", "8", "--float8", "tensorwise", "--float8-all-gather", "--checkpoint", "LlamaDecoderLayer", "--ac-mode", "selective-op"]);
     assert!(code == 2 && err.contains("--float8-all-gather") && err.contains("--ac-wrapper torchtitan"), "{err}");

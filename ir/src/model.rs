@@ -486,11 +486,12 @@ pub struct Model {
     pub alias_index: AliasIndex,
 }
 
-/// Lazily built name indexes (alias → primary, name → param); always equal to any other
-/// (they are caches).
+/// Lazily built name indexes (alias → primary, name → param, module path → module); always
+/// equal to any other (they are caches).
 #[derive(Debug, Clone, Default)]
 pub struct AliasIndex(
     std::sync::OnceLock<rustc_hash::FxHashMap<String, String>>,
+    std::sync::OnceLock<rustc_hash::FxHashMap<String, usize>>,
     std::sync::OnceLock<rustc_hash::FxHashMap<String, usize>>,
 );
 
@@ -547,11 +548,13 @@ impl Model {
         idx.get(name).and_then(|&i| self.params.get(i))
     }
 
+    /// The class of the module at `path` (indexed on first use).
     pub fn module_class(&self, path: &str) -> Option<&str> {
-        self.modules
-            .iter()
-            .find(|m| m.path == path)
-            .map(|m| m.class.as_str())
+        let idx = self
+            .alias_index
+            .2
+            .get_or_init(|| self.modules.iter().enumerate().map(|(i, m)| (m.path.clone(), i)).collect());
+        idx.get(path).and_then(|&i| self.modules.get(i)).map(|m| m.class.as_str())
     }
 }
 

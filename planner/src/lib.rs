@@ -228,6 +228,7 @@ fn plan_passes_with(model: &Model, opts: &Options, model_hash: Option<Box<dyn Fn
             return Err(error::opt_err("--seq", format!("{} exceeds the model's {} learned positions (`{}`, n_positions)", opts.seq, p.shape[0], p.name)));
         }
     }
+    float8::check_even_gather(model, opts)?;
     // activation checkpointing names module classes, as FSDP's apply_activation_checkpointing
     // check_fn does: one the model lacks would silently checkpoint nothing
     let specs = opts.checkpoints();

@@ -443,9 +443,9 @@ fn float8_linears_hold_the_plans_bytes_but_the_cpu_gemms_scratch() {
         }),
         // the weights gathered in float8 (torchao's enable_fsdp_float8_all_gather)
         case("tiny-llama-wide", "float8 all-gather", |o| o.float8 = Some(F8AG)),
-        case("tiny-llama-wide", "float8 all-gather, bf16 params, ws 3", |o| {
+        case("tiny-llama-wide", "float8 all-gather, bf16 params, ws 4", |o| {
             o.float8 = Some(F8AG);
-            o.world_size = 3;
+            o.world_size = 4;
             o.param_dtype = fsdp_ir::DType::parse("bf16");
             o.reduce_dtype = fsdp_ir::DType::parse("f32");
         }),

@@ -1,6 +1,7 @@
 //! torchao's float8 linear (torchtitan's `--float8`, the tensorwise recipe) on libtorch's
 //! `_scaled_mm`: what `torchao.float8.Float8Linear` computes, op for op, so that the losses
-//! and gradients equal torchao's (checked against torchao 0.18.0 in `runtime/tests/float8.rs`).
+//! and gradients equal torchao's (checked against torchao 0.18.0 in
+//! `runtime/tests/train_parity.rs` and, beside FSDP2, by `scripts/gpu-check.sh`).
 //!
 //! Dynamic tensorwise scaling: each operand's scale is `finfo.max / max(|t|, 1e-12)` (in
 //! float64, kept in float32), its bits `clamp(t · scale, ±finfo.max)` in float8 — e4m3 for the
@@ -80,11 +81,12 @@ pub fn weight_shard(shard: &Tensor, amax: &Tensor) -> (Tensor, Tensor) {
     (bits(shard, &s, E4M3_MAX, Kind::Float8e4m3fn), s)
 }
 
-/// `torch.max(torch.abs(shard))` (0 for an empty shard), float32 [1], for the all-reduce.
+/// `torch.max(torch.abs(shard))` in the shard's dtype (0 for an empty shard), [1], for the
+/// all-reduce.
 pub fn local_amax(shard: &Tensor) -> Tensor {
     match shard.numel() {
-        0 => Tensor::zeros([1], (Kind::Float, shard.device())),
-        _ => shard.abs().max().to_kind(Kind::Float).reshape([1]),
+        0 => Tensor::zeros([1], (shard.kind(), shard.device())),
+        _ => shard.abs().max().reshape([1]),
     }
 }
 
@@ -117,6 +119,8 @@ pub fn forward(x: &Tensor, w: Weight, bias: Option<&Tensor>) -> Result<Tensor, R
     let mut shape = x.size();
     let fan_in = *shape.last().ok_or_else(|| RtError::Plan("float8 linear: a 0-dim input".into()))?;
     let y = scaled_mm(&x8.reshape([-1, fan_in]), &sx, &w8t, &sw, kind, true)?;
+    // (torchao's autograd function returns here: its casts go before the bias is added)
+    drop((x8, w8t));
     if let Some(l) = shape.last_mut() {
         *l = w.out_features();
     }
@@ -140,6 +144,11 @@ pub fn backward(x: &Tensor, w: Weight, has_bias: bool, g: &Tensor) -> Result<Gra
     let gshape = g.size();
     let fan_out = *gshape.last().ok_or_else(|| RtError::Plan("float8 linear: a 0-dim gradient".into()))?;
     let kind = g.kind();
+    // the bias's grad first: autograd runs the add's node before the GEMMs'
+    let bias = has_bias.then(|| {
+        let lead: Vec<i64> = (0..gshape.len() as i64 - 1).collect();
+        g.sum_dim_intlist(lead.as_slice(), false, None::<Kind>)
+    });
     let g2 = g.reshape([-1, fan_out]);
     // grad_input = go₈ (e5m2) · w₈ (e4m3, cast again from the weight)
     let sg = scale(&g2, E5M2_MAX);
@@ -160,9 +169,5 @@ pub fn backward(x: &Tensor, w: Weight, has_bias: bool, g: &Tensor) -> Result<Gra
     let sx = scale(&x2, E4M3_MAX);
     let x8 = bits(&x2, &sx, E4M3_MAX, Kind::Float8e4m3fn);
     let weight = scaled_mm(&g8t, &sg1, &x8, &sx, kind, false)?;
-    let bias = has_bias.then(|| {
-        let lead: Vec<i64> = (0..gshape.len() as i64 - 1).collect();
-        g.sum_dim_intlist(lead.as_slice(), false, None::<Kind>)
-    });
     Ok(Grads { input, weight, bias })
 }

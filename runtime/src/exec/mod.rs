@@ -530,13 +530,14 @@ fn region_of<'a>(checkpointed: &std::collections::HashSet<&str>, op: &'a fsdp_ir
 type Named = (String, Tensor);
 
 /// What a float8 linear's backward reads ([`float8::backward`]): the forward's high-precision
-/// input and weight (aliases: an unsharded weight freed at reshard is re-gathered into the same
+/// input and the weight (high precision, or the bits gathered in float8) (aliases: an unsharded weight freed at reshard is re-gathered into the same
 /// storage before the backward), and which of input, weight and bias want a gradient.
 struct F8Saved {
     x: Tensor,
     x_grad: bool,
     w: Tensor,
-    /// The weight's scale when it was gathered in float8 (`w` its bits).
+    /// The weight's scale when it was gathered in float8 (`w` its e4m3 bits, else the weight in
+    /// high precision).
     w_scale: Option<Tensor>,
     w_grad: bool,
     b_grad: bool,
@@ -772,8 +773,23 @@ fn run_step(
     // the rest in the param dtype); the scales of a gather in flight, and of the float8
     // weights resident, by primary name
     let f8_gather: Vec<bool> = plan.units.iter().map(|un| plan.options.float8.is_some_and(|f| f.all_gather) && un.params.iter().any(|p| p.float8)).collect();
-    let mut f8_pending: Vec<HashMap<String, Tensor>> = (0..nu).map(|_| HashMap::new()).collect();
-    let mut f8_scale: HashMap<String, Tensor> = HashMap::new();
+    let mut f8_pending: Vec<HashMap<String, (Tensor, bool)>> = (0..nu).map(|_| HashMap::new()).collect();
+    let mut f8_scale: HashMap<String, (Tensor, bool)> = HashMap::new();
+    // torchao's float8 linears (`--float8`), decided by the plan: tensorwise only (libtorch's
+    // CPU `_scaled_mm` has no per-row scales), not under op-level SAC (its policy keeps each
+    // cast's abs and amax for the recompute, which this executor does not)
+    if let Some(f) = plan.options.float8 {
+        if f.recipe != fsdp_planner::Float8Recipe::Tensorwise {
+            return Err(RtError::Plan(format!("--float8 {}: the runtime runs torchao's tensorwise recipe only", f.recipe.name())));
+        }
+        if plan.options.checkpoints().iter().any(|(_, m)| *m == fsdp_planner::AcMode::SelectiveOp) {
+            return Err(RtError::Plan("--float8 under op-level selective AC: the runtime does not keep the float8 casts' abs and amax as torchtitan's policy does".into()));
+        }
+    }
+    let f8_ops: std::collections::HashSet<&str> = match plan.options.float8 {
+        Some(_) => model.ops.iter().filter(|o| fsdp_planner::float8::is_float8_linear(model, o)).map(|o| o.name.as_str()).collect(),
+        None => Default::default(),
+    };
     let (mut fwd_left, mut rec_in_left, mut rec_int_left) = (HashMap::new(), HashMap::new(), HashMap::new());
     let mut losses = vec![];
     let mut mb = u32::MAX;
@@ -914,7 +930,7 @@ fn run_step(
                         let local = tch::no_grad(|| float8::local_amax(&piece));
                         let amax = tch::no_grad(|| comm.shard.all_gather(&local).map(|a| a.max()))?;
                         let (bits, scale) = tch::no_grad(|| float8::weight_shard(&piece, &amax));
-                        f8_pending[u].insert(p.name.clone(), scale);
+                        f8_pending[u].insert(p.name.clone(), (scale, p.requires_grad));
                         bits.view_dtype(Kind::Uint8)
                     } else {
                         let c = match param_kind {
@@ -1128,7 +1144,7 @@ fn run_step(
                 };
                 let is_recompute = matches!(sop.kind, OpKind::Recompute { .. });
                 let grad_on = is_recompute || !recomputed.contains(&**op);
-                let f8 = cxm.float8 && fsdp_planner::float8::is_float8_linear(model, o);
+                let f8 = f8_ops.contains(o.name.as_str());
                 // inputs and params enter through boundaries, so this op's backward can run
                 // on its own piece of the graph (and a value a checkpointed forward computed
                 // without grad still collects the gradient for its producer's backward)
@@ -1148,9 +1164,11 @@ fn run_step(
                     let pr: Vec<&Tensor> = ps.iter().collect();
                     if f8 && pr[0].kind() == Kind::Float8e4m3fn {
                         // the weight gathered in float8: its bits and scale as they are
-                        let scale = f8_scale.get(model.primary_of(&o.params[0])).ok_or_else(|| err(format!("{op}: no scale for the float8 weight `{}`", o.params[0])))?;
+                        let (scale, _) = f8_scale.get(model.primary_of(&o.params[0])).ok_or_else(|| err(format!("{op}: no scale for the float8 weight `{}`", o.params[0])))?;
                         tch::no_grad(|| float8::forward(ir[0], float8::Weight::Float8 { bits: pr[0], scale }, pr.get(1).copied()))?
-                    } else if grad_on && !f8 {
+                    } else if f8 {
+                        tch::no_grad(|| float8::forward(ir[0], float8::Weight::High(pr[0]), pr.get(1).copied()))?
+                    } else if grad_on {
                         forward(&cxm, o, &ir, &pr)?
                     } else {
                         tch::no_grad(|| forward(&cxm, o, &ir, &pr))?
@@ -1163,9 +1181,17 @@ fn run_step(
                     // torchao's float8 linear keeps its high-precision input and weight for
                     // its own backward ([`float8::backward`]), as autograd would keep them
                     let (x, w) = (&ins[0], &ps[0]);
-                    let gathered8 = w.kind() == Kind::Float8e4m3fn;
-                    let w_scale = if gathered8 { f8_scale.get(model.primary_of(&o.params[0])).map(|t| t.shallow_clone()) } else { None };
-                    let sv = F8Saved { x: x.detach(), x_grad: x.requires_grad(), w: w.detach(), w_scale, w_grad: w.requires_grad() || gathered8, b_grad: ps.get(1).is_some_and(|b| b.requires_grad()) };
+                    // (a weight gathered in float8 is bits without a grad of their own: the
+                    // linear's backward makes the weight's, if it is trained)
+                    let gathered8 = f8_scale.get(model.primary_of(&o.params[0])).filter(|_| w.kind() == Kind::Float8e4m3fn);
+                    let sv = F8Saved {
+                        x: x.detach(),
+                        x_grad: x.requires_grad(),
+                        w: w.detach(),
+                        w_scale: gathered8.map(|(t, _)| t.shallow_clone()),
+                        w_grad: w.requires_grad() || gathered8.is_some_and(|(_, trained)| *trained),
+                        b_grad: ps.get(1).is_some_and(|b| b.requires_grad()),
+                    };
                     if sv.x_grad || sv.w_grad || sv.b_grad {
                         would_grad.insert(o.name.clone());
                     }
@@ -1179,7 +1205,7 @@ fn run_step(
                         out_edge.insert(o.name.clone(), e);
                     }
                 } else if out.is_floating_point()
-                    && (ps.iter().any(|p| p.requires_grad()) || o.inputs.iter().zip(&ins).any(|(n, t)| t.requires_grad() || would_grad.contains(n)))
+                    && (ps.iter().any(|p| p.requires_grad() || (f8 && p.kind() == Kind::Float8e4m3fn)) || o.inputs.iter().zip(&ins).any(|(n, t)| t.requires_grad() || would_grad.contains(n)))
                 {
                     would_grad.insert(o.name.clone());
                 }
@@ -1230,12 +1256,13 @@ fn run_step(
                     };
                     let g = tch::no_grad(|| float8::backward(&sv.x, w, o.params.len() > 1, &gout))?;
                     let ins = if sv.x_grad { vec![(o.inputs[0].clone(), g.input)] } else { vec![] };
+                    // (the bias's first, as autograd makes them)
                     let mut pg = vec![];
-                    if sv.w_grad {
-                        pg.push((model.primary_of(&o.params[0]).to_string(), g.weight));
-                    }
                     if let (true, Some(b)) = (sv.b_grad, g.bias) {
                         pg.push((model.primary_of(&o.params[1]).to_string(), b));
+                    }
+                    if sv.w_grad {
+                        pg.push((model.primary_of(&o.params[0]).to_string(), g.weight));
                     }
                     (ins, pg)
                 } else {

@@ -21,8 +21,10 @@ pub struct OpCx {
     /// Training mode: dropout draws its noise from this key. `None` is eval mode (dropout is
     /// the identity, as in HF's `model.eval()`).
     pub train: Option<Noise>,
-    /// torchao float8 training (the plan's `--float8 tensorwise`): the linears
-    /// [`fsdp_planner::float8::converts`] picks run as [`crate::float8`]'s.
+    /// torchao float8 training (the plan's `--float8 tensorwise`): in single-device forwards
+    /// ([`crate::reference`], the trainer's eval) the linears
+    /// [`fsdp_planner::float8::is_float8_linear`] picks run as [`crate::float8`]'s (the sharded
+    /// executor decides from the plan).
     pub float8: bool,
 }
 
@@ -163,8 +165,6 @@ pub fn forward(cx: &OpCx, op: &Op, inputs: &[&Tensor], params: &[&Tensor]) -> Re
                     *l = out;
                 }
                 y.reshape(shape.as_slice())
-            } else if cx.float8 && fsdp_planner::float8::converts(op, &dims(params[0]).iter().map(|&d| d as u64).collect::<Vec<u64>>()) {
-                crate::float8::forward(inputs[0], crate::float8::Weight::High(params[0]), b)?
             } else {
                 inputs[0].linear(params[0], b)
             }

@@ -119,7 +119,10 @@ fn forward_until(model: &Model, params: &Params, inputs: &HashMap<String, Tensor
             })
             .collect::<Result<_, _>>()?;
         let ps: Vec<&Tensor> = op.params.iter().map(|p| params.get(model, p)).collect::<Result<_, _>>()?;
-        let out = forward(cx, op, &ins, &ps)?;
+        let out = match cx.float8 && fsdp_planner::float8::is_float8_linear(model, op) {
+            true => crate::float8::forward(ins[0], crate::float8::Weight::High(ps[0]), ps.get(1).copied())?,
+            false => forward(cx, op, &ins, &ps)?,
+        };
         env.insert(op.name.as_str(), out);
         last = Some(op.name.as_str());
         if stop == Some(op.name.as_str()) {
