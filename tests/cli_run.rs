@@ -315,12 +315,16 @@ fn eval_loss_is_the_loss_of_the_model_as_it_stands() {
     let one = d.join("one.u32");
     std::fs::write(&one, (0..32u32).map(|i| (i * 11 + 5) % 256).flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
     let o = one.to_str().unwrap();
-    let (code, out, err) = run(&with(&["--data", o, "--eval-data", o, "--eval-every", "1", "--steps", "4", "--lr", "1e-2", "--format", "json"]));
-    assert_eq!(code, 0, "{err}");
-    let steps: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()).filter(|l| l.get("step").is_some()).collect();
-    for k in 0..3 {
-        let (e, next) = (steps[k]["eval_loss"].as_f64().unwrap(), steps[k + 1]["loss"].as_f64().unwrap());
-        assert!((e - next).abs() / next < 1e-5, "eval after step {} = {e}, training loss of step {} = {next}", k + 1, k + 2);
+    // (and with float8 weights gathered in float8 under bf16 params: eval casts them from the
+    // float32 masters, as the all-gather does, not from their bf16 copies)
+    for extra in [&[][..], &["--float8", "tensorwise", "--float8-all-gather", "--param-dtype", "bf16", "--reduce-dtype", "f32"][..]] {
+        let (code, out, err) = run(&with(&[&["--data", o, "--eval-data", o, "--eval-every", "1", "--steps", "4", "--lr", "1e-2", "--format", "json"][..], extra].concat()));
+        assert_eq!(code, 0, "{err}");
+        let steps: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()).filter(|l| l.get("step").is_some()).collect();
+        for k in 0..3 {
+            let (e, next) = (steps[k]["eval_loss"].as_f64().unwrap(), steps[k + 1]["loss"].as_f64().unwrap());
+            assert!((e - next).abs() / next < 1e-5, "{extra:?}: eval after step {} = {e}, training loss of step {} = {next}", k + 1, k + 2);
+        }
     }
     let (code, _, err) = run(&with(&["--data", o, "--eval-data", o, "--eval-batches", "3"]));
     assert!(code == 2 && err.contains("1 global batch(es) of 32 tokens, --eval-batches asks for 3"), "{err}");

@@ -237,12 +237,19 @@ fn rank_batches(plan: &Plan, data: &crate::data::Data, step: u64, r: usize) -> R
 /// and windows.
 fn evaluate(plan: &Plan, model: &Model, mesh: &crate::comm::Groups, rank: &Rank, eval: &crate::data::Data, n: usize, cx: &OpCx) -> Result<f64, RtError> {
     let device = rank.device;
+    // weights gathered in float8 are cast from the sharded (master) values, not from their
+    // copies in the param dtype: kept as they are for the float8 linears' casts
+    let from_master = match plan.options.float8 {
+        Some(f) if f.all_gather => fsdp_planner::float8::float8_weights(model),
+        _ => Default::default(),
+    };
     let mut full = HashMap::new();
     for (u, shard) in rank.shards.iter().enumerate() {
         // (an offloaded shard is gathered from a device copy)
         let gathered = mesh.shard.all_gather(&shard.to_device(device))?;
         for (name, t) in crate::exec::copy_out(plan, u, &gathered) {
-            full.insert(name, t.to_kind(cx.kind));
+            let t = if from_master.contains(&name) { t } else { t.to_kind(cx.kind) };
+            full.insert(name, t);
         }
     }
     let params = crate::reference::Params { tensors: full };
