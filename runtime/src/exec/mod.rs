@@ -308,7 +308,7 @@ fn copy_out_into(plan: &Plan, u: usize, gathered: &Tensor, dst: &mut dyn FnMut(&
 /// (FSDP2 copies out of a uint8 all-gather so). Params sharded on dim 0 only.
 fn copy_out_bytes(plan: &Plan, u: usize, gathered: &Tensor, dst: &mut dyn FnMut(&fsdp_planner::units::UnitParam) -> Result<Tensor, RtError>) -> Result<(), RtError> {
     let ws = plan.options.shard_size() as i64;
-    let size = |p: &fsdp_planner::units::UnitParam| if p.float8 { 1 } else { plan.options.gathered_dtype(p.dtype).size() as i64 };
+    let size = |p: &fsdp_planner::units::UnitParam| plan.options.gathered_dtype_of(p).size() as i64;
     let row: i64 = plan.units[u].params.iter().map(|p| p.shard_numel as i64 * size(p)).sum();
     let rows = gathered.view([ws, row]);
     let mut at = 0i64;
@@ -530,8 +530,9 @@ fn region_of<'a>(checkpointed: &std::collections::HashSet<&str>, op: &'a fsdp_ir
 type Named = (String, Tensor);
 
 /// What a float8 linear's backward reads ([`float8::backward`]): the forward's high-precision
-/// input and the weight (high precision, or the bits gathered in float8) (aliases: an unsharded weight freed at reshard is re-gathered into the same
-/// storage before the backward), and which of input, weight and bias want a gradient.
+/// input and the weight (high precision, or the bits gathered in float8; aliases: an unsharded
+/// weight freed at reshard is re-gathered into the same storage before the backward), and
+/// which of input, weight and bias want a gradient.
 struct F8Saved {
     x: Tensor,
     x_grad: bool,
