@@ -201,9 +201,6 @@ pub(crate) fn run_inputs(r: &RunArgs) -> Result<(Plan, Model)> {
         Some(f) if f.recipe != fsdp_planner::Float8Recipe::Tensorwise => {
             bail!(UserError(format!("--float8 {}: the runtime runs torchao's tensorwise recipe only (libtorch's _scaled_mm takes per-tensor scales on the CPU); plan and time {} here, or run --float8 tensorwise", f.recipe.name(), f.recipe.name())));
         }
-        Some(_) if plan.options.checkpoints().iter().any(|(_, m)| *m == fsdp_planner::AcMode::SelectiveOp) => {
-            bail!(UserError("--float8 under op-level selective AC: torchtitan's policy keeps each float8 cast's abs and amax for the recompute, which the runtime's SAC does not (its peak would be the plan's less those); plan and time it here, run float8 with full AC or none".into()));
-        }
         Some(f) if f.all_gather && plan.options.offload == fsdp_planner::Offload::Cpu => {
             bail!(UserError("--float8-all-gather with --offload cpu: the runtime casts the float8 weights' shards on the device; plan and time it here, run without one of the two".into()));
         }

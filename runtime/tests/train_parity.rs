@@ -24,7 +24,7 @@ fn schedule_clipping_and_adamw_equal_hf_at_world_sizes_1_2_3() {
     let mut report = String::new();
     for name in ["tiny-llama", "tiny-gpt2"] {
         let d = root().join("tests/fixtures/train").join(name);
-        report += &check(name, &d, &d.join("expected.json"), None, &[1, 2, 3]).0;
+        report += &check(name, &d, &d.join("expected.json"), None, &[1, 2, 3], false).0;
     }
     eprintln!("{report}");
 }
@@ -45,14 +45,19 @@ fn float8_linears_equal_torchao_at_world_sizes_1_2_3() {
     assert!(run.status.success(), "harness/float8_parity.py failed (bash scripts/setup-venv.sh installs torchao 0.18.0):\n{}", String::from_utf8_lossy(&run.stderr));
     let d = root().join("tests/fixtures/train/tiny-llama");
     let f8 = Float8 { recipe: Float8Recipe::Tensorwise, all_gather: false };
-    let (mut report, plain) = check("tiny-llama", &d, &out, Some(f8), &[1, 2, 3]);
+    let (mut report, plain) = check("tiny-llama", &d, &out, Some(f8), &[1, 2, 3], false);
     // weights gathered in float8 too (torchao's enable_fsdp_float8_all_gather: each shard cast
     // with the whole weight's scale — the bits one device casts, so the same truth, and the
     // same float32 run to the bit); not on 3 ranks, whose shards of tiny-llama's 32 and 64
     // rows are uneven: FSDP2 cannot gather those (the plan refuses them)
-    let (r, gathered) = check("tiny-llama", &d, &out, Some(Float8 { all_gather: true, ..f8 }), &[1, 2]);
+    let (r, gathered) = check("tiny-llama", &d, &out, Some(Float8 { all_gather: true, ..f8 }), &[1, 2], false);
     report += &r;
     assert_eq!(gathered[..], plain[..2], "losses gathered in float8 vs as they are");
+    // under torchtitan's op-level SAC (the casts' abs and amax kept for the recompute, which
+    // takes them and every other GEMM's output from the cache): the same run to the bit
+    let (r, sac) = check("tiny-llama", &d, &out, Some(f8), &[1, 2], true);
+    report += &r;
+    assert_eq!(sac[..], plain[..2], "losses under op-level SAC vs without checkpointing");
     let _ = std::fs::remove_file(&out);
     eprintln!("{report}");
 }
@@ -60,7 +65,7 @@ fn float8_linears_equal_torchao_at_world_sizes_1_2_3() {
 /// Trains `name` from `dir`'s weights and tokens as `expected` records, at world sizes `wss`,
 /// and checks every step's loss, lr and gradient norm within 1e-5 relative; the report and
 /// each world size's losses.
-fn check(name: &str, dir: &Path, expected: &Path, float8: Option<Float8>, wss: &[u64]) -> (String, Vec<Vec<f64>>) {
+fn check(name: &str, dir: &Path, expected: &Path, float8: Option<Float8>, wss: &[u64], sac: bool) -> (String, Vec<Vec<f64>>) {
     let mut report = String::new();
     let d = dir;
     let exp: Value = serde_json::from_str(&std::fs::read_to_string(expected).unwrap()).unwrap();
@@ -87,7 +92,11 @@ fn check(name: &str, dir: &Path, expected: &Path, float8: Option<Float8>, wss: &
         let truth = if float8.is_some() { &exp["world_sizes"][ws.to_string()] } else { &exp };
         let series = |k: &str| truth[k].as_array().unwrap().iter().map(f).collect::<Vec<f64>>();
         let (losses, lrs, norms) = (series("losses"), series("lrs"), series("grad_norms"));
-        let opts = Options { world_size: ws, batch: gb / ws, seq, policy: Policy::Auto, device: Device::Cpu, optimizer: Optimizer::AdamW, float8, ..Options::default() };
+        let mut opts = Options { world_size: ws, batch: gb / ws, seq, policy: Policy::Auto, device: Device::Cpu, optimizer: Optimizer::AdamW, float8, ..Options::default() };
+        if sac {
+            opts.checkpoint = vec!["LlamaDecoderLayer".into()];
+            opts.ac_mode = fsdp_planner::AcMode::SelectiveOp;
+        }
         let plan = fsdp_planner::plan(&m, &opts).unwrap();
         let cfg = RunConfig {
             lr: f(&a["lr"]),
@@ -127,7 +136,8 @@ fn check(name: &str, dir: &Path, expected: &Path, float8: Option<Float8>, wss: &
             }
         }
         let clipped = reps.iter().filter(|r| r.grad_norm.unwrap() > f(&exp["clip_grad_norm"])).count();
-        report += &format!("{name:<10} ws {ws}{}: {held} of {steps} steps held, clipped on {clipped}, worst rel {worst:.1e}\n", match float8 { Some(f) if f.all_gather => " float8, gathered in float8", Some(_) => " float8", None => "" });
+        let sac_note = if sac { ", op-level SAC" } else { "" };
+        report += &format!("{name:<10} ws {ws}{}{sac_note}: {held} of {steps} steps held, clipped on {clipped}, worst rel {worst:.1e}\n", match float8 { Some(f) if f.all_gather => " float8, gathered in float8", Some(_) => " float8", None => "" });
         all.push(reps.iter().map(|r| r.loss).collect());
     }
     (report, all)

@@ -17,8 +17,13 @@
 //! shard is cast before the all-gather with the scale of the whole weight (its amax the max
 //! over the shard group: [`weight_shard`]), and the linear takes the gathered bits as they are
 //! ([`Weight::Float8`]), in the forward and again in the backward.
+//! Under torchtitan's op-level SAC (its save list of the rows' runs keeps `abs` and `max`)
+//! each forward cast's `|t|` and amax stay from the forward to the recompute, which takes
+//! them rather than computing them again ([`Sac`]); a linear whose GEMM output SAC keeps runs
+//! its casts again and takes the GEMM from the cache.
 
 use crate::error::RtError;
+use std::collections::VecDeque;
 use tch::{Kind, Tensor};
 
 /// e4m3fn's largest finite value (`torch.finfo(torch.float8_e4m3fn).max`).
@@ -32,6 +37,42 @@ const EPS: f64 = 1e-12;
 /// torchao's `tensor_to_scale` (`torch.max(torch.abs(x))`, then `amax_to_scale` in float64).
 fn scale(x: &Tensor, max: f64) -> Tensor {
     scale_of_amax(&x.abs().max(), max)
+}
+
+/// What op-level SAC does with a forward cast's `abs` and `max` (torchtitan's policy of
+/// Dec 2024 saves both: `torch.ops.aten.abs.default`, `torch.ops.aten.max.default` — the
+/// plan's `Step::MakeSaved`).
+pub enum Sac<'a> {
+    /// Not in a selective-op region: computed and dropped.
+    Off,
+    /// The forward of a selective-op region: `|t|` and its amax pushed, in cast order (the
+    /// input's, then the weight's where the linear casts it), and kept.
+    Keep(&'a mut VecDeque<Tensor>),
+    /// Its recompute: taken from the front instead of computed; `|t|` goes once the amax is
+    /// had, the amax once the scale is (as torch drops what the cache served).
+    Take(&'a mut VecDeque<Tensor>),
+}
+
+/// [`scale`] under op-level SAC.
+fn scale_sac(x: &Tensor, max: f64, sac: &mut Sac) -> Result<Tensor, RtError> {
+    match sac {
+        Sac::Off => Ok(scale(x, max)),
+        Sac::Keep(kept) => {
+            let a = x.abs();
+            let m = a.max();
+            let s = scale_of_amax(&m, max);
+            kept.push_back(a);
+            kept.push_back(m);
+            Ok(s)
+        }
+        Sac::Take(kept) => {
+            let (Some(a), Some(m)) = (kept.pop_front(), kept.pop_front()) else {
+                return Err(RtError::Plan("float8 linear: the recompute finds no abs and amax kept by selective AC".into()));
+            };
+            drop(a);
+            Ok(scale_of_amax(&m, max))
+        }
+    }
 }
 
 /// torchao's `amax_to_scale`.
@@ -49,15 +90,15 @@ pub enum Weight<'a> {
 
 impl Weight<'_> {
     /// The transposed weight's e4m3 bits [in, out] (column-major) and scale.
-    fn cast_t(&self) -> (Tensor, Tensor) {
-        match self {
+    fn cast_t(&self, sac: &mut Sac) -> Result<(Tensor, Tensor), RtError> {
+        Ok(match self {
             Weight::High(w) => {
                 let wt = w.tr();
-                let sw = scale(&wt, E4M3_MAX);
+                let sw = scale_sac(&wt, E4M3_MAX, sac)?;
                 (bits(&wt, &sw, E4M3_MAX, Kind::Float8e4m3fn), sw)
             }
             Weight::Float8 { bits, scale } => (bits.tr(), scale.shallow_clone()),
-        }
+        })
     }
 
     fn out_features(&self) -> i64 {
@@ -110,12 +151,18 @@ fn scaled_mm(a: &Tensor, sa: &Tensor, b: &Tensor, sb: &Tensor, out: Kind, fast: 
     Ok(a.f_internal_scaled_mm::<Tensor>(&b, &sa.reciprocal(), &sb.reciprocal(), None, None, out, fast)?)
 }
 
-/// The float8 linear's output for input `x` [..., in], weight `w` [out, in] and bias.
-pub fn forward(x: &Tensor, w: Weight, bias: Option<&Tensor>) -> Result<Tensor, RtError> {
+/// The float8 linear's output for input `x` [..., in], weight `w` [out, in] and bias, its
+/// casts' `abs` and `max` as op-level SAC has them ([`Sac`]). `cached`: the output SAC kept of
+/// a bias-free linear's GEMM, which its recompute takes after running the casts again (torch
+/// serves `mm` from the cache; the casts are other ops).
+pub fn forward(x: &Tensor, w: Weight, bias: Option<&Tensor>, mut sac: Sac, cached: Option<&Tensor>) -> Result<Tensor, RtError> {
     let kind = x.kind();
-    let sx = scale(x, E4M3_MAX);
+    let sx = scale_sac(x, E4M3_MAX, &mut sac)?;
     let x8 = bits(x, &sx, E4M3_MAX, Kind::Float8e4m3fn);
-    let (w8t, sw) = w.cast_t();
+    let (w8t, sw) = w.cast_t(&mut sac)?;
+    if let (Some(y), None) = (cached, bias) {
+        return Ok(y.shallow_clone());
+    }
     let mut shape = x.size();
     let fan_in = *shape.last().ok_or_else(|| RtError::Plan("float8 linear: a 0-dim input".into()))?;
     let y = scaled_mm(&x8.reshape([-1, fan_in]), &sx, &w8t, &sw, kind, true)?;
@@ -153,7 +200,7 @@ pub fn backward(x: &Tensor, w: Weight, has_bias: bool, g: &Tensor) -> Result<Gra
     // grad_input = go₈ (e5m2) · w₈ (e4m3, cast again from the weight)
     let sg = scale(&g2, E5M2_MAX);
     let g8 = bits(&g2, &sg, E5M2_MAX, Kind::Float8e5m2);
-    let (w8t, sw) = w.cast_t();
+    let (w8t, sw) = w.cast_t(&mut Sac::Off)?;
     let gi = scaled_mm(&g8, &sg, &w8t.tr(), &sw, kind, false)?;
     let mut ishape = gshape.clone();
     if let Some(l) = ishape.last_mut() {

@@ -777,20 +777,28 @@ fn run_step(
     let mut f8_pending: Vec<HashMap<String, (Tensor, bool)>> = (0..nu).map(|_| HashMap::new()).collect();
     let mut f8_scale: HashMap<String, (Tensor, bool)> = HashMap::new();
     // torchao's float8 linears (`--float8`), decided by the plan: tensorwise only (libtorch's
-    // CPU `_scaled_mm` has no per-row scales), not under op-level SAC (its policy keeps each
-    // cast's abs and amax for the recompute, which this executor does not)
+    // CPU `_scaled_mm` has no per-row scales)
     if let Some(f) = plan.options.float8 {
         if f.recipe != fsdp_planner::Float8Recipe::Tensorwise {
             return Err(RtError::Plan(format!("--float8 {}: the runtime runs torchao's tensorwise recipe only", f.recipe.name())));
-        }
-        if plan.options.checkpoints().iter().any(|(_, m)| *m == fsdp_planner::AcMode::SelectiveOp) {
-            return Err(RtError::Plan("--float8 under op-level selective AC: the runtime does not keep the float8 casts' abs and amax as torchtitan's policy does".into()));
         }
     }
     let f8_ops: std::collections::HashSet<&str> = match plan.options.float8 {
         Some(_) => model.ops.iter().filter(|o| fsdp_planner::float8::is_float8_linear(model, o)).map(|o| o.name.as_str()).collect(),
         None => Default::default(),
     };
+    // under op-level SAC, the abs and amax of each float8 linear's forward casts, kept by op
+    // from the forward of its region until its recompute ([`float8::Sac`]); each op's region,
+    // whose backward lets go of what a recompute did not take
+    let op_region: HashMap<&str, usize> = match plan.options.float8 {
+        Some(_) => model.ops.iter().zip(fsdp_planner::schedule::checkpoint_regions(model, &plan.options)).filter_map(|(o, r)| r.map(|r| (o.name.as_str(), r))).collect(),
+        None => Default::default(),
+    };
+    let region_mode = fsdp_planner::schedule::region_modes(model, &plan.options);
+    let f8_sac = |op: &str| f8_ops.contains(op) && op_region.get(op).is_some_and(|r| region_mode.get(r) == Some(&fsdp_planner::AcMode::SelectiveOp));
+    let mut f8_kept: HashMap<String, std::collections::VecDeque<Tensor>> = HashMap::new();
+    // the regions whose recompute has run since their forward
+    let mut f8_recomputed: std::collections::HashSet<usize> = Default::default();
     let (mut fwd_left, mut rec_in_left, mut rec_int_left) = (HashMap::new(), HashMap::new(), HashMap::new());
     let mut losses = vec![];
     let mut mb = u32::MAX;
@@ -1163,12 +1171,39 @@ fn run_step(
                 let out = {
                     let ir: Vec<&Tensor> = ins.iter().collect();
                     let pr: Vec<&Tensor> = ps.iter().collect();
-                    if f8 && pr[0].kind() == Kind::Float8e4m3fn {
-                        // the weight gathered in float8: its bits and scale as they are
-                        let (scale, _) = f8_scale.get(model.primary_of(&o.params[0])).ok_or_else(|| err(format!("{op}: no scale for the float8 weight `{}`", o.params[0])))?;
-                        tch::no_grad(|| float8::forward(ir[0], float8::Weight::Float8 { bits: pr[0], scale }, pr.get(1).copied()))?
-                    } else if f8 {
-                        tch::no_grad(|| float8::forward(ir[0], float8::Weight::High(pr[0]), pr.get(1).copied()))?
+                    if f8 {
+                        // op-level SAC: the forward keeps its casts' abs and amax, the recompute
+                        // takes them, and the GEMM output SAC kept
+                        let sac8 = f8_sac(o.name.as_str());
+                        let mut kept = match (sac8, is_recompute) {
+                            (true, false) => Some(std::collections::VecDeque::new()),
+                            (true, true) => f8_kept.remove(&o.name),
+                            (false, _) => None,
+                        };
+                        let cached = if sac8 && is_recompute && sac.contains(o.name.as_str()) { env.get(&o.name) } else { None };
+                        let mode = match (&mut kept, is_recompute) {
+                            (Some(k), false) => float8::Sac::Keep(k),
+                            (Some(k), true) => float8::Sac::Take(k),
+                            (None, _) => float8::Sac::Off,
+                        };
+                        let y = if pr[0].kind() == Kind::Float8e4m3fn {
+                            // the weight gathered in float8: its bits and scale as they are
+                            let (scale, _) = f8_scale.get(model.primary_of(&o.params[0])).ok_or_else(|| err(format!("{op}: no scale for the float8 weight `{}`", o.params[0])))?;
+                            tch::no_grad(|| float8::forward(ir[0], float8::Weight::Float8 { bits: pr[0], scale }, pr.get(1).copied(), mode, cached))?
+                        } else {
+                            tch::no_grad(|| float8::forward(ir[0], float8::Weight::High(pr[0]), pr.get(1).copied(), mode, cached))?
+                        };
+                        if let (Some(k), false) = (kept, is_recompute) {
+                            f8_kept.insert(o.name.clone(), k);
+                        }
+                        if let (Some(&r), true) = (op_region.get(o.name.as_str()), sac8) {
+                            if is_recompute {
+                                f8_recomputed.insert(r);
+                            } else {
+                                f8_recomputed.remove(&r);
+                            }
+                        }
+                        y
                     } else if grad_on {
                         forward(&cxm, o, &ir, &pr)?
                     } else {
@@ -1248,6 +1283,11 @@ fn run_step(
             }
             OpKind::Backward { op, .. } => {
                 let Some(o) = ops.get(&**op) else { continue };
+                // the region's recompute is over: what it did not take of SAC's float8 casts
+                // goes (the checkpoint frame's cache; ops past its early stop)
+                if let Some(r) = op_region.get(o.name.as_str()).filter(|r| f8_recomputed.contains(r)) {
+                    f8_kept.retain(|n, _| op_region.get(n.as_str()) != Some(r));
+                }
                 // (input, gradient) and (primary param, gradient)
                 let (in_grads, p_grads): (Vec<Named>, Vec<Named>) = if let Some(sv) = f8_saved.remove(&o.name) {
                     let Some(gout) = grads.remove(&o.name) else { continue };
