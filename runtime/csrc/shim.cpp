@@ -1163,8 +1163,13 @@ at::Tensor* fsdp_boundary(const at::Tensor* t) {
 
 // Runs backward from `root` with upstream gradient `*grad`, which it takes (leaving `*grad`
 // undefined), freeing the graph it runs through, and writes the gradient reaching each of
-// `inputs` into `out[i]` (a new tensor, undefined when none reaches it).
-int fsdp_backward(void* root, at::Tensor* grad, void** inputs, int64_t ninputs, at::Tensor** out) {
+// `inputs` into `out[i]` (a new tensor, undefined when none reaches it). `seeds[i]`, where not
+// null, is a gradient `inputs[i]` already has (from consumers later in the forward), which it
+// takes: it enters that input's buffer before anything the op's nodes send there, as in one
+// whole-model backward, where those consumers' nodes (later in sequence) run first — so a
+// value the op reads twice (a norm's input: `pow` and `mul`) sums as autograd sums it,
+// `(seed + a) + b`, not `seed + (a + b)`.
+int fsdp_backward(void* root, at::Tensor* grad, void** inputs, int64_t ninputs, at::Tensor** seeds, at::Tensor** out) {
   return guarded([&] {
     auto src = std::shared_ptr<GradSource>(new GradSource(), torch::autograd::deleteNode);
     src->grad = std::move(*grad);
@@ -1174,6 +1179,20 @@ int fsdp_backward(void* root, at::Tensor* grad, void** inputs, int64_t ninputs, 
     src->add_input_metadata(dummy);
     torch::autograd::edge_list roots{torch::autograd::Edge(src, 0)};
     torch::autograd::variable_list grads{dummy};
+    // (each seed from a source of its own, made after `src`: a later sequence number, so the
+    // engine's ready queue runs it first; it lets go of the seed as it hands it on)
+    for (int64_t i = 0; i < ninputs; ++i) {
+      if (seeds[i] == nullptr || !seeds[i]->defined()) {
+        continue;
+      }
+      auto seed = std::shared_ptr<GradSource>(new GradSource(), torch::autograd::deleteNode);
+      seed->grad = std::move(*seeds[i]);
+      *seeds[i] = at::Tensor();
+      seed->add_next_edge(static_cast<EdgeBox*>(inputs[i])->edge);
+      seed->add_input_metadata(dummy);
+      roots.emplace_back(seed, 0);
+      grads.push_back(dummy);
+    }
     torch::autograd::edge_list outs;
     outs.reserve(ninputs);
     for (int64_t i = 0; i < ninputs; ++i) {

@@ -1325,7 +1325,12 @@ fn run_step(
                         continue;
                     }
                     let targets: Vec<&Edge> = ins.iter().chain(pes.iter()).map(|(_, e)| e).collect();
-                    let mut gi = shim::backward(&root, gout, &targets)?.into_iter();
+                    // the gradient an input already has (from ops later in the forward) enters
+                    // the op's backward first, as autograd sums a value's grads: a norm's input,
+                    // read twice inside it, gets `(later + a) + b` (its result replaces it)
+                    let mut seen: std::collections::HashSet<&str> = Default::default();
+                    let seeds: Vec<Option<Tensor>> = ins.iter().map(|(n, _)| if seen.insert(n.as_str()) { grads.remove(n) } else { None }).collect();
+                    let mut gi = shim::backward(&root, gout, &targets, seeds)?.into_iter();
                     let in_grads = ins.into_iter().filter_map(|(n, _)| gi.next().filter(|g| g.defined()).map(|g| (n, g))).collect();
                     (in_grads, pes.into_iter().filter_map(|(p, _)| gi.next().filter(|g| g.defined()).map(|g| (p, g))).collect())
                 };

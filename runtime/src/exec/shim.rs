@@ -38,7 +38,7 @@ extern "C" {
     fn fsdp_grouped_mm(input: *const c_void, weight: *const c_void, offs: *const c_void) -> *mut c_void;
     fn fsdp_edge_free(e: *mut c_void);
     fn fsdp_edge_same(a: *mut c_void, b: *mut c_void) -> c_int;
-    fn fsdp_backward(root: *mut c_void, grad: *mut c_void, inputs: *const *mut c_void, n: i64, out: *mut *mut c_void) -> c_int;
+    fn fsdp_backward(root: *mut c_void, grad: *mut c_void, inputs: *const *mut c_void, n: i64, seeds: *const *mut c_void, out: *mut *mut c_void) -> c_int;
 }
 
 /// The CPU capability libtorch's kernels run at, lowercase (`default`, `avx2`, `avx512`, …;
@@ -373,13 +373,19 @@ pub fn grouped_mm(input: &Tensor, weight: &Tensor, offs: &Tensor) -> Result<Tens
 /// through, as `retain_graph=False`): the gradient reaching each of `inputs` (undefined
 /// tensors where none reaches), like `torch.autograd.grad(out, inputs, grad)`. `grad` is
 /// taken, so that (when nothing else holds it) it is freed once the first node has used it,
-/// as inside one whole-model backward.
-pub fn backward(root: &Edge, grad: Tensor, inputs: &[&Edge]) -> Result<Vec<Tensor>, RtError> {
+/// as inside one whole-model backward. `seeds[i]`: the gradient `inputs[i]` already has from
+/// later consumers, taken and summed into its result first, in the order one whole-model
+/// backward sums them (see `fsdp_backward` in csrc/shim.cpp).
+pub fn backward(root: &Edge, grad: Tensor, inputs: &[&Edge], seeds: Vec<Option<Tensor>>) -> Result<Vec<Tensor>, RtError> {
     let mut grad = grad;
     let ins: Vec<*mut c_void> = inputs.iter().map(|e| e.0).collect();
     let mut out: Vec<*mut c_void> = vec![std::ptr::null_mut(); ins.len()];
-    // SAFETY: all boxes and the grad are live; the shim fills `out` with new tensor handles.
-    let rc = unsafe { fsdp_backward(root.0, grad.as_mut_ptr().cast(), ins.as_ptr(), ins.len() as i64, out.as_mut_ptr()) };
+    let mut seeds: Vec<Option<Tensor>> = seeds;
+    seeds.resize_with(ins.len(), || None);
+    let seed_ptrs: Vec<*mut c_void> = seeds.iter_mut().map(|s| s.as_mut().map_or(std::ptr::null_mut(), |t| t.as_mut_ptr().cast())).collect();
+    // SAFETY: all boxes, the grad and the seeds are live; the shim fills `out` with new tensor
+    // handles and leaves the grad and the seeds it takes undefined.
+    let rc = unsafe { fsdp_backward(root.0, grad.as_mut_ptr().cast(), ins.as_ptr(), ins.len() as i64, seed_ptrs.as_ptr(), out.as_mut_ptr()) };
     if rc != 0 {
         return Err(last_error("backward"));
     }
