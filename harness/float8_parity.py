@@ -1,12 +1,12 @@
 """Float8 training ground truth for `fsdp-plan run --float8 tensorwise`: HF transformers'
-tiny Llama on one device with torchao 0.18.0's float8 linears (torchtitan's `--float8`:
-`convert_to_float8_training` with the tensorwise recipe, every nn.Linear whose dims are
-multiples of 16 but the output head), trained by `train_parity`'s loop (AdamW, warmup +
-cosine, clip_grad_norm) on the same initial weights and tokens as
-`tests/fixtures/train/tiny-llama/`.
+tiny Llama (or tiny-qwen2-wide: q/k/v with a bias) on one device with torchao 0.18.0's float8
+linears (torchtitan's `--float8`: `convert_to_float8_training` with the tensorwise recipe,
+every nn.Linear whose dims are multiples of 16 but the output head), trained by
+`train_parity`'s loop (AdamW, warmup + cosine, clip_grad_norm) on the same initial weights and
+tokens as `tests/fixtures/train/<model>/`.
 
-Usage: .venv/bin/python harness/float8_parity.py --out FILE.json   (torchao 0.18.0 in .venv:
-scripts/setup-venv.sh installs it)
+Usage: .venv/bin/python harness/float8_parity.py [--model tiny-llama|tiny-qwen2-wide] --out FILE.json
+(torchao 0.18.0 in .venv: scripts/setup-venv.sh installs it)
 Writes FILE.json: for 1, 2 and 3 data-parallel ranks, per step the loss, the learning rate and
 the gradient norm before clipping (the clip threshold: the median norm of an unclipped run on
 one rank). Each rank's float8 linears scale by the amax of its own rows, so the truth for N
@@ -53,10 +53,18 @@ def convert(model):
     assert not any(n.endswith("lm_head") for n in converted)
 
 
+MODELS = ("tiny-llama", "tiny-qwen2-wide")
+
+
 def main():
-    if len(sys.argv) != 3 or sys.argv[1] != "--out":
-        sys.exit("usage: float8_parity.py --out FILE.json")
-    out = sys.argv[2]
+    global NAME
+    args = sys.argv[1:]
+    if len(args) == 4 and args[0] == "--model" and args[1] in MODELS:
+        NAME = args[1]
+        args = args[2:]
+    if len(args) != 2 or args[0] != "--out":
+        sys.exit(f"usage: float8_parity.py [--model {'|'.join(MODELS)}] --out FILE.json")
+    out = args[1]
     assert torchao.__version__ == "0.18.0", torchao.__version__
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)

@@ -23,7 +23,7 @@ import transformers  # noqa: E402
 
 import hf_parity  # noqa: E402
 
-MODELS = ["tiny-llama", "tiny-gpt2"]
+MODELS = ["tiny-llama", "tiny-gpt2", "tiny-qwen2-wide"]
 GLOBAL_BATCH = 6   # sequences per step: ranks 1, 2 and 3 all split it evenly
 SEQ = 16
 STEPS = 12

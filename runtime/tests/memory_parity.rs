@@ -473,13 +473,13 @@ fn float8_linears_hold_the_plans_bytes_but_the_cpu_gemms_scratch() {
             // cache would take in the weight shards' casts too, which plan refuses)
             o.ac_wrapper = fsdp_planner::AcWrapper::Torchtitan;
         }),
-        // q/k/v with a bias (tiny-qwen2 widened to dims of 16s, below): the casts go before
+        // q/k/v with a bias (tiny-qwen2-wide: tiny-qwen2 widened to dims of 16s): the casts go before
         // it is added, its grad is made first
-        case("tiny-qwen2-16", "float8 (q/k/v bias), ws 4", |o| {
+        case("tiny-qwen2-wide", "float8 (q/k/v bias), ws 4", |o| {
             o.float8 = Some(F8);
             o.world_size = 4;
         }),
-        case("tiny-qwen2-16", "float8 (q/k/v bias), op-level SAC", |o| {
+        case("tiny-qwen2-wide", "float8 (q/k/v bias), op-level SAC", |o| {
             o.float8 = Some(F8);
             o.checkpoint = vec!["Qwen2DecoderLayer".into()];
             o.ac_mode = fsdp_planner::AcMode::SelectiveOp;
@@ -487,15 +487,7 @@ fn float8_linears_hold_the_plans_bytes_but_the_cpu_gemms_scratch() {
     ];
     let mut rows = vec![];
     for c in &cases {
-        let m = match c.name {
-            "tiny-qwen2-16" => {
-                let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(root().join("models/tiny-qwen2.config.json")).unwrap()).unwrap();
-                cfg["hidden_size"] = 64.into();
-                cfg["intermediate_size"] = 128.into();
-                fsdp_ir::hf::import_hf(&cfg.to_string(), "tiny-qwen2-16", "tiny-qwen2-16").unwrap()
-            }
-            name => model(name, c.dropout),
-        };
+        let m = model(c.name, c.dropout);
         let plan = fsdp_planner::plan(&m, &c.opts).unwrap();
         let reports = run_cpu(&plan, &m, &RunConfig::new(3), |_| {}).unwrap();
         let st = reports.last().and_then(|r| r.memory.as_ref()).unwrap();

@@ -22,7 +22,7 @@ fn rel(a: f64, b: f64) -> f64 {
 #[test]
 fn schedule_clipping_and_adamw_equal_hf_at_world_sizes_1_2_3() {
     let mut report = String::new();
-    for name in ["tiny-llama", "tiny-gpt2"] {
+    for name in ["tiny-llama", "tiny-gpt2", "tiny-qwen2-wide"] {
         let d = root().join("tests/fixtures/train").join(name);
         report += &check(name, &d, &d.join("expected.json"), None, &[1, 2, 3], false).0;
     }
@@ -32,33 +32,38 @@ fn schedule_clipping_and_adamw_equal_hf_at_world_sizes_1_2_3() {
 /// torchtitan's `--float8` (tensorwise) run by torchao 0.18.0 on one device — for N ranks
 /// with each batch as N micro-batches, as each rank's casts scale by its own rows — against
 /// the runtime's float8 linears on 1, 2 and 3 ranks, weights gathered in the param dtype and
-/// in float8.
+/// in float8, on Llama and on Qwen2 (q/k/v with a bias: tiny-qwen2-wide).
 /// The truth is made here, by `harness/float8_parity.py` at this process's CPU capability:
 /// float8 rounding turns the ulps between two machines' kernels into whole float8 steps, so a
 /// truth recorded on one machine is not another's (see the script).
 #[test]
 fn float8_linears_equal_torchao_at_world_sizes_1_2_3() {
-    let out = std::env::temp_dir().join(format!("fsdp-plan-float8-truth-{}.json", std::process::id()));
-    let py = root().join(".venv/bin/python");
-    let run = std::process::Command::new(&py).arg(root().join("harness/float8_parity.py")).arg("--out").arg(&out).env("HF_HUB_OFFLINE", "1").output();
-    let run = run.unwrap_or_else(|e| panic!("{}: {e} (bash scripts/setup-venv.sh installs the pinned torch, transformers and torchao)", py.display()));
-    assert!(run.status.success(), "harness/float8_parity.py failed (bash scripts/setup-venv.sh installs torchao 0.18.0):\n{}", String::from_utf8_lossy(&run.stderr));
-    let d = root().join("tests/fixtures/train/tiny-llama");
-    let f8 = Float8 { recipe: Float8Recipe::Tensorwise, all_gather: false };
-    let (mut report, plain) = check("tiny-llama", &d, &out, Some(f8), &[1, 2, 3], false);
-    // weights gathered in float8 too (torchao's enable_fsdp_float8_all_gather: each shard cast
-    // with the whole weight's scale — the bits one device casts, so the same truth, and the
-    // same float32 run to the bit); not on 3 ranks, whose shards of tiny-llama's 32 and 64
-    // rows are uneven: FSDP2 cannot gather those (the plan refuses them)
-    let (r, gathered) = check("tiny-llama", &d, &out, Some(Float8 { all_gather: true, ..f8 }), &[1, 2], false);
-    report += &r;
-    assert_eq!(gathered[..], plain[..2], "losses gathered in float8 vs as they are");
-    // under torchtitan's op-level SAC (the casts' abs and amax kept for the recompute, which
-    // takes them and every other GEMM's output from the cache): the same run to the bit
-    let (r, sac) = check("tiny-llama", &d, &out, Some(f8), &[1, 2], true);
-    report += &r;
-    assert_eq!(sac[..], plain[..2], "losses under op-level SAC vs without checkpointing");
-    let _ = std::fs::remove_file(&out);
+    let mut report = String::new();
+    for name in ["tiny-llama", "tiny-qwen2-wide"] {
+        let out = std::env::temp_dir().join(format!("fsdp-plan-float8-truth-{name}-{}.json", std::process::id()));
+        let py = root().join(".venv/bin/python");
+        let run = std::process::Command::new(&py).arg(root().join("harness/float8_parity.py")).args(["--model", name, "--out"]).arg(&out).env("HF_HUB_OFFLINE", "1").output();
+        let run = run.unwrap_or_else(|e| panic!("{}: {e} (bash scripts/setup-venv.sh installs the pinned torch, transformers and torchao)", py.display()));
+        assert!(run.status.success(), "harness/float8_parity.py failed (bash scripts/setup-venv.sh installs torchao 0.18.0):\n{}", String::from_utf8_lossy(&run.stderr));
+        let d = root().join("tests/fixtures/train").join(name);
+        let f8 = Float8 { recipe: Float8Recipe::Tensorwise, all_gather: false };
+        let (r, plain) = check(name, &d, &out, Some(f8), &[1, 2, 3], false);
+        report += &r;
+        // weights gathered in float8 too (torchao's enable_fsdp_float8_all_gather: each shard
+        // cast with the whole weight's scale — the bits one device casts, so the same truth,
+        // and the same float32 run to the bit); not on 3 ranks, whose shards of 32 and 64 rows
+        // are uneven: FSDP2 cannot gather those (the plan refuses them)
+        let (r, gathered) = check(name, &d, &out, Some(Float8 { all_gather: true, ..f8 }), &[1, 2], false);
+        report += &r;
+        assert_eq!(gathered[..], plain[..2], "{name}: losses gathered in float8 vs as they are");
+        // under torchtitan's op-level SAC (the casts' abs and amax kept for the recompute,
+        // which takes them and every other GEMM's output from the cache): the same run to the
+        // bit
+        let (r, sac) = check(name, &d, &out, Some(f8), &[1, 2], true);
+        report += &r;
+        assert_eq!(sac[..], plain[..2], "{name}: losses under op-level SAC vs without checkpointing");
+        let _ = std::fs::remove_file(&out);
+    }
     eprintln!("{report}");
 }
 
@@ -94,7 +99,8 @@ fn check(name: &str, dir: &Path, expected: &Path, float8: Option<Float8>, wss: &
         let (losses, lrs, norms) = (series("losses"), series("lrs"), series("grad_norms"));
         let mut opts = Options { world_size: ws, batch: gb / ws, seq, policy: Policy::Auto, device: Device::Cpu, optimizer: Optimizer::AdamW, float8, ..Options::default() };
         if sac {
-            opts.checkpoint = vec!["LlamaDecoderLayer".into()];
+            // (every decoder block)
+            opts.checkpoint = m.modules.iter().filter(|x| x.path == "model.layers.0").map(|x| x.class.clone()).collect();
             opts.ac_mode = fsdp_planner::AcMode::SelectiveOp;
         }
         let plan = fsdp_planner::plan(&m, &opts).unwrap();
