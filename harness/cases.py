@@ -823,6 +823,19 @@ FAKE_CASES.update({
     "llama_wide_f8_sac_l1_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
                                  "float8": "tensorwise", "checkpoint": ["model.layers.1"],
                                  "ac_mode": "selective-op"},
+    # float8 linears with a bias (Qwen2's q/k/v: `output + bias` after the GEMM, its grad
+    # made first): plain, under op-level SAC (the recompute of a kept GEMM with a bias), and
+    # torchtitan's recipe (bf16, gathered in float8, its checkpoint wrapper)
+    "qwen2_wide_f8_ws2": {"model": "tiny-qwen2-wide", "world_size": 2, "model_dtype": "float32",
+                          "float8": "tensorwise"},
+    "qwen2_wide_f8_sac_ws2": {"model": "tiny-qwen2-wide", "world_size": 2, "model_dtype": "float32",
+                              "float8": "tensorwise", "checkpoint": ["Qwen2DecoderLayer"],
+                              "ac_mode": "selective-op"},
+    "qwen2_wide_f8ag_sac_tt_bf16_ws2": {"model": "tiny-qwen2-wide", "world_size": 2, "model_dtype": "float32",
+                                        "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                        "float8": "tensorwise", "float8_all_gather": True,
+                                        "checkpoint": ["Qwen2DecoderLayer"], "ac_mode": "selective-op",
+                                        "ac_wrapper": "torchtitan"},
     # (batch 8: the peak in layer 1's down_proj backward, after a recompute that runs the
     # float8 linear whole — a custom autograd Function packs what it saves after its forward)
     "llama_wide_f8_sac_bf16_b8_ws2": {"model": "tiny-llama-wide", "world_size": 2, "batch": 8, "model_dtype": "float32",

@@ -270,7 +270,7 @@ fn float8_linear(m: &mut OpMem, cd: DType, rows: u64, i: u64, o: u64, f8: crate:
         f.float8_cast(w, cd, k(o), row);
     }
     if bias {
-        let mm = f.scaled_mm(Step::Make(t(g, cd, "float8 GEMM result")), rows, o, cd, row, false);
+        let mm = f.scaled_mm(Step::Make(t(g, cd, F8_GEMM_RESULT)), rows, o, cd, row, false);
         f.steps.push(Step::Output);
         if let Some(x) = mm {
             f.drop(x);
@@ -305,6 +305,10 @@ fn float8_linear(m: &mut OpMem, cd: DType, rows: u64, i: u64, o: u64, f8: crate:
     b.input_grad(0);
     m.bwd_chain = b.steps;
 }
+
+/// What a float8 linear with a bias makes of its GEMM before adding the bias ([`float8_linear`]):
+/// the tensor op-level SAC's cache keeps (the `mm` output).
+pub const F8_GEMM_RESULT: &str = "float8 GEMM result";
 
 /// Context shared by all ops of a step.
 pub struct Ctx<'a> {

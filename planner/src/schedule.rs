@@ -6,7 +6,7 @@
 //! ran before it; post-backward = reshard + reduce-scatter (+ all-reduce for HSDP).
 //! Activations are tracked per tensor with [`crate::activation`]'s specs.
 
-use crate::activation::{op_mem, Ctx, OpMem, Step};
+use crate::activation::{op_mem, Ctx, OpMem, Step, F8_GEMM_RESULT};
 use crate::ids::{BufferId, OpId, UnitId};
 use crate::options::{AttnImpl, BackwardPrefetch, Device, GradSync, Layout, Offload, Optimizer, Options, Strategy};
 use crate::plan::*;
@@ -1743,7 +1743,7 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
         }
         if !m.fwd_chain.is_empty() {
             let sac = b.sac_region[i];
-            out_buf[i] = forward_chain(b, i, &op.name, m, "", Category::Activation, ChainRun::Forward { sac });
+            out_buf[i] = forward_chain(b, i, &op.name, m, "", Category::Activation, ChainRun::Forward { sac }, None);
         } else if let Some(o) = m.out {
             out_buf[i] = Some(b.alloc(cat(&[&op.name, " ", o.what]), Category::Activation, o.bytes(), None));
         }
@@ -1946,13 +1946,22 @@ enum ChainRun {
 
 /// An op's [`OpMem::fwd_chain`] (op index `i`): what it makes and drops around its output,
 /// which it returns; what it made and kept goes when the forward returns, but what op-level
-/// SAC keeps, which stays for the recompute ([`B::sac_kept`]).
-fn forward_chain(b: &mut B, i: usize, op: &str, m: &OpMem, suffix: &str, category: Category, run: ChainRun) -> Option<BufferId> {
+/// SAC keeps, which stays for the recompute ([`B::sac_kept`]). `served`: the GEMM output SAC's
+/// cache serves a cached recompute of a float8 linear with a bias (the `mm` result the cache
+/// kept, before the bias): it stands for the chain's GEMM result, and the bias add makes the
+/// output anew, which the chain then returns.
+#[allow(clippy::too_many_arguments)]
+fn forward_chain(b: &mut B, i: usize, op: &str, m: &OpMem, suffix: &str, category: Category, run: ChainRun, mut served: Option<BufferId>) -> Option<BufferId> {
     let mut made: Vec<Option<BufferId>> = vec![];
     let mut kept: Vec<usize> = vec![];
     let mut out = None;
+    let mut add_after_served = false;
     for step in &m.fwd_chain {
         match *step {
+            Step::Make(t) if t.what == F8_GEMM_RESULT && served.is_some() => {
+                made.push(served.take());
+                add_after_served = true;
+            }
             Step::Make(t) => made.push(Some(b.alloc(cat(&[op, " ", t.what, suffix]), category, t.bytes(), None))),
             Step::MakeSaved(t) => {
                 let served = match run {
@@ -1972,7 +1981,7 @@ fn forward_chain(b: &mut B, i: usize, op: &str, m: &OpMem, suffix: &str, categor
                 }
             }
             Step::Output => {
-                if let (Some(o), false) = (m.out, run == ChainRun::Recompute { cached: true }) {
+                if let (Some(o), false) = (m.out, run == ChainRun::Recompute { cached: true } && !add_after_served) {
                     out = Some(b.alloc(cat(&[op, " ", o.what, suffix]), category, o.bytes(), None));
                 }
             }
@@ -2398,7 +2407,14 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                         // a float8 linear's casts run again (they are not GEMMs): only its
                         // `torch.mm` output, and the casts' abs and max, come from SAC's cache
                         if b.sac[j] && !stops_before && !mems[j].fwd_chain.is_empty() {
-                            forward_chain(b, j, &oj.name, &mems[j], " (recomputed)", category, ChainRun::Recompute { cached: true });
+                            // (with a bias, the cache's buffer is the GEMM's result: the add makes
+                            // the output again, and the cached result goes)
+                            let served = if mems[j].fwd_chain.iter().any(|s| matches!(s, Step::Make(t) if t.what == F8_GEMM_RESULT)) { out_buf[j].take() } else { None };
+                            let had = served.is_some();
+                            let out = forward_chain(b, j, &oj.name, &mems[j], " (recomputed)", category, ChainRun::Recompute { cached: true }, served);
+                            if had {
+                                out_buf[j] = out;
+                            }
                         }
                         // the copies of its inputs it saves are made again (repeat_kv, the
                         // float mask) and saved by the op served from the cache; the inputs
@@ -2423,7 +2439,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                         }
                         b.op(OpKind::Recompute { op: b.op_names[j].clone(), unit: u, cached: false }, Stream::Compute, smallvec![]);
                         if !mems[j].fwd_chain.is_empty() && out_buf[j].is_none() {
-                            out_buf[j] = forward_chain(b, j, &oj.name, &mems[j], " (recomputed)", category, ChainRun::Recompute { cached: false });
+                            out_buf[j] = forward_chain(b, j, &oj.name, &mems[j], " (recomputed)", category, ChainRun::Recompute { cached: false }, None);
                         } else if let Some(o) = mems[j].out {
                             if out_buf[j].is_none() {
                                 out_buf[j] = Some(b.alloc(cat(&[&oj.name, " ", o.what, " (recomputed)"]), category, o.bytes(), None));

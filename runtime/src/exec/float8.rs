@@ -152,16 +152,22 @@ fn scaled_mm(a: &Tensor, sa: &Tensor, b: &Tensor, sb: &Tensor, out: Kind, fast: 
 }
 
 /// The float8 linear's output for input `x` [..., in], weight `w` [out, in] and bias, its
-/// casts' `abs` and `max` as op-level SAC has them ([`Sac`]). `cached`: the output SAC kept of
-/// a bias-free linear's GEMM, which its recompute takes after running the casts again (torch
-/// serves `mm` from the cache; the casts are other ops).
-pub fn forward(x: &Tensor, w: Weight, bias: Option<&Tensor>, mut sac: Sac, cached: Option<&Tensor>) -> Result<Tensor, RtError> {
+/// casts' `abs` and `max` as op-level SAC has them ([`Sac`]), and, with `keep_gemm`, the GEMM's
+/// result before the bias (what SAC's cache keeps of a linear with a bias: the `mm` output).
+/// `cached`: that result (the output itself without a bias) as the cache kept it, which the
+/// recompute takes after running the casts again (torch serves `mm` from the cache; the casts
+/// are other ops), adding the bias to it anew; it goes once used, as the cache's entry does.
+pub fn forward(x: &Tensor, w: Weight, bias: Option<&Tensor>, mut sac: Sac, cached: Option<Tensor>, keep_gemm: bool) -> Result<(Tensor, Option<Tensor>), RtError> {
     let kind = x.kind();
     let sx = scale_sac(x, E4M3_MAX, &mut sac)?;
     let x8 = bits(x, &sx, E4M3_MAX, Kind::Float8e4m3fn);
     let (w8t, sw) = w.cast_t(&mut sac)?;
-    if let (Some(y), None) = (cached, bias) {
-        return Ok(y.shallow_clone());
+    if let Some(y) = cached {
+        drop((x8, w8t));
+        return Ok(match bias {
+            Some(b) => (&y + b.to_kind(kind), None),
+            None => (y, None),
+        });
     }
     let mut shape = x.size();
     let fan_in = *shape.last().ok_or_else(|| RtError::Plan("float8 linear: a 0-dim input".into()))?;
@@ -173,8 +179,11 @@ pub fn forward(x: &Tensor, w: Weight, bias: Option<&Tensor>, mut sac: Sac, cache
     }
     let y = y.reshape(shape.as_slice());
     Ok(match bias {
-        Some(b) => y + b.to_kind(kind),
-        None => y,
+        Some(b) => {
+            let out = &y + b.to_kind(kind);
+            (out, keep_gemm.then_some(y))
+        }
+        None => (y, None),
     })
 }
 

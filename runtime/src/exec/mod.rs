@@ -797,6 +797,8 @@ fn run_step(
     let region_mode = fsdp_planner::schedule::region_modes(model, &plan.options);
     let f8_sac = |op: &str| f8_ops.contains(op) && op_region.get(op).is_some_and(|r| region_mode.get(r) == Some(&fsdp_planner::AcMode::SelectiveOp));
     let mut f8_kept: HashMap<String, std::collections::VecDeque<Tensor>> = HashMap::new();
+    // the GEMM results (before the bias) SAC's cache keeps of float8 linears with a bias
+    let mut f8_gemm: HashMap<String, Tensor> = HashMap::new();
     // the regions whose recompute has run since their forward
     let mut f8_recomputed: std::collections::HashSet<usize> = Default::default();
     let (mut fwd_left, mut rec_in_left, mut rec_int_left) = (HashMap::new(), HashMap::new(), HashMap::new());
@@ -1180,7 +1182,16 @@ fn run_step(
                             (true, true) => f8_kept.remove(&o.name),
                             (false, _) => None,
                         };
-                        let cached = if sac8 && is_recompute && sac.contains(o.name.as_str()) { env.get(&o.name) } else { None };
+                        // (SAC keeps a GEMM's output: a linear's own without a bias, else its
+                        // result before the bias, apart)
+                        let cache_gemm = sac8 && sac.contains(o.name.as_str());
+                        let biased = pr.len() > 1;
+                        let cached = match (cache_gemm && is_recompute, biased) {
+                            (true, true) => f8_gemm.remove(&o.name),
+                            (true, false) => env.get(&o.name).map(Tensor::shallow_clone),
+                            (false, _) => None,
+                        };
+                        let keep_gemm = cache_gemm && biased && !is_recompute;
                         let mode = match (&mut kept, is_recompute) {
                             (Some(k), false) => float8::Sac::Keep(k),
                             (Some(k), true) => float8::Sac::Take(k),
@@ -1189,10 +1200,14 @@ fn run_step(
                         let y = if pr[0].kind() == Kind::Float8e4m3fn {
                             // the weight gathered in float8: its bits and scale as they are
                             let (scale, _) = f8_scale.get(model.primary_of(&o.params[0])).ok_or_else(|| err(format!("{op}: no scale for the float8 weight `{}`", o.params[0])))?;
-                            tch::no_grad(|| float8::forward(ir[0], float8::Weight::Float8 { bits: pr[0], scale }, pr.get(1).copied(), mode, cached))?
+                            tch::no_grad(|| float8::forward(ir[0], float8::Weight::Float8 { bits: pr[0], scale }, pr.get(1).copied(), mode, cached, keep_gemm))?
                         } else {
-                            tch::no_grad(|| float8::forward(ir[0], float8::Weight::High(pr[0]), pr.get(1).copied(), mode, cached))?
+                            tch::no_grad(|| float8::forward(ir[0], float8::Weight::High(pr[0]), pr.get(1).copied(), mode, cached, keep_gemm))?
                         };
+                        let (y, gemm) = y;
+                        if let Some(g) = gemm {
+                            f8_gemm.insert(o.name.clone(), g);
+                        }
                         if let (Some(k), false) = (kept, is_recompute) {
                             f8_kept.insert(o.name.clone(), k);
                         }
@@ -1250,7 +1265,8 @@ fn run_step(
                 let keep_out = if is_recompute {
                     rec_int_left.get(o.name.as_str()).copied().unwrap_or(0) > 0
                 } else {
-                    sac.contains(o.name.as_str()) || fwd_left.get(o.name.as_str()).copied().unwrap_or(0) > 0 || rec_in_left.get(o.name.as_str()).copied().unwrap_or(0) > 0
+                    // (a float8 linear with a bias: SAC keeps its GEMM's result, not the output)
+                    (sac.contains(o.name.as_str()) && !f8_gemm.contains_key(&o.name)) || fwd_left.get(o.name.as_str()).copied().unwrap_or(0) > 0 || rec_in_left.get(o.name.as_str()).copied().unwrap_or(0) > 0
                 };
                 if keep_out || o.name == loss_op {
                     env.insert(o.name.clone(), out);
@@ -1276,7 +1292,7 @@ fn run_step(
                     };
                     let later_fwd = if is_recompute { 0 } else { a };
                     let later_rec = if is_recompute { a + b } else { b };
-                    if later_fwd == 0 && later_rec == 0 && (is_recompute || !sac.contains(n.as_str())) {
+                    if later_fwd == 0 && later_rec == 0 && (is_recompute || !sac.contains(n.as_str()) || f8_gemm.contains_key(n)) {
                         env.remove(n);
                     }
                 }
@@ -1287,6 +1303,7 @@ fn run_step(
                 // goes (the checkpoint frame's cache; ops past its early stop)
                 if let Some(r) = op_region.get(o.name.as_str()).filter(|r| f8_recomputed.contains(r)) {
                     f8_kept.retain(|n, _| op_region.get(n.as_str()) != Some(r));
+                    f8_gemm.retain(|n, _| op_region.get(n.as_str()) != Some(r));
                 }
                 // (input, gradient) and (primary param, gradient)
                 let (in_grads, p_grads): (Vec<Named>, Vec<Named>) = if let Some(sv) = f8_saved.remove(&o.name) {

@@ -120,7 +120,7 @@ fn forward_until(model: &Model, params: &Params, inputs: &HashMap<String, Tensor
             .collect::<Result<_, _>>()?;
         let ps: Vec<&Tensor> = op.params.iter().map(|p| params.get(model, p)).collect::<Result<_, _>>()?;
         let out = match cx.float8 && fsdp_planner::float8::is_float8_linear(model, op) {
-            true => crate::float8::forward(ins[0], crate::float8::Weight::High(ps[0]), ps.get(1).copied(), crate::float8::Sac::Off, None)?,
+            true => crate::float8::forward(ins[0], crate::float8::Weight::High(ps[0]), ps.get(1).copied(), crate::float8::Sac::Off, None, false)?.0,
             false => forward(cx, op, &ins, &ps)?,
         };
         env.insert(op.name.as_str(), out);
