@@ -6,7 +6,10 @@
 //! op saves is what autograd saves, nothing more); the executor drops each forward value
 //! after its last forward use and keeps only the graph's edges. Each backward op runs the
 //! engine from its output edge with the gradient that reached it, stopping at its inputs'
-//! edges (`torch.autograd.grad(out, inputs, grad)`, [`crate::shim::backward`]). Unsharded
+//! edges (`torch.autograd.grad(out, inputs, grad)`, [`crate::shim::backward`]), the gradient
+//! an input already has from later ops fed in first, so that a value's gradients sum in the
+//! order one whole-model backward sums them (to the bit: float8 casts turn an ulp into a
+//! float8 step). Unsharded
 //! params are leaves whose storage is freed in place at reshard and refilled at the next
 //! copy-out (FSDP2's `resize_(0)`), so the weights autograd saved see the re-gathered data.
 //! Ops in checkpointed modules run without grad in forward; their `Recompute` ops rebuild the
