@@ -1082,6 +1082,13 @@ FAKE_CASES.update({
                                         "float8": "tensorwise", "float8_all_gather": True,
                                         "checkpoint": ["LlamaDecoderLayer"], "ac_mode": "selective-op",
                                         "ac_wrapper": "torchtitan", "device": "fakegpu", "compile": True},
+    # (the weights cast in the forward, not gathered in float8: each linear's weight cast
+    # inside the compiled graph too)
+    "llama_wide_compile_f8_sac_ws2": {"model": "tiny-llama-wide", "world_size": 2, "model_dtype": "float32",
+                                      "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                      "float8": "tensorwise",
+                                      "checkpoint": ["LlamaDecoderLayer"], "ac_mode": "selective-op",
+                                      "ac_wrapper": "torchtitan", "device": "fakegpu", "compile": True},
     "llama31_8b_compile_f8ag_sac_tt_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 2, "seq": 8192,
                                            "model_dtype": "float32", "param_dtype": "bfloat16",
                                            "reduce_dtype": "float32", "optimizer": "adamw",

@@ -1238,15 +1238,26 @@ pub fn compiled_float8(cx: &Ctx, model: &Model, mems: &mut [OpMem], covered: &[O
 }
 
 /// A float8 linear's forward chain in a compiled block under op-level SAC (measured,
-/// `tests/fixtures/fsdp2_compile/`, torchtitan's recipe: tensorwise, weights gathered in
-/// float8): the partitioner keeps no cast's `abs` (the policy's MUST_SAVE, but nothing in the
-/// backward reads it); a linear whose GEMM output the forward keeps (`kept`: SAC's, read by
-/// the backward) also keeps its input cast's `amax` and the GEMM's two inverse scales, the
-/// others none of them.
-pub fn compiled_float8_sac(m: &mut OpMem, kept: bool) {
+/// `tests/fixtures/fsdp2_compile/`, tensorwise): the partitioner keeps no cast's `abs` (the
+/// policy's MUST_SAVE, but nothing in the backward reads it); a linear whose GEMM output the
+/// forward keeps (`kept`: SAC's, read by the backward) also keeps its input cast's `amax` and
+/// the GEMM's two inverse scales, the others none of them — but where the weight is cast in
+/// the forward (not gathered in float8: `weight_cast`), every linear keeps that cast's `amax`,
+/// which the backward's cast of the same weight reads (tiny-llama-wide, bf16: ten `max`
+/// outputs a block, seven weights' and the three kept linears' inputs').
+pub fn compiled_float8_sac(m: &mut OpMem, kept: bool, weight_cast: bool) {
+    // (the forward casts the input, then the weight: the second amax is the weight's)
+    let mut amax = 0;
     for step in &mut m.fwd_chain {
         *step = match *step {
-            Step::MakeSaved(x) if kept && x.what == "float8 amax" => Step::MakeSaved(x),
+            Step::MakeSaved(x) if x.what == "float8 amax" => {
+                amax += 1;
+                if kept || (weight_cast && amax == 2) {
+                    Step::MakeSaved(x)
+                } else {
+                    Step::Make(x)
+                }
+            }
             Step::MakeSaved(x) => Step::Make(x),
             Step::Make(x) if kept && x.what == "float8 inverse scale" => Step::MakeSaved(x),
             s => s,

@@ -1276,7 +1276,8 @@ fn compiled_checkpoints(b: &mut B, model: &Model, compiled: &[Option<usize>], me
             });
         b.sac_unread[j] = b.sac[j] && !read[j];
         if b.f8_linear[j] && b.sac_region[j] {
-            crate::activation::compiled_float8_sac(&mut mems[j], b.sac[j] && read[j]);
+            let weight_cast = b.opts.float8.is_some_and(|f| !f.all_gather);
+            crate::activation::compiled_float8_sac(&mut mems[j], b.sac[j] && read[j], weight_cast);
         }
     }
 }
