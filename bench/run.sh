@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every measured table in bench/, regenerated on this machine by one command:
 #   bash bench/run.sh
-# - planning speed (criterion, bench/planning.rs), tune's search (bench/tune.rs) and tune
-#   against brute force (bench/tune_oracle.rs): their tables in bench/RESULTS.md, between
+# - planning speed (criterion, bench/planning.rs), tune's search (bench/tune.rs), tune
+#   against brute force (bench/tune_oracle.rs) and against what its space leaves out
+#   (bench/tune_space.rs): their tables in bench/RESULTS.md, between
 #   the `<!-- bench:NAME -->` and `<!-- /bench -->` marks;
 # - predicted against published runs (bench/published.md, `fsdp-plan rows`);
 # - with --runtime, also the CPU runtime vs PyTorch FSDP2 table (bench/runtime_vs_fsdp2.py:
@@ -18,7 +19,8 @@ fi
 cargo bench --bench planning -- --warm-up-time 1 --measurement-time 5 >/dev/null
 tune=$(cargo bench --bench tune 2>/dev/null | grep '^|')
 oracle=$(cargo bench --bench tune_oracle 2>/dev/null | grep '^|')
-python3 - "$tune" "$oracle" <<'PY'
+space=$(cargo bench --bench tune_space 2>/dev/null | grep '^|')
+python3 - "$tune" "$oracle" "$space" <<'PY'
 import json, pathlib, re, sys
 def median(path):
     e = json.loads(pathlib.Path(path).read_text())
@@ -36,7 +38,7 @@ planning = "\n".join([
 ])
 p = pathlib.Path("bench/RESULTS.md")
 text = p.read_text()
-for name, table in [("planning", planning), ("tune", sys.argv[1].strip()), ("tune_oracle", sys.argv[2].strip())]:
+for name, table in [("planning", planning), ("tune", sys.argv[1].strip()), ("tune_oracle", sys.argv[2].strip()), ("tune_space", sys.argv[3].strip())]:
     text, n = re.subn(rf"(<!-- bench:{name} -->\n).*?(\n<!-- /bench -->)", lambda m: m.group(1) + table + m.group(2), text, flags=re.S)
     assert n == 1, f"bench/RESULTS.md: no <!-- bench:{name} --> block"
 tmp = p.with_suffix(".md.tmp")
