@@ -1405,6 +1405,25 @@ pub fn build_with(pre: &Prelude, model: &Model, opts: &Options, units: &[Unit], 
             b.sac_unread[j] = true;
         }
     }
+    // (a float8 linear with a bias whose GEMM SAC keeps: the cache holds the GEMM's result,
+    // before the bias — kept from the forward like the casts' abs and max — and the output
+    // goes as an unsaved one; the recompute adds the bias to the cached result anew)
+    if !opts.compile {
+        let biased: Vec<usize> = (0..mems.len()).filter(|&j| b.sac[j] && b.f8_linear[j] && mems[j].fwd_chain.iter().any(|s| matches!(s, Step::Make(t) if t.what == F8_GEMM_RESULT))).collect();
+        if !biased.is_empty() {
+            let ms = mems.to_mut();
+            for j in biased {
+                for step in &mut ms[j].fwd_chain {
+                    if let Step::Make(t) = *step {
+                        if t.what == F8_GEMM_RESULT {
+                            *step = Step::MakeSaved(t);
+                        }
+                    }
+                }
+                b.sac_unread[j] = true;
+            }
+        }
+    }
     setup(&mut b, &cx);
     let k = opts.grad_accum;
     // (where micro-batch 1 starts; the states where the last three start)
@@ -1744,7 +1763,7 @@ fn forward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Unit
         }
         if !m.fwd_chain.is_empty() {
             let sac = b.sac_region[i];
-            out_buf[i] = forward_chain(b, i, &op.name, m, "", Category::Activation, ChainRun::Forward { sac }, None);
+            out_buf[i] = forward_chain(b, i, &op.name, m, "", Category::Activation, ChainRun::Forward { sac });
         } else if let Some(o) = m.out {
             out_buf[i] = Some(b.alloc(cat(&[&op.name, " ", o.what]), Category::Activation, o.bytes(), None));
         }
@@ -1947,28 +1966,23 @@ enum ChainRun {
 
 /// An op's [`OpMem::fwd_chain`] (op index `i`): what it makes and drops around its output,
 /// which it returns; what it made and kept goes when the forward returns, but what op-level
-/// SAC keeps, which stays for the recompute ([`B::sac_kept`]). `served`: the GEMM output SAC's
-/// cache serves a cached recompute of a float8 linear with a bias (the `mm` result the cache
-/// kept, before the bias): it stands for the chain's GEMM result, and the bias add makes the
-/// output anew, which the chain then returns.
-#[allow(clippy::too_many_arguments)]
-fn forward_chain(b: &mut B, i: usize, op: &str, m: &OpMem, suffix: &str, category: Category, run: ChainRun, mut served: Option<BufferId>) -> Option<BufferId> {
+/// SAC keeps, which stays for the recompute ([`B::sac_kept`]) — a float8 linear's with a bias
+/// its GEMM's result too, to which the cached recompute adds the bias anew: the output it
+/// then returns.
+fn forward_chain(b: &mut B, i: usize, op: &str, m: &OpMem, suffix: &str, category: Category, run: ChainRun) -> Option<BufferId> {
     let mut made: Vec<Option<BufferId>> = vec![];
     let mut kept: Vec<usize> = vec![];
     let mut out = None;
     let mut add_after_served = false;
     for step in &m.fwd_chain {
         match *step {
-            Step::Make(t) if t.what == F8_GEMM_RESULT && served.is_some() => {
-                made.push(served.take());
-                add_after_served = true;
-            }
             Step::Make(t) => made.push(Some(b.alloc(cat(&[op, " ", t.what, suffix]), category, t.bytes(), None))),
             Step::MakeSaved(t) => {
                 let served = match run {
                     ChainRun::Recompute { .. } => b.sac_kept.get_mut(&i).and_then(|q| q.pop_front()),
                     ChainRun::Forward { .. } => None,
                 };
+                add_after_served |= served.is_some() && t.what == F8_GEMM_RESULT;
                 let x = served.unwrap_or_else(|| b.alloc(cat(&[op, " ", t.what, suffix]), category, t.bytes(), None));
                 if run == (ChainRun::Forward { sac: true }) {
                     kept.push(made.len());
@@ -2410,11 +2424,8 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                         if b.sac[j] && !stops_before && !mems[j].fwd_chain.is_empty() {
                             // (with a bias, the cache's buffer is the GEMM's result: the add makes
                             // the output again, and the cached result goes)
-                            let served = if mems[j].fwd_chain.iter().any(|s| matches!(s, Step::Make(t) if t.what == F8_GEMM_RESULT)) { out_buf[j].take() } else { None };
-                            let had = served.is_some();
-                            let out = forward_chain(b, j, &oj.name, &mems[j], " (recomputed)", category, ChainRun::Recompute { cached: true }, served);
-                            if had {
-                                out_buf[j] = out;
+                            if let Some(out) = forward_chain(b, j, &oj.name, &mems[j], " (recomputed)", category, ChainRun::Recompute { cached: true }) {
+                                out_buf[j] = Some(out);
                             }
                         }
                         // the copies of its inputs it saves are made again (repeat_kv, the
@@ -2440,7 +2451,7 @@ fn backward(b: &mut B, cx: &Ctx, mems: &[OpMem], tz: &Tensors, unit_of_op: &[Uni
                         }
                         b.op(OpKind::Recompute { op: b.op_names[j].clone(), unit: u, cached: false }, Stream::Compute, smallvec![]);
                         if !mems[j].fwd_chain.is_empty() && out_buf[j].is_none() {
-                            out_buf[j] = forward_chain(b, j, &oj.name, &mems[j], " (recomputed)", category, ChainRun::Recompute { cached: false }, None);
+                            out_buf[j] = forward_chain(b, j, &oj.name, &mems[j], " (recomputed)", category, ChainRun::Recompute { cached: false });
                         } else if let Some(o) = mems[j].out {
                             if out_buf[j].is_none() {
                                 out_buf[j] = Some(b.alloc(cat(&[&oj.name, " ", o.what, " (recomputed)"]), category, o.bytes(), None));

@@ -856,6 +856,9 @@ fn run_step(
             param_edges.clear();
             would_grad.clear();
             f8_saved.clear();
+            f8_kept.clear();
+            f8_gemm.clear();
+            f8_recomputed.clear();
             fwd_left = fwd_uses.clone();
             rec_in_left = rec_inputs.clone();
             rec_int_left = rec_internal.clone();
@@ -1182,7 +1185,9 @@ fn run_step(
                         let sac8 = f8_sac(o.name.as_str());
                         let mut kept = match (sac8, is_recompute) {
                             (true, false) => Some(std::collections::VecDeque::new()),
-                            (true, true) => f8_kept.remove(&o.name),
+                            // (what the forward kept is there: a recompute without it would make
+                            // the same numbers and hide the loss)
+                            (true, true) => Some(f8_kept.remove(&o.name).ok_or_else(|| err(format!("{op}: the recompute finds no abs and amax kept by selective AC")))?),
                             (false, _) => None,
                         };
                         // (SAC keeps a GEMM's output: a linear's own without a bias, else its
@@ -1190,8 +1195,8 @@ fn run_step(
                         let cache_gemm = sac8 && sac.contains(o.name.as_str());
                         let biased = pr.len() > 1;
                         let cached = match (cache_gemm && is_recompute, biased) {
-                            (true, true) => f8_gemm.remove(&o.name),
-                            (true, false) => env.get(&o.name).map(Tensor::shallow_clone),
+                            (true, true) => Some(f8_gemm.remove(&o.name).ok_or_else(|| err(format!("{op}: the recompute finds no GEMM result kept by selective AC")))?),
+                            (true, false) => Some(env.get(&o.name).ok_or_else(|| err(format!("{op}: the recompute finds no GEMM output kept by selective AC")))?.shallow_clone()),
                             (false, _) => None,
                         };
                         let keep_gemm = cache_gemm && biased && !is_recompute;
