@@ -791,8 +791,9 @@ fn run_step(
         None => Default::default(),
     };
     // under op-level SAC, the abs and amax of each float8 linear's forward casts, kept by op
-    // from the forward of its region until its recompute ([`float8::Sac`]); each op's region,
-    // whose backward lets go of what a recompute did not take
+    // from the forward of its region until its recompute ([`float8::Sac`]), which takes every
+    // one (a float8 linear saves its input: never past the recompute's early stop); each op's
+    // region
     let op_region: HashMap<&str, usize> = match plan.options.float8 {
         Some(_) => model.ops.iter().zip(fsdp_planner::schedule::checkpoint_regions(model, &plan.options)).filter_map(|(o, r)| r.map(|r| (o.name.as_str(), r))).collect(),
         None => Default::default(),
@@ -802,8 +803,6 @@ fn run_step(
     let mut f8_kept: HashMap<String, std::collections::VecDeque<Tensor>> = HashMap::new();
     // the GEMM results (before the bias) SAC's cache keeps of float8 linears with a bias
     let mut f8_gemm: HashMap<String, Tensor> = HashMap::new();
-    // the regions whose recompute has run since their forward
-    let mut f8_recomputed: std::collections::HashSet<usize> = Default::default();
     let (mut fwd_left, mut rec_in_left, mut rec_int_left) = (HashMap::new(), HashMap::new(), HashMap::new());
     let mut losses = vec![];
     let mut mb = u32::MAX;
@@ -858,7 +857,6 @@ fn run_step(
             f8_saved.clear();
             f8_kept.clear();
             f8_gemm.clear();
-            f8_recomputed.clear();
             fwd_left = fwd_uses.clone();
             rec_in_left = rec_inputs.clone();
             rec_int_left = rec_internal.clone();
@@ -1205,26 +1203,19 @@ fn run_step(
                             (Some(k), true) => float8::Sac::Take(k),
                             (None, _) => float8::Sac::Off,
                         };
-                        let y = if pr[0].kind() == Kind::Float8e4m3fn {
+                        let w = if pr[0].kind() == Kind::Float8e4m3fn {
                             // the weight gathered in float8: its bits and scale as they are
                             let (scale, _) = f8_scale.get(model.primary_of(&o.params[0])).ok_or_else(|| err(format!("{op}: no scale for the float8 weight `{}`", o.params[0])))?;
-                            tch::no_grad(|| float8::forward(ir[0], float8::Weight::Float8 { bits: pr[0], scale }, pr.get(1).copied(), mode, cached, keep_gemm))?
+                            float8::Weight::Float8 { bits: pr[0], scale }
                         } else {
-                            tch::no_grad(|| float8::forward(ir[0], float8::Weight::High(pr[0]), pr.get(1).copied(), mode, cached, keep_gemm))?
+                            float8::Weight::High(pr[0])
                         };
-                        let (y, gemm) = y;
+                        let (y, gemm) = tch::no_grad(|| float8::forward(ir[0], w, pr.get(1).copied(), mode, cached, keep_gemm))?;
                         if let Some(g) = gemm {
                             f8_gemm.insert(o.name.clone(), g);
                         }
                         if let (Some(k), false) = (kept, is_recompute) {
                             f8_kept.insert(o.name.clone(), k);
-                        }
-                        if let (Some(&r), true) = (op_region.get(o.name.as_str()), sac8) {
-                            if is_recompute {
-                                f8_recomputed.insert(r);
-                            } else {
-                                f8_recomputed.remove(&r);
-                            }
                         }
                         y
                     } else if grad_on {
@@ -1307,12 +1298,6 @@ fn run_step(
             }
             OpKind::Backward { op, .. } => {
                 let Some(o) = ops.get(&**op) else { continue };
-                // the region's recompute is over: what it did not take of SAC's float8 casts
-                // goes (the checkpoint frame's cache; ops past its early stop)
-                if let Some(r) = op_region.get(o.name.as_str()).filter(|r| f8_recomputed.contains(r)) {
-                    f8_kept.retain(|n, _| op_region.get(n.as_str()) != Some(r));
-                    f8_gemm.retain(|n, _| op_region.get(n.as_str()) != Some(r));
-                }
                 // (input, gradient) and (primary param, gradient)
                 let (in_grads, p_grads): (Vec<Named>, Vec<Named>) = if let Some(sv) = f8_saved.remove(&o.name) {
                     let Some(gout) = grads.remove(&o.name) else { continue };
