@@ -1089,6 +1089,22 @@ FAKE_CASES.update({
                                       "float8": "tensorwise",
                                       "checkpoint": ["LlamaDecoderLayer"], "ac_mode": "selective-op",
                                       "ac_wrapper": "torchtitan", "device": "fakegpu", "compile": True},
+    # float8 linears with a bias compiled (Qwen2's q/k/v): plain, under op-level SAC with
+    # the weights cast in the forward, and torchtitan's recipe (gathered in float8, its
+    # checkpoint wrapper)
+    "qwen2_wide_compile_f8_ws2": {"model": "tiny-qwen2-wide", "world_size": 2, "model_dtype": "float32",
+                                  "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                  "float8": "tensorwise", "device": "fakegpu", "compile": True},
+    "qwen2_wide_compile_f8_sac_ws2": {"model": "tiny-qwen2-wide", "world_size": 2, "model_dtype": "float32",
+                                      "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                      "float8": "tensorwise",
+                                      "checkpoint": ["Qwen2DecoderLayer"], "ac_mode": "selective-op",
+                                      "ac_wrapper": "torchtitan", "device": "fakegpu", "compile": True},
+    "qwen2_wide_compile_f8ag_sac_ws2": {"model": "tiny-qwen2-wide", "world_size": 2, "model_dtype": "float32",
+                                        "param_dtype": "bfloat16", "reduce_dtype": "float32",
+                                        "float8": "tensorwise", "float8_all_gather": True,
+                                        "checkpoint": ["Qwen2DecoderLayer"], "ac_mode": "selective-op",
+                                        "ac_wrapper": "torchtitan", "device": "fakegpu", "compile": True},
     "llama31_8b_compile_f8ag_sac_tt_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 2, "seq": 8192,
                                            "model_dtype": "float32", "param_dtype": "bfloat16",
                                            "reduce_dtype": "float32", "optimizer": "adamw",
