@@ -24,7 +24,7 @@ fn schedule_clipping_and_adamw_equal_hf_at_world_sizes_1_2_3() {
     let mut report = String::new();
     for name in ["tiny-llama", "tiny-gpt2", "tiny-qwen2-wide"] {
         let d = root().join("tests/fixtures/train").join(name);
-        report += &check(name, &d, &d.join("expected.json"), None, &[1, 2, 3], false, 0).0;
+        report += &check(name, &d, &d.join("expected.json"), None, &[1, 2, 3], false).0;
     }
     eprintln!("{report}");
 }
@@ -39,11 +39,11 @@ fn schedule_clipping_and_adamw_equal_hf_at_world_sizes_1_2_3() {
 #[test]
 fn float8_linears_equal_torchao_at_world_sizes_1_2_3() {
     let mut report = String::new();
-    // (steps held on one rank, each within 1e-5: Llama all 12; Qwen2 the first 3 — at
-    // ATEN_CPU_CAPABILITY=default its run parts from torchao's at step 4, grad norm 2.2e-3 off
-    // and growing: an ulp of libtorch's scalar kernels, which float8 casts make a float8 step;
-    // at avx2, this machine's own, every step of both is torchao's to the bit, measured 2026-11-29)
-    for (name, held) in [("tiny-llama", 12), ("tiny-qwen2-wide", F8_BIT_EQUAL_STEPS)] {
+    // (on one rank every step is held, its loss torchao's to the bit: measured at avx2 and at
+    // ATEN_CPU_CAPABILITY=default, 2026-11-29 — at default Qwen2's run parted from torchao's
+    // at step 4 and Llama's step-4 loss was 8.6e-8 off until the clipping coefficient was
+    // torch's own float32 one: a double's rounding moved a value across a float8 boundary)
+    for name in ["tiny-llama", "tiny-qwen2-wide"] {
         let out = std::env::temp_dir().join(format!("fsdp-plan-float8-truth-{name}-{}.json", std::process::id()));
         let py = root().join(".venv/bin/python");
         let run = std::process::Command::new(&py).arg(root().join("harness/float8_parity.py")).args(["--model", name, "--out"]).arg(&out).env("HF_HUB_OFFLINE", "1").output();
@@ -51,19 +51,19 @@ fn float8_linears_equal_torchao_at_world_sizes_1_2_3() {
         assert!(run.status.success(), "harness/float8_parity.py failed (bash scripts/setup-venv.sh installs torchao 0.18.0):\n{}", String::from_utf8_lossy(&run.stderr));
         let d = root().join("tests/fixtures/train").join(name);
         let f8 = Float8 { recipe: Float8Recipe::Tensorwise, all_gather: false };
-        let (r, plain) = check(name, &d, &out, Some(f8), &[1, 2, 3], false, held);
+        let (r, plain) = check(name, &d, &out, Some(f8), &[1, 2, 3], false);
         report += &r;
         // weights gathered in float8 too (torchao's enable_fsdp_float8_all_gather: each shard
         // cast with the whole weight's scale — the bits one device casts, so the same truth,
         // and the same float32 run to the bit); not on 3 ranks, whose shards of 32 and 64 rows
         // are uneven: FSDP2 cannot gather those (the plan refuses them)
-        let (r, gathered) = check(name, &d, &out, Some(Float8 { all_gather: true, ..f8 }), &[1, 2], false, held);
+        let (r, gathered) = check(name, &d, &out, Some(Float8 { all_gather: true, ..f8 }), &[1, 2], false);
         report += &r;
         assert_eq!(gathered[..], plain[..2], "{name}: losses gathered in float8 vs as they are");
         // under torchtitan's op-level SAC (the casts' abs and amax kept for the recompute,
         // which takes them and every other GEMM's output from the cache): the same run to the
         // bit
-        let (r, sac) = check(name, &d, &out, Some(f8), &[1, 2], true, held);
+        let (r, sac) = check(name, &d, &out, Some(f8), &[1, 2], true);
         report += &r;
         assert_eq!(sac[..], plain[..2], "{name}: losses under op-level SAC vs without checkpointing");
         let _ = std::fs::remove_file(&out);
@@ -71,16 +71,11 @@ fn float8_linears_equal_torchao_at_world_sizes_1_2_3() {
     eprintln!("{report}");
 }
 
-/// Float8 on one rank: how many first steps' losses are asserted to be torchao's to the bit.
-/// Measured at ATEN_CPU_CAPABILITY=default: Llama 11 of 12 (step 4 is 8.6e-8 off), Qwen2 the
-/// first 3, then parted; at avx2, this machine's own, every step of both (not measured on
-/// avx512).
-const F8_BIT_EQUAL_STEPS: usize = 3;
 
 /// Trains `name` from `dir`'s weights and tokens as `expected` records, at world sizes `wss`,
 /// and checks every step's loss, lr and gradient norm within 1e-5 relative; the report and
 /// each world size's losses.
-fn check(name: &str, dir: &Path, expected: &Path, float8: Option<Float8>, wss: &[u64], sac: bool, f8_held: usize) -> (String, Vec<Vec<f64>>) {
+fn check(name: &str, dir: &Path, expected: &Path, float8: Option<Float8>, wss: &[u64], sac: bool) -> (String, Vec<Vec<f64>>) {
     let mut report = String::new();
     let d = dir;
     let exp: Value = serde_json::from_str(&std::fs::read_to_string(expected).unwrap()).unwrap();
@@ -128,29 +123,28 @@ fn check(name: &str, dir: &Path, expected: &Path, float8: Option<Float8>, wss: &
         let reps = run_cpu(&plan, &m, &cfg, |_| {}).unwrap();
         assert_eq!(reps.len(), steps);
         let mut worst: f64 = 0.0;
-        // float8 on several ranks: the gradient's reduction order (and the optimizer's
-        // vector tails on a shard) differ from one device's accumulation by an ulp, and an
-        // ulp that moves a value across a float8 rounding boundary moves it by a whole float8
-        // step (e4m3: an eighth of its binade) — from then on the runs part (measured: from
-        // step 8 on 3 ranks at avx2, 1.2e-3 in a gradient norm by step 12; from step 3 on 2
-        // ranks at ATEN_CPU_CAPABILITY=default). Held on several ranks: the first step, whose
-        // forward and backward see each rank's rows exactly as one device's micro-batch does
-        // (the truths of 1 and 2 ranks differ there by 4.6e-5: each rank scales by its own
-        // rows); on one rank, the steps the caller holds (the first F8_BIT_EQUAL_STEPS losses
-        // bit-equal to torchao's).
+        // float8 on 3 ranks: the gradient's reduction order (and the optimizer's vector
+        // tails on a shard) differ from one device's accumulation of 3 micro-batches by an
+        // ulp, and an ulp that moves a value across a float8 rounding boundary moves it by a
+        // whole float8 step (e4m3: an eighth of its binade) — from then on the runs part
+        // (measured 2026-11-29: losses bit-equal on the first 4 to 7 steps, at avx2 and at
+        // ATEN_CPU_CAPABILITY=default). Held there: the first step, whose forward and backward
+        // see each rank's rows exactly as one device's micro-batch does (the truths of 1 and 2
+        // ranks differ there by 4.6e-5: each rank scales by its own rows). On 1 and 2 ranks,
+        // every step (bit-equal losses on all 12, both capabilities, measured).
         let held = match float8 {
-            Some(_) if ws > 1 => 1,
-            Some(_) => f8_held.min(steps),
-            None => steps,
+            Some(_) if ws > 2 => 1,
+            _ => steps,
         };
         for (i, r) in reps.iter().enumerate().take(held) {
-            // float8 on one rank: torchao's losses to the bit (the same kernels in the same
-            // order on the same machine; the gradient norm is summed in another order) — for
-            // the first steps, before an ulp of another kernel can become a float8 step
-            if float8.is_some() && ws == 1 && i < F8_BIT_EQUAL_STEPS {
-                assert_eq!(r.loss, losses[i], "{name} float8 {float8:?} step {}: loss {} vs torchao {}", i + 1, r.loss, losses[i]);
-            }
             let g = r.grad_norm.unwrap();
+            // float8 on one rank: torchao's loss and gradient norm to the bit (the same
+            // kernels in the same order on the same machine, clip_grad_norm_'s float32 norm of
+            // the parameters' norms too; both float32 values, compared as such: serde_json's
+            // parse of the truth's decimal can be a double's ulp off)
+            if float8.is_some() && ws == 1 {
+                assert_eq!((r.loss as f32, g as f32), (losses[i] as f32, norms[i] as f32), "{name} float8 {float8:?} step {}: (loss, grad norm) vs torchao's", i + 1);
+            }
             for (what, got, want) in [("loss", r.loss, losses[i]), ("lr", r.lr, lrs[i]), ("grad norm", g, norms[i])] {
                 let e = rel(got, want);
                 assert!(e < 1e-5, "{name} ws {ws} float8 {float8:?} step {}: {what} {got} vs HF {want} (rel {e:.1e})", i + 1);
@@ -159,7 +153,7 @@ fn check(name: &str, dir: &Path, expected: &Path, float8: Option<Float8>, wss: &
         }
         let clipped = reps.iter().filter(|r| r.grad_norm.unwrap() > f(&exp["clip_grad_norm"])).count();
         // (measured, not held: the steps whose loss is torchao's to the bit)
-        let equal = reps.iter().zip(&losses).filter(|(r, l)| r.loss == **l).count();
+        let equal = reps.iter().zip(&losses).filter(|(r, l)| r.loss as f32 == **l as f32).count();
         let equal = if float8.is_some() { format!(", losses bit-equal on {equal}") } else { String::new() };
         let sac_note = if sac { ", op-level SAC" } else { "" };
         report += &format!("{name:<10} ws {ws}{}{sac_note}: {held} of {steps} steps held{equal}, clipped on {clipped}, worst rel {worst:.1e}\n", match float8 { Some(f) if f.all_gather => " float8, gathered in float8", Some(_) => " float8", None => "" });

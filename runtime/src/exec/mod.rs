@@ -1427,31 +1427,59 @@ fn run_step(
                         // before the first unit's step: the norm of all of them (clip_grad_norm_)
                         normed = true;
                         rank.skipped = false;
-                        let local = tch::no_grad(|| -> Result<f64, RtError> {
-                            let mut sq = 0.0f64;
+                        // torch's clip_grad_norm_ to the bit: each parameter's 2-norm (float32
+                        // and float64 ones a reduction that copies nothing; reduced-precision
+                        // ones a float32 copy of one parameter at a time, no more than the
+                        // optimizer's own temporaries, the norm rounded to their dtype as
+                        // `vector_norm` returns it), the norm of their stack in their dtype,
+                        // then `max_norm / (total + 1e-6)` as Python's `__rtruediv__` computes
+                        // it (`reciprocal() * max_norm`, in that dtype), clamped to 1 and
+                        // multiplied into each grad. Summed in double or divided in double
+                        // instead, the coefficient was an ulp off torch's on most clipped steps
+                        // (float32's rounding of a double): Adam all but cancels a scale, but
+                        // at ATEN_CPU_CAPABILITY=default it moved a value across a float8
+                        // rounding boundary by step 3 (tiny-qwen2-wide under torchao).
+                        // (stacked in the model's parameter order, `model.parameters()`'s, as
+                        // torch stacks them: a float32 sum of squares is not associative)
+                        let order: HashMap<&str, usize> = model.params.iter().enumerate().map(|(i, p)| (p.name.as_str(), i)).collect();
+                        let local = tch::no_grad(|| -> Result<Option<Tensor>, RtError> {
+                            let mut norms: Vec<(usize, Tensor)> = vec![];
                             for (v, g) in sgrads.iter().enumerate() {
                                 let Some(g) = g else { continue };
                                 let g = g.f_reshape([-1])?;
-                                // each parameter's 2-norm, as torch's clip_grad_norm_ takes
-                                // FSDP2's (float32 and float64 ones a reduction that copies
-                                // nothing; reduced-precision ones a float32 copy of one
-                                // parameter at a time, no more than the optimizer's own
-                                // temporaries), squared and summed here in double
-                                for (o, len) in pieces(v) {
+                                let keys: Vec<usize> = match plan.options.layout {
+                                    Layout::Fsdp2 => plan.units[v].params.iter().filter(|p| p.shard_numel > 0).map(|p| order.get(p.name.as_str()).copied().unwrap_or(usize::MAX)).collect(),
+                                    Layout::Flat => vec![v],
+                                };
+                                for (key, (o, len)) in keys.into_iter().zip(pieces(v)) {
                                     let p = g.f_narrow(0, o, len)?;
-                                    let norm = match p.kind() {
+                                    norms.push((key, match p.kind() {
                                         Kind::Float | Kind::Double => p.f_norm()?,
-                                        _ => p.f_norm_scalaropt_dtype(2, Kind::Float)?,
-                                    };
-                                    let norm = norm.double_value(&[]);
-                                    sq += norm * norm;
+                                        k => p.f_norm_scalaropt_dtype(2, Kind::Float)?.f_to_kind(k)?,
+                                    }));
                                 }
                             }
-                            Ok(sq)
+                            if norms.is_empty() {
+                                return Ok(None);
+                            }
+                            norms.sort_by_key(|x| x.0);
+                            let norms: Vec<Tensor> = norms.into_iter().map(|x| x.1).collect();
+                            Ok(Some(Tensor::f_stack(&norms, 0)?.f_norm()?))
                         })?;
-                        let n = comm.shard.size() as f64;
-                        let total = comm.shard.all_reduce_avg(&Tensor::from(local).to_device(rank.device))?.double_value(&[]) * n;
-                        let norm = total.sqrt();
+                        let n = comm.shard.size();
+                        // (over several shards: each rank's norm squared, their sum — in
+                        // double here, where FSDP2's DTensor sums float32 squares — and its
+                        // root, in the local norm's dtype)
+                        let total = match local {
+                            Some(t) if n == 1 => t,
+                            local => {
+                                let kind = local.as_ref().map_or(Kind::Float, Tensor::kind);
+                                let l = local.map_or(0.0, |t| t.double_value(&[]));
+                                let sum = comm.shard.all_reduce_avg(&Tensor::from(l * l).to_device(rank.device))?.double_value(&[]) * n as f64;
+                                Tensor::from(sum.sqrt()).f_to_kind(kind)?
+                            }
+                        };
+                        let norm = total.double_value(&[]);
                         rank.last_grad_norm = Some(norm);
                         if !norm.is_finite() {
                             if !update.skip_nonfinite {
@@ -1459,9 +1487,10 @@ fn run_step(
                             }
                             rank.skipped = true;
                         } else if let Some(max) = update.clip {
-                            let coef = (max / (norm + 1e-6)).min(1.0);
+                            let coef = tch::no_grad(|| -> Result<Tensor, RtError> { Ok(total.f_add_scalar(1e-6)?.f_reciprocal()?.f_mul_scalar(max)?.f_clamp_max(1.0)?) })?;
                             for g in sgrads.iter_mut().flatten() {
-                                let _ = tch::no_grad(|| g.f_mul_scalar_(coef))?;
+                                let c = coef.f_to_device(g.device())?;
+                                let _ = tch::no_grad(|| g.f_mul_(&c))?;
                             }
                         }
                     }
