@@ -13,8 +13,8 @@
 # build` without the dev-dependencies) unifies the dependencies' features differently and
 # rebuilds tch, the runtime and ~60 crates: that was 9 of the suite's 30 minutes (2026-11-29);
 # even `cargo check -p fsdp-runtime` (the runtime without `cuda`) took 342 s on a fresh clone.
-# The runtime without its GPU backend is type-checked by `cargo clippy --features runtime`
-# (the before-stop checks in ARCHITECTURE.md), not here.
+# So the runtime without its GPU backend (`--features runtime`) is not built here:
+# `cargo clippy --workspace --all-targets --features runtime` checks it (ARCHITECTURE.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-venv.sh || { echo "error: could not install the pinned PyTorch into .venv" >&2; exit 1; }
@@ -52,10 +52,13 @@ for line in sys.stdin:
         print(m["executable"])'
 }
 run_at() {
-  local cap=$1 bad=0 exe
-  local exes; exes=$(runtime_tests)
-  [ -n "$exes" ] || { echo "no runtime test binaries found" >&2; return 1; }
-  for exe in $exes; do
+  local cap=$1 bad=0 exe exes
+  mapfile -t exes < <(runtime_tests; echo "cargo exit $?")
+  # (the listing's last line: cargo's exit status — a build that failed lists a part)
+  [ "${exes[-1]}" = "cargo exit 0" ] || { echo "listing the runtime's test binaries failed: ${exes[-1]}" >&2; return 1; }
+  unset 'exes[-1]'
+  [ ${#exes[@]} -gt 0 ] || { echo "no runtime test binaries found" >&2; return 1; }
+  for exe in "${exes[@]}"; do
     echo "--- ATEN_CPU_CAPABILITY=$cap $(basename "$exe")"
     (cd runtime && ATEN_CPU_CAPABILITY=$cap "$exe") || bad=1
   done

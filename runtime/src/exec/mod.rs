@@ -1440,7 +1440,13 @@ fn run_step(
                         // at ATEN_CPU_CAPABILITY=default it moved a value across a float8
                         // rounding boundary by step 3 (tiny-qwen2-wide under torchao).
                         // (stacked in the model's parameter order, `model.parameters()`'s, as
-                        // torch stacks them: a float32 sum of squares is not associative)
+                        // torch stacks grads of one dtype: a float32 sum of squares is not
+                        // associative. Not to the bit — approximations: grads of mixed dtypes,
+                        // which torch groups by dtype first; a parameter torch leaves without
+                        // a grad — an expert no token reached — whose zeros are stacked here;
+                        // CUDA, whose `_foreach_norm` kernel reduces in its own order; FSDP1's
+                        // flat parameters, one norm each where FSDP1 squares, all-reduces and
+                        // roots even on one rank.)
                         let order: HashMap<&str, usize> = model.params.iter().enumerate().map(|(i, p)| (p.name.as_str(), i)).collect();
                         let local = tch::no_grad(|| -> Result<Option<Tensor>, RtError> {
                             let mut norms: Vec<(usize, Tensor)> = vec![];
