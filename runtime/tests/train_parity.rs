@@ -135,10 +135,7 @@ fn check(name: &str, dir: &Path, expected: &Path, float8: Option<Float8>, wss: &
         // step, whose forward and backward see each rank's rows exactly as one device's
         // micro-batch does (the truths of 1 and 2 ranks differ there by 4.6e-5: each rank
         // scales by its own rows). On one rank, every step.
-        let held = match float8 {
-            Some(_) if ws > 1 => 1,
-            _ => steps,
-        };
+        let held = if float8.is_some() && ws > 1 { 1 } else { steps };
         for (i, r) in reps.iter().enumerate().take(held) {
             let g = r.grad_norm.unwrap();
             // float8 on one rank: torchao's loss and gradient norm to the bit (the same

@@ -662,6 +662,8 @@ fn run_step(
     let param_kind = plan.options.param_dtype.map(kind_of);
     let reduce_kind = plan.options.reduce_dtype.map(kind_of);
     let owner = plan.param_owners();
+    // each parameter's place in `model.parameters()`'s order (clip_grad_norm_'s)
+    let param_order: HashMap<&str, usize> = model.params.iter().enumerate().map(|(i, p)| (p.name.as_str(), i)).collect();
     let ops: HashMap<&str, &fsdp_ir::Op> = model.ops.iter().map(|o| (o.name.as_str(), o)).collect();
     let loss_op = model.ops.last().map(|o| o.name.as_str()).unwrap_or("");
     // Ops the plan recomputes (they run without grad in forward), and their regions.
@@ -1415,12 +1417,15 @@ fn run_step(
                 let u = unit.index();
                 // a unit's parameters in its shard (and gradient): FSDP2's optimizer steps one
                 // sharded param at a time; FSDP1's flat parameter is one tensor
-                let pieces = |v: usize| -> Vec<(i64, i64)> {
+                // (each piece with its parameter's place in the model's order, which clipping
+                // stacks the norms in; a flat parameter's, its unit's)
+                let keyed_pieces = |v: usize| -> Vec<(usize, i64, i64)> {
                     match plan.options.layout {
-                        Layout::Fsdp2 => plan.units[v].params.iter().map(|p| (p.offset as i64, p.shard_numel as i64)).filter(|x| x.1 > 0).collect(),
-                        Layout::Flat => vec![(0, rank.shards[v].numel() as i64)],
+                        Layout::Fsdp2 => plan.units[v].params.iter().filter(|p| p.shard_numel > 0).map(|p| (param_order.get(p.name.as_str()).copied().unwrap_or(usize::MAX), p.offset as i64, p.shard_numel as i64)).collect(),
+                        Layout::Flat => vec![(v, 0, rank.shards[v].numel() as i64)],
                     }
                 };
+                let pieces = |v: usize| -> Vec<(i64, i64)> { keyed_pieces(v).into_iter().map(|(_, o, l)| (o, l)).collect() };
                 // (offloaded: on the host, as torch.optim steps FSDP2's CPU shards)
                 host.run(|| -> Result<(), RtError> {
                     if !normed {
@@ -1447,17 +1452,12 @@ fn run_step(
                         // CUDA, whose `_foreach_norm` kernel reduces in its own order; FSDP1's
                         // flat parameters, one norm each where FSDP1 squares, all-reduces and
                         // roots even on one rank.)
-                        let order: HashMap<&str, usize> = model.params.iter().enumerate().map(|(i, p)| (p.name.as_str(), i)).collect();
                         let local = tch::no_grad(|| -> Result<Option<Tensor>, RtError> {
                             let mut norms: Vec<(usize, Tensor)> = vec![];
                             for (v, g) in sgrads.iter().enumerate() {
                                 let Some(g) = g else { continue };
                                 let g = g.f_reshape([-1])?;
-                                let keys: Vec<usize> = match plan.options.layout {
-                                    Layout::Fsdp2 => plan.units[v].params.iter().filter(|p| p.shard_numel > 0).map(|p| order.get(p.name.as_str()).copied().unwrap_or(usize::MAX)).collect(),
-                                    Layout::Flat => vec![v],
-                                };
-                                for (key, (o, len)) in keys.into_iter().zip(pieces(v)) {
+                                for (key, o, len) in keyed_pieces(v) {
                                     let p = g.f_narrow(0, o, len)?;
                                     norms.push((key, match p.kind() {
                                         Kind::Float | Kind::Double => p.f_norm()?,
