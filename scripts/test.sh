@@ -14,7 +14,7 @@
 # rebuilds tch, the runtime and ~60 crates: that was 9 of the suite's 30 minutes (2026-11-29);
 # even `cargo check -p fsdp-runtime` (the runtime without `cuda`) took 342 s on a fresh clone.
 # So the runtime without its GPU backend (`--features runtime`) is not built here:
-# `cargo clippy --workspace --all-targets --features runtime` checks it (ARCHITECTURE.md).
+# `cargo clippy --workspace --all-targets --features runtime` checks it, by hand (ARCHITECTURE.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-venv.sh || { echo "error: could not install the pinned PyTorch into .venv" >&2; exit 1; }
