@@ -64,20 +64,25 @@ pub(crate) struct TuneArgs {
     #[arg(long, value_delimiter = ',')]
     pub(crate) unit_groups: Option<Vec<u32>>,
     /// Search the embeddings and the LM head as FSDP units of their own (both, as torchtitan
-    /// wraps them, or either alone), not only the root's (their params gathered only around
-    /// their use). The default where they are untied; given, a model whose head is tied is
-    /// refused.
+    /// wraps them), not only the root's (their params gathered only around their use). The
+    /// default where they are untied; given, only these two choices are searched (where the
+    /// embeddings and head hold a quarter of the params or more, the default searches every
+    /// edge choice: either alone, the final norm in the head's unit), and a model whose head
+    /// is tied is refused.
     #[arg(long, conflicts_with = "no_embed_head_units")]
     pub(crate) embed_head_units: bool,
     /// Also search the embeddings alone and the head alone as units of their own, the other
     /// the root's (twice the search: up to 1.3% faster answers on a 2-block model, the same
-    /// in the benchmark's real-size scenarios).
+    /// in the benchmark's real-size scenarios). The default, with --norm-head-unit, where the
+    /// embeddings and the head hold a quarter of the params or more.
     #[arg(long, conflicts_with = "no_embed_head_units")]
     pub(crate) separate_edge_units: bool,
     /// Also search the final norm and the LM head as one unit (torchtitan's
     /// `fully_shard([model.norm, model.output])`, `--policy …,model.norm+lm_head`), beside the
     /// norm left to the root (1.43 times the search: answers 0.007–0.22% faster in 30 of the
-    /// zoo's 50 scenarios, the same in the rest, 2026-11-29).
+    /// zoo's 50 scenarios, the same in the rest, 2026-11-29). The default, with
+    /// --separate-edge-units, where the embeddings and the head hold a quarter of the params
+    /// or more.
     #[arg(long, conflicts_with = "no_embed_head_units")]
     pub(crate) norm_head_unit: bool,
     /// Leave the embeddings and the LM head to the root unit (about halves the search).
@@ -375,6 +380,13 @@ pub(crate) fn run(a: TuneArgs) -> Result<()> {
     }
     if a.no_embed_head_units {
         space.edges = vec![tune::Edges::Root];
+    }
+    // (where the embeddings and the head are a large share of the params, every edge choice
+    // by default: `tune::EDGE_SEARCH_SHARE`)
+    if !(a.embed_head_units || a.separate_edge_units || a.norm_head_unit || a.no_embed_head_units) && tune::edge_share(&model) >= tune::EDGE_SEARCH_SHARE {
+        if let Some(policy) = space.edge_policy.as_deref() {
+            space.edges = tune::Edges::all(policy);
+        }
     }
     if a.separate_edge_units {
         if space.edge_policy.is_none() {

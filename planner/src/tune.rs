@@ -565,6 +565,33 @@ fn sac_allowed(base: &Options, blocks: &[String]) -> bool {
 /// blocks feeds it, the two as one unit (`model.norm+lm_head`), when the head's weight is its own
 /// (a tied one must stay in one unit with the embeddings) and the pattern names exactly
 /// the blocks.
+/// The share of a model's parameters held by its embeddings and LM head where those are
+/// untied (0 where tied, or not found): what decides whether every edge choice is searched
+/// by default ([`EDGE_SEARCH_SHARE`]).
+pub fn edge_share(model: &Model) -> f64 {
+    use fsdp_ir::OpKind;
+    let numel = |names: &[String]| -> u64 { model.params.iter().filter(|p| p.tied_to.is_none() && names.contains(&p.name)).map(|p| p.numel()).sum() };
+    let Some(embed) = model.ops.iter().find(|o| matches!(o.kind, OpKind::Embedding)) else { return 0.0 };
+    let Some(loss) = model.ops.iter().position(|o| matches!(o.kind, OpKind::CrossEntropy { .. })) else { return 0.0 };
+    let Some(head) = model.ops[..loss].iter().rev().find(|o| matches!(o.kind, OpKind::Linear { .. })) else { return 0.0 };
+    let (e, h) = (numel(&embed.params), numel(&head.params));
+    let total: u64 = model.params.iter().filter(|p| p.tied_to.is_none()).map(|p| p.numel()).sum();
+    if e == 0 || h == 0 || total == 0 {
+        return 0.0;
+    }
+    (e + h) as f64 / total as f64
+}
+
+/// From this share of the params in the embeddings and the head ([`edge_share`]), `tune`
+/// searches every edge choice by default ([`Edges::all`]: either alone a unit, the final
+/// norm in the head's unit), not only both or neither. Measured 2026-11-29/30 (`tune` with
+/// and without `--separate-edge-units --norm-head-unit`, Llama-3.2-1B's shape untied at 2 to
+/// 48 blocks on 4 and 8 H100s, seq 512/2048/8192, the profile's memory and 40 GiB): the full
+/// search's answers were up to 0.65% faster at 2–16 blocks (shares 90–35%), ≤ 0.15% at 24
+/// (26.5%), ≤ 0.12% at 32 and 48 (21%, 15%); Llama-3-8B (13%) ≤ 0.14% (bench/tune_space).
+/// It costs 2–3 times the plans, which the models above the share (small ones) afford.
+pub const EDGE_SEARCH_SHARE: f64 = 0.25;
+
 fn edge_policy(model: &Model, blocks: &[String]) -> Option<Vec<String>> {
     use fsdp_ir::OpKind;
     let embed = model.ops.iter().find(|o| matches!(o.kind, OpKind::Embedding))?;

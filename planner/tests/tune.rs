@@ -562,6 +562,13 @@ fn edge_units_are_searched_only_where_the_head_is_its_own() {
     assert_eq!(space("tiny-llama-4l").edge_policy, Some(vec!["model.embed_tokens".to_string(), "model.layers.*".to_string(), "lm_head".to_string(), "model.norm+lm_head".to_string()]));
     assert_eq!(space("tiny-llama-4l").edges, [tune::Edges::Root, tune::Edges::Both]);
     assert_eq!(space("tiny-llama-tied").edge_policy, None);
+    // the share of the params in them (what makes `tune` search every edge choice by
+    // default): Llama-3-8B's embeddings and head are 2 × 128,256 × 4,096 of its
+    // 8,030,261,248 params (the count on its HF model card); a tied head has none of its own
+    let share = tune::edge_share(&model("llama-3-8b"));
+    assert!((share - 2.0 * 128_256.0 * 4_096.0 / 8_030_261_248.0).abs() < 1e-12, "{share}");
+    assert!(share < tune::EDGE_SEARCH_SHARE);
+    assert_eq!(tune::edge_share(&model("tiny-llama-tied")), 0.0);
 }
 
 #[test]
