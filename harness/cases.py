@@ -741,6 +741,17 @@ FAKE_CASES.update({
     "llama31_8b_unit_raf8_bf16_ws16": {"model": "llama-3.1-8b", "world_size": 16, "batch": 1, "seq": 4096,
                                        "param_dtype": "bfloat16", "reduce_dtype": "float32", "optimizer": "adamw",
                                        "unit_reshard": {"model.layers.{0..15}": 8, "last": False}},
+    # reshard_after_forward ints differing per unit (FSDP2 builds each unit's post-forward
+    # mesh from its own int): the first half of the blocks to groups of 8, the next to groups
+    # of 4, the last kept; and on the 4-block model at 8 ranks, 2 and 4, with checkpointing
+    "llama31_8b_unit_raf8_raf4_bf16_ws16": {"model": "llama-3.1-8b", "world_size": 16, "batch": 1, "seq": 4096,
+                                            "param_dtype": "bfloat16", "reduce_dtype": "float32", "optimizer": "adamw",
+                                            "unit_reshard": {"model.layers.{0..15}": 8, "model.layers.{16..30}": 4, "last": False}},
+    "llama_unit_raf2_raf4_ws8": {"model": "tiny-llama-4l", "world_size": 8, "batch": 2, "seq": 64,
+                                 "unit_reshard": {"model.layers.{0..1}": 2, "model.layers.{2..3}": 4}},
+    "llama_unit_raf4_raf2_bf16_ac_ws8": {"model": "tiny-llama-4l", "world_size": 8, "batch": 2, "seq": 64,
+                                         "param_dtype": "bfloat16", "reduce_dtype": "float32", "checkpoint": ["LlamaDecoderLayer"],
+                                         "unit_reshard": {"model.layers.{0..1}": 4, "model.layers.2": 2, "last": False}},
     # unit groups at real size: Llama-3.1-8B, two decoder layers per fully_shard call
     "llama31_8b_group2_bf16_ws8": {"model": "llama-3.1-8b", "world_size": 8, "batch": 1, "seq": 4096,
                                    "param_dtype": "bfloat16", "reduce_dtype": "float32",

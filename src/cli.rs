@@ -141,8 +141,9 @@ pub(crate) struct Fixed {
     /// pattern of them: `model.layers.{24..31}`, `*` within a component — every unit it
     /// matches), `root` or `last` (the last unit in forward order: torchtitan's
     /// `--unit-reshard last=false`). N (FSDP2's int: a 1/N slice kept after forward, gathered
-    /// back over N consecutive ranks in backward) on non-root units, one N per plan, applied
-    /// over the true/false ones. Repeatable.
+    /// back over N consecutive ranks in backward) on non-root units, each unit its own N
+    /// (FSDP2 builds a post-forward mesh per int), applied over the true/false ones.
+    /// Repeatable.
     #[arg(long, value_name = "UNIT=BOOL|N")]
     pub(crate) unit_reshard: Vec<String>,
     /// FSDP2's `shard_placement_fn`: the params matching PARAM_PATTERN (`*` a component,

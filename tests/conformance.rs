@@ -159,11 +159,12 @@ fn check_collectives(dir: &str) {
             .iter()
             .zip(&want_sizes)
             .map(|(c, w)| {
-                let group = match &plan.schedule[c.op.index()].kind {
-                    fsdp_planner::plan::OpKind::AllGather { group, .. } | fsdp_planner::plan::OpKind::ReduceScatter { group, .. } | fsdp_planner::plan::OpKind::AllReduce { group, .. } => *group,
+                let (group, unit) = match &plan.schedule[c.op.index()].kind {
+                    fsdp_planner::plan::OpKind::AllGather { group, unit, .. } | fsdp_planner::plan::OpKind::ReduceScatter { group, unit, .. } | fsdp_planner::plan::OpKind::AllReduce { group, unit, .. } => (*group, *unit),
                     _ => panic!("{name}: collective {c:?} is no collective op"),
                 };
-                w.map(|_| fsdp_planner::cost::group_shape(&plan.options, group, 8).0)
+                // (a post-forward group is its unit's own N)
+                w.map(|_| fsdp_planner::cost::group_shape(&plan.options, group, plan.unit(unit).reshard_to, 8).0)
             })
             .collect();
         assert_eq!(got_sizes, want_sizes, "{name}: collective group sizes differ from PyTorch");

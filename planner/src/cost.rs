@@ -437,7 +437,7 @@ pub fn nccl_time(c: &crate::hardware::Nccl, kind: Coll, bytes: f64, n: u64, per_
 }
 
 /// Ranks in a process group and how many of them share a node, for a plan's options.
-pub fn group_shape(opts: &Options, group: Group, gpus_per_node: u64) -> (u64, u64) {
+pub fn group_shape(opts: &Options, group: Group, post_forward: Option<u64>, gpus_per_node: u64) -> (u64, u64) {
     let gpn = gpus_per_node.max(1);
     let ws = opts.world_size.max(1);
     match group {
@@ -453,9 +453,10 @@ pub fn group_shape(opts: &Options, group: Group, gpus_per_node: u64) -> (u64, u6
             let per = if s >= gpn { 1 } else { (gpn / s).clamp(1, r) };
             (r, per)
         }
-        // N consecutive ranks: inside a node when N is at most a node's GPUs
+        // N consecutive ranks (the unit's own N: `post_forward`): inside a node when N is at
+        // most a node's GPUs
         Group::PostForward => {
-            let n = opts.post_forward_size().unwrap_or(1).max(1);
+            let n = post_forward.unwrap_or(1).max(1);
             (n, n.min(gpn))
         }
     }

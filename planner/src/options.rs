@@ -636,10 +636,15 @@ impl Default for Options {
 }
 
 impl Options {
-    /// The post-forward group size of the units resharding to an int (`reshard_to`, or the
-    /// per-unit ints: one size per plan, [`Options::check`]).
+    /// Whether any unit reshards to an int after forward (`reshard_to`, or a per-unit int).
     pub fn post_forward_size(&self) -> Option<u64> {
         self.reshard_to.or(self.unit_reshard_to.first().map(|&(_, n)| n))
+    }
+
+    /// Every post-forward group size the options name (`reshard_to` and the per-unit ints,
+    /// which may differ: FSDP2 builds each unit's post-forward mesh from its own int).
+    pub fn post_forward_sizes(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.reshard_to.map(|n| ("--reshard-after-forward", n)).into_iter().chain(self.unit_reshard_to.iter().map(|(u, n)| (u.as_str(), *n)))
     }
 
     /// Checks every option alone and against the others (not against a model).
@@ -662,16 +667,14 @@ impl Options {
         if self.unit_group == 0 || self.unit_group > 1024 {
             return Err(opt_err("--unit-group", format!("{}: blocks per unit, 1 to 1024", self.unit_group)));
         }
-        if let Some((u, n)) = self.unit_reshard_to.iter().find(|(_, n)| self.reshard_to.is_some_and(|m| m != *n) || self.unit_reshard_to.first().is_some_and(|(_, m)| m != n)) {
-            return Err(opt_err("--unit-reshard", format!("{u}={n}: one post-forward group size per plan (every unit's int the same, and --reshard-after-forward's where it is an int)")));
-        }
         if let Some((u, _)) = self.unit_reshard_to.iter().find(|(u, _)| u == "root") {
             return Err(opt_err("--unit-reshard", format!("{u}=N: the root's reshard_after_forward is true or false")));
         }
-        if let Some(n) = self.post_forward_size() {
+        for (who, n) in self.post_forward_sizes() {
             let s = self.shard_size();
             if !matches!(self.strategy, Strategy::FullShard) || self.layout == Layout::Flat || n < 2 || n >= s || !s.is_multiple_of(n) {
-                return Err(opt_err("--reshard-after-forward", format!("{n}: an int reshards to groups of that many ranks: FSDP2 full-shard only, a divisor of the world size ({s}) other than 1 and itself")));
+                let (flag, what) = if who == "--reshard-after-forward" { (who, n.to_string()) } else { ("--unit-reshard", format!("{who}={n}")) };
+                return Err(opt_err(flag, format!("{what}: an int reshards to groups of that many ranks: FSDP2 full-shard only, a divisor of the world size ({s}) other than 1 and itself")));
             }
         }
         if self.float8.is_some_and(|f| f.all_gather) && self.ac_wrapper == AcWrapper::Hf && self.checkpoints().iter().any(|(_, m)| *m == AcMode::SelectiveOp) {

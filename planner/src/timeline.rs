@@ -52,7 +52,7 @@
 
 use crate::cost::{self, Coll, CostModel};
 use crate::hardware::Hardware;
-use crate::ids::OpId;
+use crate::ids::{OpId, UnitId};
 use crate::options::Layout;
 use crate::plan::*;
 use fsdp_ir::Model;
@@ -277,8 +277,10 @@ fn op_cost(plan: &Plan, times: &mut dyn FnMut(&OpName) -> cost::OpTime, hw: &Har
 /// The duration ([`op_cost`]) of an op that runs no model op.
 fn other_duration(plan: &Plan, hw: &Hardware, op: &ScheduleOp) -> f64 {
     let o = &plan.options;
-    let coll = |kind: Coll, numel: u64, dtype: fsdp_ir::DType, group: Group| {
-        let (n, per) = cost::group_shape(o, group, hw.gpus_per_node);
+    // (a post-forward group is its unit's: `reshard_after_forward=N` may differ per unit)
+    let shape = |group: Group, unit: UnitId| cost::group_shape(o, group, plan.unit(unit).reshard_to, hw.gpus_per_node);
+    let coll = |kind: Coll, numel: u64, dtype: fsdp_ir::DType, group: Group, unit: UnitId| {
+        let (n, per) = shape(group, unit);
         cost::collective_time(hw, kind, (numel * dtype.size()) as f64, n, per)
     };
     // FSDP2 copies the shards into the all-gather input (copy-in) and the gradients into the
@@ -287,20 +289,20 @@ fn other_duration(plan: &Plan, hw: &Hardware, op: &ScheduleOp) -> f64 {
     let flat = o.layout == Layout::Flat;
     match &op.kind {
         OpKind::AllGather { unit, numel, dtype, group, .. } => {
-            let (n, _) = cost::group_shape(o, *group, hw.gpus_per_node);
+            let (n, _) = shape(*group, *unit);
             let copy_in = if flat { 0.0 } else { copy(numel * dtype.size() / n.max(1)) };
             // --offload cpu: each parameter's shard up from the host first (then cast)
-            cost::offload_copy_s(hw, plan.unit(*unit), o, true) + coll(Coll::AllGather, *numel, *dtype, *group) + copy_in
+            cost::offload_copy_s(hw, plan.unit(*unit), o, true) + coll(Coll::AllGather, *numel, *dtype, *group, *unit) + copy_in
         }
         OpKind::ReduceScatter { unit, numel, dtype, group, .. } => {
             let chunk_cat = if flat { 0.0 } else { copy(numel * dtype.size()) };
             // --offload cpu: the reduced shards down to the host after it (after the replicas'
             // all-reduce under HSDP)
             let d2h = if o.replicate_size() > 1 { 0.0 } else { cost::offload_copy_s(hw, plan.unit(*unit), o, false) };
-            coll(Coll::ReduceScatter, *numel, *dtype, *group) + chunk_cat + d2h
+            coll(Coll::ReduceScatter, *numel, *dtype, *group, *unit) + chunk_cat + d2h
         }
-        OpKind::AllReduce { unit, numel, dtype, group: group @ Group::Replicate } => coll(Coll::AllReduce, *numel, *dtype, *group) + cost::offload_copy_s(hw, plan.unit(*unit), o, false),
-        OpKind::AllReduce { numel, dtype, group, .. } => coll(Coll::AllReduce, *numel, *dtype, *group),
+        OpKind::AllReduce { unit, numel, dtype, group: group @ Group::Replicate } => coll(Coll::AllReduce, *numel, *dtype, *group, *unit) + cost::offload_copy_s(hw, plan.unit(*unit), o, false),
+        OpKind::AllReduce { unit, numel, dtype, group } => coll(Coll::AllReduce, *numel, *dtype, *group, *unit),
         // (model ops: [`op_cost`])
         OpKind::Forward { .. } | OpKind::Recompute { .. } | OpKind::Backward { .. } => 0.0,
         OpKind::CopyOut { unit } => {

@@ -333,14 +333,17 @@ fn ring_and_hierarchical_collectives() {
     close(cost::collective_time(&h, Coll::AllGather, b, 1, 1), 0.0, "one rank");
     // group shapes: HSDP 32 ranks, shard groups of 8 (one node each), replicate groups of 4
     let o = Options { world_size: 32, strategy: Strategy::HybridShard { shard_size: 8 }, ..Options::default() };
-    assert_eq!(cost::group_shape(&o, Group::Shard, 8), (8, 8));
-    assert_eq!(cost::group_shape(&o, Group::Replicate, 8), (4, 1));
+    assert_eq!(cost::group_shape(&o, Group::Shard, None, 8), (8, 8));
+    assert_eq!(cost::group_shape(&o, Group::Replicate, None, 8), (4, 1));
     // shard groups of 2: a node holds 4 of them, so a replicate group of 16 has 4 per node
     let o = Options { world_size: 32, strategy: Strategy::HybridShard { shard_size: 2 }, ..Options::default() };
-    assert_eq!(cost::group_shape(&o, Group::Replicate, 8), (16, 4));
+    assert_eq!(cost::group_shape(&o, Group::Replicate, None, 8), (16, 4));
     // full shard over 64 ranks: 8 per node, hierarchical
     let o = Options { world_size: 64, ..Options::default() };
-    assert_eq!(cost::group_shape(&o, Group::World, 8), (64, 8));
+    assert_eq!(cost::group_shape(&o, Group::World, None, 8), (64, 8));
+    // a post-forward group is its unit's N consecutive ranks: 4 inside a node, 16 over two
+    assert_eq!(cost::group_shape(&o, Group::PostForward, Some(4), 8), (4, 4));
+    assert_eq!(cost::group_shape(&o, Group::PostForward, Some(16), 8), (16, 8));
 }
 
 #[test]

@@ -243,6 +243,8 @@ fn sharded_training_equals_single_device() {
     check("tiny-llama", Options { reshard_to: Some(2), checkpoint: vec!["LlamaDecoderLayer".into()], ..opts(4, Layout::Fsdp2, Policy::Auto) }, &mut report);
     // ... on one unit only (`--unit-reshard model.layers.0=2`), the other resharding fully
     check("tiny-llama", Options { unit_reshard_to: vec![("model.layers.0".into(), 2)], ..opts(4, Layout::Fsdp2, Policy::Auto) }, &mut report);
+    // ... each unit its own N: on 8 ranks the first block back over pairs, the second over fours
+    check("tiny-llama", Options { unit_reshard_to: vec![("model.layers.0".into(), 2), ("model.layers.1".into(), 4)], ..opts(8, Layout::Fsdp2, Policy::Auto) }, &mut report);
     // unit groups: both blocks in one FSDP unit, plain and checkpointed
     check("tiny-llama", Options { unit_group: 2, ..opts(2, Layout::Fsdp2, Policy::Auto) }, &mut report);
     check("tiny-llama", Options { unit_group: 2, checkpoint: vec!["LlamaDecoderLayer".into()], ..opts(3, Layout::Fsdp2, Policy::Auto) }, &mut report);

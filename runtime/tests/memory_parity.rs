@@ -84,6 +84,11 @@ fn measured_peak_is_within_two_percent_of_the_plan() {
             o.unit_reshard_to = vec![("model.layers.0".into(), 2)];
             o.unit_reshard = vec![("last".into(), false)];
         }),
+        // each unit its own N: on 8 ranks, pairs for the first block, fours for the second
+        case("tiny-llama", "ws 8, model.layers.0 resharded to 2, model.layers.1 to 4", |o| {
+            o.world_size = 8;
+            o.unit_reshard_to = vec![("model.layers.0".into(), 2), ("model.layers.1".into(), 4)];
+        }),
         // every micro-batch reduce-scattered and added into the sharded grads
         case("tiny-llama", "grad accumulation 3, --grad-sync each", |o| {
             o.grad_accum = 3;
