@@ -61,8 +61,8 @@ fn bad_flags_exit_2_with_a_clear_message() {
         // a unit name or pattern that names no unit
         (&["models/tiny-llama-4l.ron", "--unit-reshard", "model.layers.{7..9}=false"], "--unit-reshard: `model.layers.{7..9}` is not an FSDP unit of this plan (units: root, model.layers.0"),
         (&["models/tiny-llama-4l.ron", "--unit-reshard", "model.layers.9=false"], "`model.layers.9` is not an FSDP unit"),
-        // per-unit ints: one post-forward group size per plan, never on the root, a divisor
-        (&["models/tiny-llama-4l.ron", "--world-size", "8", "--unit-reshard", "model.layers.0=2", "--unit-reshard", "model.layers.1=4"], "--unit-reshard: model.layers.1=4: one post-forward group size per plan"),
+        // per-unit ints: each unit its own (the one that is no divisor named), never on the root
+        (&["models/tiny-llama-4l.ron", "--world-size", "8", "--unit-reshard", "model.layers.0=2", "--unit-reshard", "model.layers.1=3"], "--unit-reshard: model.layers.1=3: an int reshards to groups of that many ranks"),
         (&["models/tiny-llama-4l.ron", "--world-size", "8", "--unit-reshard", "root=2"], "--unit-reshard: root=N: the root's reshard_after_forward is true or false"),
         (&["models/tiny-llama-4l.ron", "--world-size", "8", "--unit-reshard", "model.layers.0=3"], "an int reshards to groups of that many ranks"),
         (&["models/tiny-llama-4l.ron", "--unit-reshard", "model.layers.0=maybe"], "expected UNIT=true, UNIT=false or UNIT=N"),
