@@ -560,11 +560,6 @@ fn sac_allowed(base: &Options, blocks: &[String]) -> bool {
     blocks.first().is_some_and(|b| Options { checkpoint: vec![format!("{b}=selective-op")], ..base.clone() }.check().is_ok())
 }
 
-/// `[embeddings, blocks pattern, head, norm+head]`: the embedding's module, the blocks as one
-/// `*` pattern (`model.layers.*`), the LM head's module and, where a final norm outside the
-/// blocks feeds it, the two as one unit (`model.norm+lm_head`), when the head's weight is its own
-/// (a tied one must stay in one unit with the embeddings) and the pattern names exactly
-/// the blocks.
 /// The share of a model's parameters held by its embeddings and LM head where those are
 /// untied (0 where tied, or not found): what decides whether every edge choice is searched
 /// by default ([`EDGE_SEARCH_SHARE`]).
@@ -584,14 +579,20 @@ pub fn edge_share(model: &Model) -> f64 {
 
 /// From this share of the params in the embeddings and the head ([`edge_share`]), `tune`
 /// searches every edge choice by default ([`Edges::all`]: either alone a unit, the final
-/// norm in the head's unit), not only both or neither. Measured 2026-11-29/30 (`tune` with
-/// and without `--separate-edge-units --norm-head-unit`, Llama-3.2-1B's shape untied at 2 to
-/// 48 blocks on 4 and 8 H100s, seq 512/2048/8192, the profile's memory and 40 GiB): the full
-/// search's answers were up to 0.65% faster at 2–16 blocks (shares 90–35%), ≤ 0.15% at 24
-/// (26.5%), ≤ 0.12% at 32 and 48 (21%, 15%); Llama-3-8B (13%) ≤ 0.14% (bench/tune_space).
+/// norm in the head's unit), not only both or neither. Measured 2026-11-29 (`tune` with and
+/// without `--separate-edge-units --norm-head-unit`, Llama-3.2-1B's shape untied at 2 to 48
+/// blocks on 4 and 8 H100s, seq 512/2048/8192, the profile's memory and 40 GiB): the full
+/// search's answers were up to 0.65% faster at 2–16 blocks (shares 81–35%), ≤ 0.15% at 24
+/// (26.5%), ≤ 0.12% at 32 and 48 (21%, 15%); on the zoo's real-size models (shares ≤ 15%)
+/// either edge alone ≤ 0.14% (bench/tune_space), the final norm in the head's unit ≤ 0.22%.
 /// It costs 2–3 times the plans, which the models above the share (small ones) afford.
 pub const EDGE_SEARCH_SHARE: f64 = 0.25;
 
+/// `[embeddings, blocks pattern, head, norm+head]`: the embedding's module, the blocks as one
+/// `*` pattern (`model.layers.*`), the LM head's module and, where a final norm outside the
+/// blocks feeds it, the two as one unit (`model.norm+lm_head`), when the head's weight is its own
+/// (a tied one must stay in one unit with the embeddings) and the pattern names exactly
+/// the blocks.
 fn edge_policy(model: &Model, blocks: &[String]) -> Option<Vec<String>> {
     use fsdp_ir::OpKind;
     let embed = model.ops.iter().find(|o| matches!(o.kind, OpKind::Embedding))?;
