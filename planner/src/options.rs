@@ -637,8 +637,8 @@ impl Default for Options {
 
 impl Options {
     /// Whether any unit reshards to an int after forward (`reshard_to`, or a per-unit int).
-    pub fn post_forward_size(&self) -> Option<u64> {
-        self.reshard_to.or(self.unit_reshard_to.first().map(|&(_, n)| n))
+    pub fn reshards_to_int(&self) -> bool {
+        self.reshard_to.is_some() || !self.unit_reshard_to.is_empty()
     }
 
     /// Every post-forward group size the options name (`reshard_to` and the per-unit ints,
@@ -683,7 +683,7 @@ impl Options {
         if self.float8.is_some_and(|f| f.all_gather && f.recipe != Float8Recipe::Tensorwise) {
             return Err(opt_err("--float8-all-gather", "torchao all-gathers float8 weights under tensorwise scaling only (its rowwise recipe gathers them in the param dtype)"));
         }
-        if self.float8.is_some_and(|f| f.all_gather) && self.post_forward_size().is_some() {
+        if self.float8.is_some_and(|f| f.all_gather) && self.reshards_to_int() {
             return Err(opt_err("--float8-all-gather", "not with --reshard-after-forward N (the post-forward shards of float8 weights are not modelled)"));
         }
         if self.float8.is_some_and(|f| f.all_gather) && self.layout == Layout::Flat {
@@ -705,7 +705,7 @@ impl Options {
             if self.layout == Layout::Flat {
                 return refuse("FSDP2's shard_placement_fn: not with --layout flat (FSDP1 flattens each unit's params into one)");
             }
-            if self.float8.is_some() || self.post_forward_size().is_some() {
+            if self.float8.is_some() || self.reshards_to_int() {
                 return refuse("not with --float8 or --reshard-after-forward N yet (not modelled)");
             }
         }
