@@ -66,23 +66,23 @@ pub(crate) struct TuneArgs {
     /// Search the embeddings and the LM head as FSDP units of their own (both, as torchtitan
     /// wraps them), not only the root's (their params gathered only around their use). The
     /// default where they are untied; given, only these two choices are searched (where the
-    /// embeddings and head hold a quarter of the params or more, the default searches every
-    /// edge choice: either alone, the final norm in the head's unit), and a model whose head
-    /// is tied is refused.
+    /// embeddings and head hold 30% of the params or more, the default searches every edge
+    /// choice: either alone, the final norm in the head's unit), and a model whose head is
+    /// tied is refused.
     #[arg(long, conflicts_with = "no_embed_head_units")]
     pub(crate) embed_head_units: bool,
     /// Also search the embeddings alone and the head alone as units of their own, the other
     /// the root's (twice the search: up to 1.3% faster answers on a 2-block model, the same
-    /// in the benchmark's real-size scenarios). The default, with --norm-head-unit, where the
-    /// embeddings and the head hold a quarter of the params or more.
+    /// in the benchmark's real-size scenarios). Searched by default, with --norm-head-unit's,
+    /// where the embeddings and the head hold 30% of the params or more.
     #[arg(long, conflicts_with = "no_embed_head_units")]
     pub(crate) separate_edge_units: bool,
     /// Also search the final norm and the LM head as one unit (torchtitan's
     /// `fully_shard([model.norm, model.output])`, `--policy …,model.norm+lm_head`), beside the
     /// norm left to the root (1.43 times the search: answers 0.007–0.22% faster in 30 of the
-    /// zoo's 50 scenarios, the same in the rest, 2026-11-29). The default, with
-    /// --separate-edge-units, where the embeddings and the head hold a quarter of the params
-    /// or more.
+    /// zoo's 50 scenarios, the same in the rest, 2026-11-29). Searched by default, with
+    /// --separate-edge-units', where the embeddings and the head hold 30% of the params or
+    /// more.
     #[arg(long, conflicts_with = "no_embed_head_units")]
     pub(crate) norm_head_unit: bool,
     /// Leave the embeddings and the LM head to the root unit (about halves the search).
@@ -382,8 +382,9 @@ pub(crate) fn run(a: TuneArgs) -> Result<()> {
         space.edges = vec![tune::Edges::Root];
     }
     // (where the embeddings and the head are a large share of the params, every edge choice
-    // by default: `tune::EDGE_SEARCH_SHARE`)
-    if !(a.embed_head_units || a.separate_edge_units || a.norm_head_unit || a.no_embed_head_units) && tune::edge_share(&model) >= tune::EDGE_SEARCH_SHARE {
+    // by default: `tune::EDGE_SEARCH_SHARE`; `--embed-head-units` keeps both-or-neither, and
+    // the two flags below add to either)
+    if !(a.embed_head_units || a.no_embed_head_units) && tune::edge_share(&model) >= tune::EDGE_SEARCH_SHARE {
         if let Some(policy) = space.edge_policy.as_deref() {
             space.edges = tune::Edges::all(policy);
         }
@@ -392,7 +393,7 @@ pub(crate) fn run(a: TuneArgs) -> Result<()> {
         if space.edge_policy.is_none() {
             bail!(UserError(format!("--separate-edge-units: {} has no untied embeddings and LM head to make units of their own", a.model.display())));
         }
-        space.edges = vec![tune::Edges::Root, tune::Edges::Embeddings, tune::Edges::Head, tune::Edges::Both];
+        space.edges.extend([tune::Edges::Embeddings, tune::Edges::Head]);
     }
     if a.norm_head_unit {
         let Some(policy) = space.edge_policy.as_deref().filter(|p| p.len() == 4) else {
@@ -402,6 +403,9 @@ pub(crate) fn run(a: TuneArgs) -> Result<()> {
         let norm: Vec<tune::Edges> = tune::Edges::all(policy).into_iter().filter(|e| e.norm() && space.edges.iter().any(|&x| x.embeddings() == e.embeddings() && x.head())).collect();
         space.edges.extend(norm);
     }
+    // (in `Edges::ALL`'s order, each once)
+    space.edges.sort_unstable();
+    space.edges.dedup();
     space.keep = !a.no_keep_units;
     match a.grad_sync.as_deref() {
         Some("last") => space.sync = vec![false],

@@ -82,6 +82,21 @@ fn bad_flags_exit_2_with_a_clear_message() {
 }
 
 #[test]
+fn reshard_ints_differ_per_unit_and_show_per_unit() {
+    // (FSDP2-exact in fake mode: harness case llama_unit_raf2_raf4_ws8)
+    let args = ["models/tiny-llama-4l.ron", "--world-size", "8", "--unit-reshard", "model.layers.{0..1}=2", "--unit-reshard", "model.layers.{2..3}=4"];
+    let (code, out, err) = run(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("model.layers.{0..1}: 2 × LlamaDecoderLayer") && out.contains("reshard to 2 after forward"), "{out}");
+    assert!(out.contains("model.layers.{2..3}: 2 × LlamaDecoderLayer") && out.contains("reshard to 4 after forward"), "{out}");
+    let (code, out, err) = run(&[&args[..], &["--format", "json"]].concat());
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let ints: Vec<(String, Option<u64>)> = v["units"].as_array().unwrap().iter().map(|u| (u["name"].as_str().unwrap().to_string(), u["reshard_to"].as_u64())).collect();
+    assert_eq!(ints.iter().filter(|(n, _)| n.starts_with("model.layers.")).map(|(_, r)| *r).collect::<Vec<_>>(), [Some(2), Some(2), Some(4), Some(4)], "{ints:?}");
+}
+
+#[test]
 fn syntax_error_names_file_line_col() {
     let tmp = tempfile::Builder::new().prefix("fsdp-plan-cli-").tempdir().unwrap();
     let dir = tmp.path();

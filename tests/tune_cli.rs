@@ -106,12 +106,20 @@ fn tune_searches_embeddings_and_head_as_their_own_units() {
     let both = json(&[&args[..], &["--embed-head-units"]].concat());
     let apart = json(&[&args[..], &["--separate-edge-units"]].concat());
     assert!(apart["searched"].as_u64().unwrap() > both["searched"].as_u64().unwrap() * 3 / 2);
-    // (this model's embeddings and head are 28% of its params, over tune::EDGE_SEARCH_SHARE:
-    // without a flag every edge choice is searched, as both flags search them)
+    // (this model's embeddings and head are 28% of its params, under tune::EDGE_SEARCH_SHARE:
+    // without a flag, both or neither)
     let default = json(&args);
-    let every = json(&[&args[..], &["--separate-edge-units", "--norm-head-unit"]].concat());
+    assert_eq!((default["searched"].as_u64(), &default["best"]["flags"]), (both["searched"].as_u64(), &both["best"]["flags"]));
+    // (tiny-llama's are 44%, over it: without a flag every edge choice is searched, as both
+    // flags search them — which add nothing to it — and more than both-or-neither)
+    let over = ["tune", "models/tiny-llama.ron", "--world-size", "4", "--global-batch", "8", "--seq", "64", "--memory-limit", "900MiB", "--format", "json"];
+    let default = json(&over);
+    let every = json(&[&over[..], &["--separate-edge-units", "--norm-head-unit"]].concat());
+    let one = json(&[&over[..], &["--separate-edge-units"]].concat());
+    let narrow = json(&[&over[..], &["--embed-head-units"]].concat());
     assert_eq!((default["searched"].as_u64(), &default["best"]["flags"]), (every["searched"].as_u64(), &every["best"]["flags"]));
-    assert!(default["searched"].as_u64().unwrap() > apart["searched"].as_u64().unwrap());
+    assert_eq!(default["searched"].as_u64(), one["searched"].as_u64());
+    assert!(default["searched"].as_u64().unwrap() > narrow["searched"].as_u64().unwrap() * 2);
     for e in apart["pareto"].as_array().unwrap() {
         let f: Vec<String> = e["flags"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()).collect();
         let (_, _, _, t) = replan("models/tiny-llama-4l.ron", &f, "900MiB");

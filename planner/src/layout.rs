@@ -28,13 +28,17 @@ fn numbered(path: &str) -> Option<(&str, u64)> {
 
 /// What a unit line says besides its path.
 fn unit_words(u: &Unit, n: usize) -> String {
-    let raf = if u.reshard_after_forward { "reshard after forward" } else { "kept after forward" };
+    let raf = match (u.reshard_after_forward, u.reshard_to) {
+        (true, Some(n)) => format!("reshard to {n} after forward"),
+        (true, None) => "reshard after forward".to_string(),
+        (false, _) => "kept after forward".to_string(),
+    };
     let each = if n > 1 { " each" } else { "" };
     format!("{}{} ({} params{each}, shard {}) · {raf}", if n > 1 { format!("{n} × ") } else { String::new() }, u.class, crate::print::count(u.numel), crate::print::count(u.shard_numel))
 }
 
 /// The units as a tree under the root: each unit nested under the nearest unit whose module
-/// contains it, consecutive siblings of one class, size and reshard folded into one line
+/// contains it, consecutive siblings of one class, size and reshard (its N too) folded into one line
 /// (`model.layers.{0..30}: 31 × LlamaDecoderLayer …`).
 pub fn unit_tree(plan: &Plan) -> String {
     let units = &plan.units;
@@ -74,7 +78,7 @@ pub fn unit_tree(plan: &Plan) -> String {
             if let (Some((pre, n0)), true) = (numbered(&a.module), leaf(kids[k])) {
                 while k + run < kids.len() {
                     let b = &units[kids[k + run]];
-                    let alike = b.class == a.class && b.numel == a.numel && b.group.len() == a.group.len() && b.reshard_after_forward == a.reshard_after_forward && leaf(kids[k + run]);
+                    let alike = b.class == a.class && b.numel == a.numel && b.group.len() == a.group.len() && b.reshard_after_forward == a.reshard_after_forward && b.reshard_to == a.reshard_to && leaf(kids[k + run]);
                     if !(alike && numbered(&b.module) == Some((pre, n0 + stride * run as u64))) {
                         break;
                     }

@@ -470,8 +470,8 @@ pub struct Options {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unit_reshard: Vec<(String, bool)>,
     /// Per-unit `reshard_after_forward=N` (FSDP2's int, on those units only): `(unit, N)`,
-    /// units named as in `unit_reshard` (not the root), applied after it. One post-forward
-    /// group size per plan: every N the same, and `reshard_to`'s where that is given.
+    /// units named as in `unit_reshard` (not the root), applied after it and over
+    /// `reshard_to`. Each unit its own N (FSDP2 builds a post-forward mesh per int).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unit_reshard_to: Vec<(String, u64)>,
     /// FSDP2's `shard_placement_fn`: the params whose name (or a tied alias) matches a

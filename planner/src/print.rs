@@ -286,10 +286,9 @@ pub fn json(plan: &Plan) -> serde_json::Value {
         .units
         .iter()
         .map(|u| {
-            serde_json::json!({
+            let mut v = serde_json::json!({
                 "id": u.id.to_string(),
                 "name": u.module,
-                "modules": std::iter::once(&u.module).chain(&u.group).collect::<Vec<_>>(),
                 "class": u.class,
                 "modules": modules_of(plan, u),
                 "params": u.params.iter().map(|p| p.name.clone()).collect::<Vec<_>>(),
@@ -297,7 +296,12 @@ pub fn json(plan: &Plan) -> serde_json::Value {
                 "padded_numel": u.padded_numel,
                 "shard_numel": u.shard_numel,
                 "reshard_after_forward": u.reshard_after_forward,
-            })
+            });
+            // (`reshard_after_forward=N`: the unit's own post-forward group)
+            if let Some(n) = u.reshard_to {
+                v["reshard_to"] = n.into();
+            }
+            v
         })
         .collect();
     let colls: Vec<serde_json::Value> = plan

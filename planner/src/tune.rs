@@ -337,7 +337,8 @@ pub struct Space {
     /// where the model's embeddings and head are untied ([`Space::edge_policy`]), else the
     /// root's only; either alone too with `tune --separate-edge-units` (twice the plans — Llama-3-8B
     /// on 8 GPUs at 16 × 8192: 1,035 → 2,061; Llama-3.1-405B on 16,384: 2,166 → 4,247, past
-    /// its 10 s — for the same answers in the benchmark's seven scenarios, 2026-11-28).
+    /// its 10 s — for the same answers in the benchmark's seven scenarios, 2026-11-28); every
+    /// one by the CLI's default where they hold [`EDGE_SEARCH_SHARE`] of the params or more.
     pub edges: Vec<Edges>,
     /// The `modules:` policy that makes the embeddings and the head units of their own
     /// (embeddings, a pattern of the blocks, head, and the final norm and head as one unit
@@ -569,6 +570,10 @@ pub fn edge_share(model: &Model) -> f64 {
     let Some(embed) = model.ops.iter().find(|o| matches!(o.kind, OpKind::Embedding)) else { return 0.0 };
     let Some(loss) = model.ops.iter().position(|o| matches!(o.kind, OpKind::CrossEntropy { .. })) else { return 0.0 };
     let Some(head) = model.ops[..loss].iter().rev().find(|o| matches!(o.kind, OpKind::Linear { .. })) else { return 0.0 };
+    // (a tied head, even with a bias of its own: one unit with the embeddings, as edge_policy)
+    if model.params.iter().any(|p| head.params.first() == Some(&p.name) && p.tied_to.is_some()) {
+        return 0.0;
+    }
     let (e, h) = (numel(&embed.params), numel(&head.params));
     let total: u64 = model.params.iter().filter(|p| p.tied_to.is_none()).map(|p| p.numel()).sum();
     if e == 0 || h == 0 || total == 0 {
@@ -577,16 +582,17 @@ pub fn edge_share(model: &Model) -> f64 {
     (e + h) as f64 / total as f64
 }
 
-/// From this share of the params in the embeddings and the head ([`edge_share`]), `tune`
-/// searches every edge choice by default ([`Edges::all`]: either alone a unit, the final
-/// norm in the head's unit), not only both or neither. Measured 2026-11-29 (`tune` with and
+/// From this share of the params in the embeddings and the head ([`edge_share`]), `tune`'s
+/// CLI searches every edge choice by default ([`Edges::all`]: either alone a unit, the final
+/// norm in the head's unit), not only both or neither ([`space`]'s). Measured 2026-11-29 (`tune` with and
 /// without `--separate-edge-units --norm-head-unit`, Llama-3.2-1B's shape untied at 2 to 48
 /// blocks on 4 and 8 H100s, seq 512/2048/8192, the profile's memory and 40 GiB): the full
 /// search's answers were up to 0.65% faster at 2–16 blocks (shares 81–35%), ≤ 0.15% at 24
 /// (26.5%), ≤ 0.12% at 32 and 48 (21%, 15%); on the zoo's real-size models (shares ≤ 15%)
 /// either edge alone ≤ 0.14% (bench/tune_space), the final norm in the head's unit ≤ 0.22%.
-/// It costs 2–3 times the plans, which the models above the share (small ones) afford.
-pub const EDGE_SEARCH_SHARE: f64 = 0.25;
+/// 30% lies between 35% (0.65%) and 26.5% (0.15%). The full search costs 2–3 times the
+/// plans, which the models above the share (small ones) afford.
+pub const EDGE_SEARCH_SHARE: f64 = 0.30;
 
 /// `[embeddings, blocks pattern, head, norm+head]`: the embedding's module, the blocks as one
 /// `*` pattern (`model.layers.*`), the LM head's module and, where a final norm outside the

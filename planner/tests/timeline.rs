@@ -190,6 +190,25 @@ fn comm_only() {
     close(r.compute_s, 0.0, "compute");
 }
 
+#[test]
+fn post_forward_all_gathers_run_over_their_own_units_groups() {
+    // reshard_after_forward=16 on a, =4 on b (ints differing per unit): each backward
+    // all-gather of 1e6 float32 (4e6 B) over its own unit's post-forward group, one after the
+    // other on the all-gather stream —
+    // a, 16 ranks on 2 nodes of 8: the inter-node ring over 2 on B/8 = 5e5 B at 1e8 B/s,
+    // 1/2 · 5 ms = 2.5 ms, then the intra-node ring on B, 7/8 · 4 ms = 3.5 ms: [0, 6] ms;
+    // b, 4 ranks in a node: 3/4 · 4e6 / 1e9 = 3 ms: [6, 9] ms
+    let m = model();
+    let p0 = plan_with(&m, vec![]);
+    let (a, b) = (unit(&p0, "a"), unit(&p0, "b"));
+    let post = |u: UnitId| OpKind::AllGather { unit: u, numel: 1_000_000, dtype: DType::Float32, group: Group::PostForward, prefetch: false };
+    let mut plan = plan_with(&m, vec![(post(a), Stream::AllGather, Phase::Backward, vec![]), (post(b), Stream::AllGather, Phase::Backward, vec![])]);
+    std::sync::Arc::make_mut(&mut plan.units)[a.index()].reshard_to = Some(16);
+    std::sync::Arc::make_mut(&mut plan.units)[b.index()].reshard_to = Some(4);
+    let r = timeline::predict(&plan, &m, &hw());
+    check_spans(&r, &[(0.0, 6.0 * MS), (6.0 * MS, 9.0 * MS)]);
+}
+
 /// FSDP2 forward of two units with the second all-gather prefetched: `ag_b` elements.
 fn forward_two_units(ag_b: u64) -> (Model, Plan) {
     let m = model();
