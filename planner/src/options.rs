@@ -641,12 +641,6 @@ impl Options {
         self.reshard_to.is_some() || !self.unit_reshard_to.is_empty()
     }
 
-    /// Every post-forward group size the options name (`reshard_to` and the per-unit ints,
-    /// which may differ: FSDP2 builds each unit's post-forward mesh from its own int).
-    pub fn post_forward_sizes(&self) -> impl Iterator<Item = (&str, u64)> {
-        self.reshard_to.map(|n| ("--reshard-after-forward", n)).into_iter().chain(self.unit_reshard_to.iter().map(|(u, n)| (u.as_str(), *n)))
-    }
-
     /// Checks every option alone and against the others (not against a model).
     pub fn check(&self) -> Result<(), PlanError> {
         if self.world_size == 0 {
@@ -670,10 +664,12 @@ impl Options {
         if let Some((u, _)) = self.unit_reshard_to.iter().find(|(u, _)| u == "root") {
             return Err(opt_err("--unit-reshard", format!("{u}=N: the root's reshard_after_forward is true or false")));
         }
-        for (who, n) in self.post_forward_sizes() {
+        // (every post-forward group size named, each checked: they may differ per unit, FSDP2
+        // building each unit's post-forward mesh from its own int)
+        let ints = self.reshard_to.map(|n| ("--reshard-after-forward", n.to_string(), n)).into_iter().chain(self.unit_reshard_to.iter().map(|(u, n)| ("--unit-reshard", format!("{u}={n}"), *n)));
+        for (flag, what, n) in ints {
             let s = self.shard_size();
             if !matches!(self.strategy, Strategy::FullShard) || self.layout == Layout::Flat || n < 2 || n >= s || !s.is_multiple_of(n) {
-                let (flag, what) = if who == "--reshard-after-forward" { (who, n.to_string()) } else { ("--unit-reshard", format!("{who}={n}")) };
                 return Err(opt_err(flag, format!("{what}: an int reshards to groups of that many ranks: FSDP2 full-shard only, a divisor of the world size ({s}) other than 1 and itself")));
             }
         }

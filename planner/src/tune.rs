@@ -565,21 +565,26 @@ fn sac_allowed(base: &Options, blocks: &[String]) -> bool {
 /// untied (0 where tied, or not found): what decides whether every edge choice is searched
 /// by default ([`EDGE_SEARCH_SHARE`]).
 pub fn edge_share(model: &Model) -> f64 {
-    use fsdp_ir::OpKind;
     let numel = |names: &[String]| -> u64 { model.params.iter().filter(|p| p.tied_to.is_none() && names.contains(&p.name)).map(|p| p.numel()).sum() };
-    let Some(embed) = model.ops.iter().find(|o| matches!(o.kind, OpKind::Embedding)) else { return 0.0 };
-    let Some(loss) = model.ops.iter().position(|o| matches!(o.kind, OpKind::CrossEntropy { .. })) else { return 0.0 };
-    let Some(head) = model.ops[..loss].iter().rev().find(|o| matches!(o.kind, OpKind::Linear { .. })) else { return 0.0 };
-    // (a tied head, even with a bias of its own: one unit with the embeddings, as edge_policy)
-    if model.params.iter().any(|p| head.params.first() == Some(&p.name) && p.tied_to.is_some()) {
-        return 0.0;
-    }
+    let Some((embed, head)) = edge_ops(model) else { return 0.0 };
     let (e, h) = (numel(&embed.params), numel(&head.params));
     let total: u64 = model.params.iter().filter(|p| p.tied_to.is_none()).map(|p| p.numel()).sum();
     if e == 0 || h == 0 || total == 0 {
         return 0.0;
     }
     (e + h) as f64 / total as f64
+}
+
+/// The embedding op and the LM head (the last linear before the loss), where the head's
+/// weight is its own (a tied one, even with a bias of its own, stays in one unit with the
+/// embeddings): what [`edge_share`] and the edge policy read.
+fn edge_ops(model: &Model) -> Option<(&fsdp_ir::Op, &fsdp_ir::Op)> {
+    use fsdp_ir::OpKind;
+    let embed = model.ops.iter().find(|o| matches!(o.kind, OpKind::Embedding))?;
+    let loss = model.ops.iter().position(|o| matches!(o.kind, OpKind::CrossEntropy { .. }))?;
+    let head = model.ops[..loss].iter().rev().find(|o| matches!(o.kind, OpKind::Linear { .. }))?;
+    let head_param = model.params.iter().find(|p| head.params.first() == Some(&p.name))?;
+    (head_param.tied_to.is_none()).then_some((embed, head))
 }
 
 /// From this share of the params in the embeddings and the head ([`edge_share`]), `tune`'s
@@ -601,11 +606,8 @@ pub const EDGE_SEARCH_SHARE: f64 = 0.30;
 /// the blocks.
 fn edge_policy(model: &Model, blocks: &[String]) -> Option<Vec<String>> {
     use fsdp_ir::OpKind;
-    let embed = model.ops.iter().find(|o| matches!(o.kind, OpKind::Embedding))?;
-    let loss = model.ops.iter().position(|o| matches!(o.kind, OpKind::CrossEntropy { .. }))?;
-    let head = model.ops[..loss].iter().rev().find(|o| matches!(o.kind, OpKind::Linear { .. }))?;
-    let head_param = model.params.iter().find(|p| head.params.first() == Some(&p.name))?;
-    if head_param.tied_to.is_some() || embed.module.is_empty() || head.module.is_empty() || embed.module == head.module {
+    let (embed, head) = edge_ops(model)?;
+    if embed.module.is_empty() || head.module.is_empty() || embed.module == head.module {
         return None;
     }
     let first = blocks.first()?;
